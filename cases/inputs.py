@@ -1,0 +1,148 @@
+"""Deterministic input generation: the same case gives the same bits everywhere.
+
+Each op descriptor declares its inputs as ``InputSpec``s (name, shape, dtype,
+law). ``make_inputs`` draws them in declared order from one numpy ``Generator``
+(PCG64) seeded with ``case.rng_seed`` (a sha256 of the case id), quantizes
+each array bit-exactly to its dtype (ml_dtypes for bfloat16, round to nearest
+even), and hashes the result. Every leg receives exactly these arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from .case import Case
+
+NP_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float64": np.dtype(np.float64),
+}
+
+Law = Callable[[Case, np.random.Generator, tuple[int, ...]], np.ndarray]
+"""A law draws a float64 array of the given shape for a case."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: Callable[[Case], tuple[int, ...]]
+    dtype: str  # "case" (the case dtype) or a fixed dtype name such as "float32"
+    law: Law
+    doc: str = ""
+
+    def resolve_dtype(self, case: Case) -> str:
+        return case.dtype if self.dtype == "case" else self.dtype
+
+
+# ---------------------------------------------------------------------- laws
+def normal(std: float = 1.0) -> Law:
+    def law(case, rng, shape):
+        return rng.standard_normal(shape) * std
+
+    law.__doc__ = f"N(0, {std}^2)"
+    return law
+
+
+def sigmoid_normal(case, rng, shape):
+    """sigmoid(N(0,1)), e.g. the delta-rule beta."""
+    return 1.0 / (1.0 + np.exp(-rng.standard_normal(shape)))
+
+
+def l2normed_normal(case, rng, shape):
+    """N(0,1) rows normalised to unit L2 norm over the last axis."""
+    x = rng.standard_normal(shape)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def logsigmoid(x: np.ndarray) -> np.ndarray:
+    """Numerically stable log(sigmoid(x)) in float64."""
+    return np.minimum(x, 0.0) - np.log1p(np.exp(-np.abs(x)))
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi slopes, float64 [H]: ``2**(-8 (h+1) / H)`` for a power-of-two H,
+    and the interleaved extension of the ALiBi paper otherwise."""
+    def power_of_two(n):
+        start = 2.0 ** (-(2.0 ** -(np.log2(n) - 3)))
+        return start ** np.arange(1, n + 1)
+
+    if num_heads & (num_heads - 1) == 0:
+        return power_of_two(num_heads)
+    closest = 2 ** int(np.floor(np.log2(num_heads)))
+    extra = power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return np.concatenate([power_of_two(closest), extra])
+
+
+def alibi_g_gamma(num_heads: int, num_layers: int, layer_idx: int) -> np.ndarray:
+    """Per-head log decay [H] used by production models:
+    ``-slope * (1 - layer_idx / max(num_layers - 1, 1) + 1e-5)``."""
+    return -alibi_slopes(num_heads) * (1.0 - layer_idx / max(num_layers - 1, 1) + 1e-5)
+
+
+def gate_law(case, rng, shape):
+    """The case's gate: ``logsigmoid(N(0,1)) / normalizer`` for a ``g`` gate,
+    ALiBi ``g_gamma`` otherwise; then the optional ``lower_bound`` clamp."""
+    gate = case.gate
+    if gate.law == "alibi":
+        gamma = alibi_g_gamma(case.H, gate.num_layers, gate.layer_idx)
+        # [H] for g_gamma; a per-token tensor [B,T,H,...] gets gamma broadcast over its other axes
+        index = (slice(None),) if len(shape) == 1 else (None, None, slice(None)) + (None,) * (len(shape) - 3)
+        g = np.array(np.broadcast_to(gamma[index], shape), dtype=np.float64)
+    else:
+        g = logsigmoid(rng.standard_normal(shape)) / gate.normalizer
+    if gate.lower_bound is not None:
+        g = np.maximum(g, gate.lower_bound)
+    return g
+
+
+# ------------------------------------------------------------------- drawing
+def quantize(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round a float64 array to ``dtype`` (round to nearest even), C-contiguous."""
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float64).astype(NP_DTYPES[dtype]))
+
+
+def inputs_sha256(arrays: Mapping[str, np.ndarray]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every array, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.name}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The quantized arrays of one case and the sha256 of their bytes."""
+
+    arrays: dict[str, np.ndarray]
+    sha256: str
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def get(self, name: str):
+        return self.arrays.get(name)
+
+    def as_float64(self) -> dict[str, np.ndarray]:
+        """The same values upcast to float64 (exact: every case dtype embeds in float64)."""
+        return {k: v.astype(np.float64) for k, v in self.arrays.items()}
+
+
+def make_inputs(case: Case, specs: list[InputSpec]) -> Inputs:
+    rng = np.random.Generator(np.random.PCG64(case.rng_seed))
+    arrays = {}
+    for spec in specs:
+        shape = tuple(int(s) for s in spec.shape(case))
+        arrays[spec.name] = quantize(spec.law(case, rng, shape), spec.resolve_dtype(case))
+    for name, a in arrays.items():
+        if not np.all(np.isfinite(a.astype(np.float64))):
+            raise ValueError(f"input {name!r} of {case.id} is not finite after quantization to {a.dtype}")
+    return Inputs(arrays, inputs_sha256(arrays))

@@ -1,0 +1,106 @@
+"""The op descriptor: everything the harness knows about one op, in one record.
+
+A descriptor (our OpInfo) names the op's inputs and how they are drawn, the
+tensors a case compares (outputs and gradients, each with its declared dtype),
+the validation shared by every leg, and the three bindings: the float64
+reference, the GPU (fla Triton) forward and the TPU (Pallas) forward.
+
+The runner, comparator, reports and gate read descriptors only; none of them
+mentions an op by name. Adding an op is: ``references/<op>.py``,
+``kernels_tpu/<op>/``, ``harness/ops/<op>.py`` with its descriptor, and one
+line in ``harness/ops/__init__.py``.
+
+Binding contracts
+-----------------
+- ``reference(case, inputs64) -> dict[name, float64 ndarray]``: every tensor of
+  ``tensors(case)`` (forward and backward), from the float64 inputs.
+- ``gpu_forward(case, tensors) -> dict[name, torch.Tensor]`` and
+  ``tpu_forward(case, arrays, ctx) -> dict[name, jax.Array]``: the forward
+  outputs (``o``, ``ht``) from framework tensors that hold the case's exact bits.
+  The leg takes gradients itself with the loss ``sum(o*do) + sum(ht*dht)`` and
+  names the gradient of input ``x`` as ``d<x>``. A gradient the framework does
+  not produce is reported ``not_provided``, never as zeros.
+- ``*_supports(case) -> str | None``: ``None`` when the leg can run the case,
+  otherwise the reason it cannot (the row becomes ``unsupported``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from cases.case import Case
+from cases.inputs import InputSpec
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor the comparator checks: a forward output or an input gradient."""
+
+    name: str  # "o", "ht", "dq", ...
+    dtype: str  # declared dtype: "case" or a fixed name ("float32"); ULPs are counted in it
+    kind: str  # "output" or "grad"
+    doc: str = ""
+
+    def resolve_dtype(self, case: Case) -> str:
+        return case.dtype if self.dtype == "case" else self.dtype
+
+
+Supports = Callable[[Case], "str | None"]
+
+
+def always(case: Case) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class LegBinding:
+    """How one leg runs an op."""
+
+    forward: Callable[..., Mapping[str, Any]]
+    supports: Supports = always
+    entry: str = ""  # the public entry point called, recorded on rows
+    describe: Callable[[Case], Mapping[str, Any]] = lambda case: {}  # per-case facts for rows (mapping, dispatch)
+
+
+@dataclass(frozen=True)
+class OpDescriptor:
+    name: str
+    variants: tuple[str, ...]
+    doc: str
+    inputs: Callable[[Case], list[InputSpec]]  # inputs of a case, in draw order
+    tensors: Callable[[Case], list[TensorSpec]]  # compared tensors of a case: outputs then grads
+    differentiable: Callable[[Case], list[str]]  # inputs whose gradient is compared, e.g. q k v g h0
+    cotangents: Mapping[str, str]  # output -> its upstream-gradient input, e.g. {"o": "do", "ht": "dht"}
+    validate: Callable[[Case], None]  # raises ValueError with a fix for a case no leg can run
+    reference: Callable[[Case, Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+    gpu: LegBinding | None = None
+    tpu: LegBinding | None = None
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+    def binding(self, leg: str) -> LegBinding | None:
+        return {"gpu": self.gpu, "tpu": self.tpu}.get(leg)
+
+    def tensor_names(self, case: Case) -> list[str]:
+        return [t.name for t in self.tensors(case)]
+
+
+def grad_name(input_name: str) -> str:
+    """Name of the gradient of an input: q -> dq, g_gamma -> dg_gamma, h0 -> dh0."""
+    return "d" + input_name
+
+
+# ----------------------------------------------------------- shared helpers
+def forward_tensors(case: Case) -> list[TensorSpec]:
+    """o in the case dtype; ht (float32, as fla returns it) when final_state."""
+    out = [TensorSpec("o", "case", "output", "output [B,T,H,V]")]
+    if case.final_state:
+        out.append(TensorSpec("ht", "float32", "output", "final state [B,H,K,V]"))
+    return out
+
+
+def grad_tensors(case: Case, differentiable: list[str], dtypes: Mapping[str, str]) -> list[TensorSpec]:
+    """One gradient per differentiable input, declared in its input's dtype."""
+    return [TensorSpec(grad_name(n), dtypes[n], "grad", f"gradient of {n}") for n in differentiable]
