@@ -1,0 +1,293 @@
+"""Float64 CPU reference for KDA (Kimi delta attention), forward and backward.
+
+Per head, with ``S`` of shape ``[K, V]`` and ``exp(g_t)`` acting on the key rows::
+
+    S'_t = Diag(exp g_t) S_{t-1}
+    S_t  = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T
+    o_t  = scale * S_t^T q_t
+
+``S_0 = initial_state`` (zeros when absent) and ``ht = S_T``.
+
+Options follow ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0), checked against its source:
+
+- ``use_qk_l2norm_in_kernel``: ``x / sqrt(sum(x**2) + 1e-6)`` over the key axis, for q and k
+  (fla ``l2norm_fwd`` with its default ``eps=1e-6``; the gradient is the exact one of that map).
+- ``use_gate_in_kernel``: ``g`` is the raw gate input. Without ``lower_bound``:
+  ``g = -exp(A_log[h]) * softplus(g + dt_bias[h, :])``; with ``lower_bound``:
+  ``g = lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h, :]))``, or
+  ``lower_bound * sigmoid(g + dt_bias[h, :])`` when ``A_log`` is None. ``A_log`` has shape ``[H]``,
+  ``dt_bias`` ``[H*K]`` (viewed ``[H, K]``), both optional as in fla. fla's Triton softplus switches
+  to the identity above 20 (an error below 2.1e-9); this reference uses the exact softplus.
+  ``lower_bound`` only acts through the gate: fla ignores it when ``use_gate_in_kernel=False``.
+- ``use_beta_sigmoid_in_kernel``: ``beta = sigmoid(beta)``, times 2 with ``allow_neg_eigval``.
+- ``safe_gate``: a numerics switch of fla's intra-chunk kernel (M=16 tensor-core path for
+  gates bounded below); it does not change the function. Its argument checks are mirrored.
+
+fla 0.6.0 has no gate sentinel: the only "sentinel" in KDA is the graph-mode varlen chunk
+index ``i_n = -1`` (``prepare_chunk_indices_static``) on padded chunk rows, which kernels skip.
+A gate of ``-inf`` (a hard state reset) is not special-cased by fla and is not supported here.
+
+Two formulations check each other: ``method="recurrent"`` (token by token) and
+``method="chunk"`` (WY form: per chunk ``Akk``, its unit-lower-triangular inverse, ``w``, ``u``,
+the delta-rule state pass and the output). Both run chunk by chunk under ``jax.checkpoint``,
+so the backward (``jax.vjp``) keeps only the ``NT`` chunk-start states.
+
+All work runs inside ``jax.enable_x64(True)`` on the CPU device with HIGHEST matmul precision;
+nothing is set globally. Inputs may be numpy arrays of any float dtype (bfloat16 included);
+they are upcast exactly to float64. Results are float64 numpy arrays (checked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+L2NORM_EPS = 1e-6
+METHODS = ("chunk", "recurrent")
+_HI = lax.Precision.HIGHEST
+
+__all__ = ["chunk_kda", "chunk_kda_bwd", "preprocess", "METHODS", "L2NORM_EPS"]
+
+
+@contextlib.contextmanager
+def _float64_cpu() -> Iterator[None]:
+    cpu = jax.devices("cpu")[0]
+    with jax.enable_x64(True), jax.default_device(cpu), jax.default_matmul_precision("highest"):
+        yield
+
+
+def _f64(x):
+    if x is None:
+        return None
+    return jnp.asarray(np.asarray(x).astype(np.float64))
+
+
+def _to_np(x) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype != np.float64:
+        raise AssertionError(f"reference produced {a.dtype}, expected float64")
+    return a
+
+
+# ------------------------------------------------------------------ validation
+def _check(q, k, v, g, beta, initial_state, A_log, dt_bias, opts, chunk_size, method):
+    if method not in METHODS:
+        raise ValueError(f"{method=} must be one of {METHODS}")
+    if q.ndim != 4 or q.shape != k.shape:
+        raise ValueError(f"q and k must be [B,T,H,K] with equal shapes, got {q.shape=} {k.shape=}")
+    B, T, H, K = q.shape
+    if v.ndim != 4 or v.shape[:3] != (B, T, H):
+        raise ValueError(f"v must be [B,T,H,V] = [{B},{T},{H},V], got {v.shape=}")
+    if g.shape != (B, T, H, K):
+        raise ValueError(f"g must be [B,T,H,K] = {(B, T, H, K)}, got {g.shape=}")
+    if beta.shape != (B, T, H):
+        raise ValueError(f"beta must be [B,T,H] = {(B, T, H)}, got {beta.shape=}")
+    V = v.shape[-1]
+    if initial_state is not None and initial_state.shape != (B, H, K, V):
+        raise ValueError(f"initial_state must be [B,H,K,V] = {(B, H, K, V)}, got {initial_state.shape}")
+    if not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"{chunk_size=} must be a positive int")
+    if opts["use_gate_in_kernel"]:
+        if A_log is None and opts["lower_bound"] is None:
+            raise ValueError("A_log must be given when use_gate_in_kernel=True and lower_bound is None")
+        if A_log is not None and np.shape(A_log) != (H,):
+            raise ValueError(f"A_log must have shape [H] = ({H},), got {np.shape(A_log)}")
+        if dt_bias is not None and np.shape(dt_bias) != (H * K,):
+            raise ValueError(f"dt_bias must have shape [H*K] = ({H * K},), got {np.shape(dt_bias)}")
+        if opts["safe_gate"]:
+            lb = opts["lower_bound"]
+            if lb is None or not (-5 <= lb < 0):
+                raise ValueError(f"safe_gate with use_gate_in_kernel needs lower_bound in [-5, 0), got {lb}")
+    if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
+        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
+
+
+# ------------------------------------------------------------------ options
+def preprocess(q, k, g, beta, A_log=None, dt_bias=None, *, use_qk_l2norm_in_kernel=False,
+               use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+               lower_bound=None, **_unused):
+    """Apply the in-kernel options with jax ops; returns (q, k, g, beta) of the core recurrence.
+
+    Works in whatever dtype its inputs have (the reference calls it in float64).
+    """
+    if use_qk_l2norm_in_kernel:
+        q = q * lax.rsqrt(jnp.sum(q * q, axis=-1, keepdims=True) + L2NORM_EPS)
+        k = k * lax.rsqrt(jnp.sum(k * k, axis=-1, keepdims=True) + L2NORM_EPS)
+    if use_gate_in_kernel:
+        H, K = g.shape[-2:]
+        x = g if dt_bias is None else g + dt_bias.reshape(H, K)
+        if lower_bound is None:
+            g = -jnp.exp(A_log).reshape(H, 1) * jax.nn.softplus(x)
+        else:
+            if A_log is not None:
+                x = jnp.exp(A_log).reshape(H, 1) * x
+            g = lower_bound * jax.nn.sigmoid(x)
+    if use_beta_sigmoid_in_kernel:
+        beta = jax.nn.sigmoid(beta) * (2.0 if allow_neg_eigval else 1.0)
+    return q, k, g, beta
+
+
+# ------------------------------------------------------------------ cores
+def _to_chunks(x, C):
+    """[B,T,H,...] (T a multiple of C) -> [NT,B,H,C,...]."""
+    B, T, H = x.shape[:3]
+    x = x.reshape(B, T // C, C, H, *x.shape[3:])
+    return jnp.moveaxis(jnp.moveaxis(x, 1, 0), 3, 2)
+
+
+def _from_chunks(x):
+    """[NT,B,H,C,V] -> [B,NT*C,H,V]."""
+    NT, B, H, C, V = x.shape
+    return jnp.transpose(x, (1, 0, 3, 2, 4)).reshape(B, NT * C, H, V)
+
+
+def _mm(a, b):
+    return jnp.matmul(a, b, precision=_HI)
+
+
+def _chunk_step_wy(scale, S, xs):
+    """One chunk in WY form. S [B,H,K,V]; xs each [B,H,C,...]."""
+    q, k, v, g, beta = xs
+    C = q.shape[-2]
+    G = jnp.cumsum(g, axis=-2)  # [B,H,C,K], log decay from the chunk start (inclusive)
+    diff = G[..., :, None, :] - G[..., None, :, :]  # [B,H,C(r),C(s),K] = G_r - G_s
+    r = jnp.arange(C)
+    strict = (r[:, None] > r[None, :])[..., None]
+    incl = (r[:, None] >= r[None, :])[..., None]
+    # mask the exponent before exp: above the diagonal G_r - G_s > 0 can overflow
+    e_strict = jnp.where(strict, jnp.exp(jnp.where(strict, diff, 0.0)), 0.0)
+    e_incl = jnp.where(incl, jnp.exp(jnp.where(incl, diff, 0.0)), 0.0)
+    Akk = beta[..., :, None] * jnp.einsum("bhrd,bhsd,bhrsd->bhrs", k, k, e_strict, precision=_HI)
+    eye = jnp.eye(C, dtype=q.dtype)
+    Tinv = jax.scipy.linalg.solve_triangular(eye + Akk, jnp.broadcast_to(eye, Akk.shape), lower=True,
+                                             unit_diagonal=True)
+    u = _mm(Tinv, beta[..., None] * v)
+    w = _mm(Tinv, beta[..., None] * k * jnp.exp(G))
+    delta = u - _mm(w, S)  # the new values beta_t (v_t - S'_t^T k_t)
+    Aqk = scale * jnp.einsum("bhrd,bhsd,bhrsd->bhrs", q, k, e_incl, precision=_HI)
+    o = scale * _mm(q * jnp.exp(G), S) + _mm(Aqk, delta)
+    G_last = G[..., -1, :]  # [B,H,K]
+    kdec = k * jnp.exp(G_last[..., None, :] - G)
+    S_new = jnp.exp(G_last)[..., :, None] * S + _mm(jnp.swapaxes(kdec, -1, -2), delta)
+    return S_new, o
+
+
+def _chunk_step_recurrent(scale, S, xs):
+    """One chunk, token by token. S [B,H,K,V]; xs each [B,H,C,...]."""
+    xs = tuple(jnp.moveaxis(x, 2, 0) for x in xs)  # [C,B,H,...]
+
+    def token(S, x):
+        q, k, v, g, beta = x
+        S = S * jnp.exp(g)[..., :, None]
+        kS = jnp.einsum("bhk,bhkv->bhv", k, S, precision=_HI)
+        S = S + beta[..., None, None] * k[..., :, None] * (v - kS)[..., None, :]
+        o = scale * jnp.einsum("bhk,bhkv->bhv", q, S, precision=_HI)
+        return S, o
+
+    S, o = lax.scan(token, S, xs)
+    return S, jnp.moveaxis(o, 0, 2)
+
+
+def _core(q, k, v, g, beta, h0, scale, chunk_size, method):
+    """Core recurrence on float64 jax arrays. Returns (o [B,T,H,V], ht [B,H,K,V])."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = chunk_size
+    pad = (-T) % C
+    if pad:  # zero tokens with g=0, beta=0 leave the state unchanged and are sliced off
+        padt = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        q, k, v, g, beta = map(padt, (q, k, v, g, beta))
+    S0 = jnp.zeros((B, H, K, V), q.dtype) if h0 is None else h0
+    step = _chunk_step_wy if method == "chunk" else _chunk_step_recurrent
+    xs = tuple(_to_chunks(x, C) for x in (q, k, v, g, beta))
+    body = jax.checkpoint(lambda S, x: step(scale, S, x))
+    ht, o = lax.scan(body, S0, xs)
+    return _from_chunks(o)[:, :T], ht
+
+
+def _options(kw) -> dict[str, Any]:
+    opts = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                allow_neg_eigval=False, safe_gate=False, lower_bound=None)
+    unknown = set(kw) - set(opts)
+    if unknown:
+        raise TypeError(f"unknown options {sorted(unknown)}")
+    opts.update(kw)
+    return opts
+
+
+def _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw):
+    opts = _options(kw)
+    arrs = [np.asarray(x) for x in (q, k, v, g, beta)]
+    _check(*arrs, None if initial_state is None else np.asarray(initial_state), A_log, dt_bias, opts,
+           chunk_size, method)
+    K = arrs[0].shape[-1]
+    scale = K ** -0.5 if scale is None else float(scale)
+    if not use_gate(opts):
+        A_log = dt_bias = None  # ignored by fla without the in-kernel gate
+    return arrs, opts, scale, A_log, dt_bias
+
+
+def use_gate(opts) -> bool:
+    return bool(opts["use_gate_in_kernel"])
+
+
+# ------------------------------------------------------------------ public
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *,
+              A_log=None, dt_bias=None, method="chunk", chunk_size=64, **options):
+    """KDA forward in float64. Returns ``(o, ht)``; ``ht`` is None unless ``output_final_state``.
+
+    ``options``: use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+    allow_neg_eigval, safe_gate, lower_bound (see the module docstring).
+    """
+    arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
+                                               chunk_size, method, options)
+    with _float64_cpu():
+        q, k, v, g, beta = map(_f64, arrs)
+        h0, A_log, dt_bias = _f64(initial_state), _f64(A_log), _f64(dt_bias)
+        q, k, g, beta = preprocess(q, k, g, beta, A_log, dt_bias, **opts)
+        o, ht = jax.jit(_core, static_argnums=(6, 7, 8))(q, k, v, g, beta, h0, scale, chunk_size, method)
+        o = _to_np(o)
+        ht = _to_np(ht) if output_final_state else None
+    return o, ht
+
+
+def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, *, A_log=None,
+                  dt_bias=None, method="chunk", chunk_size=64, **options):
+    """Gradients of ``sum(o*do) + sum(ht*dht)`` w.r.t. the raw inputs given, in float64.
+
+    Returns a dict with dq, dk, dv, dg, dbeta; dh0 when ``initial_state`` is given; dA_log
+    and ddt_bias when ``use_gate_in_kernel`` and that parameter is given.
+    """
+    arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
+                                               chunk_size, method, options)
+    with _float64_cpu():
+        primals = dict(zip(("q", "k", "v", "g", "beta"), map(_f64, arrs)))
+        for name, x in (("h0", initial_state), ("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is not None:
+                primals[name] = _f64(x)
+        do64 = _f64(do)
+        if do64.shape != primals["v"].shape:
+            raise ValueError(f"do must have the shape of o {primals['v'].shape}, got {do64.shape}")
+        B, T, H, K = primals["q"].shape
+        V = primals["v"].shape[-1]
+        dht64 = jnp.zeros((B, H, K, V), jnp.float64) if dht is None else _f64(dht)
+        if dht64.shape != (B, H, K, V):
+            raise ValueError(f"dht must be [B,H,K,V] = {(B, H, K, V)}, got {dht64.shape}")
+
+        def loss_fn(p):
+            q_, k_, g_, b_ = preprocess(p["q"], p["k"], p["g"], p["beta"], p.get("A_log"), p.get("dt_bias"),
+                                        **opts)
+            o, ht = _core(q_, k_, p["v"], g_, b_, p.get("h0"), scale, chunk_size, method)
+            return o, ht
+
+        def grads(p, do_, dht_):
+            _, vjp = jax.vjp(loss_fn, p)
+            return vjp((do_, dht_))[0]
+
+        out = jax.jit(grads)(primals, do64, dht64)
+        return {"d" + name: _to_np(x) for name, x in out.items()}
