@@ -1,0 +1,353 @@
+"""Shared pieces of the simple_gla Pallas TPU kernels.
+
+Shapes use fixed letters: ``B`` batch, ``T`` tokens, ``H`` heads, ``K`` key
+dim, ``V`` value dim, ``BT`` chunk size, ``NT = ceil(T / BT)`` chunks, ``Tp =
+NT * BT`` padded length. The public layout is fla's ``[B, T, H, K]``; inside
+the kernels everything is head-major ``[B, H, Tp, K]`` so every block is a
+``(BT, K)`` tile whose last two dims are (8, 128)-aligned.
+
+Gates. ``g_t <= 0`` is a log decay. Within chunk ``c`` the kernels use the
+chunk-local cumulative gate ``b_i = g_{cBT} + ... + g_{cBT+i}`` (so ``b <= 0``
+and non-increasing), and ``b_last = b_{BT-1}``. For ``g_gamma`` this is
+``b_i = gamma * (i + 1)``, computed in the kernel from an iota, never from a
+synthetic per-token tensor. Every exponent the kernels evaluate is ``<= 0``:
+``b_i``, ``b_last - b_j`` and, on the causal triangle only, ``b_i - b_j``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernels_tpu import mxu
+
+Precision = jax.lax.Precision
+F32 = jnp.float32
+
+NN = (((1,), (0,)), ((), ()))  # a[M,K] @ b[K,N]
+TN = mxu.TN  # a[K,M], b[K,N] -> a.T @ b
+NT_T = mxu.NT_T  # a[M,K], b[N,K] -> a @ b.T
+
+LANES = 128  # TPU vreg lane width and MXU tile: K and V must be multiples of it
+SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
+# --------------------------------------------------------------- block sizes
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiling of the time axis.
+
+    chunk_size: ``BT``, tokens per chunk (the sublane dim of every q/k/v/o
+      block, so a multiple of 16: one packed bf16 (16, 128) tile).
+    num_steps: chunks processed per grid step by the fused_chunk forward
+      (1 for the chunk kernels). See :meth:`for_chunks` for the fallback.
+    """
+
+    chunk_size: int = 64
+    num_steps: int = 1
+
+    def __post_init__(self):
+        chunk_size, num_steps = self.chunk_size, self.num_steps
+        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size=}")
+        if chunk_size % 16:
+            raise NotImplementedError(
+                f"the Pallas TPU kernels need chunk_size to be a multiple of 16 (one bf16 (16, 128) tile), "
+                f"got {chunk_size=}; use 64 or 128")
+        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps <= 0:
+            raise ValueError(f"num_steps must be a positive int, got {num_steps=}")
+
+    def for_chunks(self, NT: int) -> "BlockSizes":
+        """Fallback when ``NT`` is not divisible by ``num_steps``: the largest
+        divisor of ``NT`` that is ``<= num_steps`` (1 always divides)."""
+        steps = min(self.num_steps, NT)
+        while NT % steps:
+            steps -= 1
+        return dataclasses.replace(self, num_steps=steps)
+
+
+# ---------------------------------------------------------------- dot policy
+@dataclasses.dataclass(frozen=True)
+class DotPolicy:
+    """How a kernel feeds the MXU for one input dtype (hashable, static).
+
+    operand_dtype: what both dot operands are cast to (intermediates such as
+      the decayed scores or the f32 state are rounded to it, as fla does).
+    precision: the ``lax.Precision`` of every dot; accumulation is always f32.
+    mxu_model: model TPU MXU rounding (interpret mode on CPU), see kernels_tpu.mxu.
+    """
+
+    operand_dtype: Any
+    precision: Any
+    mxu_model: bool
+
+
+def dot_policy(dtype, mxu_model: bool) -> DotPolicy:
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.bfloat16:
+        # native MXU path: bf16 x bf16 products are exact, f32 accumulation
+        return DotPolicy(jnp.dtype(jnp.bfloat16), Precision.DEFAULT, mxu_model)
+    if dtype == jnp.float16:
+        # The MXU has no fp16 mode. Rounding fp16 operands to bf16 would drop 3
+        # mantissa bits that fla's fp16 tensor-core dots keep, so fp16 inputs go
+        # in as f32 at HIGH (bf16x3): an fp16 value splits exactly into two bf16
+        # pieces, so the only term lost is lo*lo (~2**-16 relative).
+        return DotPolicy(jnp.dtype(jnp.float32), Precision.HIGH, mxu_model)
+    # f32 inputs: HIGHEST (bf16x6) is about f32-accurate. DEFAULT would be one
+    # bf16 pass (2**-9 relative per operand), worse than fla's tf32 (2**-11).
+    return DotPolicy(jnp.dtype(jnp.float32), Precision.HIGHEST, mxu_model)
+
+
+def mm(a, b, policy: DotPolicy, dims=NN):
+    """A kernel dot: operands cast to the policy dtype, f32 accumulation."""
+    return mxu.dot(a.astype(policy.operand_dtype), b.astype(policy.operand_dtype),
+                   precision=policy.precision, preferred_element_type=F32,
+                   dimension_numbers=dims, mxu_model=policy.mxu_model)
+
+
+def mm_f32(a, b, policy: DotPolicy, dims=NN):
+    """An f32-accurate dot (HIGHEST) for the gate gradient's reverse cumsum,
+    whatever the input dtype: fla accumulates dg in f32 too."""
+    return mxu.dot(a.astype(F32), b.astype(F32), precision=Precision.HIGHEST, preferred_element_type=F32,
+                   dimension_numbers=dims, mxu_model=policy.mxu_model)
+
+
+# ------------------------------------------------------------ in-kernel maths
+def causal_mask(BT: int):
+    """``[BT, BT]`` bool, True on the causal (lower, incl. diagonal) triangle i >= j."""
+    i = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
+    j = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
+    return i >= j
+
+
+def causal_decay(b_col, b_row, unsafe_masked_exp: bool = False):
+    """Intra-chunk decay matrix ``D[i, j] = exp(b_i - b_j) [i >= j]``, ``[BT, BT]`` f32.
+
+    Above the diagonal ``b_i - b_j = -(g_{i+1} + ... + g_j) >= 0`` can be huge
+    (ALiBi gamma=-0.7071 at BT=128 gives up to 89.8 > 88.7: exp overflows to
+    inf), so the exponent is zeroed there BEFORE exp and the result masked after.
+
+    ``unsafe_masked_exp`` is a TEST-ONLY fault injection: it exponentiates the
+    unmasked difference and multiplies by the mask, as XLA on TPU may lower a
+    ``where``; inf * 0 gives NaN. Never enable it outside tests.
+    """
+    BT = b_col.shape[0]
+    causal = causal_mask(BT)
+    diff = b_col - b_row
+    if unsafe_masked_exp:
+        return jnp.exp(diff) * causal.astype(F32)
+    return jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)
+
+
+def chunk_gates(gate_refs, *, gate: str, BT: int, T: int, chunk, step: int):
+    """Chunk-local cumulative gate of one chunk: ``(b_col [BT,1], b_row [1,BT], b_last [1,1])``.
+
+    gate == "g": ``gate_refs = (gcol_ref [NS*BT, 1], grow_ref [NS, 1, BT])`` hold
+      the wrapper's chunk-local cumsum (padded tokens have gate 0).
+    gate == "g_gamma": ``gate_refs = (gamma_ref [H] in SMEM,)``; ``b_i = gamma *
+      min(i + 1, T - chunk * BT)``: the clamp gives padded tokens (beyond the
+      true length ``T``) a zero gate, so padding stays exact.
+    """
+    if gate == "g":
+        gcol_ref, grow_ref = gate_refs
+        b_col = gcol_ref[pl.ds(step * BT, BT), :]
+        b_row = grow_ref[step]
+        return b_col, b_row, b_row[:, BT - 1:BT]
+    (gamma_ref,) = gate_refs
+    gamma = gamma_ref[pl.program_id(1)]
+    n_valid = T - chunk * BT  # tokens of this chunk inside the true length
+    pos_col = jax.lax.broadcasted_iota(jnp.int32, (BT, 1), 0) + 1
+    pos_row = jax.lax.broadcasted_iota(jnp.int32, (1, BT), 1) + 1
+    b_col = gamma * jnp.minimum(pos_col, n_valid).astype(F32)
+    b_row = gamma * jnp.minimum(pos_row, n_valid).astype(F32)
+    return b_col, b_row, b_row[:, BT - 1:BT]
+
+
+# ------------------------------------------------------- named index maps
+def chunk_index_map(b, h, t):
+    """[B, H, Tp, X] tiles (NS*BT, X): chunk group t of head (b, h)."""
+    return b, h, t, 0
+
+
+def reverse_chunk_index_map(NT: int):
+    """The same tiles walked from the last chunk to the first (reverse time)."""
+    def index_map(b, h, t):
+        return b, h, NT - 1 - t, 0
+    return index_map
+
+
+def chunk_state_index_map(b, h, t):
+    """[B, H, NT, K, V] per-chunk states, tiles (NS, K, V)."""
+    return b, h, t, 0, 0
+
+
+def reverse_chunk_state_index_map(NT: int):
+    def index_map(b, h, t):
+        return b, h, NT - 1 - t, 0, 0
+    return index_map
+
+
+def state_index_map(b, h, t):
+    """[B, H, K, V] one state per head, resident across the time axis."""
+    del t
+    return b, h, 0, 0
+
+
+def gate_specs(gate: str, BT: int, NS: int, reverse_NT: int | None = None):
+    """BlockSpecs of the gate inputs (see :func:`chunk_gates`)."""
+    if gate == "g_gamma":
+        return [pl.BlockSpec(memory_space=pltpu.SMEM)]
+    if reverse_NT is None:
+        col_map, row_map = chunk_index_map, chunk_state_index_map
+    else:
+        col_map = reverse_chunk_index_map(reverse_NT)
+        row_map = reverse_chunk_state_index_map(reverse_NT)
+
+    def grow_index_map(b, h, t):
+        b, h, t, _, _ = row_map(b, h, t)
+        return b, h, t, 0, 0
+
+    return [pl.BlockSpec((None, None, NS * BT, 1), col_map),
+            pl.BlockSpec((None, None, NS, 1, BT), grow_index_map)]
+
+
+# ------------------------------------------------------------ config, layout
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Static (hashable) configuration of one call, shared by fwd and bwd."""
+
+    T: int
+    scale: float
+    blocks: BlockSizes
+    gate: str  # "g" | "g_gamma" | "none" (no decay: gamma = 0)
+    output_final_state: bool
+    interpret: Any  # False or a pltpu.InterpretParams
+    mxu_model: bool
+    unsafe_masked_exp: bool = False
+
+    @property
+    def kernel_gate(self) -> str:
+        return "g" if self.gate == "g" else "g_gamma"
+
+    def compiler_params(self, *semantics):
+        return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
+
+
+def resolve_interpret(interpret):
+    """None/False -> native TPU compile; True -> InterpretParams reading NaN from
+    uninitialised memory (a kernel reading unwritten scratch shows up); an
+    InterpretParams is passed through."""
+    if interpret is None or interpret is False:
+        return False
+    if interpret is True:
+        return pltpu.InterpretParams(uninitialized_memory="nan")
+    if isinstance(interpret, pltpu.InterpretParams):
+        return interpret
+    raise ValueError(f"interpret must be None, a bool or a pltpu.InterpretParams, got {interpret=}")
+
+
+def to_heads(x, Tp: int):
+    """[B, T, H, X] -> head-major [B, H, Tp, X], zero-padded in time."""
+    T = x.shape[1]
+    x = jnp.transpose(x, (0, 2, 1, 3))
+    if Tp != T:
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, Tp - T), (0, 0)))
+    return x
+
+
+def from_heads(x, T: int):
+    """Head-major [B, H, Tp, X] -> [B, T, H, X], padding dropped."""
+    return jnp.transpose(x[:, :, :T], (0, 2, 1, 3))
+
+
+def prepare_gates(cfg: Config, g, g_gamma, H: int, NT: int):
+    """Kernel gate operands: the chunk-local cumsum of ``g`` in two layouts
+    (a column per token and a row per chunk, both (8,128)-legal blocks), or
+    ``g_gamma`` as an f32 [H] vector for SMEM (zeros when there is no decay)."""
+    BT = cfg.blocks.chunk_size
+    if cfg.gate == "g":
+        B, T, _ = g.shape
+        g = jnp.transpose(g.astype(F32), (0, 2, 1))  # [B, H, T]
+        g = jnp.pad(g, ((0, 0), (0, 0), (0, NT * BT - T)))  # zero gate on padding: exact
+        b = jnp.cumsum(g.reshape(B, H, NT, BT), axis=-1)  # chunk-local cumsum, f32
+        return (b.reshape(B, H, NT * BT, 1), b.reshape(B, H, NT, 1, BT))
+    if cfg.gate == "g_gamma":
+        return (g_gamma.astype(F32),)
+    return (jnp.zeros((H,), F32),)
+
+
+# ---------------------------------------------------------------- validation
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def validate(q, k, v, g, g_gamma, scale, initial_state, blocks: BlockSizes, *, do=None, dht=None) -> float:
+    """Checks every argument from static shapes/dtypes only (before any tracing).
+
+    Returns the resolved scale. Raises ValueError for invalid input and
+    NotImplementedError for valid input these TPU kernels do not support.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not _is_array(x) or len(x.shape) != 4:
+            raise ValueError(f"{name} must be a [B, T, H, X] array, got {getattr(x, 'shape', type(x))!r}")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if tuple(k.shape) != (B, T, H, K):
+        raise ValueError(f"k must have q's shape [B, T, H, K]: {k.shape=} vs {q.shape=}")
+    if tuple(v.shape[:3]) != (B, T, H):
+        raise ValueError(f"v must be [B, T, H, V] with q's B, T, H: {v.shape=} vs {q.shape=}")
+    if min(B, T, H, K, V) <= 0:
+        raise ValueError(f"empty input: {q.shape=} {v.shape=}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype: {q.dtype=} {k.dtype=} {v.dtype=}")
+    if not jnp.issubdtype(q.dtype, jnp.floating):
+        raise ValueError(f"q, k, v must be floating point, got {q.dtype=}")
+    if jnp.dtype(q.dtype) not in SUPPORTED_DTYPES:
+        raise NotImplementedError(f"supported dtypes are bfloat16, float16, float32; got {q.dtype=}; cast the inputs")
+    for name, n in (("K", K), ("V", V)):
+        if n % LANES:
+            raise NotImplementedError(
+                f"the simple_gla Pallas TPU kernels need K and V to be multiples of {LANES} (lane width), got "
+                f"{name}={n}; zero-pad the head dim to {math.ceil(n / LANES) * LANES} (exact for q/k/v; "
+                f"pass scale={n}**-0.5 explicitly when padding K, and slice o back when padding V)")
+    if g is not None and g_gamma is not None:
+        raise ValueError("pass exactly one of g (per-token gate [B, T, H]) and g_gamma (per-head [H]), not both")
+    if g is not None:
+        if not _is_array(g) or tuple(g.shape) != (B, T, H):
+            raise ValueError(f"g must be [B, T, H] = {(B, T, H)}, got {getattr(g, 'shape', type(g))!r}")
+        if not jnp.issubdtype(g.dtype, jnp.floating):
+            raise ValueError(f"g must be floating point, got {g.dtype=}")
+    if g_gamma is not None:
+        if not _is_array(g_gamma) or tuple(g_gamma.shape) != (H,):
+            raise ValueError(f"g_gamma must be [H] = {(H,)}, got {getattr(g_gamma, 'shape', type(g_gamma))!r}")
+        if not jnp.issubdtype(g_gamma.dtype, jnp.floating):
+            raise ValueError(f"g_gamma must be floating point, got {g_gamma.dtype=}")
+    for name, x in (("initial_state", initial_state), ("dht", dht)):
+        if x is not None and (not _is_array(x) or tuple(x.shape) != (B, H, K, V)):
+            raise ValueError(f"{name} must be [B, H, K, V] = {(B, H, K, V)}, got {getattr(x, 'shape', type(x))!r}")
+    if do is not None and (not _is_array(do) or tuple(do.shape) != (B, T, H, V)):
+        raise ValueError(f"do must be [B, T, H, V] = {(B, T, H, V)}, got {getattr(do, 'shape', type(do))!r}")
+    if not isinstance(blocks, BlockSizes):
+        raise ValueError(f"internal: {blocks=} must be a BlockSizes")
+    if scale is None:
+        return float(K) ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale == 0:
+        raise ValueError(f"scale must be a finite non-zero Python number, got {scale=}")
+    return float(scale)
+
+
+def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model, unsafe_masked_exp):
+    interpret = resolve_interpret(interpret)
+    if mxu_model is None:
+        mxu_model = interpret is not False
+    if not isinstance(output_final_state, bool):
+        raise ValueError(f"output_final_state must be a bool, got {output_final_state=}")
+    gate = "g" if g is not None else ("g_gamma" if g_gamma is not None else "none")
+    return Config(T=int(q.shape[1]), scale=scale, blocks=blocks, gate=gate, output_final_state=output_final_state,
+                  interpret=interpret, mxu_model=bool(mxu_model), unsafe_masked_exp=bool(unsafe_masked_exp))
