@@ -1,0 +1,202 @@
+"""Float64 CPU JAX reference for GLA (gated linear attention, per-key-channel decay).
+
+Layout follows flash-linear-attention: q, k ``[B,T,H,K]``, v ``[B,T,H,V]``,
+state ``[B,H,K,V]``. Per head, with ``a_t = exp(gk_t)`` a per-key-channel decay:
+
+    S_t = Diag(a_t) S_{t-1} + k_t v_t^T,    o_t = scale * S_t^T q_t,
+    S_0 = h0 (optional, zeros otherwise),   ht = S_T.
+
+The gate is either ``g [B,T,H,K]`` (per-channel log decay) or ``g_gamma [H]``
+(per-head constant: ``gk_t[c] = g_gamma`` for every t and c). The backward
+takes the loss ``sum(o * do) + sum(ht * dht)``.
+
+Two formulations check each other:
+
+- ``method="recurrent"``: token by token (``lax.scan`` over T). Its backward
+  (``jax.vjp`` of the scan) keeps one state per token: for small checks only.
+- ``method="chunk"`` (default): a ``lax.scan`` over chunks of ``chunk_size``
+  tokens. Inside a chunk, with the inclusive in-chunk cumulative gate
+  ``b_i = sum_{u<=i} gk_u``, every decay is written relative:
+
+      o_i  = scale * [ (q_i * exp(b_i)) . S  + sum_{j<=i} sum_c q_ic k_jc exp(b_ic - b_jc) v_j ]
+      S'   = exp(b_L) * S + sum_j (k_j * exp(b_L - b_j)) v_j^T        (L: last position)
+
+  The causal mask is applied to the exponent ``b_ic - b_jc`` before ``exp``
+  (masked entries get exponent 0, then the value 0), so no exponent is ever
+  positive for a decaying gate. The chunk body is wrapped in
+  ``jax.checkpoint``, so the backward (``jax.vjp`` of the scan) keeps only the
+  NT chunk-boundary states, never T states nor the ``[C,C,K]`` intra tensors.
+
+Everything runs in float64 without global side effects: inside
+``jax.enable_x64(True)`` and ``jax.default_device(cpu)`` contexts, with every
+einsum at ``Precision.HIGHEST``. Inputs are numpy arrays of any float dtype
+(ml_dtypes bfloat16 included); results are float64 numpy arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+HIGHEST = lax.Precision.HIGHEST
+METHODS = ("chunk", "recurrent")
+
+__all__ = ["chunk_gla", "chunk_gla_bwd", "METHODS"]
+
+
+@contextlib.contextmanager
+def _f64_cpu():
+    """float64 and the CPU device for the duration of the block only."""
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def _ein(spec, *xs):
+    return jnp.einsum(spec, *xs, precision=HIGHEST)
+
+
+def _f64(x):
+    return None if x is None else np.asarray(x).astype(np.float64)
+
+
+def _validate(q, k, v, g, g_gamma, initial_state, method, chunk_size, do=None, dht=None):
+    if q.ndim != 4 or k.shape != q.shape or v.ndim != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"need q,k [B,T,H,K] and v [B,T,H,V]: got {q.shape=} {k.shape=} {v.shape=}")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if (g is None) == (g_gamma is None):
+        raise ValueError("pass exactly one of g [B,T,H,K] and g_gamma [H]")
+    if g is not None and g.shape != (B, T, H, K):
+        raise ValueError(f"{g.shape=} must be {(B, T, H, K)}")
+    if g_gamma is not None and g_gamma.shape != (H,):
+        raise ValueError(f"{g_gamma.shape=} must be {(H,)}")
+    if initial_state is not None and initial_state.shape != (B, H, K, V):
+        raise ValueError(f"{initial_state.shape=} must be {(B, H, K, V)}")
+    if do is not None and do.shape != (B, T, H, V):
+        raise ValueError(f"{do.shape=} must be {(B, T, H, V)}")
+    if dht is not None and dht.shape != (B, H, K, V):
+        raise ValueError(f"{dht.shape=} must be {(B, H, K, V)}")
+    if method not in METHODS:
+        raise ValueError(f"{method=} must be one of {METHODS}")
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"{chunk_size=} must be a positive int")
+
+
+def _gate(g, g_gamma, shape):
+    """Per-channel log decay [B,T,H,K] from either gate kind (traced: grads flow to g_gamma)."""
+    if g is not None:
+        return g
+    return jnp.broadcast_to(g_gamma[None, None, :, None], shape)
+
+
+# ------------------------------------------------------------------ recurrent
+def _recurrent(q, k, v, gk, h0, scale):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    S0 = jnp.zeros((B, H, K, V), q.dtype) if h0 is None else h0
+
+    def step(S, xs):
+        q_t, k_t, v_t, g_t = xs  # [B,H,K], [B,H,K], [B,H,V], [B,H,K]
+        S = jnp.exp(g_t)[..., None] * S + _ein("bhk,bhv->bhkv", k_t, v_t)
+        o_t = scale * _ein("bhk,bhkv->bhv", q_t, S)
+        return S, o_t
+
+    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, gk))
+    ST, o = lax.scan(step, S0, xs)
+    return jnp.moveaxis(o, 0, 1), ST
+
+
+# ---------------------------------------------------------------------- chunk
+def _chunk(q, k, v, gk, h0, scale, C):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = -(-T // C)
+    pad = NT * C - T
+    if pad:  # zero k, v and a zero log gate (decay 1) leave the state untouched
+        padT = lambda x: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        q, k, v, gk = padT(q), padT(k), padT(v), padT(gk)
+    # [NT, B, H, C, *]
+    split = lambda x: jnp.moveaxis(x.reshape(B, NT, C, H, x.shape[-1]), (1, 3), (0, 2))
+    qc, kc, vc, gc = split(q), split(k), split(v), split(gk)
+    causal = jnp.tril(jnp.ones((C, C), bool))  # [i, j]: j <= i
+    S0 = jnp.zeros((B, H, K, V), q.dtype) if h0 is None else h0
+
+    @jax.checkpoint
+    def body(S, xs):
+        q_n, k_n, v_n, g_n = xs  # [B,H,C,K] / [B,H,C,V]
+        b = jnp.cumsum(g_n, axis=2)  # inclusive in-chunk cumulative gate
+        bL = b[:, :, -1:, :]  # [B,H,1,K]
+        # relative decay exp(b_ic - b_jc), exponent masked (to 0) above the diagonal before exp
+        diff = b[:, :, :, None, :] - b[:, :, None, :, :]  # [B,H,i,j,K]
+        m = causal[None, None, :, :, None]
+        decay = jnp.where(m, jnp.exp(jnp.where(m, diff, 0.0)), 0.0)
+        A = _ein("bhik,bhjk,bhijk->bhij", q_n, k_n, decay)
+        o = scale * (_ein("bhik,bhkv->bhiv", q_n * jnp.exp(b), S) + _ein("bhij,bhjv->bhiv", A, v_n))
+        S = jnp.exp(bL)[:, :, 0, :, None] * S + _ein("bhjk,bhjv->bhkv", k_n * jnp.exp(bL - b), v_n)
+        return S, o
+
+    ST, o = lax.scan(body, S0, (qc, kc, vc, gc))  # o [NT,B,H,C,V]
+    o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(B, NT * C, H, V)[:, :T]
+    return o, ST
+
+
+def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size):
+    gk = _gate(g, g_gamma, q.shape)
+    if method == "recurrent":
+        return _recurrent(q, k, v, gk, h0, scale)
+    return _chunk(q, k, v, gk, h0, scale, chunk_size)
+
+
+def _check64(named):
+    for name, x in named.items():
+        if x is not None:
+            assert x.dtype == np.float64, f"{name} came out {x.dtype}, not float64"
+    return named
+
+
+# --------------------------------------------------------------------- public
+def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+              *, method="chunk", chunk_size=64):
+    """Float64 forward: ``(o [B,T,H,V], ht [B,H,K,V] or None)`` as numpy float64."""
+    q, k, v, g, g_gamma, h0 = map(_f64, (q, k, v, g, g_gamma, initial_state))
+    _validate(q, k, v, g, g_gamma, h0, method, chunk_size)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    with _f64_cpu():
+        o, ht = _forward(*map(lambda x: None if x is None else jnp.asarray(x, jnp.float64),
+                              (q, k, v, g, g_gamma, h0)), scale, method, chunk_size)
+        o, ht = np.asarray(o), np.asarray(ht)
+    out = _check64({"o": o, "ht": ht if output_final_state else None})
+    return out["o"], out["ht"]
+
+
+def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
+                  *, method="chunk", chunk_size=64):
+    """Float64 gradients of ``sum(o*do) + sum(ht*dht)``.
+
+    Returns ``dict(dq, dk, dv, dg, dg_gamma, dh0)`` of float64 numpy arrays,
+    ``None`` where not applicable (``dg`` without g, ``dg_gamma`` without
+    g_gamma, ``dh0`` without initial_state).
+    """
+    q, k, v, do, dht, g, g_gamma, h0 = map(_f64, (q, k, v, do, dht, g, g_gamma, initial_state))
+    _validate(q, k, v, g, g_gamma, h0, method, chunk_size, do=do, dht=dht)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    with _f64_cpu():
+        j = lambda x: None if x is None else jnp.asarray(x, jnp.float64)
+        primals = {"q": j(q), "k": j(k), "v": j(v), "g": j(g), "g_gamma": j(g_gamma), "h0": j(h0)}
+
+        def f(p):
+            return _forward(p["q"], p["k"], p["v"], p["g"], p["g_gamma"], p["h0"], scale, method, chunk_size)
+
+        (o, ht), vjp = jax.vjp(f, primals)
+        dht64 = jnp.zeros((B, H, K, V), jnp.float64) if dht is None else j(dht)
+        (grads,) = vjp((j(do), dht64))
+        out = {name: None if grads[src] is None else np.asarray(grads[src])
+               for name, src in (("dq", "q"), ("dk", "k"), ("dv", "v"), ("dg", "g"),
+                                 ("dg_gamma", "g_gamma"), ("dh0", "h0"))}
+    return _check64(out)
