@@ -1,0 +1,18 @@
+"""The op registry: one descriptor per op. Adding an op adds one line here."""
+
+from __future__ import annotations
+
+from .base import LegBinding, OpDescriptor, TensorSpec
+from .simple_gla import SIMPLE_GLA
+
+REGISTRY: dict[str, OpDescriptor] = {d.name: d for d in (SIMPLE_GLA,)}
+
+
+def get_op(name: str) -> OpDescriptor:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown op {name!r}; registered ops: {sorted(REGISTRY)}") from None
+
+
+__all__ = ["REGISTRY", "get_op", "LegBinding", "OpDescriptor", "TensorSpec"]

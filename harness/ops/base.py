@@ -12,8 +12,9 @@ line in ``harness/ops/__init__.py``.
 
 Binding contracts
 -----------------
-- ``reference(case, inputs64) -> dict[name, float64 ndarray]``: every tensor of
-  ``tensors(case)`` (forward and backward), from the float64 inputs.
+- ``reference(case, inputs64, method="chunk", compute_dtype="float64") ->
+  dict[name, ndarray]``: every tensor of ``tensors(case)`` (forward and
+  backward) from the float64 inputs; the defaults give the golden result.
 - ``gpu_forward(case, tensors) -> dict[name, torch.Tensor]`` and
   ``tpu_forward(case, arrays, ctx) -> dict[name, jax.Array]``: the forward
   outputs (``o``, ``ht``) from framework tensors that hold the case's exact bits.
@@ -61,7 +62,6 @@ class LegBinding:
 
     forward: Callable[..., Mapping[str, Any]]
     supports: Supports = always
-    entry: str = ""  # the public entry point called, recorded on rows
     describe: Callable[[Case], Mapping[str, Any]] = lambda case: {}  # per-case facts for rows (mapping, dispatch)
 
 
@@ -75,7 +75,7 @@ class OpDescriptor:
     differentiable: Callable[[Case], list[str]]  # inputs whose gradient is compared, e.g. q k v g h0
     cotangents: Mapping[str, str]  # output -> its upstream-gradient input, e.g. {"o": "do", "ht": "dht"}
     validate: Callable[[Case], None]  # raises ValueError with a fix for a case no leg can run
-    reference: Callable[[Case, Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+    reference: Callable[..., Mapping[str, np.ndarray]]
     gpu: LegBinding | None = None
     tpu: LegBinding | None = None
     notes: Mapping[str, str] = field(default_factory=dict)

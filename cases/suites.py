@@ -1,0 +1,101 @@
+"""Named suites: lists of cases, chosen for what each tier must prove.
+
+- ``smoke``: every leg in CPU emulation within a few minutes. Interpreters are
+  slow (fla simple_gla bf16 at B1 T256 H2 K=V=128 takes ~3.5 s forward and
+  ~8 s backward in the Triton interpreter), so shapes are minimal while still
+  covering both gate kinds, h0, dht, every dtype, chunk 64 and 128, both
+  variants, and one shape the TPU leg must refuse.
+- ``regressions``: cases reproducing known failure classes (see each entry).
+- ``standard``: a broader grid for pre-merge runs on hardware.
+- ``stress``: long sequences, H=16, ALiBi from layer 0 of 20-32 layers: the
+  exp-overflow regime (|gamma| * 128 = 90.5 > 88.7 = log(float32 max)).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .case import Case, Gate
+
+G = Gate("g", "logsigmoid", normalizer=16)
+
+
+def alibi(num_layers: int = 32, layer_idx: int = 0) -> Gate:
+    return Gate("g_gamma", "alibi", num_layers=num_layers, layer_idx=layer_idx)
+
+
+def _simple_gla_smoke() -> list[Case]:
+    base = dict(op="simple_gla", B=1, H=2, K=128, V=128)
+    return [
+        Case(variant="chunk", T=128, dtype="bfloat16", gate=G, chunk_size=64, h0=True, dht=True, **base),
+        Case(variant="chunk", T=256, dtype="bfloat16", gate=alibi(), chunk_size=128, h0=True, **base),
+        Case(variant="chunk", T=128, dtype="float32", gate=G, chunk_size=64, dht=True, **base),
+        Case(variant="chunk", T=128, dtype="float16", gate=alibi(), chunk_size=64, h0=True, dht=True, **base),
+        Case(variant="fused_chunk", T=128, dtype="bfloat16", gate=G, chunk_size=64, h0=True, dht=True, **base),
+        Case(variant="fused_chunk", T=128, dtype="float32", gate=alibi(), chunk_size=64, **base),
+        # K=V=64: the TPU leg must refuse it (lane width 128) with a reason, not crash
+        Case(op="simple_gla", variant="chunk", B=1, T=64, H=2, K=64, V=64, dtype="bfloat16", gate=G, chunk_size=64),
+    ]
+
+
+def _simple_gla_regressions() -> list[Case]:
+    return [
+        # NaN at chunk_size=128 with ALiBi g_gamma: H=16 reaches slope 2^-0.5, |gamma|*128 = 90.5 > 88.7
+        Case("simple_gla", "chunk", B=1, T=256, H=16, K=128, V=128, dtype="bfloat16", gate=alibi(32, 0),
+             chunk_size=128, h0=True, dht=True),
+        Case("simple_gla", "fused_chunk", B=1, T=256, H=16, K=128, V=128, dtype="bfloat16", gate=alibi(32, 0),
+             chunk_size=128),
+        # a non-zero dht must reach dg (and dh0) through the reverse-time state gradient
+        Case("simple_gla", "chunk", B=1, T=256, H=2, K=128, V=128, dtype="float32", gate=G, chunk_size=64,
+             h0=True, dht=True),
+    ]
+
+
+def _simple_gla_standard() -> list[Case]:
+    out = []
+    for variant, dtype, gate, C, T in itertools.product(
+        ("chunk", "fused_chunk"), ("bfloat16", "float16", "float32"), (G, alibi(24, 0), alibi(24, 12)),
+        (64, 128), (512, 1000),
+    ):
+        out.append(Case("simple_gla", variant, B=2, T=T, H=4, K=128, V=128, dtype=dtype, gate=gate,
+                        chunk_size=C, h0=True, dht=True))
+    return out
+
+
+def _simple_gla_stress() -> list[Case]:
+    out = []
+    for T, L in ((2048, 20), (4096, 24), (8192, 32)):
+        for variant in ("chunk", "fused_chunk"):
+            out.append(Case("simple_gla", variant, B=1, T=T, H=16, K=128, V=128, dtype="bfloat16",
+                            gate=alibi(L, 0), chunk_size=128, h0=True, dht=True))
+    out.append(Case("simple_gla", "chunk", B=2, T=4096, H=16, K=128, V=128, dtype="bfloat16",
+                    gate=alibi(32, 0), chunk_size=128, h0=True, dht=True))
+    return out
+
+
+SUITES = {
+    "smoke": _simple_gla_smoke,
+    "regressions": _simple_gla_regressions,
+    "standard": _simple_gla_standard,
+    "stress": _simple_gla_stress,
+}
+
+
+def get_suite(name: str) -> list[Case]:
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; choose one of {sorted(SUITES)}")
+    cases = SUITES[name]()
+    ids = [c.id for c in cases]
+    dupes = {i for i in ids if ids.count(i) > 1}
+    if dupes:
+        raise ValueError(f"suite {name!r} has duplicate case ids: {sorted(dupes)}")
+    return cases
+
+
+def find_case(case_id: str) -> Case:
+    """The case with this id, from any suite (for one-line repros)."""
+    for name in SUITES:
+        for case in SUITES[name]():
+            if case.id == case_id:
+                return case
+    raise ValueError(f"no suite contains case {case_id!r}; list ids with `parity cases --suite NAME`")

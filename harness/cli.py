@@ -1,0 +1,245 @@
+"""``parity``: list cases, run legs, gate result files, or do it all.
+
+Exit codes: 0 pass; 1 a parity or bound violation (or an error row); 2 usage
+or input error (bad arguments, unreadable or stale result files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+DEFAULT_OUT = Path("reports") / "runs"
+
+
+class UsageError(Exception):
+    pass
+
+
+def _select_cases(args) -> list:
+    from cases.suites import find_case, get_suite
+    from harness.runner import parse_shard, shard
+
+    cases = [find_case(c) for c in args.case] if getattr(args, "case", None) else get_suite(args.suite)
+    if getattr(args, "op", None):
+        cases = [c for c in cases if c.op in args.op]
+    if getattr(args, "shard", None):
+        cases = shard(cases, *parse_shard(args.shard))
+    if not cases:
+        raise UsageError("the selection is empty: check --suite, --op and --case")
+    return cases
+
+
+def _leg_options(args, name: str) -> dict:
+    if name == "ref":
+        return {"method": args.ref_method, "compute_dtype": args.ref_dtype}
+    if name == "gpu":
+        return {"dot_precision": args.dot_precision}
+    return {}
+
+
+def _result_name(leg: str, args) -> str:
+    tag = f".{args.tag}" if getattr(args, "tag", None) else ""
+    if getattr(args, "shard", None):
+        i, n = args.shard.split("/")
+        return f"{leg}{tag}.shard-{i}-of-{n}.csv"
+    return f"{leg}{tag}.csv"
+
+
+def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
+    from harness.legs import make_leg
+    from harness.reports import rows_to_frame, summarize, write_csv
+    from harness.runner import Runner
+
+    leg = make_leg(name, **_leg_options(args, name))
+    runner = Runner(leg, cache, suite=getattr(args, "suite", "") or "")
+    t0 = time.perf_counter()
+    rows = runner.run(cases, progress=not args.no_progress)
+    df = rows_to_frame(rows)
+    path = write_csv(df, Path(args.out) / _result_name(name, args))
+    print(f"{name}: {len(cases)} cases in {time.perf_counter() - t0:.1f} s "
+          f"({runner.provenance['mode']}, {runner.provenance['device']}) -> {path}")
+    print(f"  rows: {summarize(df)}")
+    return path, df
+
+
+def _failing(df) -> bool:
+    from harness.runner import FAILING_STATUSES
+
+    return bool(df["status"].isin(FAILING_STATUSES).any())
+
+
+def _policy(args):
+    from harness.policy import Policy, parse_floors
+
+    metrics = tuple(m.strip() for m in args.gate_metrics.split(",") if m.strip())
+    return Policy(metrics=metrics, rel_margin=args.margin, abs_floor=parse_floors(args.floor))
+
+
+def _report_gate(result, out: Path) -> int:
+    from harness.gate import write_gate
+
+    csv_path, md_path = write_gate(result, out)
+    counts = result.parity.groupby("verdict").size().to_dict()
+    print(f"gate: {'PASS' if result.passed else 'FAIL'} ({', '.join(f'{n} {v}' for v, n in sorted(counts.items()))})"
+          f" -> {csv_path}, {md_path}")
+    for r in result.failures.to_dict("records")[:20]:
+        print(f"  FAIL {r['case_id']} {r['tensor']} {r['metric']}: {r['reason']}\n       repro: {r['repro']}")
+    if len(result.failures) > 20:
+        print(f"  ... and {len(result.failures) - 20} more in {csv_path}")
+    return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+# -------------------------------------------------------------------- verbs
+def cmd_cases(args) -> int:
+    from harness.ops import get_op
+
+    for case in _select_cases(args):
+        op = get_op(case.op)
+        print(f"{case.id}\t{','.join(op.tensor_names(case))}")
+    return EXIT_PASS
+
+
+def cmd_run(args) -> int:
+    from harness.reference_cache import ReferenceCache
+
+    cases = _select_cases(args)
+    cache = ReferenceCache(None if args.no_ref_cache else "default")
+    _, df = _run_leg(args.backend, args, cases, cache)
+    return EXIT_FAIL if _failing(df) else EXIT_PASS
+
+
+def cmd_gate(args) -> int:
+    from harness.gate import gate_files
+
+    return _report_gate(gate_files(Path(args.gpu_csv), Path(args.tpu_csv), _policy(args)), Path(args.out))
+
+
+def cmd_merge(args) -> int:
+    from harness.reports import merge_results, write_csv
+
+    df = merge_results([Path(p) for p in args.inputs])
+    print(f"merged {len(args.inputs)} files, {len(df)} rows -> {write_csv(df, Path(args.output))}")
+    return EXIT_PASS
+
+
+def available_legs() -> dict[str, str | None]:
+    """Each leg -> None if its framework imports here, else why it cannot run."""
+    import importlib.util
+
+    need = {"ref": ["jax"], "gpu": ["torch", "triton", "fla"], "tpu": ["jax"]}
+    out = {}
+    for leg, modules in need.items():
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        out[leg] = f"missing {', '.join(missing)} (pip install -e '.[{leg}]')" if missing else None
+    return out
+
+
+def cmd_all(args) -> int:
+    from harness.gate import apply_gate
+    from harness.reference_cache import ReferenceCache
+
+    cases = _select_cases(args)
+    policy = _policy(args)
+    cache = ReferenceCache(None if args.no_ref_cache else "default")
+    frames, status = {}, EXIT_PASS
+    for name, why_not in available_legs().items():
+        if why_not:
+            print(f"{name}: skipped, {why_not}")
+            continue
+        _, frames[name] = _run_leg(name, args, cases, cache)
+        if _failing(frames[name]):
+            status = EXIT_FAIL
+    if "gpu" in frames and "tpu" in frames:
+        gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy), Path(args.out))
+        status = max(status, gate_status)
+    else:
+        print("gate: skipped, it needs both the gpu and the tpu legs")
+    return status
+
+
+# ------------------------------------------------------------------- parser
+def _add_selection(p, shard=True):
+    p.add_argument("--suite", default="smoke", help="suite name: smoke, regressions, standard, stress")
+    p.add_argument("--case", action="append", default=[], metavar="ID",
+                   help="run just this case id (repeatable); overrides --suite")
+    p.add_argument("--op", action="append", default=[], help="keep only cases of this op (repeatable)")
+    if shard:
+        p.add_argument("--shard", metavar="i/n", help="deterministic shard i of n (0-based)")
+
+
+def _add_run_options(p):
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument("--tag", help="insert a tag in result file names, e.g. gpu.<tag>.csv")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-ref-cache", action="store_true", help="do not read or write the on-disk reference cache")
+    p.add_argument("--ref-method", default="recurrent", choices=("recurrent", "chunk"),
+                   help="reference leg: formulation recomputed against the chunked golden (default recurrent)")
+    p.add_argument("--ref-dtype", default="float64", choices=("float64", "float32"),
+                   help="reference leg: compute dtype (float32 gives a second honest result file)")
+    p.add_argument("--dot-precision", default="tf32", choices=("tf32", "tf32x3", "ieee"),
+                   help="GPU leg, emulated: how f32 tl.dot inputs round (H100 default: tf32)")
+
+
+def _add_policy(p):
+    p.add_argument("--gate-metrics", default="rel_l2,max_abs",
+                   help="comma-separated metrics to gate (of max_abs, rel_l2, ulp_max, ulp_mean, ulp_p99)")
+    p.add_argument("--margin", type=float, default=0.0, help="relative margin: allow eps_gpu*(1+margin)")
+    p.add_argument("--floor", help="absolute floors, e.g. rel_l2=1e-6,max_abs=1e-5")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    p = sub.add_parser("cases", help="list the case ids of a suite and the tensors each compares")
+    _add_selection(p)
+    p.set_defaults(fn=cmd_cases)
+
+    p = sub.add_parser("run", help="run one leg over a suite and write its result CSV")
+    p.add_argument("--backend", required=True, choices=("ref", "gpu", "tpu"), help="which leg to run")
+    _add_selection(p)
+    _add_run_options(p)
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("gate", help="apply eps_TPU <= eps_GPU to two result files")
+    p.add_argument("gpu_csv", help="baseline result file (the GPU leg)")
+    p.add_argument("tpu_csv", help="candidate result file (the TPU leg)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="where parity.csv and parity.md go")
+    _add_policy(p)
+    p.set_defaults(fn=cmd_gate)
+
+    p = sub.add_parser("merge", help="merge shard result files of one leg into one CSV")
+    p.add_argument("output", help="merged CSV to write")
+    p.add_argument("inputs", nargs="+", help="shard CSVs")
+    p.set_defaults(fn=cmd_merge)
+
+    p = sub.add_parser("all", help="run every leg this machine can run (emulated without hardware), then gate")
+    _add_selection(p, shard=False)
+    _add_run_options(p)
+    _add_policy(p)
+    p.set_defaults(fn=cmd_all)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help is 0, bad usage is 2
+        return int(exc.code or 0)
+    from harness.reports import ReportError
+
+    try:
+        return args.fn(args)
+    except (UsageError, ReportError, ValueError) as exc:
+        print(f"parity: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Legs: ``ref`` (float64 reference recomputed), ``gpu`` (fla Triton), ``tpu`` (Pallas)."""
+
+from __future__ import annotations
+
+from .base import Environment, Leg, LegOutput
+
+LEG_NAMES = ("ref", "gpu", "tpu")
+
+
+def make_leg(name: str, **options) -> Leg:
+    """Build a leg by name; heavy frameworks are imported only here, on demand."""
+    if name == "ref":
+        from .ref import RefLeg
+
+        return RefLeg(**options)
+    if name == "gpu":
+        from .gpu import GpuLeg
+
+        return GpuLeg(**options)
+    if name == "tpu":
+        from .tpu import TpuLeg
+
+        return TpuLeg(**options)
+    raise ValueError(f"unknown backend {name!r}; choose one of {LEG_NAMES}")
+
+
+__all__ = ["Environment", "Leg", "LegOutput", "LEG_NAMES", "make_leg"]

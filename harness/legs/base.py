@@ -1,0 +1,78 @@
+"""The leg interface: run one op on one case, return plain named arrays.
+
+A leg never judges. It says whether it can run a case (``supports``), runs it
+(``run``), and describes how it ran (``environment`` for the whole run and
+``LegOutput.details`` per case). The runner turns all of that into rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from cases.case import Case
+from cases.inputs import Inputs
+from harness.ops.base import OpDescriptor
+
+MODES = ("native", "emulated")
+
+
+@dataclass
+class LegOutput:
+    """Named float arrays (numpy, any float dtype); a missing name is ``not_provided``."""
+
+    tensors: Mapping[str, np.ndarray | None]
+    details: Mapping[str, Any] = field(default_factory=dict)  # per-case provenance: configs, dispatch
+
+
+@dataclass(frozen=True)
+class Environment:
+    """How a leg executes on this machine; recorded on every row."""
+
+    mode: str  # "native" or "emulated"
+    device: str  # e.g. "NVIDIA H100", "TPU v5e", "cpu (Triton interpreter)"
+    versions: Mapping[str, str]
+    settings: Mapping[str, Any] = field(default_factory=dict)  # dot precision, interpret params, mxu model
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"{self.mode=} must be one of {MODES}")
+
+    def asdict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Leg:
+    """Base class: subclasses set ``name`` and implement ``environment`` and ``run``."""
+
+    name: str = ""
+
+    def environment(self) -> Environment:
+        raise NotImplementedError
+
+    def supports(self, op: OpDescriptor, case: Case) -> str | None:
+        """None when this leg can run the case, else the reason it cannot."""
+        binding = op.binding(self.name)
+        if binding is None:
+            return f"op {op.name!r} has no {self.name} binding"
+        return binding.supports(case)
+
+    def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
+        raise NotImplementedError
+
+
+def gradient_inputs(op: OpDescriptor, case: Case) -> list[str]:
+    return list(op.differentiable(case))
+
+
+def cotangent_pairs(op: OpDescriptor, case: Case, outputs: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """(output, upstream-gradient input) for every output the op produced.
+
+    An output whose upstream gradient is not an input of this case (``ht``
+    without ``dht``) gets ``None``: it is fed zeros.
+    """
+    return [(name, op.cotangents.get(name)) for name, value in outputs.items() if value is not None
+            and name in op.cotangents]

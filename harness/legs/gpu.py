@@ -1,0 +1,108 @@
+"""The GPU leg: flash-linear-attention's Triton kernels, native on CUDA, emulated on CPU.
+
+Native when torch sees a CUDA device; otherwise the very same bindings run
+under the Triton interpreter inside ``harness.emulation.triton_emulation``,
+the scoped set of interpreter fixes (deterministic configs, tensor loop
+variables, bf16 arithmetic with round-to-nearest-even, f32 dot accumulation,
+TF32 rounding of f32 dot inputs). Native runs pin autotuning the same way, so
+both modes use the same configs and reduction order.
+
+Gradients come from ``torch.autograd.grad`` with the case's ``do`` (and
+``dht``); a gradient autograd does not produce is ``not_provided``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import ml_dtypes
+import numpy as np
+
+from cases.case import Case
+from cases.inputs import Inputs
+from harness.ops.base import OpDescriptor, grad_name
+
+from .base import Environment, Leg, LegOutput, cotangent_pairs
+
+DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+
+def to_torch(a: np.ndarray, device: str):
+    """numpy (bf16 via ml_dtypes) -> torch, bit for bit."""
+    import torch
+
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(device)
+    return torch.from_numpy(a.copy()).to(device)
+
+
+def to_numpy(t) -> np.ndarray:
+    """torch -> numpy, bit for bit (bf16 comes back as ml_dtypes.bfloat16)."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+class GpuLeg(Leg):
+    name = "gpu"
+
+    def __init__(self, dot_precision: str = "tf32", force_emulation: bool = False):
+        if dot_precision not in DOT_PRECISIONS:
+            raise ValueError(f"{dot_precision=} must be one of {DOT_PRECISIONS}")
+        from harness.emulation import cuda_available
+
+        self.dot_precision = dot_precision
+        self.native = cuda_available() and not force_emulation
+
+    def _scope(self):
+        from harness.emulation import pinned_autotune, triton_emulation
+
+        if self.native:
+            return pinned_autotune()
+        return triton_emulation(dot_precision=self.dot_precision)
+
+    def environment(self) -> Environment:
+        from harness.emulation import triton_versions
+
+        if self.native:
+            import torch
+
+            device = torch.cuda.get_device_name()
+        else:
+            device = "cpu (Triton interpreter)"
+        return Environment(
+            mode="native" if self.native else "emulated",
+            device=device,
+            versions=triton_versions(),
+            settings={"dot_precision": self.dot_precision if not self.native else "hardware (TRITON_F32_DEFAULT)"},
+        )
+
+    def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
+        import torch
+
+        device = "cuda" if self.native else "cpu"
+        binding = op.gpu
+        tensors = {name: to_torch(a, device) for name, a in inputs.arrays.items()}
+        diff_names = op.differentiable(case)
+        for n in diff_names:
+            tensors[n].requires_grad_(True)
+        with self._scope() as scope:
+            outputs = {k: v for k, v in binding.forward(case, tensors).items() if v is not None}
+            outs, cots = [], []
+            for out_name, cot_name in cotangent_pairs(op, case, outputs):
+                value = outputs[out_name]
+                cot = tensors.get(cot_name) if cot_name else None
+                outs.append(value)
+                cots.append(torch.zeros_like(value) if cot is None else cot.to(value.dtype))
+            grads = torch.autograd.grad(outs, [tensors[n] for n in diff_names], cots, allow_unused=True)
+        result = {name: to_numpy(value) for name, value in outputs.items()}
+        for n, g in zip(diff_names, grads):
+            result[grad_name(n)] = None if g is None else to_numpy(g)
+        details = dict(binding.describe(case))
+        configs = getattr(scope, "configs", None)
+        if configs:
+            details["triton_configs"] = configs
+        return LegOutput(tensors=result, details=details)

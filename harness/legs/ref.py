@@ -1,0 +1,53 @@
+"""The reference leg: the float64 reference recomputed another way.
+
+It runs the op's reference binding with ``method`` (default the token-by-token
+recurrence, so every run re-checks the chunked golden) at ``compute_dtype``
+(float64 by default; float32 gives an honest second result file with which to
+exercise the gate before hardware legs exist). It runs natively on the CPU.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import jax
+import jaxlib
+import numpy as np
+
+from cases.case import Case
+from cases.inputs import Inputs
+from harness.ops.base import OpDescriptor
+
+from .base import Environment, Leg, LegOutput
+
+
+MAX_RECURRENT_STATES_GB = 2.0
+
+
+class RefLeg(Leg):
+    name = "ref"
+
+    def __init__(self, method: str = "recurrent", compute_dtype: str = "float64"):
+        self.method = method
+        self.compute_dtype = compute_dtype
+
+    def environment(self) -> Environment:
+        return Environment(
+            mode="native",
+            device=f"cpu ({platform.machine()})",
+            versions={"jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__},
+            settings={"method": self.method, "compute_dtype": self.compute_dtype},
+        )
+
+    def supports(self, op: OpDescriptor, case: Case) -> str | None:
+        if self.method == "recurrent":
+            # a vjp through a per-token scan keeps all T states
+            states_gb = case.B * case.T * case.H * case.K * case.V * 8 / 2**30
+            if states_gb > MAX_RECURRENT_STATES_GB:
+                return (f"the recurrent reference would keep T states ({states_gb:.1f} GiB > "
+                        f"{MAX_RECURRENT_STATES_GB} GiB); use --ref-method chunk")
+        return None
+
+    def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
+        out = op.reference(case, inputs.as_float64(), method=self.method, compute_dtype=self.compute_dtype)
+        return LegOutput(tensors=out, details={"method": self.method, "compute_dtype": self.compute_dtype})

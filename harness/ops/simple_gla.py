@@ -1,0 +1,117 @@
+"""simple_gla: scalar-gated linear attention (variants ``chunk`` and ``fused_chunk``).
+
+    S_t = exp(g_t) S_{t-1} + k_t v_tᵀ,   o_t = scale · S_tᵀ q_t,   ht = S_T
+
+Gate: ``g`` [B,T,H] per-token log decay, or ``g_gamma`` [H] per-head constant.
+"""
+
+from __future__ import annotations
+
+from cases.case import Case
+from cases.inputs import InputSpec, gate_law, normal
+
+from .base import LegBinding, OpDescriptor, forward_tensors, grad_tensors
+
+VARIANTS = ("chunk", "fused_chunk")
+
+
+def gate_shape(case: Case) -> tuple[int, ...]:
+    return (case.H,) if case.gate.kind == "g_gamma" else (case.B, case.T, case.H)
+
+
+def inputs(case: Case) -> list[InputSpec]:
+    """q, k, v ~ N(0,1) and do ~ N(0,1) in the case dtype; the gate, h0 and dht in float32."""
+    B, T, H, K, V = case.B, case.T, case.H, case.K, case.V
+    specs = [
+        InputSpec("q", lambda c: (B, T, H, K), "case", normal()),
+        InputSpec("k", lambda c: (B, T, H, K), "case", normal()),
+        InputSpec("v", lambda c: (B, T, H, V), "case", normal()),
+        InputSpec(case.gate.kind, gate_shape, "float32", gate_law),
+    ]
+    if case.h0:
+        specs.append(InputSpec("h0", lambda c: (B, H, K, V), "float32", normal()))
+    specs.append(InputSpec("do", lambda c: (B, T, H, V), "case", normal()))
+    if case.dht:
+        specs.append(InputSpec("dht", lambda c: (B, H, K, V), "float32", normal()))
+    return specs
+
+
+def differentiable(case: Case) -> list[str]:
+    return ["q", "k", "v", case.gate.kind] + (["h0"] if case.h0 else [])
+
+
+def tensors(case: Case):
+    dtypes = {"q": "case", "k": "case", "v": "case", "g": "float32", "g_gamma": "float32", "h0": "float32"}
+    return forward_tensors(case) + grad_tensors(case, differentiable(case), dtypes)
+
+
+def validate(case: Case) -> None:
+    if case.variant not in VARIANTS:
+        raise ValueError(f"simple_gla {case.variant=} must be one of {VARIANTS}")
+    if case.gate.kind not in ("g", "g_gamma"):
+        raise ValueError(f"simple_gla takes a g or g_gamma gate, got {case.gate.kind=}")
+
+
+# ----------------------------------------------------------------- bindings
+def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "float64") -> dict:
+    """float64 reference: chunked form; the reference leg asks for the recurrent cross-check."""
+    from references.simple_gla import chunk_simple_gla, chunk_simple_gla_bwd
+
+    gates = {case.gate.kind: x[case.gate.kind]}
+    common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
+                  method=method, compute_dtype=compute_dtype)
+    o, ht = chunk_simple_gla(x["q"], x["k"], x["v"], **gates, output_final_state=True, **common)
+    grads = chunk_simple_gla_bwd(x["q"], x["k"], x["v"], x["do"], x.get("dht"), **gates, **common)
+    return {"o": o, "ht": ht, **grads}
+
+
+def gpu_forward(case: Case, t: dict) -> dict:
+    """fla's public entry points, called with the case's tensors."""
+    from fla.ops.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
+
+    kwargs = dict(g=t.get("g"), g_gamma=t.get("g_gamma"), scale=case.resolved_scale,
+                  initial_state=t.get("h0"), output_final_state=case.final_state)
+    if case.variant == "chunk":
+        o, ht = chunk_simple_gla(t["q"], t["k"], t["v"], chunk_size=case.chunk_size, **kwargs)
+    else:
+        o, ht = fused_chunk_simple_gla(t["q"], t["k"], t["v"], **kwargs)
+    return {"o": o, "ht": ht}
+
+
+def gpu_supports(case: Case) -> str | None:
+    if case.variant == "fused_chunk" and case.chunk_size != 64:
+        return "fla's fused_chunk_simple_gla has a fixed chunk size of 64"
+    return None
+
+
+def tpu_forward(case: Case, a: dict, ctx) -> dict:
+    from kernels_tpu import simple_gla as kernels
+
+    fn = kernels.chunk_simple_gla if case.variant == "chunk" else kernels.fused_chunk_simple_gla
+    o, ht = fn(a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=a.get("g_gamma"), scale=case.resolved_scale,
+               initial_state=a.get("h0"), output_final_state=case.final_state, chunk_size=case.chunk_size,
+               interpret=ctx.interpret, mxu_model=ctx.mxu_model)
+    return {"o": o, "ht": ht}
+
+
+def tpu_supports(case: Case) -> str | None:
+    if case.K % 128 or case.V % 128:
+        return f"TPU kernels need K and V to be multiples of 128 (lane width); got K={case.K}, V={case.V}"
+    return None
+
+
+SIMPLE_GLA = OpDescriptor(
+    name="simple_gla",
+    variants=VARIANTS,
+    doc=__doc__,
+    inputs=inputs,
+    tensors=tensors,
+    differentiable=differentiable,
+    cotangents={"o": "do", "ht": "dht"},
+    validate=validate,
+    reference=reference,
+    gpu=LegBinding(gpu_forward, gpu_supports,
+                   describe=lambda c: {"entry": f"fla.ops.simple_gla.{c.variant}_simple_gla"}),
+    tpu=LegBinding(tpu_forward, tpu_supports,
+                   describe=lambda c: {"entry": f"kernels_tpu.simple_gla.{c.variant}_simple_gla"}),
+)

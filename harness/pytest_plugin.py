@@ -1,0 +1,140 @@
+"""pytest integration: ``pytest -m gpu`` and ``pytest -m tpu`` as CI gates.
+
+- A test that takes the ``parity_case`` fixture is parametrized over the
+  suite chosen by ``--parity-suite`` (or ``$PARITY_SUITE``, default smoke),
+  one test per case, with the case id as the test id.
+- ``parity_results`` collects rows per leg; at the end of the session they
+  are written to ``--parity-out`` (``$PARITY_OUT``, default
+  ``reports/runs/pytest``) as ``<leg>.csv``. Under xdist each worker writes a
+  part file tagged with the session's run id and the controller merges them.
+- ``gpu_baseline`` loads the GPU result file given by ``--gpu-results`` or
+  ``$PARITY_GPU_RESULTS``; TPU tests skip, saying so, when it is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+_PARTS = ".parts"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("parity", "linear-attention parity harness")
+    group.addoption("--parity-suite", default=os.environ.get("PARITY_SUITE", "smoke"),
+                    help="suite for gpu/tpu-marked tests (env PARITY_SUITE; default smoke)")
+    group.addoption("--parity-op", action="append", default=[],
+                    help="keep only cases of this op (repeatable)")
+    group.addoption("--parity-out", default=os.environ.get("PARITY_OUT", str(Path("reports") / "runs" / "pytest")),
+                    help="directory for the legs' result CSVs (env PARITY_OUT)")
+    group.addoption("--gpu-results", default=os.environ.get("PARITY_GPU_RESULTS"),
+                    help="GPU result CSV the tpu-marked tests gate against (env PARITY_GPU_RESULTS)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: run the GPU leg over a suite, one test per case")
+    config.addinivalue_line("markers", "tpu: run the TPU leg and enforce eps_TPU <= eps_GPU")
+    config.addinivalue_line("markers", "slow: heavier emulated tests, excluded by default")
+    workerinput = getattr(config, "workerinput", None)
+    config._parity_run_id = workerinput["parity_run_id"] if workerinput else uuid.uuid4().hex[:12]
+    config._parity_rows = {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):  # xdist controller -> workers: share one run id
+    node.workerinput["parity_run_id"] = node.config._parity_run_id
+
+
+def pytest_generate_tests(metafunc):
+    if "parity_case" not in metafunc.fixturenames:
+        return
+    from cases.suites import get_suite
+
+    opts = metafunc.config.option
+    cases = get_suite(opts.parity_suite)
+    if opts.parity_op:
+        cases = [c for c in cases if c.op in opts.parity_op]
+    if not cases:
+        raise pytest.UsageError(f"suite {opts.parity_suite!r} with ops {opts.parity_op} selects no case")
+    metafunc.parametrize("parity_case", cases, ids=[c.id for c in cases])
+
+
+class ParityResults:
+    """Rows per leg, written at session end."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def add(self, leg: str, rows: list[dict]) -> None:
+        self.config._parity_rows.setdefault(leg, []).extend(rows)
+
+
+@pytest.fixture(scope="session")
+def parity_results(request) -> ParityResults:
+    return ParityResults(request.config)
+
+
+@pytest.fixture(scope="session")
+def reference_cache():
+    from harness.reference_cache import ReferenceCache
+
+    return ReferenceCache()
+
+
+@pytest.fixture(scope="session")
+def parity_runner(reference_cache):
+    """``parity_runner(leg)`` -> a Runner for that leg, built once per session."""
+    from harness.legs import make_leg
+    from harness.runner import Runner
+
+    runners = {}
+
+    def get(leg: str) -> Runner:
+        if leg not in runners:
+            runners[leg] = Runner(make_leg(leg), reference_cache)
+        return runners[leg]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def gpu_baseline(request):
+    path = request.config.option.gpu_results
+    if not path:
+        pytest.skip("no GPU result file: pass --gpu-results PATH or set PARITY_GPU_RESULTS "
+                    "(make one with `pytest -m gpu` or `parity run --backend gpu`)")
+    if not Path(path).exists():
+        pytest.skip(f"GPU result file {path!r} does not exist")
+    from harness.reports import read_results
+
+    return read_results(Path(path))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from harness.reports import merge_results, rows_to_frame, write_csv
+
+    config = session.config
+    out = Path(config.option.parity_out)
+    run_id = config._parity_run_id
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:  # an xdist worker: leave a part for the controller
+        for leg, rows in config._parity_rows.items():
+            write_csv(rows_to_frame(rows), out / _PARTS / f"{leg}.{run_id}.{worker['workerid']}.csv")
+        return
+    for leg, rows in config._parity_rows.items():
+        write_csv(rows_to_frame(rows), out / _PARTS / f"{leg}.{run_id}.main.csv")
+    parts_dir = out / _PARTS
+    if not parts_dir.exists():
+        return
+    legs = {p.name.split(".")[0] for p in parts_dir.glob(f"*.{run_id}.*.csv")}
+    for leg in sorted(legs):
+        parts = sorted(parts_dir.glob(f"{leg}.{run_id}.*.csv"))
+        path = write_csv(merge_results(parts), out / f"{leg}.csv")
+        for p in parts:
+            p.unlink()
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"parity: {leg} results -> {path}")

@@ -1,0 +1,199 @@
+"""The runner: cases x one leg -> rows. One failing case never stops a run.
+
+For each case: validate it, draw its inputs, ask the leg whether it supports
+the case, compute the float64 golden (cached by input hash), run the leg, and
+compare every declared tensor. Every outcome is a row:
+
+=============== =============================================================
+status          meaning
+=============== =============================================================
+``ok``          compared, finite, within the absolute bound
+``bound``       compared, finite, rel_l2 above the absolute bound
+``nonfinite``   NaN/Inf in the leg's result where the reference is finite
+``not_provided`` the leg returns no such tensor (e.g. fla's dg_gamma)
+``unsupported`` the leg cannot run the case; ``reason`` says why
+``error``       validation, input generation, the leg or the reference raised
+=============== =============================================================
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import time
+import traceback
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+from cases.case import Case
+from cases.inputs import Inputs, make_inputs
+
+from .legs.base import Leg
+from .metrics import compare, nonfinite_where_ref_finite
+from .ops import get_op
+from .ops.base import OpDescriptor
+from .policy import bound_for
+from .reference_cache import ReferenceCache
+
+FAILING_STATUSES = ("bound", "nonfinite", "error")
+STATUSES = ("ok", "not_provided", "unsupported") + FAILING_STATUSES
+
+
+def git_commit() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def repro(leg: str, case_id: str) -> str:
+    return f"parity run --backend {leg} --case '{case_id}'"
+
+
+def _short_error(exc: BaseException) -> str:
+    """The exception's type and message on one line, plus where in our code it surfaced."""
+    msg = " ".join(f"{type(exc).__name__}: {exc}".split())
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    return (msg[:500] + ("..." if len(msg) > 500 else "")) + where
+
+
+class Runner:
+    """Runs one leg over cases; rows carry the run's provenance."""
+
+    def __init__(self, leg: Leg, reference_cache: ReferenceCache | None = None, suite: str = ""):
+        self.leg = leg
+        self.cache = reference_cache or ReferenceCache()
+        env = leg.environment()
+        self.provenance = {
+            "leg": leg.name,
+            "mode": env.mode,
+            "device": env.device,
+            "versions": json.dumps(dict(env.versions), sort_keys=True),
+            "settings": json.dumps(dict(env.settings), sort_keys=True, default=str),
+            "git_commit": git_commit(),
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "suite": suite,
+        }
+
+    # ------------------------------------------------------------------ rows
+    def _row(self, case: Case, tensor: str, tensor_dtype: str, status: str, **extra) -> dict:
+        row = {
+            "case_id": case.id,
+            "op": case.op,
+            "variant": case.variant,
+            "dtype": case.dtype,
+            "tensor": tensor,
+            "tensor_dtype": tensor_dtype,
+            "status": status,
+            "reason": "",
+            **self.provenance,
+            "repro": repro(self.leg.name, case.id),
+        }
+        row.update(extra)
+        return row
+
+    def _rows_for_all(self, op: OpDescriptor | None, case: Case, status: str, reason: str, **extra) -> list[dict]:
+        """One row per declared tensor (or one ``*`` row when the case is invalid)."""
+        try:
+            specs = [(t.name, t.resolve_dtype(case)) for t in op.tensors(case)] if op else []
+        except Exception:  # noqa: BLE001 - a broken descriptor must still yield a row
+            specs = []
+        specs = specs or [("*", "")]
+        return [self._row(case, name, dtype, status, reason=reason, **extra) for name, dtype in specs]
+
+    # ------------------------------------------------------------------- run
+    def run_case(self, case: Case) -> list[dict]:
+        op = None
+        try:
+            op = get_op(case.op)
+            op.validate(case)
+            inputs = make_inputs(case, op.inputs(case))
+        except Exception as exc:  # noqa: BLE001
+            return self._rows_for_all(op, case, "error", f"invalid case: {_short_error(exc)}")
+        common = {"input_sha256": inputs.sha256}
+        reason = self.leg.supports(op, case)
+        if reason:
+            return self._rows_for_all(op, case, "unsupported", reason, **common)
+        try:
+            golden = self.cache.get(op, case, inputs)
+        except Exception as exc:  # noqa: BLE001
+            return self._rows_for_all(op, case, "error", f"reference failed: {_short_error(exc)}", **common)
+        t0 = time.perf_counter()
+        try:
+            out = self.leg.run(op, case, inputs)
+        except NotImplementedError as exc:
+            # the kernel's own validation: a valid case this leg does not implement
+            return self._rows_for_all(op, case, "unsupported", _short_error(exc), **common)
+        except Exception as exc:  # noqa: BLE001
+            return self._rows_for_all(op, case, "error", _short_error(exc), **common,
+                                      wall_s=time.perf_counter() - t0)
+        common["wall_s"] = time.perf_counter() - t0
+        common["details"] = json.dumps(dict(out.details), sort_keys=True, default=str)
+        return [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common)
+                for spec in op.tensors(case)]
+
+    def _compare_row(self, op, case, spec, y, golden, common) -> dict:
+        dtype = spec.resolve_dtype(case)
+        bound = bound_for(case.op, spec.name, case.dtype, self.leg.name)
+        common = {**common, "bound_rel_l2": bound.rel_l2}
+        if y is None:
+            return self._row(case, spec.name, dtype, "not_provided",
+                             reason=f"the {self.leg.name} leg does not return {spec.name}", **common)
+        r = golden[spec.name]
+        metrics = compare(y, r, dtype)
+        if "shape_error" in metrics:
+            return self._row(case, spec.name, dtype, "error", reason=metrics["shape_error"], **common)
+        bad = nonfinite_where_ref_finite(y, r)
+        if bad:
+            status, reason = "nonfinite", f"{bad} NaN/Inf values where the reference is finite"
+        elif not metrics["rel_l2"] <= bound.rel_l2:
+            status, reason = "bound", f"rel_l2 {metrics['rel_l2']:.3g} > bound {bound.rel_l2:g} ({bound.reason})"
+        else:
+            status, reason = "ok", ""
+        return self._row(case, spec.name, dtype, status, reason=reason, **metrics, **common)
+
+    def run(self, cases: Iterable[Case], progress: bool = True,
+            on_case: Callable[[Case, list[dict]], None] | None = None) -> list[dict]:
+        cases = list(cases)
+        rows: list[dict] = []
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(cases), desc=f"{self.leg.name} leg", unit="case", dynamic_ncols=True)
+        for case in cases:
+            if bar is not None:
+                bar.set_postfix_str(case.id[-60:], refresh=True)
+            case_rows = self.run_case(case)
+            rows.extend(case_rows)
+            if on_case:
+                on_case(case, case_rows)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        return rows
+
+
+def shard(cases: list[Case], index: int, count: int) -> list[Case]:
+    """Deterministic shard ``index`` of ``count`` (0-based): every count-th case of the suite order."""
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"shard {index}/{count} is invalid: use i/n with 0 <= i < n")
+    return cases[index::count]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r} must look like i/n, e.g. 0/2") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard {text!r}: need 0 <= i < n")
+    return i, n

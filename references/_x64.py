@@ -1,0 +1,51 @@
+"""Float64 on the CPU, scoped: no module-level ``jax_enable_x64``.
+
+Every reference computes inside :func:`float64_cpu`, which turns on 64-bit
+types for the duration of the call only, pins the work to the CPU device and
+sets the default matmul precision to HIGHEST. Results leave as numpy arrays
+whose dtype is checked, not assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import jax
+import numpy as np
+
+COMPUTE_DTYPES = ("float64", "float32")
+
+
+@contextlib.contextmanager
+def float64_cpu(enable: bool = True) -> Iterator[None]:
+    cpu = jax.devices("cpu")[0]
+    with jax.enable_x64(enable), jax.default_device(cpu), jax.default_matmul_precision("highest"):
+        yield
+
+
+def to_jax(x, dtype: str):
+    """Upcast an input (any float numpy dtype, bf16 included) to ``dtype`` exactly."""
+    if x is None:
+        return None
+    import jax.numpy as jnp
+
+    return jnp.asarray(np.asarray(x).astype(dtype))
+
+
+def to_numpy(tree, dtype: str):
+    """Convert jax results to numpy and check every array really is ``dtype``."""
+    def conv(x):
+        if x is None:
+            return None
+        a = np.asarray(x)
+        if a.dtype != np.dtype(dtype):
+            raise AssertionError(f"reference produced {a.dtype}, expected {dtype}")
+        return a
+
+    return jax.tree_util.tree_map(conv, tree, is_leaf=lambda x: x is None)
+
+
+def check_compute_dtype(compute_dtype: str) -> None:
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"{compute_dtype=} must be one of {COMPUTE_DTYPES}")

@@ -1,0 +1,190 @@
+"""Float64 CPU references for simple_gla (scalar-gated linear attention).
+
+Per batch and head, with a per-token log decay ``g_t`` (``g`` [B,T,H]) or a
+per-head constant ``g_t = gamma_h`` (``g_gamma`` [H]):
+
+    S_t = exp(g_t) S_{t-1} + k_t v_tᵀ          S_0 = h0 (or 0)      S: [K, V]
+    o_t = scale · S_tᵀ q_t                     ht  = S_T
+
+Gradients are those of the scalar loss ``sum(o * do) + sum(ht * dht)``.
+
+Two formulations check each other (tests hold them to 1e-12 relative):
+
+- ``method="recurrent"``: the token-by-token scan above.
+- ``method="chunk"`` (default): split T into NT chunks of C tokens. With
+  ``b_i`` the inclusive cumulative log decay inside a chunk and ``S`` the state
+  entering it,
+
+      o_i   = scale · ( exp(b_i) q_iᵀ S + Σ_{j≤i} exp(b_i − b_j) (q_i·k_j) v_j )
+      S_out = exp(b_C) S + Σ_j exp(b_C − b_j) k_j v_jᵀ
+
+  Every exponent is ≤ 0 (the masked triangle is zeroed before ``exp``), the
+  intra-chunk part is one batched einsum, and only the NT chunk states cross
+  the sequential scan, so the backward (``jax.vjp``) keeps NT states, never T.
+
+Public functions mirror fla's names and [B,T,H,*] layout and take numpy arrays
+of any float dtype (bfloat16 included); they upcast exactly and return float64
+numpy arrays. ``compute_dtype="float32"`` runs the same maths in float32: the
+reference leg uses it to show the gate working before other legs exist.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._x64 import check_compute_dtype, float64_cpu, to_jax, to_numpy
+
+__all__ = ["chunk_simple_gla", "chunk_simple_gla_bwd", "naive_recurrent_simple_gla"]
+
+
+def _validate(q, k, v, g, g_gamma, initial_state):
+    if q.ndim != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"expected q, k [B,T,H,K] and v [B,T,H,V]; got {q.shape=}, {k.shape=}, {v.shape=}")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if g is not None and g_gamma is not None:
+        raise ValueError("pass either g [B,T,H] or g_gamma [H], not both")
+    if g is not None and g.shape != (B, T, H):
+        raise ValueError(f"{g.shape=} must be [B,T,H]={(B, T, H)}")
+    if g_gamma is not None and g_gamma.shape != (H,):
+        raise ValueError(f"{g_gamma.shape=} must be [H]={(H,)}")
+    if initial_state is not None and initial_state.shape != (B, H, K, V):
+        raise ValueError(f"{initial_state.shape=} must be [B,H,K,V]={(B, H, K, V)}")
+
+
+def _log_decay(g, g_gamma, B, T, H, dtype):
+    """Per-token log decay [B,T,H] from either gate kind (zeros: no decay)."""
+    if g is not None:
+        return g
+    if g_gamma is not None:
+        return jnp.broadcast_to(g_gamma[None, None, :], (B, T, H))
+    return jnp.zeros((B, T, H), dtype)
+
+
+# ------------------------------------------------------------ formulations
+def _recurrent(q, k, v, gt, h0, scale):
+    """Token-by-token recurrence. q,k [B,T,H,K], v [B,T,H,V], gt [B,T,H], h0 [B,H,K,V]."""
+    def step(S, x):
+        q_t, k_t, v_t, g_t = x  # [B,H,K], [B,H,K], [B,H,V], [B,H]
+        S = jnp.exp(g_t)[..., None, None] * S + k_t[..., :, None] * v_t[..., None, :]
+        return S, scale * jnp.einsum("bhk,bhkv->bhv", q_t, S)
+
+    xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, gt))
+    ht, o = jax.lax.scan(step, h0, xs)
+    return jnp.moveaxis(o, 0, 1), ht
+
+
+def _chunked(q, k, v, gt, h0, scale, C):
+    """Chunked form: batched intra-chunk attention, a scan over chunk states only."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = math.ceil(T / C)
+    pad = NT * C - T
+    if pad:  # zero q/k/v and zero log decay leave every state and output unchanged
+        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+        q, k, v = (jnp.pad(a, widths) for a in (q, k, v))
+        gt = jnp.pad(gt, widths[:3])
+    # [B, NT, C, H, *]
+    q, k, v = (a.reshape(B, NT, C, H, a.shape[-1]) for a in (q, k, v))
+    b = jnp.cumsum(gt.reshape(B, NT, C, H), axis=2)  # inclusive in-chunk log decay
+    b_last = b[:, :, -1]  # [B, NT, H]
+
+    causal = jnp.tril(jnp.ones((C, C), dtype=bool))  # [i, j]: j <= i
+    diff = b[:, :, :, None, :] - b[:, :, None, :, :]  # [B,NT,i,j,H] = b_i - b_j
+    decay = jnp.where(causal[None, None, :, :, None], jnp.exp(jnp.where(causal[None, None, :, :, None], diff, 0.0)), 0.0)
+    scores = jnp.einsum("bnihk,bnjhk->bnijh", q, k) * decay
+    o_intra = jnp.einsum("bnijh,bnjhv->bnihv", scores, v)
+
+    # contribution of each chunk to the state it hands on: sum_j exp(b_C - b_j) k_j v_j^T
+    k_to_end = k * jnp.exp(b_last[:, :, None, :] - b)[..., None]
+    u = jnp.einsum("bnjhk,bnjhv->bnhkv", k_to_end, v)
+
+    def carry_state(S, x):
+        u_c, decay_c = x  # [B,H,K,V], [B,H]
+        return jnp.exp(decay_c)[..., None, None] * S + u_c, S  # emit the state entering the chunk
+
+    ht, S_in = jax.lax.scan(carry_state, h0, (jnp.moveaxis(u, 1, 0), jnp.moveaxis(b_last, 1, 0)))
+    S_in = jnp.moveaxis(S_in, 0, 1)  # [B,NT,H,K,V]
+    o_inter = jnp.einsum("bnihk,bnhkv->bnihv", q * jnp.exp(b)[..., None], S_in)
+    o = (scale * (o_inter + o_intra)).reshape(B, NT * C, H, V)[:, :T]
+    return o, ht
+
+
+def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    gt = _log_decay(g, g_gamma, B, T, H, q.dtype)
+    if h0 is None:
+        h0 = jnp.zeros((B, H, K, V), q.dtype)
+    if method == "recurrent":
+        return _recurrent(q, k, v, gt, h0, scale)
+    if method == "chunk":
+        return _chunked(q, k, v, gt, h0, scale, chunk_size)
+    raise ValueError(f"{method=} must be 'chunk' or 'recurrent'")
+
+
+def _prepare(q, k, v, g, g_gamma, initial_state, scale, compute_dtype):
+    check_compute_dtype(compute_dtype)
+    arrays = [None if a is None else np.asarray(a) for a in (q, k, v, g, g_gamma, initial_state)]
+    _validate(*arrays[:3], arrays[3], arrays[4], arrays[5])
+    scale = arrays[0].shape[-1] ** -0.5 if scale is None else float(scale)
+    return arrays, scale
+
+
+# ----------------------------------------------------------------- public
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+                     *, method="chunk", chunk_size=64, compute_dtype="float64"):
+    """Forward: ``(o [B,T,H,V], ht [B,H,K,V] or None)`` as float64 numpy arrays.
+
+    Args mirror ``fla.ops.simple_gla.chunk_simple_gla``: q, k [B,T,H,K]; v
+    [B,T,H,V]; g [B,T,H] or g_gamma [H] (log decays); scale defaults to K**-0.5;
+    initial_state [B,H,K,V].
+    """
+    arrays, scale = _prepare(q, k, v, g, g_gamma, initial_state, scale, compute_dtype)
+    with float64_cpu(compute_dtype == "float64"):
+        q, k, v, g, g_gamma, h0 = (to_jax(a, compute_dtype) for a in arrays)
+        o, ht = _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size)
+        o, ht = to_numpy((o, ht), compute_dtype)
+    return o.astype(np.float64), (ht.astype(np.float64) if output_final_state else None)
+
+
+def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
+                         *, method="chunk", chunk_size=64, compute_dtype="float64"):
+    """Backward of ``sum(o*do) + sum(ht*dht)``: dict(dq, dk, dv, dg, dg_gamma, dh0).
+
+    ``dg`` is None unless g is given, ``dg_gamma`` unless g_gamma is given,
+    ``dh0`` unless initial_state is given. All arrays are float64 numpy.
+    """
+    arrays, scale = _prepare(q, k, v, g, g_gamma, initial_state, scale, compute_dtype)
+    B, T, H, K = arrays[0].shape
+    V = arrays[2].shape[-1]
+    with float64_cpu(compute_dtype == "float64"):
+        q, k, v, g, g_gamma, h0 = (to_jax(a, compute_dtype) for a in arrays)
+        if h0 is None:
+            h0 = jnp.zeros((B, H, K, V), compute_dtype)
+        primals = dict(q=q, k=k, v=v, g=g, g_gamma=g_gamma, h0=h0)
+        primals = {n: a for n, a in primals.items() if a is not None}
+
+        def f(p):
+            return _forward(p["q"], p["k"], p["v"], p.get("g"), p.get("g_gamma"), p["h0"], scale, method, chunk_size)
+
+        _, vjp = jax.vjp(f, primals)
+        d_o = to_jax(do, compute_dtype)
+        d_ht = jnp.zeros((B, H, K, V), compute_dtype) if dht is None else to_jax(dht, compute_dtype)
+        (grads,) = vjp((d_o, d_ht))
+        grads = to_numpy(grads, compute_dtype)
+    out = {f"d{n}": grads[n].astype(np.float64) for n in ("q", "k", "v")}
+    out["dg"] = grads["g"].astype(np.float64) if "g" in grads else None
+    out["dg_gamma"] = grads["g_gamma"].astype(np.float64) if "g_gamma" in grads else None
+    out["dh0"] = grads["h0"].astype(np.float64) if initial_state is not None else None
+    return out
+
+
+def naive_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
+                               output_final_state=False):
+    """The token-by-token recurrence, float64 (fla's ``naive`` counterpart)."""
+    return chunk_simple_gla(q, k, v, g, g_gamma, scale, initial_state, output_final_state, method="recurrent")
