@@ -1,0 +1,248 @@
+"""Public GLA entry points: validation, dispatch, custom_vjp.
+
+Layering: public function (validate before tracing, defaults, dispatch, T
+padding) -> ``jax.custom_vjp`` per path (``_chunk_path`` / ``_fused_path``)
+-> ``*_impl`` (grid, BlockSpecs, pallas_call) -> ``_*_kernel`` bodies.
+
+Dispatch (``path``), reported by :func:`gla_dispatch`:
+
+- ``"auto"``: ``"fused"`` for a g_gamma gate, ``"chunk"`` for a per-channel g.
+- ``"fused"``: the single-pallas_call g_gamma kernels (g_gamma only).
+- ``"chunk"``: the four-kernel chunk path; a g_gamma gate is broadcast to a
+  per-channel ``g [B,T,H,K]`` (outside the custom_vjp, so autodiff sums dg into
+  dg_gamma).
+
+T not a multiple of chunk_size: zero-padded at the end (zero q, k, v, do and a
+zero log gate, i.e. decay 1, for g) and unpadded. On the fused path the
+constant gate keeps decaying over padded tokens, so there padding is only
+exact without a final state (``output_final_state=False``, no dht).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .chunk import chunk_bwd_impl, chunk_fwd_impl
+from .common import FAULTS, LANES, PATHS, BlockSizes, Config, resolve_interpret, resolve_mxu_model
+from .fused import fused_bwd_impl, fused_fwd_impl
+
+_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+# ------------------------------------------------------------------ dispatch
+def gla_dispatch(g, g_gamma, path: str = "auto") -> str:
+    """Which kernel path runs: ``"fused"`` or ``"chunk"`` (ValueError if impossible)."""
+    if path not in PATHS:
+        raise ValueError(f"{path=} must be one of {PATHS}")
+    if (g is None) == (g_gamma is None):
+        raise ValueError("pass exactly one of g [B,T,H,K] (per-channel log decay) and g_gamma [H]")
+    if path == "auto":
+        return "fused" if g_gamma is not None else "chunk"
+    if path == "fused" and g is not None:
+        raise NotImplementedError(f"{path=} needs a per-head g_gamma [H]; for a per-channel g use path='chunk'")
+    return path
+
+
+def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, fault, output_final_state,
+              do=None, dht=None):
+    """All checks before tracing. Invalid -> ValueError; valid but unsupported -> NotImplementedError."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name} must be [B,T,H,*], got shape {getattr(x, 'shape', None)}")
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"need q,k [B,T,H,K] and v [B,T,H,V]: got {q.shape=} {k.shape=} {v.shape=}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
+        raise ValueError(f"q, k, v must share one dtype of float32/bfloat16/float16: {q.dtype=} {k.dtype=} "
+                         f"{v.dtype=}")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    which = gla_dispatch(g, g_gamma, path)
+    if g is not None and g.shape != (B, T, H, K):
+        raise ValueError(f"{g.shape=} must be [B,T,H,K] = {(B, T, H, K)}")
+    if g_gamma is not None and g_gamma.shape != (H,):
+        raise ValueError(f"{g_gamma.shape=} must be [H] = {(H,)}")
+    for name, x in (("g", g), ("g_gamma", g_gamma)):
+        if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must be floating (float32 log decay), got {x.dtype}")
+    if initial_state is not None and initial_state.shape != (B, H, K, V):
+        raise ValueError(f"{initial_state.shape=} must be [B,H,K,V] = {(B, H, K, V)}")
+    if do is not None and do.shape != (B, T, H, V):
+        raise ValueError(f"{do.shape=} must be [B,T,H,V] = {(B, T, H, V)}")
+    if dht is not None and dht.shape != (B, H, K, V):
+        raise ValueError(f"{dht.shape=} must be [B,H,K,V] = {(B, H, K, V)}")
+    if scale is not None and not (isinstance(scale, (int, float, np.floating)) and np.isfinite(scale)):
+        raise ValueError(f"{scale=} must be a finite Python float (static)")
+    if min(B, T, H, K, V) < 1:
+        raise ValueError(f"empty shape {q.shape=} {v.shape=}")
+    if fault not in FAULTS:
+        raise ValueError(f"{fault=} must be one of {FAULTS}")
+    if fault is not None and which != "fused":
+        raise ValueError(f"{fault=} is a test-only switch of the fused g_gamma path, but {which=}")
+    blocks = BlockSizes(chunk_size=chunk_size)  # validates chunk_size
+    if K % LANES:
+        raise NotImplementedError(f"{K=} must be a multiple of {LANES}: zero-pad q and k along K to the "
+                                  f"next multiple of {LANES} (exact: padded channels contribute 0)")
+    if V % LANES:
+        raise NotImplementedError(f"{V=} must be a multiple of {LANES}: zero-pad v along V to the next "
+                                  f"multiple of {LANES} and slice o[..., :V]")
+    if which == "fused" and T % chunk_size and (output_final_state or dht is not None):
+        raise NotImplementedError(f"{T=} is not a multiple of {chunk_size=}, and the fused g_gamma path "
+                                  f"cannot pad T exactly when the final state is used: pass T a multiple "
+                                  f"of chunk_size, or path='chunk'")
+    return which, blocks
+
+
+def _config(q, scale, blocks, interpret, mxu_model, fault) -> Config:
+    interp = resolve_interpret(interpret)
+    return Config(scale=float(q.shape[-1] ** -0.5 if scale is None else scale), blocks=blocks,
+                  interpret=interp, mxu_model=resolve_mxu_model(mxu_model, interp), fault=fault)
+
+
+def _pad_t(x, pad):
+    return x if x is None or not pad else jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+
+
+# ---------------------------------------------------------------- custom_vjp
+def _chunk_path(cfg, q, k, v, g, h0):
+    o, ht, _ = chunk_fwd_impl(q, k, v, g, h0, cfg)
+    return o, ht
+
+
+def _chunk_path_fwd(cfg, q, k, v, g, h0):
+    o, ht, states = chunk_fwd_impl(q, k, v, g, h0, cfg)
+    return (o, ht), (q, k, v, g, h0, states)
+
+
+def _chunk_path_bwd(cfg, res, cotangents):
+    q, k, v, g, h0, states = res
+    do, dht = cotangents
+    dq, dk, dv, dg, dh0 = chunk_bwd_impl(q, k, v, g, states, do.astype(v.dtype), dht, cfg, h0 is not None)
+    return dq, dk, dv, dg.astype(g.dtype), dh0
+
+
+_chunk_path = jax.custom_vjp(_chunk_path, nondiff_argnums=(0,))
+_chunk_path.defvjp(_chunk_path_fwd, _chunk_path_bwd)
+
+
+def _fused_path(cfg, q, k, v, g_gamma, h0):
+    o, ht, _ = fused_fwd_impl(q, k, v, g_gamma, h0, cfg, emit_states=False)
+    return o, ht
+
+
+def _fused_path_fwd(cfg, q, k, v, g_gamma, h0):
+    o, ht, states = fused_fwd_impl(q, k, v, g_gamma, h0, cfg, emit_states=True)
+    return (o, ht), (q, k, v, g_gamma, h0, states)
+
+
+def _fused_path_bwd(cfg, res, cotangents):
+    q, k, v, g_gamma, h0, states = res
+    do, dht = cotangents
+    dq, dk, dv, dgg, dh0 = fused_bwd_impl(q, k, v, g_gamma, states, do.astype(v.dtype), dht, cfg, h0 is not None)
+    return dq, dk, dv, dgg.astype(g_gamma.dtype), dh0
+
+
+_fused_path = jax.custom_vjp(_fused_path, nondiff_argnums=(0,))
+_fused_path.defvjp(_fused_path_fwd, _fused_path_bwd)
+
+
+def _run(q, k, v, g, g_gamma, h0, cfg, which):
+    """Pad T, run the path's custom_vjp function, unpad. Differentiable end to end."""
+    B, T, H, K = q.shape
+    pad = -T % cfg.C
+    q, k, v, g = (_pad_t(x, pad) for x in (q, k, v, g))
+    h0 = None if h0 is None else h0.astype(jnp.float32)
+    if which == "fused":
+        o, ht = _fused_path(cfg, q, k, v, g_gamma.astype(jnp.float32), h0)
+    else:
+        if g is None:  # path="chunk" with g_gamma: a per-channel gate, decay 1 on padded tokens
+            gk = jnp.broadcast_to(g_gamma.astype(jnp.float32)[None, None, :, None], (B, T, H, K))
+            g = _pad_t(gk, pad)
+        o, ht = _chunk_path(cfg, q, k, v, g.astype(jnp.float32), h0)
+    return o[:, :T], ht
+
+
+# -------------------------------------------------------------------- public
+def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+              chunk_size=64, interpret=None, mxu_model=None, path="auto", *, _fault=None):
+    """GLA forward, differentiable (jax.vjp/grad w.r.t. q, k, v, g or g_gamma, initial_state).
+
+    Args:
+      q, k: [B,T,H,K]; v: [B,T,H,V]; one dtype of float32/bfloat16/float16.
+      g: [B,T,H,K] per-channel log decay (float32), or g_gamma: [H] per-head constant log decay.
+      scale: static float, default K**-0.5.
+      initial_state: [B,H,K,V] (cast to float32).
+      output_final_state: return ht [B,H,K,V] float32, else None.
+      chunk_size: tokens per chunk (multiple of 16).
+      interpret: None -> native TPU; True -> Pallas TPU interpret mode with NaN-filled
+        uninitialised memory; a pltpu.InterpretParams is passed through.
+      mxu_model: model MXU rounding of dots (kernels_tpu.mxu); None -> True iff interpreting.
+      path: "auto" | "fused" | "chunk" (see gla_dispatch).
+      _fault: TEST ONLY, fused g_gamma path only, default None (off): "zero_dg_gamma"
+        returns zeros for dg_gamma, "drop_k_reduction" computes o from the first
+        128-wide K tile only. Exists so the harness's own tests can show it catches both bugs.
+
+    Returns: (o [B,T,H,V] in q's dtype, ht [B,H,K,V] float32 or None).
+    """
+    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, _fault,
+                              output_final_state)
+    cfg = _config(q, scale, blocks, interpret, mxu_model, _fault)
+    o, ht = _run(q, k, v, g, g_gamma, initial_state, cfg, which)
+    return o, (ht if output_final_state else None)
+
+
+def chunk_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+                  chunk_size=64, interpret=None, mxu_model=None, path="auto", *, _fault=None):
+    """The forward kernels alone (no custom_vjp): (o, ht or None). Same arguments as chunk_gla."""
+    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, _fault,
+                              output_final_state)
+    cfg = _config(q, scale, blocks, interpret, mxu_model, _fault)
+    B, T, H, K = q.shape
+    pad = -T % cfg.C
+    qp, kp, vp, gp = (_pad_t(x, pad) for x in (q, k, v, g))
+    h0 = None if initial_state is None else initial_state.astype(jnp.float32)
+    if which == "fused":
+        o, ht, _ = fused_fwd_impl(qp, kp, vp, g_gamma.astype(jnp.float32), h0, cfg, emit_states=False)
+    else:
+        if gp is None:
+            gp = _pad_t(jnp.broadcast_to(g_gamma.astype(jnp.float32)[None, None, :, None], q.shape), pad)
+        o, ht, _ = chunk_fwd_impl(qp, kp, vp, gp.astype(jnp.float32), h0, cfg)
+    return o[:, :T], (ht if output_final_state else None)
+
+
+def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64,
+                  interpret=None, mxu_model=None, path="auto", *, _fault=None):
+    """Gradients of ``sum(o*do) + sum(ht*dht)``, running the forward kernels for the states.
+
+    Returns dict(dq, dk, dv, dg, dg_gamma, dh0): dq/dk/dv in the input dtype, dg
+    [B,T,H,K] float32 (g gate) or None, dg_gamma [H] float32 (g_gamma gate) or
+    None, dh0 [B,H,K,V] float32 (with initial_state) or None.
+    """
+    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, _fault, False,
+                              do=do, dht=dht)
+    cfg = _config(q, scale, blocks, interpret, mxu_model, _fault)
+    B, T, H, K = q.shape
+    pad = -T % cfg.C
+    qp, kp, vp, gp, dop = (_pad_t(x, pad) for x in (q, k, v, g, do))
+    dop = dop.astype(v.dtype)
+    h0 = None if initial_state is None else initial_state.astype(jnp.float32)
+    dht32 = None if dht is None else dht.astype(jnp.float32)
+    out = {"dq": None, "dk": None, "dv": None, "dg": None, "dg_gamma": None, "dh0": None}
+    if which == "fused":
+        gg = g_gamma.astype(jnp.float32)
+        _, _, states = fused_fwd_impl(qp, kp, vp, gg, h0, cfg, emit_states=True)
+        dq, dk, dv, out["dg_gamma"], out["dh0"] = fused_bwd_impl(qp, kp, vp, gg, states, dop, dht32, cfg,
+                                                                 h0 is not None)
+    else:
+        if gp is None:
+            gp = _pad_t(jnp.broadcast_to(g_gamma.astype(jnp.float32)[None, None, :, None], q.shape), pad)
+        gp = gp.astype(jnp.float32)
+        _, _, states = chunk_fwd_impl(qp, kp, vp, gp, h0, cfg)
+        dq, dk, dv, dg, out["dh0"] = chunk_bwd_impl(qp, kp, vp, gp, states, dop, dht32, cfg, h0 is not None)
+        if g is not None:
+            out["dg"] = dg[:, :T]
+        else:
+            out["dg_gamma"] = dg[:, :T].sum(axis=(0, 1, 3))
+    out["dq"], out["dk"], out["dv"] = dq[:, :T], dk[:, :T], dv[:, :T]
+    return out

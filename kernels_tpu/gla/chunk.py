@@ -1,0 +1,322 @@
+"""Chunk GLA kernels for a per-key-channel gate ``g [B,T,H,K]`` (unfused path).
+
+Four pallas_calls, as in fla's chunk GLA: forward states, forward output,
+backward state gradients, backward dq/dk/dv/dg.
+
+Stabilised exponentials
+-----------------------
+Inside chunk n, ``b = cumsum(g)`` over the chunk's rows (inclusive, f32, an
+MXU product with a 0/1 lower-triangular matrix at HIGHEST), ``b_L`` its last
+row. For a decaying gate ``b`` is non-increasing along rows, and every
+exponential below has an exponent ``<= 0``:
+
+- state update and inter-chunk terms factor through the chunk's last
+  position or its start: ``exp(b_L - b_j)``, ``exp(b_L)``, ``exp(b_i)``;
+- intra-chunk products ``sum_c q_ic k_jc exp(b_ic - b_jc)`` (j <= i) are
+  computed in sub-blocks of ``BC`` rows:
+  * diagonal ``BC x BC`` blocks exactly, as ``[BC,BC,K]`` with the causal mask
+    applied to the exponent before exp (``masked_exp``);
+  * off-diagonal blocks factor through a sub-block boundary ``r``: for row
+    block I (first row I0) and all earlier columns j < I0, ``r = b_{I0}``:
+    ``(q_i exp(b_i - r)) . (k_j exp(r - b_j))`` with ``i >= I0 > j``, so both
+    exponents are <= 0; for column block J (last row J1-1) and later rows
+    i >= J1, ``r = b_{J1-1}`` likewise.
+  No exponent is positive, so nothing overflows for any chunk size; a factor
+  that underflows is bounded by the (smaller) true product it belongs to.
+
+Gate gradient (chunk-local, no global reverse cumsum): with ``x = q*dq - k*dk``
+(f32, full gradients) and ``s_c = sum_v (S_{n+1} * dH_n)[c, v]`` (the state after
+the chunk against its gradient), ``dg_t = sum_{i>=t in chunk} x_i + s``. Since
+``S_{n+1} = exp(b_L) S_n + sum_j (k_j exp(b_L - b_j)) v_j^T``,
+``s = exp(b_L) * rowsum_v(S_n * dH_n) + sum_j k_j * dk_inter_j``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .common import NT_T, SQ, TN, Config, causal_mask, f32, iota, masked_exp, mm, with_static
+
+
+def _cumsum(g, md):
+    """Inclusive cumsum over rows of g [C,K] (f32), as L @ g with L lower-triangular ones."""
+    C = g.shape[0]
+    return mm(causal_mask(C).astype(f32), g, mxu_model=md)
+
+
+def _col_total(g, md):
+    """sum over rows of g [C,K] as a column [K,1] (to scale the rows of a [K,V] state)."""
+    return mm(g, jnp.ones((g.shape[0], 1), f32), TN, mxu_model=md)
+
+
+def _diag_decay(bI):
+    """[BC,BC,K]: exp(b_ic - b_jc) for j <= i, else 0 (exponent masked before exp)."""
+    BC = bI.shape[0]
+    mask = causal_mask(BC)[:, :, None]
+    return masked_exp(bI[:, None, :] - bI[None, :, :], mask)
+
+
+def _intra_o(q, k, v, b, BC, md):
+    """sum_{j<=i} A_ij v_j with A_ij = sum_c q_ic k_jc exp(b_ic - b_jc): [C, BV] f32."""
+    C = q.shape[0]
+    rows = []
+    for r0 in range(0, C, BC):
+        sl = slice(r0, r0 + BC)
+        qI, kI, bI = q[sl].astype(f32), k[sl].astype(f32), b[sl]
+        A_II = jnp.sum(qI[:, None, :] * kI[None, :, :] * _diag_decay(bI), axis=-1)
+        acc = mm(A_II, v[sl], mxu_model=md)
+        if r0:
+            ref = b[r0:r0 + 1]  # b at the block's first row; earlier columns j < r0
+            A_off = mm(qI * jnp.exp(bI - ref), k[:r0].astype(f32) * jnp.exp(ref - b[:r0]), NT_T, mxu_model=md)
+            acc = acc + mm(A_off, v[:r0], mxu_model=md)
+        rows.append(acc)
+    return jnp.concatenate(rows, axis=0)
+
+
+# ------------------------------------------------------------------ forward
+def _fwd_h_kernel(k_ref, v_ref, g_ref, *rest, cfg: Config, has_h0: bool):
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    h_ref, ht_ref, s_scr = rest
+    i_t = pl.program_id(3)
+    md = cfg.mxu_model
+
+    @pl.when(i_t == 0)
+    def _init():
+        s_scr[...] = h0_ref[...].astype(f32) if has_h0 else jnp.zeros(s_scr.shape, f32)
+
+    h_ref[...] = s_scr[...]  # state before chunk n
+    g = g_ref[...].astype(f32)
+    b = _cumsum(g, md)
+    bL = b[-1:, :]
+    k_dec = k_ref[...].astype(f32) * jnp.exp(bL - b)  # exponent <= 0
+    s_scr[...] = jnp.exp(_col_total(g, md)) * s_scr[...] + mm(k_dec, v_ref[...], TN, mxu_model=md)
+
+    @pl.when(i_t == pl.num_programs(3) - 1)
+    def _final():
+        ht_ref[...] = s_scr[...]
+
+
+def _fwd_o_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, *, cfg: Config):
+    md = cfg.mxu_model
+    b = _cumsum(g_ref[...].astype(f32), md)
+    q = q_ref[...]
+    o = mm(q.astype(f32) * jnp.exp(b), h_ref[...], mxu_model=md)
+    o = o + _intra_o(q, k_ref[...], v_ref[...], b, cfg.blocks.sub_chunk, md)
+    o_ref[...] = (cfg.scale * o).astype(o_ref.dtype)
+
+
+def chunk_fwd_impl(q, k, v, g, h0, cfg: Config):
+    """o [B,T,H,V] (q dtype), ht [B,H,K,V] f32, states S_n [B,NT,H,K,V] f32."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = cfg.C
+    NT = T // C
+    BV = cfg.blocks.block_v_for(V)
+    NV = V // BV
+
+    def qk_map(b, h, iv, t):
+        del iv
+        return (b, t, h)
+
+    def v_map(b, h, iv, t):
+        return (b, t, h * NV + iv)
+
+    def state_map(b, h, iv, t):
+        del t
+        return (b, h, iv)
+
+    def states_map(b, h, iv, t):
+        return (b, t, h, iv)
+
+    q3, k3, g3, v3 = q.reshape(B, T, H * K), k.reshape(B, T, H * K), g.reshape(B, T, H * K), v.reshape(B, T, H * V)
+    in_specs = [pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, BV), v_map),
+                pl.BlockSpec((SQ, C, K), qk_map)]
+    args = [k3, v3, g3]
+    if h0 is not None:
+        in_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
+        args.append(h0.astype(f32).reshape(B, H * K, V))
+    states, ht = pl.pallas_call(
+        with_static(_fwd_h_kernel, cfg=cfg, has_h0=h0 is not None),
+        grid=(B, H, NV, NT),
+        in_specs=in_specs,
+        out_specs=[pl.BlockSpec((SQ, SQ, K, BV), states_map), pl.BlockSpec((SQ, K, BV), state_map)],
+        out_shape=[jax.ShapeDtypeStruct((B, NT, H * K, V), f32), jax.ShapeDtypeStruct((B, H * K, V), f32)],
+        scratch_shapes=[pltpu.VMEM((K, BV), f32)],
+        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "arbitrary"),
+        interpret=cfg.interpret,
+        name="gla_chunk_fwd_h",
+    )(*args)
+
+    o = pl.pallas_call(
+        with_static(_fwd_o_kernel, cfg=cfg),
+        grid=(B, H, NV, NT),
+        in_specs=[pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, K), qk_map),
+                  pl.BlockSpec((SQ, C, BV), v_map), pl.BlockSpec((SQ, C, K), qk_map),
+                  pl.BlockSpec((SQ, SQ, K, BV), states_map)],
+        out_specs=pl.BlockSpec((SQ, C, BV), v_map),
+        out_shape=jax.ShapeDtypeStruct((B, T, H * V), q.dtype),
+        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "parallel"),
+        interpret=cfg.interpret,
+        name="gla_chunk_fwd_o",
+    )(q3, k3, v3, g3, states)
+    return o.reshape(B, T, H, V), ht.reshape(B, H, K, V), states.reshape(B, NT, H, K, V)
+
+
+# ----------------------------------------------------------------- backward
+def _bwd_dh_kernel(q_ref, g_ref, do_ref, *rest, cfg: Config, has_dht: bool, want_dh0: bool):
+    rest = list(rest)
+    dht_ref = rest.pop(0) if has_dht else None
+    dh_ref = rest.pop(0)
+    dh0_ref = rest.pop(0) if want_dh0 else None
+    (dh_scr,) = rest
+    i_t = pl.program_id(3)
+    md = cfg.mxu_model
+
+    @pl.when(i_t == 0)  # last chunk first
+    def _init():
+        dh_scr[...] = dht_ref[...] if has_dht else jnp.zeros(dh_scr.shape, f32)
+
+    dh_ref[...] = dh_scr[...]  # gradient of the state after chunk n
+    g = g_ref[...].astype(f32)
+    b = _cumsum(g, md)
+    qg = q_ref[...].astype(f32) * jnp.exp(b)
+    dh_scr[...] = jnp.exp(_col_total(g, md)) * dh_scr[...] + cfg.scale * mm(qg, do_ref[...], TN, mxu_model=md)
+
+    if want_dh0:
+        @pl.when(i_t == pl.num_programs(3) - 1)
+        def _final():
+            dh0_ref[...] = dh_scr[...]
+
+
+def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref, dg_ref,
+                      dq_scr, dk_scr, dv_scr, *, cfg: Config):
+    md, scale, BC = cfg.mxu_model, cfg.scale, cfg.blocks.sub_chunk
+    C = q_ref.shape[0]
+    V = v_ref.shape[-1]
+    q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+    qf, kf = q.astype(f32), k.astype(f32)
+    S, dH = h_ref[...], dh_ref[...]
+    b = _cumsum(g_ref[...].astype(f32), md)
+    bL = b[-1:, :]
+
+    # inter-chunk terms (exponents b <= 0 and b_L - b <= 0)
+    k_dec = jnp.exp(bL - b)
+    dk_inter = k_dec * mm(v, dH, NT_T, mxu_model=md)
+    dq_scr[...] = (scale * jnp.exp(b)) * mm(do, S, NT_T, mxu_model=md)
+    dk_scr[...] = dk_inter
+    dv_scr[...] = mm(kf * k_dec, dH, mxu_model=md)
+
+    # intra-chunk terms, sub-block by sub-block
+    for c0 in range(0, C, BC):
+        sl, c1 = slice(c0, c0 + BC), c0 + BC
+        qI, kI, bI = qf[sl], kf[sl], b[sl]
+        E = _diag_decay(bI)  # [i, j, K]
+        mask = causal_mask(BC)
+        A_d = jnp.where(mask, jnp.sum(qI[:, None, :] * kI[None, :, :] * E, axis=-1), 0.0)
+        dA_d = jnp.where(mask, scale * mm(do[sl], v[sl], NT_T, mxu_model=md), 0.0)
+        dq_blk = jnp.sum(dA_d[:, :, None] * kI[None, :, :] * E, axis=1)
+        dk_blk = jnp.sum(dA_d[:, :, None] * qI[:, None, :] * E, axis=0)
+        dv_blk = scale * mm(A_d, do[sl], TN, mxu_model=md)
+        if c0:  # rows of this block against earlier columns, through r = b at the block's first row
+            ref = b[c0:c0 + 1]
+            dA_row = scale * mm(do[sl], v[:c0], NT_T, mxu_model=md)  # [BC, c0]
+            dq_blk = dq_blk + jnp.exp(bI - ref) * mm(dA_row, kf[:c0] * jnp.exp(ref - b[:c0]), mxu_model=md)
+        if c1 < C:  # columns of this block against later rows, through r = b at the block's last row
+            ref = b[c1 - 1:c1]
+            q_hat = qf[c1:] * jnp.exp(b[c1:] - ref)  # [C-c1, K]
+            k_hat = kI * jnp.exp(ref - bI)  # [BC, K]
+            A_col = mm(q_hat, k_hat, NT_T, mxu_model=md)  # [C-c1, BC]
+            dA_col = scale * mm(do[c1:], v[sl], NT_T, mxu_model=md)
+            dv_blk = dv_blk + scale * mm(A_col, do[c1:], TN, mxu_model=md)
+            dk_blk = dk_blk + jnp.exp(ref - bI) * mm(dA_col, q_hat, TN, mxu_model=md)
+        dq_scr[sl, :] += dq_blk
+        dk_scr[sl, :] += dk_blk
+        dv_scr[sl, :] += dv_blk
+
+    dq, dk = dq_scr[...], dk_scr[...]
+    x = qf * dq - kf * dk
+    rev = (iota((C, C), 1) >= iota((C, C), 0)).astype(f32)  # [t, i]: i >= t
+    sdh = mm(jnp.ones((1, V), f32), S * dH, NT_T, mxu_model=md)  # rowsum_v(S*dH) as a [1,K] row
+    s = jnp.exp(bL) * sdh + jnp.sum(kf * dk_inter, axis=0, keepdims=True)
+    dg_ref[...] = mm(rev, x, mxu_model=md) + s
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
+
+
+def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
+    """(dq, dk, dv) in input dtypes, dg [B,T,H,K] f32, dh0 [B,H,K,V] f32 or None."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = cfg.C
+    NT = T // C
+    BV = cfg.blocks.block_v_for(V)
+    NV = V // BV
+
+    def rev_qk_map(b, h, iv, t):
+        del iv
+        return (b, NT - 1 - t, h)
+
+    def rev_v_map(b, h, iv, t):
+        return (b, NT - 1 - t, h * NV + iv)
+
+    def rev_states_map(b, h, iv, t):
+        return (b, NT - 1 - t, h, iv)
+
+    def state_map(b, h, iv, t):
+        del t
+        return (b, h, iv)
+
+    q3, k3, g3 = q.reshape(B, T, H * K), k.reshape(B, T, H * K), g.reshape(B, T, H * K)
+    v3, do3 = v.reshape(B, T, H * V), do.reshape(B, T, H * V)
+    in_specs = [pl.BlockSpec((SQ, C, K), rev_qk_map), pl.BlockSpec((SQ, C, K), rev_qk_map),
+                pl.BlockSpec((SQ, C, BV), rev_v_map)]
+    args = [q3, g3, do3]
+    if dht is not None:
+        in_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
+        args.append(dht.astype(f32).reshape(B, H * K, V))
+    out_specs = [pl.BlockSpec((SQ, SQ, K, BV), rev_states_map)]
+    out_shape = [jax.ShapeDtypeStruct((B, NT, H * K, V), f32)]
+    if want_dh0:
+        out_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
+        out_shape.append(jax.ShapeDtypeStruct((B, H * K, V), f32))
+    outs = pl.pallas_call(
+        with_static(_bwd_dh_kernel, cfg=cfg, has_dht=dht is not None, want_dh0=want_dh0),
+        grid=(B, H, NV, NT),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        scratch_shapes=[pltpu.VMEM((K, BV), f32)],
+        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "arbitrary"),
+        interpret=cfg.interpret,
+        name="gla_chunk_bwd_dh",
+    )(*args)
+    dhs = outs[0]
+    dh0 = outs[1].reshape(B, H, K, V) if want_dh0 else None
+
+    def qk_map(b, h, t):
+        return (b, t, h)
+
+    def states_map(b, h, t):
+        return (b, t, h, 0)
+
+    kspec, vspec = pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, V), qk_map)
+    sspec = pl.BlockSpec((SQ, SQ, K, V), states_map)
+    dq, dk, dv, dg = pl.pallas_call(
+        with_static(_bwd_dqkvg_kernel, cfg=cfg),
+        grid=(B, H, NT),
+        in_specs=[kspec, kspec, vspec, kspec, vspec, sspec, sspec],
+        out_specs=[kspec, kspec, vspec, kspec],
+        out_shape=[jax.ShapeDtypeStruct((B, T, H * K), q.dtype), jax.ShapeDtypeStruct((B, T, H * K), k.dtype),
+                   jax.ShapeDtypeStruct((B, T, H * V), v.dtype), jax.ShapeDtypeStruct((B, T, H * K), f32)],
+        scratch_shapes=[pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32), pltpu.VMEM((C, V), f32)],
+        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel"),
+        interpret=cfg.interpret,
+        name="gla_chunk_bwd_dqkvg",
+    )(q3, k3, v3, g3, do3, states.reshape(B, NT, H * K, V), dhs)
+    return (dq.reshape(B, T, H, K), dk.reshape(B, T, H, K), dv.reshape(B, T, H, V),
+            dg.reshape(B, T, H, K), dh0)

@@ -1,0 +1,158 @@
+"""Shared pieces of the GLA Pallas TPU kernels: block sizes, config, dots, masks.
+
+Layout inside the kernels: ``[B,T,H,K]`` inputs are viewed (free reshape) as
+``[B,T,H*K]`` so a block ``(C, K)`` at column-block ``h`` is head ``h`` and the
+last two block dims are TPU tile friendly (C a multiple of 8, K/V multiples
+of 128). Per-chunk states are ``[B,NT,H*K,V]`` float32, single states
+``[B,H*K,V]`` float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernels_tpu import mxu
+
+f32 = jnp.float32
+LANES = 128  # K and V must be multiples of this; also the K tile of the fused forward reduction
+NT = mxu._NT  # a @ b
+TN = mxu.TN  # a.T @ b
+NT_T = mxu.NT_T  # a @ b.T
+SQ = pl.squeezed  # a squeezed (size-1, dropped) block dimension
+
+FAULTS = (None, "zero_dg_gamma", "drop_k_reduction")
+PATHS = ("auto", "fused", "chunk")
+
+
+@dataclass(frozen=True)
+class BlockSizes:
+    """Tiling of the GLA kernels; validates itself on construction.
+
+    - ``chunk_size`` (C): tokens per chunk (grid step along time), a multiple
+      of ``sub_chunk`` and of 8 (TPU sublanes).
+    - ``sub_chunk`` (BC): per-channel-gate intra-chunk sub-block (chunk path
+      only): diagonal BC x BC blocks use the exact masked ``[BC,BC,K]`` form,
+      off-diagonal blocks factor through a sub-block boundary (see chunk.py).
+    - ``block_v`` (BV): V tile of the forward kernels and of the chunk-path dh
+      kernel (parallel grid axis); a multiple of 128. The backward kernels that
+      reduce over V hold the whole V in one block.
+    K is always held whole in a block, so every contraction over K is a true
+    reduction inside one grid step (no K tiles can overwrite each other).
+    """
+
+    chunk_size: int = 64
+    sub_chunk: int = 16
+    block_v: int = 128
+
+    def __post_init__(self):
+        for name in ("chunk_size", "sub_chunk", "block_v"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        if self.sub_chunk % 8:
+            raise ValueError(f"{self.sub_chunk=} must be a multiple of 8 (TPU sublanes)")
+        if self.chunk_size % self.sub_chunk:
+            raise ValueError(f"{self.chunk_size=} must be a multiple of {self.sub_chunk=}; "
+                             f"use chunk_size in 16, 32, 64, 128, 256")
+        if self.block_v % LANES:
+            raise ValueError(f"{self.block_v=} must be a multiple of {LANES}")
+
+    def block_v_for(self, V: int) -> int:
+        """The V tile for a given V: block_v when it divides V, else 128."""
+        return self.block_v if V % self.block_v == 0 else LANES
+
+
+@dataclass(frozen=True)
+class Config:
+    """Static (hashable) settings threaded through custom_vjp as a nondiff argument."""
+
+    scale: float
+    blocks: BlockSizes
+    interpret: Any  # False or a pltpu.InterpretParams
+    mxu_model: bool
+    fault: str | None = None
+
+    @property
+    def C(self) -> int:
+        return self.blocks.chunk_size
+
+    def compiler_params(self, *semantics: str):
+        """Grid dimension semantics; the sequential (time) axis is last and "arbitrary"."""
+        return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
+
+
+def resolve_interpret(interpret):
+    """None/False -> native TPU; True -> InterpretParams reading NaN from
+    uninitialised memory; an InterpretParams is passed through."""
+    if interpret is None or interpret is False:
+        return False
+    if interpret is True:
+        return pltpu.InterpretParams(uninitialized_memory="nan")
+    if isinstance(interpret, pltpu.InterpretParams):
+        return interpret
+    raise ValueError(f"interpret must be None, a bool or a pltpu.InterpretParams, got {interpret=}")
+
+
+def resolve_mxu_model(mxu_model, interpret) -> bool:
+    """None -> model MXU rounding iff interpreting (never on a real TPU)."""
+    if mxu_model is None:
+        return interpret is not False
+    return bool(mxu_model)
+
+
+# ----------------------------------------------------------- in-kernel maths
+def mm(a, b, dims=NT, *, mxu_model: bool):
+    """A kernel dot with f32 accumulation and a stated precision.
+
+    Two bf16 (or two fp16) operands: one exact MXU pass (``DEFAULT``). Anything
+    involving f32 (gated operands, probabilities, states): both upcast to f32
+    at ``HIGHEST`` (bf16x6 on the MXU, about f32 accuracy).
+    """
+    narrow = (jnp.bfloat16, jnp.float16)
+    if a.dtype in narrow and a.dtype == b.dtype:
+        precision = lax.Precision.DEFAULT
+    else:
+        a, b, precision = a.astype(f32), b.astype(f32), lax.Precision.HIGHEST
+    return mxu.dot(a, b, precision=precision, preferred_element_type=f32, dimension_numbers=dims,
+                   mxu_model=mxu_model)
+
+
+def iota(shape, dim):
+    return lax.broadcasted_iota(jnp.int32, shape, dim)
+
+
+def causal_mask(n: int):
+    """[n, n] bool, True where column j <= row i."""
+    return iota((n, n), 1) <= iota((n, n), 0)
+
+
+def masked_exp(x, mask):
+    """exp(x) where mask, else 0; the exponent is zeroed BEFORE exp so masked
+    entries never overflow (no 0 * inf = NaN, whatever the compiler fuses)."""
+    return jnp.where(mask, jnp.exp(jnp.where(mask, x, 0.0)), 0.0)
+
+
+def with_static(fn, **kw):
+    """functools.partial that keeps a readable kernel name."""
+    import functools
+
+    return functools.wraps(fn)(functools.partial(fn, **kw))
+
+
+def replace(cfg: Config, **kw) -> Config:
+    return dataclasses.replace(cfg, **kw)
+
+
+def zeros_like_ref(ref):
+    return jnp.zeros(ref.shape, ref.dtype)
+
+
+__all__ = ["BlockSizes", "Config", "FAULTS", "PATHS", "resolve_interpret", "resolve_mxu_model"]

@@ -1,0 +1,269 @@
+"""Fused GLA kernels for a per-head constant gate ``g_gamma [H]``.
+
+Forward: ONE pallas_call, grid ``(B, H, NV, NT)``, time last and "arbitrary".
+The state ``S [K, BV]`` lives in an f32 VMEM scratch across the time axis; the
+intra-chunk attention is recomputed inline per chunk, never written to HBM.
+With the in-chunk position ``i`` (0-based) and ``gamma <= 0``:
+
+    b_i = gamma * (i + 1)                               (in-chunk cumulative gate)
+    D_ij = exp(gamma * (i - j)) for j <= i, else 0      (exponent masked before exp)
+    o    = scale * [ (q * exp(b)) @ S + ((q k^T) * D) @ v ]
+    S'   = exp(gamma * C) * S + (k * exp(gamma * (C-1-j)))^T @ v
+
+Every exponent is <= 0 (relative to the chunk's last position for k, to the
+chunk start for q), so nothing overflows at any chunk size. K is whole in the
+block; the contractions over K (``q k^T`` and ``q @ S``) are an explicit
+reduction over 128-wide K tiles accumulated in f32, so any K multiple of 128
+is exact. V is tiled (parallel axis); each V tile writes its own o columns.
+
+Backward: ONE pallas_call, grid ``(B, H, NT)``, time last and "arbitrary",
+walking chunks in reverse through the index maps (``n = NT-1-t``; no array is
+flipped in HBM). ``dH`` (gradient of the state after chunk n) is an f32 VMEM
+scratch initialised from dht. Per chunk, with ``S`` the state before it (a
+forward residual), ``A = (q k^T) * D`` and ``dA = scale (do v^T) * D``:
+
+    dv = scale A^T do + (k * exp(gamma (C-1-j))) @ dH
+    dq = dA @ k + scale exp(b) * (do @ S^T)
+    dk = dA^T @ q + exp(gamma (C-1-j)) * (v @ dH^T)
+    dH <- exp(gamma C) dH + scale (q * exp(b))^T @ do     (dh0 after chunk 0)
+
+dg_gamma is real: with ``x = q*dq - k*dk`` (f32, before rounding), the gate
+gradient of token t in chunk n is ``sum_{i>=t in chunk} x_i + s`` with
+``s_c = sum_v (S' * dH)[c, v]`` (the state after the chunk, against its
+gradient; ``s = exp(gamma C) rowsum(S*dH) + sum_j k_j * dk_inter_j``). Summed
+over t and c: ``sum_{i,c} (i+1) x_ic + C * sum_c s_c``, accumulated per
+(b, h) in VMEM over the reverse time walk; the wrapper sums B and K.
+
+Test-only fault injection (``fault=``), off by default, to prove the harness
+catches these bugs: ``"zero_dg_gamma"`` writes zeros for dg_gamma;
+``"drop_k_reduction"`` computes o from the first 128-wide K tile only.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .common import LANES, NT_T, SQ, TN, Config, causal_mask, f32, iota, masked_exp, mm, with_static
+
+
+def _decays(gamma, C):
+    """(exp(b) [C,1], exp(gamma (C-1-i)) [C,1], D [C,C], exp(gamma C)) for one chunk."""
+    pos = iota((C, 1), 0).astype(f32)
+    rel = (iota((C, C), 0) - iota((C, C), 1)).astype(f32)  # i - j
+    D = masked_exp(gamma * rel, causal_mask(C))
+    return jnp.exp(gamma * (pos + 1.0)), jnp.exp(gamma * (C - 1.0 - pos)), D, jnp.exp(gamma * C)
+
+
+# ------------------------------------------------------------------ forward
+def _fused_fwd_kernel(gamma_ref, q_ref, k_ref, v_ref, *rest, cfg: Config, has_h0: bool, emit_states: bool):
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    o_ref = rest.pop(0)
+    ht_ref = rest.pop(0)
+    h_ref = rest.pop(0) if emit_states else None
+    (s_scr,) = rest
+    i_h, i_t = pl.program_id(1), pl.program_id(3)
+    C, K = q_ref.shape
+    md = cfg.mxu_model
+
+    @pl.when(i_t == 0)
+    def _init():
+        s_scr[...] = h0_ref[...].astype(f32) if has_h0 else jnp.zeros(s_scr.shape, f32)
+
+    if emit_states:
+        h_ref[...] = s_scr[...]  # state before this chunk, residual for the backward
+
+    gamma = gamma_ref[i_h]
+    e_q, e_k, D, e_C = _decays(gamma, C)
+    q, k, v = q_ref[...], k_ref[...], v_ref[...]
+    S = s_scr[...]
+    qg = q.astype(f32) * e_q
+    # o: true reduction over K, one 128-wide K tile at a time, accumulated in f32
+    n_k = 1 if cfg.fault == "drop_k_reduction" else K // LANES
+    scores = jnp.zeros((C, C), f32)
+    o_inter = jnp.zeros(o_ref.shape, f32)
+    for kt in range(n_k):
+        ks = slice(kt * LANES, (kt + 1) * LANES)
+        scores = scores + mm(q[:, ks], k[:, ks], NT_T, mxu_model=md)
+        o_inter = o_inter + mm(qg[:, ks], S[ks, :], mxu_model=md)
+    o = o_inter + mm(scores * D, v, mxu_model=md)
+    o_ref[...] = (cfg.scale * o).astype(o_ref.dtype)
+
+    s_scr[...] = e_C * S + mm(k.astype(f32) * e_k, v, TN, mxu_model=md)
+
+    @pl.when(i_t == pl.num_programs(3) - 1)
+    def _final():
+        ht_ref[...] = s_scr[...]
+
+
+def fused_fwd_impl(q, k, v, g_gamma, h0, cfg: Config, emit_states: bool):
+    """o [B,T,H,V] (q dtype), ht [B,H,K,V] f32, and (emit_states) S_n [B,NT,H,K,V] f32."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = cfg.C
+    NT = T // C
+    BV = cfg.blocks.block_v_for(V)
+    NV = V // BV
+
+    def qk_map(b, h, iv, t):
+        del iv
+        return (b, t, h)
+
+    def v_map(b, h, iv, t):
+        return (b, t, h * NV + iv)
+
+    def state_map(b, h, iv, t):
+        del t
+        return (b, h, iv)
+
+    def states_map(b, h, iv, t):
+        return (b, t, h, iv)
+
+    in_specs = [
+        pl.BlockSpec(memory_space=pltpu.SMEM),  # g_gamma [H]
+        pl.BlockSpec((SQ, C, K), qk_map),
+        pl.BlockSpec((SQ, C, K), qk_map),
+        pl.BlockSpec((SQ, C, BV), v_map),
+    ]
+    args = [g_gamma.astype(f32), q.reshape(B, T, H * K), k.reshape(B, T, H * K), v.reshape(B, T, H * V)]
+    if h0 is not None:
+        in_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
+        args.append(h0.astype(f32).reshape(B, H * K, V))
+    out_shape = [jax.ShapeDtypeStruct((B, T, H * V), q.dtype), jax.ShapeDtypeStruct((B, H * K, V), f32)]
+    out_specs = [pl.BlockSpec((SQ, C, BV), v_map), pl.BlockSpec((SQ, K, BV), state_map)]
+    if emit_states:
+        out_shape.append(jax.ShapeDtypeStruct((B, NT, H * K, V), f32))
+        out_specs.append(pl.BlockSpec((SQ, SQ, K, BV), states_map))
+    kernel = with_static(_fused_fwd_kernel, cfg=cfg, has_h0=h0 is not None, emit_states=emit_states)
+    outs = pl.pallas_call(
+        kernel,
+        grid=(B, H, NV, NT),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        scratch_shapes=[pltpu.VMEM((K, BV), f32)],
+        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "arbitrary"),
+        interpret=cfg.interpret,
+        name="gla_fused_g_gamma_fwd",
+    )(*args)
+    o = outs[0].reshape(B, T, H, V)
+    ht = outs[1].reshape(B, H, K, V)
+    states = outs[2].reshape(B, NT, H, K, V) if emit_states else None
+    return o, ht, states
+
+
+# ----------------------------------------------------------------- backward
+def _fused_bwd_kernel(gamma_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg: Config, has_dht: bool,
+                      want_dh0: bool):
+    rest = list(rest)
+    dht_ref = rest.pop(0) if has_dht else None
+    dq_ref, dk_ref, dv_ref, dgg_ref = rest[:4]
+    rest = rest[4:]
+    dh0_ref = rest.pop(0) if want_dh0 else None
+    dh_scr, acc_scr = rest
+    i_h, i_t = pl.program_id(1), pl.program_id(2)
+    C, K = q_ref.shape
+    V = v_ref.shape[-1]
+    md, scale = cfg.mxu_model, cfg.scale
+
+    @pl.when(i_t == 0)  # the last chunk: dH starts from dht
+    def _init():
+        dh_scr[...] = dht_ref[...] if has_dht else jnp.zeros(dh_scr.shape, f32)
+        acc_scr[...] = jnp.zeros(acc_scr.shape, f32)
+
+    gamma = gamma_ref[i_h]
+    e_q, e_k, D, e_C = _decays(gamma, C)
+    q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+    S, dH = h_ref[...], dh_scr[...]
+
+    A = mm(q, k, NT_T, mxu_model=md) * D
+    dA = scale * mm(do, v, NT_T, mxu_model=md) * D
+    dv = scale * mm(A, do, TN, mxu_model=md) + mm(k.astype(f32) * e_k, dH, mxu_model=md)
+    dq = mm(dA, k, mxu_model=md) + (scale * e_q) * mm(do, S, NT_T, mxu_model=md)
+    dk_inter = e_k * mm(v, dH, NT_T, mxu_model=md)
+    dk = mm(dA, q, TN, mxu_model=md) + dk_inter
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+    # dg_gamma, per key channel: sum_i (i+1) x_i + C * s, x = q*dq - k*dk
+    x = q.astype(f32) * dq - k.astype(f32) * dk
+    pos1 = iota((C, 1), 0).astype(f32) + 1.0
+    sdh = mm(jnp.ones((1, V), f32), S * dH, NT_T, mxu_model=md)  # [1,K] rowsum_v(S*dH) as a row
+    s = e_C * sdh + jnp.sum(k.astype(f32) * dk_inter, axis=0, keepdims=True)
+    acc_scr[...] += jnp.sum(pos1 * x, axis=0, keepdims=True) + C * s
+
+    dh_scr[...] = e_C * dH + scale * mm(q.astype(f32) * e_q, do, TN, mxu_model=md)
+
+    @pl.when(i_t == pl.num_programs(2) - 1)  # chunk 0 done
+    def _final():
+        if cfg.fault == "zero_dg_gamma":
+            dgg_ref[...] = jnp.zeros(dgg_ref.shape, f32)
+        else:
+            dgg_ref[...] = acc_scr[...]
+        if want_dh0:
+            dh0_ref[...] = dh_scr[...]
+
+
+def fused_bwd_impl(q, k, v, g_gamma, states, do, dht, cfg: Config, want_dh0: bool):
+    """(dq, dk, dv) in input dtypes, dg_gamma [H] f32, dh0 [B,H,K,V] f32 or None."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = cfg.C
+    NT = T // C
+
+    def rev_map(b, h, t):  # chunk NT-1-t: the reverse walk through the index map
+        return (b, NT - 1 - t, h)
+
+    def rev_state_map(b, h, t):
+        return (b, NT - 1 - t, h, 0)
+
+    def state_map(b, h, t):
+        del t
+        return (b, h, 0)
+
+    def acc_map(b, h, t):
+        del t
+        return (b, h, 0, 0)
+
+    in_specs = [
+        pl.BlockSpec(memory_space=pltpu.SMEM),
+        pl.BlockSpec((SQ, C, K), rev_map),  # q
+        pl.BlockSpec((SQ, C, K), rev_map),  # k
+        pl.BlockSpec((SQ, C, V), rev_map),  # v
+        pl.BlockSpec((SQ, C, V), rev_map),  # do
+        pl.BlockSpec((SQ, SQ, K, V), rev_state_map),  # S_n
+    ]
+    args = [g_gamma.astype(f32), q.reshape(B, T, H * K), k.reshape(B, T, H * K), v.reshape(B, T, H * V),
+            do.reshape(B, T, H * V), states.reshape(B, NT, H * K, V)]
+    if dht is not None:
+        in_specs.append(pl.BlockSpec((SQ, K, V), state_map))
+        args.append(dht.astype(f32).reshape(B, H * K, V))
+    out_shape = [jax.ShapeDtypeStruct((B, T, H * K), q.dtype), jax.ShapeDtypeStruct((B, T, H * K), k.dtype),
+                 jax.ShapeDtypeStruct((B, T, H * V), v.dtype), jax.ShapeDtypeStruct((B, H, 1, K), f32)]
+    out_specs = [pl.BlockSpec((SQ, C, K), rev_map), pl.BlockSpec((SQ, C, K), rev_map),
+                 pl.BlockSpec((SQ, C, V), rev_map), pl.BlockSpec((SQ, SQ, 1, K), acc_map)]
+    if want_dh0:
+        out_shape.append(jax.ShapeDtypeStruct((B, H * K, V), f32))
+        out_specs.append(pl.BlockSpec((SQ, K, V), state_map))
+    kernel = with_static(_fused_bwd_kernel, cfg=cfg, has_dht=dht is not None, want_dh0=want_dh0)
+    outs = pl.pallas_call(
+        kernel,
+        grid=(B, H, NT),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        scratch_shapes=[pltpu.VMEM((K, V), f32), pltpu.VMEM((1, K), f32)],
+        compiler_params=cfg.compiler_params("parallel", "parallel", "arbitrary"),
+        interpret=cfg.interpret,
+        name="gla_fused_g_gamma_bwd",
+    )(*args)
+    dq = outs[0].reshape(B, T, H, K)
+    dk = outs[1].reshape(B, T, H, K)
+    dv = outs[2].reshape(B, T, H, V)
+    dg_gamma = outs[3].sum(axis=(0, 2, 3))
+    dh0 = outs[4].reshape(B, H, K, V) if want_dh0 else None
+    return dq, dk, dv, dg_gamma, dh0
