@@ -70,8 +70,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     """ALiBi slopes, float64 [H]: ``2**(-8 (h+1) / H)`` for a power-of-two H,
     and the interleaved extension of the ALiBi paper otherwise."""
     def power_of_two(n):
-        start = 2.0 ** (-(2.0 ** -(np.log2(n) - 3)))
-        return start ** np.arange(1, n + 1)
+        return 2.0 ** (-8.0 * np.arange(1, n + 1) / n)  # exact powers of two where 8(h+1)/n is an integer
 
     if num_heads & (num_heads - 1) == 0:
         return power_of_two(num_heads)

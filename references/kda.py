@@ -260,8 +260,9 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
                   dt_bias=None, method="chunk", chunk_size=64, **options):
     """Gradients of ``sum(o*do) + sum(ht*dht)`` w.r.t. the raw inputs given, in float64.
 
-    Returns a dict with dq, dk, dv, dg, dbeta; dh0 when ``initial_state`` is given; dA_log
-    and ddt_bias when ``use_gate_in_kernel`` and that parameter is given.
+    Returns dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias); ``dh0`` is None without
+    ``initial_state``, ``dA_log`` / ``ddt_bias`` are None unless ``use_gate_in_kernel`` and that
+    parameter is given.
     """
     arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
                                                chunk_size, method, options)
@@ -290,4 +291,5 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
             return vjp((do_, dht_))[0]
 
         out = jax.jit(grads)(primals, do64, dht64)
-        return {"d" + name: _to_np(x) for name, x in out.items()}
+        names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
+        return {"d" + n: (_to_np(out[n]) if n in out else None) for n in names}

@@ -30,6 +30,7 @@ reference leg uses it to show the gate working before other legs exist.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -114,6 +115,7 @@ def _chunked(q, k, v, gt, h0, scale, C):
     return o, ht
 
 
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size):
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -125,6 +127,16 @@ def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size):
     if method == "chunk":
         return _chunked(q, k, v, gt, h0, scale, chunk_size)
     raise ValueError(f"{method=} must be 'chunk' or 'recurrent'")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
+def _backward(primals, d_o, d_ht, scale, method, chunk_size):
+    """Gradients of sum(o*do) + sum(ht*dht) w.r.t. every array in ``primals``."""
+    def f(p):
+        return _forward(p["q"], p["k"], p["v"], p.get("g"), p.get("g_gamma"), p["h0"], scale, method, chunk_size)
+
+    _, vjp = jax.vjp(f, primals)
+    return vjp((d_o, d_ht))[0]
 
 
 def _prepare(q, k, v, g, g_gamma, initial_state, scale, compute_dtype):
@@ -166,16 +178,10 @@ def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None
         q, k, v, g, g_gamma, h0 = (to_jax(a, compute_dtype) for a in arrays)
         if h0 is None:
             h0 = jnp.zeros((B, H, K, V), compute_dtype)
-        primals = dict(q=q, k=k, v=v, g=g, g_gamma=g_gamma, h0=h0)
-        primals = {n: a for n, a in primals.items() if a is not None}
-
-        def f(p):
-            return _forward(p["q"], p["k"], p["v"], p.get("g"), p.get("g_gamma"), p["h0"], scale, method, chunk_size)
-
-        _, vjp = jax.vjp(f, primals)
         d_o = to_jax(do, compute_dtype)
         d_ht = jnp.zeros((B, H, K, V), compute_dtype) if dht is None else to_jax(dht, compute_dtype)
-        (grads,) = vjp((d_o, d_ht))
+        primals = {n: a for n, a in dict(q=q, k=k, v=v, g=g, g_gamma=g_gamma, h0=h0).items() if a is not None}
+        grads = _backward(primals, d_o, d_ht, scale=scale, method=method, chunk_size=chunk_size)
         grads = to_numpy(grads, compute_dtype)
     out = {f"d{n}": grads[n].astype(np.float64) for n in ("q", "k", "v")}
     out["dg"] = grads["g"].astype(np.float64) if "g" in grads else None

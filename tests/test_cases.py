@@ -1,0 +1,96 @@
+import hashlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cases.case import Case, Gate
+from cases.inputs import alibi_g_gamma, alibi_slopes, make_inputs
+from cases.suites import SUITES, find_case, get_suite
+from harness.ops import get_op
+
+
+def _case(**kw):
+    base = dict(op="simple_gla", variant="chunk", B=1, T=256, H=2, K=128, V=128, dtype="bfloat16",
+                gate=Gate("g_gamma", "alibi", num_layers=32, layer_idx=0), chunk_size=128, h0=True)
+    base.update(kw)
+    return Case(**base)
+
+
+def test_case_id_is_readable_and_stable():
+    assert _case().id == "simple_gla.chunk/B1-T256-H2-K128-V128/bf16/g_gamma=alibi(L32,l0)/C128/h0"
+    assert _case(gate=Gate(), h0=False, dht=True, chunk_size=64).id == \
+        "simple_gla.chunk/B1-T256-H2-K128-V128/bf16/g=logsigmoid/16/C64/dht"
+
+
+def test_seed_is_sha256_of_id_not_python_hash():
+    c = _case()
+    expected = int.from_bytes(hashlib.sha256(c.id.encode()).digest()[:8], "little")
+    assert c.rng_seed == expected
+
+
+def test_inputs_are_deterministic_and_quantized():
+    c = _case(dht=True)
+    op = get_op(c.op)
+    a, b = make_inputs(c, op.inputs(c)), make_inputs(c, op.inputs(c))
+    assert a.sha256 == b.sha256
+    assert a["q"].dtype == ml_dtypes.bfloat16 and a["g_gamma"].dtype == np.float32
+    assert a["h0"].shape == (1, 2, 128, 128) and a["dht"].dtype == np.float32
+    for name in a.arrays:
+        np.testing.assert_array_equal(a[name].view(np.uint8), b[name].view(np.uint8))
+    # a different case draws different inputs
+    assert make_inputs(c.replace(seed=1), op.inputs(c.replace(seed=1))).sha256 != a.sha256
+
+
+def test_first_draw_is_pinned():
+    """Guards cross-machine determinism: the generator and draw order must not drift silently."""
+    c = _case(dtype="float32", gate=Gate(), h0=False)
+    q = make_inputs(c, get_op(c.op).inputs(c))["q"]
+    rng = np.random.Generator(np.random.PCG64(c.rng_seed))
+    np.testing.assert_array_equal(q, rng.standard_normal(q.shape).astype(np.float32))
+
+
+def test_alibi_g_gamma_formula():
+    slopes = alibi_slopes(16)
+    assert slopes[0] == 2.0**-0.5 and slopes[-1] == 2.0**-8
+    assert alibi_slopes(2).tolist() == [2.0**-4, 2.0**-8]
+    g = alibi_g_gamma(16, 32, 0)
+    assert g[0] == pytest.approx(-(2.0**-0.5) * (1 + 1e-5), rel=1e-15)
+    assert abs(g[0]) * 128 > 88.72  # float32 exp overflow threshold: the regression regime
+    assert alibi_g_gamma(16, 1, 0)[0] == pytest.approx(-(2.0**-0.5) * (1 + 1e-5))  # max(L-1, 1)
+    np.testing.assert_allclose(alibi_g_gamma(4, 21, 20), -alibi_slopes(4) * 1e-5)
+
+
+def test_lower_bound_clamps_gate():
+    c = _case(gate=Gate("g", "logsigmoid", normalizer=0.1, lower_bound=-5.0), dtype="float32")
+    g = make_inputs(c, get_op(c.op).inputs(c))["g"]
+    assert g.min() >= -5.0 and (g == -5.0).any()
+    assert "lb-5" in c.id
+
+
+@pytest.mark.parametrize("kw, match", [(dict(dtype="float64"), "dtype"), (dict(T=0), "T=0"),
+                                       (dict(final_state=False, dht=True), "dht")])
+def test_invalid_cases(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _case(**kw)
+
+
+def test_gate_validation():
+    with pytest.raises(ValueError, match="alibi"):
+        Gate("g_gamma", "logsigmoid")
+
+
+@pytest.mark.parametrize("suite", sorted(SUITES))
+def test_suites_are_valid_and_unique(suite):
+    cases = get_suite(suite)
+    assert cases
+    for c in cases:
+        get_op(c.op).validate(c)
+    assert find_case(cases[0].id) == cases[0]
+
+
+def test_regressions_reach_the_overflow_regime():
+    cases = get_suite("regressions")
+    assert any(c.gate.kind == "g_gamma" and c.chunk_size == 128 and c.H >= 16 and c.gate.layer_idx == 0
+               for c in cases)
+    assert any(c.dht and c.gate.kind == "g" for c in cases)

@@ -1,0 +1,48 @@
+import math
+
+import pytest
+
+from harness.policy import BOUNDS, Bound, Policy, bound_for, parse_floors
+
+
+def test_most_specific_bound_wins():
+    rules = [Bound(1.0, "any"), Bound(0.5, "bf16", dtype="bfloat16"),
+             Bound(0.1, "bf16 dg", tensor="dg", dtype="bfloat16"), Bound(0.2, "later tie", dtype="bfloat16")]
+    assert bound_for("x", "o", "bfloat16", "tpu", rules).rel_l2 == 0.2  # ties: the later rule
+    assert bound_for("x", "dg", "bfloat16", "tpu", rules).rel_l2 == 0.1
+    assert bound_for("x", "dg", "float32", "gpu", rules).rel_l2 == 1.0
+
+
+def test_project_bounds_cover_every_dtype_and_catch_zero_gradients():
+    for dtype in ("bfloat16", "float16", "float32"):
+        for leg in ("gpu", "tpu", "ref"):
+            b = bound_for("simple_gla", "dg", dtype, leg, BOUNDS)
+            assert b.rel_l2 < 1.0  # rel_l2 of an all-zero gradient is exactly 1
+
+
+def test_strict_policy():
+    p = Policy()
+    assert p.passes("rel_l2", 1e-3, 1e-3)
+    assert not p.passes("rel_l2", 1.0000001e-3, 1e-3)
+    assert not p.passes("rel_l2", math.nan, 1e-3)
+    assert not p.passes("rel_l2", 1e-3, math.nan)
+
+
+def test_margin_and_floor():
+    p = Policy(metrics=("rel_l2", "ulp_p99"), rel_margin=0.1, abs_floor={"ulp_p99": 2.0})
+    assert p.passes("rel_l2", 1.1e-3, 1e-3) and not p.passes("rel_l2", 1.11e-3, 1e-3)
+    assert p.allowed("ulp_p99", 10.0) == pytest.approx(13.0)
+    assert p.passes("ulp_p99", 2.0, 0.0)  # the floor lets a 0-error baseline be matched loosely
+
+
+@pytest.mark.parametrize("kwargs", [dict(metrics=()), dict(metrics=("bogus",)), dict(rel_margin=-1.0),
+                                    dict(abs_floor={"rel_l2": -1.0})])
+def test_invalid_policy(kwargs):
+    with pytest.raises(ValueError):
+        Policy(**kwargs)
+
+
+def test_parse_floors():
+    assert parse_floors("rel_l2=1e-6, max_abs=2") == {"rel_l2": 1e-6, "max_abs": 2.0}
+    with pytest.raises(ValueError, match="metric=value"):
+        parse_floors("rel_l2")
