@@ -1,0 +1,179 @@
+"""Rows for every outcome, and the gate's verdicts, on a tiny simple_gla case with fake legs."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cases.case import Case, Gate
+from cases.inputs import make_inputs
+from harness.cli import main
+from harness.gate import GateInputError, apply_gate
+from harness.legs.base import Environment, Leg, LegOutput
+from harness.ops import get_op
+from harness.policy import Policy
+from harness.reference_cache import ReferenceCache
+from harness.reports import read_results, rows_to_frame, write_csv
+from harness.runner import Runner
+
+CASE = Case("simple_gla", "chunk", B=1, T=16, H=2, K=8, V=8, dtype="float32", gate=Gate(), chunk_size=8,
+            h0=True, dht=True)
+
+
+class FakeLeg(Leg):
+    """Returns the golden result, transformed per tensor by ``edit``."""
+
+    def __init__(self, name="tpu", edit=None, raise_exc=None, unsupported=None):
+        self.name, self.edit, self.raise_exc, self.unsupported = name, edit or {}, raise_exc, unsupported
+        self.cache = ReferenceCache(None)
+
+    def environment(self):
+        return Environment(mode="emulated", device="fake", versions={"fake": "1"})
+
+    def supports(self, op, case):
+        return self.unsupported
+
+    def run(self, op, case, inputs):
+        if self.raise_exc:
+            raise self.raise_exc
+        golden = self.cache.get(op, case, inputs)
+        out = {}
+        for name, value in golden.items():
+            f = self.edit.get(name, lambda x: x * (1 + 1e-6))
+            out[name] = f(value)
+        return LegOutput(out, {"fake": True})
+
+
+def _rows(leg):
+    return {r["tensor"]: r for r in Runner(leg, ReferenceCache(None)).run_case(CASE)}
+
+
+def test_ok_rows_carry_metrics_and_provenance():
+    rows = _rows(FakeLeg())
+    assert set(rows) == {"o", "ht", "dq", "dk", "dv", "dg", "dh0"}
+    r = rows["o"]
+    assert r["status"] == "ok" and r["mode"] == "emulated" and len(r["input_sha256"]) == 64
+    assert r["rel_l2"] == pytest.approx(1e-6, rel=1e-6)
+    assert r["repro"] == f"parity run --backend tpu --case '{CASE.id}'"
+
+
+def test_each_failure_class_becomes_a_row():
+    rows = _rows(FakeLeg(edit={
+        "dg": lambda x: np.zeros_like(x),  # the "dg returned as zeros" bug
+        "o": lambda x: np.where(np.arange(x.size).reshape(x.shape) == 3, np.nan, x),
+        "dh0": lambda x: None,
+    }))
+    assert rows["dg"]["status"] == "bound" and rows["dg"]["rel_l2"] == 1.0
+    assert rows["o"]["status"] == "nonfinite" and rows["o"]["nan"] == 1
+    assert rows["dh0"]["status"] == "not_provided"
+    assert rows["dq"]["status"] == "ok"
+
+
+def test_unsupported_and_error_rows_do_not_stop_the_run():
+    rows = _rows(FakeLeg(unsupported="TPU kernels need K and V to be multiples of 128"))
+    assert {r["status"] for r in rows.values()} == {"unsupported"}
+    assert "multiples of 128" in rows["o"]["reason"]
+    rows = _rows(FakeLeg(raise_exc=RuntimeError("kernel exploded")))
+    assert {r["status"] for r in rows.values()} == {"error"}
+    assert "RuntimeError: kernel exploded" in rows["o"]["reason"]
+    rows = _rows(FakeLeg(raise_exc=NotImplementedError("K=64 not supported")))
+    assert {r["status"] for r in rows.values()} == {"unsupported"}
+    # an invalid case is an error row too, and the run goes on to the next case
+    bad = CASE.replace(variant="nope")
+    all_rows = Runner(FakeLeg(), ReferenceCache(None)).run([bad, CASE], progress=False)
+    assert all_rows[0]["status"] == "error" and "variant" in all_rows[0]["reason"]
+    assert all_rows[-1]["status"] == "ok"
+
+
+def _frame(leg, **kw):
+    return rows_to_frame(Runner(FakeLeg(leg, **kw), ReferenceCache(None)).run_case(CASE))
+
+
+def test_gate_verdicts():
+    gpu = _frame("gpu", edit={"dg": lambda x: x * (1 + 1e-5), "dh0": lambda x: None})
+    tpu = _frame("tpu", edit={"dq": lambda x: x * (1 + 1e-5), "dk": lambda x: np.zeros_like(x)})
+    res = apply_gate(gpu, tpu, Policy())
+    v = {(r["tensor"], r["metric"]): r for r in res.parity.to_dict("records")}
+    assert v[("o", "rel_l2")]["verdict"] == "pass"  # equal errors pass the strict rule
+    assert v[("o", "ulp_p99")]["verdict"] == "info"  # reported, not gated
+    assert v[("dq", "rel_l2")]["verdict"] == "fail" and v[("dq", "rel_l2")]["ratio"] == pytest.approx(10, rel=1e-3)
+    assert v[("dg", "rel_l2")]["verdict"] == "pass"
+    assert v[("dk", "status")]["verdict"] == "fail" and "bound" in v[("dk", "status")]["reason"]
+    assert v[("dh0", "status")]["verdict"] == "bounds_only"  # no GPU number, TPU within bounds
+    assert not res.passed
+    # a relative margin of 10x lets dq through; dk still fails on its absolute bound
+    res = apply_gate(gpu, tpu, Policy(rel_margin=10.0))
+    assert set(res.failures["tensor"]) == {"dk"}
+
+
+def test_gate_refuses_stale_baseline():
+    gpu = _frame("gpu")
+    tpu = _frame("tpu")
+    gpu["input_sha256"] = "0" * 64
+    with pytest.raises(GateInputError, match="different inputs") as info:
+        apply_gate(gpu, tpu, Policy())
+    assert CASE.id in str(info.value)
+
+
+def test_gate_unsupported_and_missing():
+    gpu = _frame("gpu")
+    tpu = _frame("tpu", unsupported="TPU kernels need K and V to be multiples of 128")
+    res = apply_gate(gpu, tpu, Policy())
+    assert set(res.parity["verdict"]) == {"unsupported"} and res.passed
+    res = apply_gate(gpu, tpu.iloc[:0], Policy())
+    assert set(res.parity["verdict"]) == {"missing"}
+
+
+def test_cli_gate_exit_codes(tmp_path):
+    gpu, tpu = _frame("gpu"), _frame("tpu", edit={"o": lambda x: x * (1 + 1e-3)})
+    write_csv(gpu, tmp_path / "gpu.csv")
+    write_csv(tpu, tmp_path / "tpu.csv")
+    assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path)]) == 1
+    parity = pd.read_csv(tmp_path / "parity.csv")
+    assert list(parity.columns[:7]) == ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "allowed"]
+    md = (tmp_path / "parity.md").read_text()
+    assert "FAIL" in md and "not hardware numbers" in md and "parity run --backend tpu" in md
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "other.csv"), "--out", str(tmp_path)]) == 2
+    assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "nope.csv"), "--out", str(tmp_path)]) == 2
+    stale = gpu.copy()
+    stale["input_sha256"] = "f" * 64
+    write_csv(stale, tmp_path / "stale.csv")
+    assert main(["gate", str(tmp_path / "stale.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path)]) == 2
+    assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path),
+                 "--margin", "0.01"]) == 0
+
+
+def test_csv_round_trip_keeps_metrics(tmp_path):
+    df = _frame("tpu")
+    back = read_results(write_csv(df, tmp_path / "tpu.csv"))
+    np.testing.assert_allclose(back["rel_l2"].to_numpy(float), df["rel_l2"].to_numpy(float), rtol=1e-8)
+
+
+def test_cli_usage_errors(capsys):
+    assert main(["run", "--backend", "ref", "--suite", "nope"]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+    assert main(["run", "--backend", "ref", "--shard", "3/2"]) == 2
+    assert main(["bogus"]) == 2
+    for verb in ("cases", "run", "gate", "merge", "all"):
+        assert main([verb, "--help"]) == 0
+
+
+def test_cli_cases_lists_tensors(capsys):
+    assert main(["cases", "--suite", "smoke", "--op", "simple_gla"]) == 0
+    out = capsys.readouterr().out
+    assert "simple_gla.chunk/B1-T256-H2-K128-V128/bf16/g_gamma=alibi(L32,l0)/C128/h0" in out
+    assert "dg_gamma" in out
+
+
+def test_reference_cache_on_disk(tmp_path):
+    op = get_op(CASE.op)
+    inputs = make_inputs(CASE, op.inputs(CASE))
+    a = ReferenceCache(tmp_path).get(op, CASE, inputs)
+    cache = ReferenceCache(tmp_path)
+    b = cache.get(op, CASE, inputs)
+    assert cache.hits == 1 and cache.misses == 0
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+        assert b[name].dtype == np.float64
