@@ -142,7 +142,7 @@ def test_cli_gate_exit_codes(tmp_path):
     write_csv(stale, tmp_path / "stale.csv")
     assert main(["gate", str(tmp_path / "stale.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path)]) == 2
     assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path),
-                 "--margin", "0.01"]) == 0
+                 "--floor", "rel_l2=2e-3,max_abs=1"]) == 0
 
 
 def test_csv_round_trip_keeps_metrics(tmp_path):
