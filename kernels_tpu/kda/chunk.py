@@ -1,0 +1,627 @@
+"""Chunked KDA (Kimi delta attention) as Pallas TPU kernels, forward and backward.
+
+Per head, with the state ``S`` of shape ``[K, V]``::
+
+    S_t = Diag(exp g_t) S_{t-1} + beta_t k_t (v_t - (Diag(exp g_t) S_{t-1})^T k_t)^T
+    o_t = scale * S_t^T q_t
+
+Chunk form (chunk of ``C`` tokens, ``G`` the chunk-local inclusive cumsum of ``g``, ``S`` the
+state entering the chunk; all products of pairwise decays ``exp(G_r - G_s)`` are for s <= r)::
+
+    L   = Diag(beta) M,  M[r,s] = sum_d k[r,d] k[s,d] exp(G[r,d]-G[s,d])   (s < r; Akk)
+    Tm  = (I + L)^{-1}                           unit lower triangular, forward substitution
+    u   = Tm (beta * v),  w = Tm (beta * k * exp G)
+    dlt = u - w S                                the new values beta_t (v_t - S'_t^T k_t)
+    Aqk = scale * P,  P[r,s] = sum_d q[r,d] k[s,d] exp(G[r,d]-G[s,d])    (s <= r)
+    o   = scale (q * exp G) S + Aqk dlt
+    S'  = exp(G_C) * S + (k * exp(G_C - G))^T dlt
+
+Layering: public functions (validate before tracing, defaults, in-kernel options as jax ops,
+padding) -> ``_kda`` (``jax.custom_vjp``) -> ``_fwd_impl`` / ``_bwd_impl`` (grid, BlockSpecs,
+``pallas_call``) -> ``_fwd_kernel`` / ``_bwd_kernel``. Grid ``(B, H, NT)``; the chunk axis is
+sequential (``"arbitrary"``, last) and carries the f32 state (or its gradient) in VMEM scratch.
+The forward also writes the chunk-start states ``[B, H, NT, K, V]`` (f32), the only residual
+besides the inputs; the backward walks the chunks in reverse through its index maps and
+recomputes the intra-chunk quantities.
+
+Gate stability (``g <= 0``): every exponential is of a non-positive number. ``exp G``,
+``exp(G_C - G)`` are <= 1. Pairwise decays are evaluated on sub-chunks of ``sub_chunk`` rows:
+off-diagonal blocks (s in an earlier sub-chunk than r) factor through the first row ``G_ref``
+of r's sub-chunk, ``exp(G_r - G_ref) * exp(G_ref - G_s)``, both factors <= 1, and go through
+the MXU; diagonal blocks form ``G_r - G_s`` directly, mask the exponent to 0 above the diagonal
+*before* ``exp`` and zero it after. Nothing overflows for any chunk size or gate magnitude.
+
+In-kernel options of fla's ``chunk_kda`` (``use_qk_l2norm_in_kernel``, ``use_gate_in_kernel``
+with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``/``allow_neg_eigval``)
+are applied by the public function with jax ops (float32) before the kernels; gradients
+flow through them by ordinary autodiff. ``safe_gate`` is a numerics switch of fla's GPU kernel
+and does not change the function; its argument checks are mirrored. The chunk-local cumsum of
+the gate is also a jax op (its gradient, a reverse cumsum, comes from autodiff).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernels_tpu import mxu
+
+F32 = jnp.float32
+PREC = lax.Precision.HIGHEST  # every kernel dot: f32 operands, ~f32 accuracy (bf16x6 on the MXU)
+NN = (((1,), (0,)), ((), ()))  # a @ b
+TN = mxu.TN  # a.T @ b
+NT_T = mxu.NT_T  # a @ b.T
+L2NORM_EPS = 1e-6  # fla l2norm_fwd default
+FAULTS = (None, "inverse_grad_missing_transpose")
+
+
+# ============================================================ configuration
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiling. ``chunk_size`` (C, fla's BT) tokens per grid step; ``sub_chunk`` rows per
+    diagonal block of the pairwise-decay products (C must be a multiple of it)."""
+
+    chunk_size: int = 64
+    sub_chunk: int = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Static configuration of one call (hashable: a ``custom_vjp`` nondiff argument)."""
+
+    scale: float
+    blocks: BlockSizes
+    interpret: Any  # False, or a pltpu.InterpretParams
+    mxu_model: bool
+    fault: str | None = None
+
+
+# ============================================================ in-kernel maths
+def _dot(a, b, dims=NN, *, mxu_model: bool):
+    return mxu.dot(a, b, precision=PREC, preferred_element_type=F32, dimension_numbers=dims, mxu_model=mxu_model)
+
+
+def _diag_decay(G_i, strict: bool):
+    """exp(G_r - G_s) on one diagonal sub-chunk, [bc, bc, K]; exponent masked before exp."""
+    bc = G_i.shape[0]
+    r = lax.broadcasted_iota(jnp.int32, (bc, bc, 1), 0)
+    s = lax.broadcasted_iota(jnp.int32, (bc, bc, 1), 1)
+    m = r > s if strict else r >= s
+    diff = G_i[:, None, :] - G_i[None, :, :]
+    return jnp.where(m, jnp.exp(jnp.where(m, diff, 0.0)), 0.0)
+
+
+def _pair_scores(a, b, G, *, strict: bool, bc: int, mxu_model: bool):
+    """P[r,s] = sum_d a[r,d] b[s,d] exp(G[r,d]-G[s,d]) for s<r (strict) or s<=r, else 0. [C,C]."""
+    C = a.shape[0]
+    rows = []
+    for i in range(C // bc):
+        r0 = i * bc
+        a_i, G_i = a[r0:r0 + bc], G[r0:r0 + bc]
+        parts = []
+        if r0:
+            ref = G[r0:r0 + 1]
+            a_n = a_i * jnp.exp(G_i - ref)
+            b_n = b[:r0] * jnp.exp(ref - G[:r0])
+            parts.append(_dot(a_n, b_n, NT_T, mxu_model=mxu_model))
+        e = _diag_decay(G_i, strict)
+        parts.append(jnp.sum(a_i[:, None, :] * b[r0:r0 + bc][None, :, :] * e, axis=-1))
+        if r0 + bc < C:
+            parts.append(jnp.zeros((bc, C - r0 - bc), F32))
+        rows.append(jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
+    return jnp.concatenate(rows, axis=0)
+
+
+def _pair_rows(dP, b, G, *, strict: bool, bc: int, mxu_model: bool):
+    """X[r] = sum_s dP[r,s] b[s] exp(G[r]-G[s]) over the causal pairs. [C,K]."""
+    C = b.shape[0]
+    rows = []
+    for i in range(C // bc):
+        r0 = i * bc
+        G_i = G[r0:r0 + bc]
+        e = _diag_decay(G_i, strict)
+        x = jnp.sum(dP[r0:r0 + bc, r0:r0 + bc][:, :, None] * b[r0:r0 + bc][None, :, :] * e, axis=1)
+        if r0:
+            ref = G[r0:r0 + 1]
+            b_n = b[:r0] * jnp.exp(ref - G[:r0])
+            x = x + _dot(dP[r0:r0 + bc, :r0], b_n, mxu_model=mxu_model) * jnp.exp(G_i - ref)
+        rows.append(x)
+    return jnp.concatenate(rows, axis=0)
+
+
+def _pair_cols(dP, a, G, *, strict: bool, bc: int, mxu_model: bool):
+    """Y[s] = sum_r dP[r,s] a[r] exp(G[r]-G[s]) over the causal pairs. [C,K]."""
+    C, K = a.shape
+    diag = []
+    for i in range(C // bc):
+        r0 = i * bc
+        e = _diag_decay(G[r0:r0 + bc], strict)
+        diag.append(jnp.sum(dP[r0:r0 + bc, r0:r0 + bc][:, :, None] * a[r0:r0 + bc][:, None, :] * e, axis=0))
+    y = jnp.concatenate(diag, axis=0)
+    for i in range(1, C // bc):
+        r0 = i * bc
+        ref = G[r0:r0 + 1]
+        a_n = a[r0:r0 + bc] * jnp.exp(G[r0:r0 + bc] - ref)
+        part = _dot(dP[r0:r0 + bc, :r0], a_n, TN, mxu_model=mxu_model) * jnp.exp(ref - G[:r0])
+        y = y + jnp.concatenate([part, jnp.zeros((C - r0, K), F32)], axis=0)
+    return y
+
+
+def _unit_lower_inverse(L, *, mxu_model: bool):
+    """(I + L)^{-1} for strictly lower-triangular L by forward substitution, one row per step:
+    row r = e_r - L[r, :] @ Tm (rows >= r of Tm are still those of I, and L[r, s>=r] = 0)."""
+    C = L.shape[0]
+    rid = lax.broadcasted_iota(jnp.int32, (C, C), 0)
+    cid = lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    eye = (rid == cid).astype(F32)
+
+    def body(r, Tm):
+        sel = rid == r
+        l_r = jnp.sum(jnp.where(sel, L, 0.0), axis=0, keepdims=True)  # [1, C]
+        e_r = jnp.sum(jnp.where(sel, eye, 0.0), axis=0, keepdims=True)
+        row = e_r - _dot(l_r, Tm, mxu_model=mxu_model)
+        return jnp.where(sel, row, Tm)
+
+    return lax.fori_loop(1, C, body, eye)
+
+
+def _intra(q, k, v, G, beta, *, scale, bc, mxu_model):
+    """Intra-chunk quantities shared by forward and backward."""
+    M = _pair_scores(k, k, G, strict=True, bc=bc, mxu_model=mxu_model)
+    Tm = _unit_lower_inverse(beta * M, mxu_model=mxu_model)
+    eG = jnp.exp(G)
+    kbg = beta * k * eG
+    vb = beta * v
+    w = _dot(Tm, kbg, mxu_model=mxu_model)
+    u = _dot(Tm, vb, mxu_model=mxu_model)
+    Aqk = scale * _pair_scores(q, k, G, strict=False, bc=bc, mxu_model=mxu_model)
+    return M, Tm, eG, kbg, vb, w, u, Aqk
+
+
+def _load(ref):
+    return ref[...].astype(F32)
+
+
+# ============================================================ kernels
+def _fwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, *refs, cfg: Config, has_h0: bool):
+    if has_h0:
+        h0_ref, o_ref, hs_ref, ht_ref, S_scr = refs
+    else:
+        h0_ref = None
+        o_ref, hs_ref, ht_ref, S_scr = refs
+    n = pl.program_id(2)
+    mm = cfg.mxu_model
+    C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
+
+    @pl.when(n == 0)
+    def _init_state():
+        S_scr[...] = _load(h0_ref) if has_h0 else jnp.zeros(S_scr.shape, F32)
+
+    q, k, v, G, beta = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref))
+    S = S_scr[...]
+    hs_ref[...] = S
+    _, _, eG, _, _, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, mxu_model=mm)
+    dlt = u - _dot(w, S, mxu_model=mm)
+    o = cfg.scale * _dot(q * eG, S, mxu_model=mm) + _dot(Aqk, dlt, mxu_model=mm)
+    o_ref[...] = o.astype(o_ref.dtype)
+    G_last = G[C - 1:C]  # [1, K]
+    kdec = k * jnp.exp(G_last - G)
+    S_new = jnp.exp(G_last).T * S + _dot(kdec, dlt, TN, mxu_model=mm)
+    S_scr[...] = S_new
+
+    @pl.when(n == pl.num_programs(2) - 1)
+    def _final_state():
+        ht_ref[...] = S_new
+
+
+def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
+                dq_ref, dk_ref, dv_ref, dG_ref, dbeta_ref, dh0_ref, dS_scr, *, cfg: Config):
+    i = pl.program_id(2)  # step i handles chunk NT-1-i (see the index maps)
+    mm = cfg.mxu_model
+    C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
+    pairs = dict(bc=bc, mxu_model=mm)
+
+    @pl.when(i == 0)
+    def _init_dstate():
+        dS_scr[...] = _load(dht_ref)
+
+    q, k, v, G, beta, do = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref, do_ref))
+    S = hs_ref[...]
+    dS = dS_scr[...]
+    M, Tm, eG, kbg, vb, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, mxu_model=mm)
+    dlt = u - _dot(w, S, mxu_model=mm)
+    G_last = G[C - 1:C]
+    dec_last = jnp.exp(G_last)  # [1, K]
+    kdec = k * jnp.exp(G_last - G)
+    qg = q * eG
+    rid = lax.broadcasted_iota(jnp.int32, (C, C), 0)
+    cid = lax.broadcasted_iota(jnp.int32, (C, C), 1)
+
+    # o = scale qg S + Aqk dlt ;  S' = dec_last^T * S + kdec^T dlt
+    d_dlt = _dot(Aqk, do, TN, mxu_model=mm) + _dot(kdec, dS, mxu_model=mm)  # Aqk^T do + kdec dS'
+    dAqk = jnp.where(rid >= cid, _dot(do, dlt, NT_T, mxu_model=mm), 0.0)
+    dqg = cfg.scale * _dot(do, S, NT_T, mxu_model=mm)
+    dkdec = _dot(dlt, dS, NT_T, mxu_model=mm)
+    # dlt = u - w S
+    dw = -_dot(d_dlt, S, NT_T, mxu_model=mm)
+    dS_prev = (cfg.scale * _dot(qg, do, TN, mxu_model=mm) + dec_last.T * dS
+               - _dot(w, d_dlt, TN, mxu_model=mm))
+    # u = Tm vb, w = Tm kbg
+    dTm = _dot(d_dlt, vb, NT_T, mxu_model=mm) + _dot(dw, kbg, NT_T, mxu_model=mm)
+    dvb = _dot(Tm, d_dlt, TN, mxu_model=mm)  # Tm^T du
+    dkbg = _dot(Tm, dw, TN, mxu_model=mm)  # Tm^T dw
+    # Tm = (I + L)^{-1}  ->  dL = -Tm^T dTm Tm^T (strictly lower part)
+    t1 = _dot(Tm, dTm, TN, mxu_model=mm)
+    if cfg.fault == "inverse_grad_missing_transpose":  # TEST-ONLY: -Tm^T dTm Tm (drops one transpose)
+        dL = -_dot(t1, Tm, mxu_model=mm)
+    else:
+        dL = -_dot(t1, Tm, NT_T, mxu_model=mm)
+    dL = jnp.where(rid > cid, dL, 0.0)
+    # L = beta M
+    dbeta = jnp.sum(dL * M, axis=1, keepdims=True)
+    dM = beta * dL
+    # M = pairs(k, k), Aqk = scale pairs(q, k)
+    xk = _pair_rows(dM, k, G, strict=True, **pairs)
+    yk = _pair_cols(dM, k, G, strict=True, **pairs)
+    dP = cfg.scale * dAqk
+    xq = _pair_rows(dP, k, G, strict=False, **pairs)
+    yq = _pair_cols(dP, q, G, strict=False, **pairs)
+    dq = xq + dqg * eG
+    dk = xk + yk + yq + beta * eG * dkbg + dkdec * jnp.exp(G_last - G)
+    dv = beta * dvb
+    dbeta = dbeta + jnp.sum(dvb * v, axis=1, keepdims=True) + jnp.sum(dkbg * k * eG, axis=1, keepdims=True)
+    dG = k * (xk - yk) + q * xq - k * yq + dkbg * kbg + dqg * qg - dkdec * kdec
+    dG_last = jnp.sum(dkdec * kdec, axis=0, keepdims=True) + dec_last * jnp.sum(S * dS, axis=1, keepdims=True).T
+    dG = dG + jnp.where(rid[:, :1] == C - 1, dG_last, 0.0)
+
+    dq_ref[...] = dq
+    dk_ref[...] = dk
+    dv_ref[...] = dv
+    dG_ref[...] = dG
+    dbeta_ref[...] = dbeta
+    dS_scr[...] = dS_prev
+
+    @pl.when(i == pl.num_programs(2) - 1)
+    def _initial_state_grad():
+        dh0_ref[...] = dS_prev
+
+
+# ============================================================ index maps
+def _chunk_map(b, h, n):
+    return (b, h, n, 0)
+
+
+def _rev_chunk_map(nt, b, h, i):
+    return (b, h, nt - 1 - i, 0)
+
+
+def _state_map(b, h, n):
+    del n
+    return (b, h, 0, 0)
+
+
+def _states_map(b, h, n):
+    return (b, h, n, 0, 0)
+
+
+def _rev_states_map(nt, b, h, i):
+    return (b, h, nt - 1 - i, 0, 0)
+
+
+def _compiler_params():
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"))
+
+
+# ============================================================ pallas_call wrappers
+def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
+    """Head-major padded inputs: q, k, G [B,H,T,K]; v [B,H,T,V]; beta [B,H,T,1]; h0 [B,H,K,V] or None.
+    Returns o [B,H,T,V] (q.dtype), chunk-start states [B,H,NT,K,V] f32, ht [B,H,K,V] f32."""
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    C = cfg.blocks.chunk_size
+    NT = T // C
+    kspec = pl.BlockSpec((None, None, C, K), _chunk_map)
+    vspec = pl.BlockSpec((None, None, C, V), _chunk_map)
+    bspec = pl.BlockSpec((None, None, C, 1), _chunk_map)
+    sspec = pl.BlockSpec((None, None, K, V), _state_map)
+    in_specs = [kspec, kspec, vspec, kspec, bspec] + ([sspec] if h0 is not None else [])
+    args = (q, k, v, G, beta) + ((h0,) if h0 is not None else ())
+    o, hs, ht = pl.pallas_call(
+        functools.partial(_fwd_kernel, cfg=cfg, has_h0=h0 is not None),
+        grid=(B, H, NT),
+        in_specs=in_specs,
+        out_specs=[vspec, pl.BlockSpec((None, None, None, K, V), _states_map), sspec],
+        out_shape=[jax.ShapeDtypeStruct((B, H, T, V), q.dtype),
+                   jax.ShapeDtypeStruct((B, H, NT, K, V), F32),
+                   jax.ShapeDtypeStruct((B, H, K, V), F32)],
+        scratch_shapes=[pltpu.VMEM((K, V), F32)],
+        compiler_params=_compiler_params(),
+        interpret=cfg.interpret,
+    )(*args)
+    return o, hs, ht
+
+
+def _bwd_impl(cfg: Config, q, k, v, G, beta, hs, do, dht):
+    """Reverse chunk pass. Returns f32 dq, dk, dG [B,H,T,K], dv [B,H,T,V], dbeta [B,H,T,1], dh0 [B,H,K,V]."""
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    C = cfg.blocks.chunk_size
+    NT = T // C
+    rmap = functools.partial(_rev_chunk_map, NT)
+    kspec = pl.BlockSpec((None, None, C, K), rmap)
+    vspec = pl.BlockSpec((None, None, C, V), rmap)
+    bspec = pl.BlockSpec((None, None, C, 1), rmap)
+    sspec = pl.BlockSpec((None, None, K, V), _state_map)
+    hspec = pl.BlockSpec((None, None, None, K, V), functools.partial(_rev_states_map, NT))
+    outs = pl.pallas_call(
+        functools.partial(_bwd_kernel, cfg=cfg),
+        grid=(B, H, NT),
+        in_specs=[kspec, kspec, vspec, kspec, bspec, hspec, vspec, sspec],
+        out_specs=[kspec, kspec, vspec, kspec, bspec, sspec],
+        out_shape=[jax.ShapeDtypeStruct((B, H, T, K), F32), jax.ShapeDtypeStruct((B, H, T, K), F32),
+                   jax.ShapeDtypeStruct((B, H, T, V), F32), jax.ShapeDtypeStruct((B, H, T, K), F32),
+                   jax.ShapeDtypeStruct((B, H, T, 1), F32), jax.ShapeDtypeStruct((B, H, K, V), F32)],
+        scratch_shapes=[pltpu.VMEM((K, V), F32)],
+        compiler_params=_compiler_params(),
+        interpret=cfg.interpret,
+    )(q, k, v, G, beta, hs, do, dht)
+    return tuple(outs)
+
+
+# ============================================================ custom_vjp core
+def _core_fwd(cfg: Config, q, k, v, G, beta, h0):
+    o, hs, ht = _fwd_impl(cfg, q, k, v, G, beta, h0)
+    return (o, ht), (q, k, v, G, beta, h0, hs)
+
+
+def _core_bwd(cfg: Config, res, cts):
+    q, k, v, G, beta, h0, hs = res
+    do, dht = cts
+    dq, dk, dv, dG, dbeta, dh0 = _bwd_impl(cfg, q, k, v, G, beta, hs, do, dht.astype(F32))
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dG.astype(G.dtype),
+            dbeta.astype(beta.dtype), None if h0 is None else dh0.astype(h0.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _kda(cfg: Config, q, k, v, G, beta, h0):
+    """Head-major padded core: (o [B,H,T,V], ht [B,H,K,V] f32)."""
+    o, _, ht = _fwd_impl(cfg, q, k, v, G, beta, h0)
+    return o, ht
+
+
+_kda.defvjp(_core_fwd, _core_bwd)
+
+
+# ============================================================ validation and options
+def _is_float(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+
+
+def _validate(q, k, v, g, beta, scale, initial_state, blocks: BlockSizes, opts: dict, A_log, dt_bias,
+              interpret, mxu_model, fault):
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not hasattr(x, "shape") or not _is_float(x):
+            raise ValueError(f"{name} must be a floating-point array, got {type(x).__name__}")
+    if q.ndim != 4 or k.shape != q.shape:
+        raise ValueError(f"q and k must be [B,T,H,K] with equal shapes; got {q.shape=}, {k.shape=}")
+    B, T, H, K = q.shape
+    if v.ndim != 4 or v.shape[:2] != (B, T):
+        raise ValueError(f"v must be [B,T,H,V] = [{B},{T},{H},V]; got {v.shape=}")
+    if v.shape[2] != H:
+        raise NotImplementedError(f"grouped value heads are not supported: {v.shape[2]=} != {H=}; "
+                                  "repeat q and k to the value heads (jnp.repeat(q, HV // H, axis=2))")
+    V = v.shape[3]
+    if g.shape != (B, T, H, K):
+        raise ValueError(f"g must be [B,T,H,K] = {(B, T, H, K)}; got {g.shape=}")
+    if beta.shape != (B, T, H):
+        raise ValueError(f"beta must be [B,T,H] = {(B, T, H)}; got {beta.shape=}")
+    if T == 0 or B == 0 or H == 0:
+        raise ValueError(f"empty input: {q.shape=}")
+    if initial_state is not None and tuple(initial_state.shape) != (B, H, K, V):
+        raise ValueError(f"initial_state must be [B,H,K,V] = {(B, H, K, V)}; got {initial_state.shape}")
+    if scale is not None and not (isinstance(scale, (int, float)) and float(scale) == float(scale)
+                                  and abs(float(scale)) != float("inf")):
+        raise ValueError(f"scale must be a finite Python number or None; got {scale!r}")
+    C, bc = blocks.chunk_size, blocks.sub_chunk
+    if not isinstance(C, int) or C <= 0:
+        raise ValueError(f"chunk_size must be a positive int; got {C!r}")
+    if C % bc:
+        raise NotImplementedError(f"chunk_size={C} must be a multiple of sub_chunk={bc}: use chunk_size=64")
+    if K % 128:
+        raise NotImplementedError(f"{K=} must be a multiple of 128 (TPU lane width): zero-pad the key dim")
+    if V % 128:
+        raise NotImplementedError(f"{V=} must be a multiple of 128 (TPU lane width): zero-pad the value dim")
+    if opts["use_gate_in_kernel"]:
+        if A_log is None and opts["lower_bound"] is None:
+            raise ValueError("A_log must be given when use_gate_in_kernel=True and lower_bound is None")
+        if A_log is not None and tuple(A_log.shape) != (H,):
+            raise ValueError(f"A_log must be [H] = ({H},); got {A_log.shape}")
+        if dt_bias is not None and tuple(dt_bias.shape) != (H * K,):
+            raise ValueError(f"dt_bias must be [H*K] = ({H * K},); got {dt_bias.shape}")
+        if opts["safe_gate"]:
+            lb = opts["lower_bound"]
+            if lb is None or not (-5 <= lb < 0):
+                raise ValueError(f"safe_gate with use_gate_in_kernel needs lower_bound in [-5, 0); got {lb}")
+    if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
+        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
+    if not (interpret is None or isinstance(interpret, (bool, pltpu.InterpretParams))):
+        raise ValueError(f"interpret must be None, a bool or a pltpu.InterpretParams; got {interpret!r}")
+    if mxu_model is not None and not isinstance(mxu_model, bool):
+        raise ValueError(f"mxu_model must be None or a bool; got {mxu_model!r}")
+    if fault not in FAULTS:
+        raise ValueError(f"_fault must be one of {FAULTS}; got {fault!r}")
+
+
+def _make_config(K, scale, chunk_size, interpret, mxu_model, fault) -> Config:
+    if interpret is True:
+        interpret = pltpu.InterpretParams(uninitialized_memory="nan")
+    elif interpret is None:
+        interpret = False
+    if mxu_model is None:
+        mxu_model = interpret is not False
+    scale = K ** -0.5 if scale is None else float(scale)
+    return Config(scale=scale, blocks=BlockSizes(chunk_size=chunk_size), interpret=interpret,
+                  mxu_model=mxu_model, fault=fault)
+
+
+def _preprocess(q, k, g, beta, A_log, dt_bias, opts):
+    """fla's in-kernel options as float32 jax ops (differentiable)."""
+    if opts["use_qk_l2norm_in_kernel"]:
+        # cast once: two casts of x would round two cotangent parts to x.dtype separately
+        q, k = (xf * lax.rsqrt(jnp.sum(xf * xf, -1, keepdims=True) + L2NORM_EPS)
+                for xf in (q.astype(F32), k.astype(F32)))
+    g = g.astype(F32)
+    if opts["use_gate_in_kernel"]:
+        H, K = g.shape[-2:]
+        x = g if dt_bias is None else g + dt_bias.astype(F32).reshape(H, K)
+        if opts["lower_bound"] is None:
+            g = -jnp.exp(A_log.astype(F32)).reshape(H, 1) * jax.nn.softplus(x)
+        else:
+            if A_log is not None:
+                x = jnp.exp(A_log.astype(F32)).reshape(H, 1) * x
+            g = opts["lower_bound"] * jax.nn.sigmoid(x)
+    beta = beta.astype(F32)
+    if opts["use_beta_sigmoid_in_kernel"]:
+        beta = jax.nn.sigmoid(beta) * (2.0 if opts["allow_neg_eigval"] else 1.0)
+    return q, k, g, beta
+
+
+def _head_major(x, C):
+    """[B,T,H,...] -> [B,H,Tp,...] zero-padded to a multiple of C (zero tokens with g=0 and beta=0
+    leave the state unchanged, so the padding is exact)."""
+    pad = (-x.shape[1]) % C
+    if pad:
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.swapaxes(x, 1, 2)
+
+
+def _chunk_cumsum(g, C):
+    """Chunk-local inclusive cumsum over T of head-major g [B,H,T,K]."""
+    B, H, T, K = g.shape
+    return jnp.cumsum(g.reshape(B, H, T // C, C, K), axis=3).reshape(B, H, T, K)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 9))
+def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_items: tuple):
+    """Options, padding, layout and the custom-VJP core, jitted (cfg and options static)."""
+    opts = dict(opts_items)
+    T, out_dtype = q.shape[1], q.dtype
+    C = cfg.blocks.chunk_size
+    q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
+    qh, kh, vh, gh = (_head_major(x, C) for x in (q, k, v, g))
+    bh = _head_major(beta[..., None], C)
+    G = _chunk_cumsum(gh, C)
+    h0 = None if initial_state is None else initial_state.astype(F32)
+    o, ht = _kda(cfg, qh, kh, vh, G, bh, h0)
+    o = jnp.swapaxes(o, 1, 2)[:, :T].astype(out_dtype)
+    return o, ht
+
+
+# ============================================================ public API
+def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, options):
+    opts = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                allow_neg_eigval=False, safe_gate=False, lower_bound=None, A_log=None, dt_bias=None, _fault=None)
+    unknown = set(options) - set(opts)
+    if unknown:
+        raise TypeError(f"chunk_kda got unknown options {sorted(unknown)}")
+    opts.update(options)
+    A_log, dt_bias, fault = opts.pop("A_log"), opts.pop("dt_bias"), opts.pop("_fault")
+    blocks = BlockSizes(chunk_size=chunk_size)
+    _validate(q, k, v, g, beta, scale, initial_state, blocks, opts, A_log, dt_bias, interpret, mxu_model, fault)
+    if not opts["use_gate_in_kernel"]:
+        A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
+    cfg = _make_config(q.shape[-1], scale, chunk_size, interpret, mxu_model, fault)
+    return cfg, tuple(sorted(opts.items())), A_log, dt_bias
+
+
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
+              interpret=None, mxu_model=None, **options):
+    """Chunked KDA, differentiable (jax.vjp / jax.grad) through a custom VJP of Pallas kernels.
+
+    Args:
+      q, k: [B, T, H, K]; v: [B, T, H, V] (bf16, fp16 or fp32); K, V multiples of 128.
+      g: [B, T, H, K] log decay (<= 0), or the raw gate input with ``use_gate_in_kernel``.
+      beta: [B, T, H] (or raw logits with ``use_beta_sigmoid_in_kernel``).
+      scale: defaults to K**-0.5.
+      initial_state: [B, H, K, V] float32, optional.
+      output_final_state: also return ht [B, H, K, V] float32.
+      chunk_size: a multiple of 16; T need not be a multiple (zero-padded internally, exact).
+      interpret: None/False -> native TPU; True -> pltpu.InterpretParams(uninitialized_memory="nan");
+        a pltpu.InterpretParams is passed through.
+      mxu_model: model MXU rounding in every dot; None means "iff interpreting".
+      options (as fla.ops.kda.chunk_kda): use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log [H],
+        dt_bias [H*K], use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound.
+        Applied with float32 jax ops before the kernels (same function, autodiff gradients).
+      _fault: TEST-ONLY fault injection, off by default. ``"inverse_grad_missing_transpose"`` makes
+        the backward use dL = -Tm^T dTm Tm instead of -Tm^T dTm Tm^T for the triangular inverse.
+
+    Returns:
+      (o [B, T, H, V] in q's dtype (as fla), ht [B, H, K, V] float32 or None).
+    """
+    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
+                                       mxu_model, options)
+    o, ht = _run(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
+    return o, (ht if output_final_state else None)
+
+
+def chunk_kda_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
+                  interpret=None, mxu_model=None, **options):
+    """Forward only: (o, ht or None), the forward kernel without the VJP machinery. Args as chunk_kda."""
+    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
+                                       mxu_model, options)
+    o, ht = _fwd_only(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
+    return o, (ht if output_final_state else None)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 9))
+def _fwd_only(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_items: tuple):
+    opts = dict(opts_items)
+    T, out_dtype = q.shape[1], q.dtype
+    C = cfg.blocks.chunk_size
+    q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
+    qh, kh, vh, gh = (_head_major(x, C) for x in (q, k, v, g))
+    h0 = None if initial_state is None else initial_state.astype(F32)
+    o, _, ht = _fwd_impl(cfg, qh, kh, vh, _chunk_cumsum(gh, C), _head_major(beta[..., None], C), h0)
+    return jnp.swapaxes(o, 1, 2)[:, :T].astype(out_dtype), ht
+
+
+def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, chunk_size=64,
+                  interpret=None, mxu_model=None, **options):
+    """Backward of ``loss = sum(o * do) + sum(ht * dht)`` (forward kernel, then backward kernel).
+
+    do: [B, T, H, V]; dht: [B, H, K, V] or None (zero). Other args as chunk_kda.
+    Returns dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias), each in its input's dtype;
+    dh0 is None without initial_state, dA_log / ddt_bias None unless use_gate_in_kernel and given.
+    """
+    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
+                                       mxu_model, options)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if tuple(do.shape) != (B, T, H, V):
+        raise ValueError(f"do must be [B,T,H,V] = {(B, T, H, V)}; got {do.shape}")
+    if dht is not None and tuple(dht.shape) != (B, H, K, V):
+        raise ValueError(f"dht must be [B,H,K,V] = {(B, H, K, V)}; got {dht.shape}")
+    primals = dict(q=q, k=k, v=v, g=g, beta=beta, h0=initial_state, A_log=A_log, dt_bias=dt_bias)
+    primals = {n: x for n, x in primals.items() if x is not None}
+
+    dht = jnp.zeros((B, H, K, V), F32) if dht is None else jnp.asarray(dht, F32)
+    grads = _bwd_only(cfg, opts, primals, jnp.asarray(do), dht)
+    names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
+    return {"d" + n: grads.get(n) for n in names}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _bwd_only(cfg: Config, opts_items: tuple, primals: dict, do, dht):
+    def f(p):
+        return _run(cfg, p["q"], p["k"], p["v"], p["g"], p["beta"], p.get("h0"), p.get("A_log"),
+                    p.get("dt_bias"), opts_items)
+
+    (o, _), vjp = jax.vjp(f, primals)
+    return vjp((do.astype(o.dtype), dht))[0]
