@@ -180,8 +180,9 @@ def _add_run_options(p):
                    help="reference leg: formulation recomputed against the chunked golden (default recurrent)")
     p.add_argument("--ref-dtype", default="float64", choices=("float64", "float32"),
                    help="reference leg: compute dtype (float32 gives a second honest result file)")
-    p.add_argument("--dot-precision", default="tf32", choices=("tf32", "tf32x3", "ieee"),
-                   help="GPU leg, emulated: how f32 tl.dot inputs round (H100 default: tf32)")
+    p.add_argument("--dot-precision", default=None, choices=("tf32", "tf32x3", "ieee"),
+                   help="GPU leg: TRITON_F32_DEFAULT for f32 tl.dot without an explicit input_precision "
+                        "(default: the environment's, else tf32 as on an H100)")
 
 
 def _add_policy(p):

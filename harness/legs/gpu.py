@@ -13,7 +13,7 @@ Gradients come from ``torch.autograd.grad`` with the case's ``do`` (and
 
 from __future__ import annotations
 
-import contextlib
+import os
 
 import ml_dtypes
 import numpy as np
@@ -24,7 +24,7 @@ from harness.ops.base import OpDescriptor, grad_name
 
 from .base import Environment, Leg, LegOutput, cotangent_pairs
 
-DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
+DOT_PRECISIONS = (None, "tf32", "tf32x3", "ieee")
 
 
 def to_torch(a: np.ndarray, device: str):
@@ -49,13 +49,22 @@ def to_numpy(t) -> np.ndarray:
 class GpuLeg(Leg):
     name = "gpu"
 
-    def __init__(self, dot_precision: str = "tf32", force_emulation: bool = False):
+    def __init__(self, dot_precision: str | None = None, force_emulation: bool = False):
+        """``dot_precision`` plays TRITON_F32_DEFAULT for f32 dots that do not set
+        ``input_precision`` themselves; None keeps the process setting (else tf32),
+        exactly as a native run resolves it."""
         if dot_precision not in DOT_PRECISIONS:
             raise ValueError(f"{dot_precision=} must be one of {DOT_PRECISIONS}")
-        from harness.emulation import cuda_available
+        from harness.emulation import enable_interpreter_mode, native_cuda_available
 
         self.dot_precision = dot_precision
-        self.native = cuda_available() and not force_emulation
+        self.native = native_cuda_available() and not force_emulation
+        if self.native and dot_precision is not None:
+            os.environ["TRITON_F32_DEFAULT"] = dot_precision  # read when kernels compile
+        if not self.native:
+            # Triton decides interpreted vs compiled when a kernel is decorated:
+            # this must happen before fla is first imported in the process.
+            enable_interpreter_mode()
 
     def _scope(self):
         from harness.emulation import pinned_autotune, triton_emulation
@@ -77,7 +86,8 @@ class GpuLeg(Leg):
             mode="native" if self.native else "emulated",
             device=device,
             versions=triton_versions(),
-            settings={"dot_precision": self.dot_precision if not self.native else "hardware (TRITON_F32_DEFAULT)"},
+            settings={"dot_precision": self.dot_precision or os.environ.get("TRITON_F32_DEFAULT") or "tf32",
+                      "autotune": "pinned: first config after the kernel's pruning"},
         )
 
     def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
@@ -102,7 +112,6 @@ class GpuLeg(Leg):
         for n, g in zip(diff_names, grads):
             result[grad_name(n)] = None if g is None else to_numpy(g)
         details = dict(binding.describe(case))
-        configs = getattr(scope, "configs", None)
-        if configs:
-            details["triton_configs"] = configs
+        details["triton_configs"] = scope.configs_summary()
+        details["emulation"] = scope.settings
         return LegOutput(tensors=result, details=details)
