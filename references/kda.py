@@ -54,24 +54,28 @@ _HI = lax.Precision.HIGHEST
 __all__ = ["chunk_kda", "chunk_kda_bwd", "preprocess", "METHODS", "L2NORM_EPS"]
 
 
+COMPUTE_DTYPES = ("float64", "float32")
+
+
 @contextlib.contextmanager
-def _float64_cpu() -> Iterator[None]:
+def _float64_cpu(enable: bool = True) -> Iterator[None]:
     cpu = jax.devices("cpu")[0]
-    with jax.enable_x64(True), jax.default_device(cpu), jax.default_matmul_precision("highest"):
+    with jax.enable_x64(enable), jax.default_device(cpu), jax.default_matmul_precision("highest"):
         yield
 
 
-def _f64(x):
+def _to_jax(x, dtype: str):
     if x is None:
         return None
-    return jnp.asarray(np.asarray(x).astype(np.float64))
+    return jnp.asarray(np.asarray(x).astype(dtype))
 
 
-def _to_np(x) -> np.ndarray:
+def _to_np(x, dtype: str) -> np.ndarray:
+    """Checked to be in the compute dtype, then returned as float64."""
     a = np.asarray(x)
-    if a.dtype != np.float64:
-        raise AssertionError(f"reference produced {a.dtype}, expected float64")
-    return a
+    if a.dtype != np.dtype(dtype):
+        raise AssertionError(f"reference produced {a.dtype}, expected {dtype}")
+    return a.astype(np.float64)
 
 
 # ------------------------------------------------------------------ validation
@@ -220,7 +224,9 @@ def _options(kw) -> dict[str, Any]:
     return opts
 
 
-def _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw):
+def _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw, compute_dtype):
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"{compute_dtype=} must be one of {COMPUTE_DTYPES}")
     opts = _options(kw)
     arrs = [np.asarray(x) for x in (q, k, v, g, beta)]
     _check(*arrs, None if initial_state is None else np.asarray(initial_state), A_log, dt_bias, opts,
@@ -238,26 +244,31 @@ def use_gate(opts) -> bool:
 
 # ------------------------------------------------------------------ public
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *,
-              A_log=None, dt_bias=None, method="chunk", chunk_size=64, **options):
-    """KDA forward in float64. Returns ``(o, ht)``; ``ht`` is None unless ``output_final_state``.
+              A_log=None, dt_bias=None, method="chunk", chunk_size=64, compute_dtype="float64", **options):
+    """KDA forward. Returns ``(o, ht)`` float64 numpy; ``ht`` is None unless ``output_final_state``.
 
     ``options``: use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-    allow_neg_eigval, safe_gate, lower_bound (see the module docstring).
+    allow_neg_eigval, safe_gate, lower_bound (see the module docstring). ``compute_dtype="float32"``
+    runs the same maths in float32 (results still returned as float64).
     """
     arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
-                                               chunk_size, method, options)
-    with _float64_cpu():
-        q, k, v, g, beta = map(_f64, arrs)
-        h0, A_log, dt_bias = _f64(initial_state), _f64(A_log), _f64(dt_bias)
+                                               chunk_size, method, options, compute_dtype)
+    cd = compute_dtype
+    with _float64_cpu(cd == "float64"):
+        q, k, v, g, beta = (_to_jax(x, cd) for x in arrs)
+        h0, A_log, dt_bias = (_to_jax(x, cd) for x in (initial_state, A_log, dt_bias))
         q, k, g, beta = preprocess(q, k, g, beta, A_log, dt_bias, **opts)
-        o, ht = jax.jit(_core, static_argnums=(6, 7, 8))(q, k, v, g, beta, h0, scale, chunk_size, method)
-        o = _to_np(o)
-        ht = _to_np(ht) if output_final_state else None
+        o, ht = _core_jit(q, k, v, g, beta, h0, scale, chunk_size, method)
+        o = _to_np(o, cd)
+        ht = _to_np(ht, cd) if output_final_state else None
     return o, ht
 
 
+_core_jit = jax.jit(_core, static_argnums=(6, 7, 8))
+
+
 def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, *, A_log=None,
-                  dt_bias=None, method="chunk", chunk_size=64, **options):
+                  dt_bias=None, method="chunk", chunk_size=64, compute_dtype="float64", **options):
     """Gradients of ``sum(o*do) + sum(ht*dht)`` w.r.t. the raw inputs given, in float64.
 
     Returns dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias); ``dh0`` is None without
@@ -265,18 +276,19 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
     parameter is given.
     """
     arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
-                                               chunk_size, method, options)
-    with _float64_cpu():
-        primals = dict(zip(("q", "k", "v", "g", "beta"), map(_f64, arrs)))
+                                               chunk_size, method, options, compute_dtype)
+    cd = compute_dtype
+    with _float64_cpu(cd == "float64"):
+        primals = dict(zip(("q", "k", "v", "g", "beta"), (_to_jax(x, cd) for x in arrs)))
         for name, x in (("h0", initial_state), ("A_log", A_log), ("dt_bias", dt_bias)):
             if x is not None:
-                primals[name] = _f64(x)
-        do64 = _f64(do)
+                primals[name] = _to_jax(x, cd)
+        do64 = _to_jax(do, cd)
         if do64.shape != primals["v"].shape:
             raise ValueError(f"do must have the shape of o {primals['v'].shape}, got {do64.shape}")
         B, T, H, K = primals["q"].shape
         V = primals["v"].shape[-1]
-        dht64 = jnp.zeros((B, H, K, V), jnp.float64) if dht is None else _f64(dht)
+        dht64 = jnp.zeros((B, H, K, V), cd) if dht is None else _to_jax(dht, cd)
         if dht64.shape != (B, H, K, V):
             raise ValueError(f"dht must be [B,H,K,V] = {(B, H, K, V)}, got {dht64.shape}")
 
@@ -292,4 +304,4 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
 
         out = jax.jit(grads)(primals, do64, dht64)
         names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
-        return {"d" + n: (_to_np(out[n]) if n in out else None) for n in names}
+        return {"d" + n: (_to_np(out[n], cd) if n in out else None) for n in names}
