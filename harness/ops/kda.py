@@ -1,0 +1,202 @@
+"""kda: Kimi delta attention, the gated delta rule with a per-key-channel decay (variant ``chunk``).
+
+    S'_t = Diag(exp g_t) S_{t-1}
+    S_t  = S'_t + beta_t k_t (v_t - S'_tᵀ k_t)ᵀ,   o_t = scale · S_tᵀ q_t,   ht = S_T
+
+Gate: ``g`` [B,T,H,K] per-token, per-key-channel log decay (``Gate(kind="g")``; the gate's
+``lower_bound`` clamps it from below, i.e. the pre-computed bounded gate fla expects with
+``safe_gate``). ``beta`` [B,T,H].
+
+Case options (``Case.options``), each passed to every leg under fla's keyword of the same name:
+
+- ``use_qk_l2norm_in_kernel`` (bool): q and k are drawn N(0,1) and normalised in the op;
+  otherwise they are drawn already L2-normalised.
+- ``use_gate_in_kernel`` (bool): ``g`` is the raw gate input ~ N(0,1); ``A_log`` [H] and
+  ``dt_bias`` [H*K] (float32, N(0,1)) become inputs, and their gradients are compared.
+- ``lower_bound`` (float): fla's in-kernel gate ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))``;
+  only meaningful with ``use_gate_in_kernel`` (fla ignores it otherwise, so it is refused).
+- ``safe_gate`` (bool): fla's bounded-gate fast path (numerics only, same function); with
+  ``use_gate_in_kernel`` fla requires ``lower_bound`` in [-5, 0).
+- ``use_beta_sigmoid_in_kernel`` (bool): ``beta`` is drawn as logits N(0,1) and passed through
+  a sigmoid in the op (otherwise drawn as sigmoid(N(0,1))); ``allow_neg_eigval`` (bool) doubles it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cases.case import Case
+from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_normal
+
+from .base import LegBinding, OpDescriptor, forward_tensors, grad_tensors
+
+VARIANTS = ("chunk",)
+BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
+                "allow_neg_eigval", "safe_gate")
+OPTIONS = BOOL_OPTIONS + ("lower_bound",)
+FLA_DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
+
+
+def options(case: Case) -> dict:
+    """The case's kda options with fla's defaults filled in."""
+    opts = {name: False for name in BOOL_OPTIONS}
+    opts["lower_bound"] = None
+    opts.update(case.opt)
+    return opts
+
+
+def gate_in_kernel(case: Case) -> bool:
+    return bool(case.opt.get("use_gate_in_kernel", False))
+
+
+def inputs(case: Case) -> list[InputSpec]:
+    """q, k, v, do in the case dtype; beta in the case dtype; g, A_log, dt_bias, h0, dht float32."""
+    B, T, H, K, V = case.B, case.T, case.H, case.K, case.V
+    opts = options(case)
+    qk_law = normal() if opts["use_qk_l2norm_in_kernel"] else l2normed_normal
+    specs = [
+        InputSpec("q", lambda c: (B, T, H, K), "case", qk_law),
+        InputSpec("k", lambda c: (B, T, H, K), "case", qk_law),
+        InputSpec("v", lambda c: (B, T, H, V), "case", normal()),
+        InputSpec("g", lambda c: (B, T, H, K), "float32", normal() if opts["use_gate_in_kernel"] else gate_law),
+        InputSpec("beta", lambda c: (B, T, H), "case",
+                  normal() if opts["use_beta_sigmoid_in_kernel"] else sigmoid_normal),
+    ]
+    if opts["use_gate_in_kernel"]:
+        specs.append(InputSpec("A_log", lambda c: (H,), "float32", normal()))
+        specs.append(InputSpec("dt_bias", lambda c: (H * K,), "float32", normal()))
+    if case.h0:
+        specs.append(InputSpec("h0", lambda c: (B, H, K, V), "float32", normal()))
+    specs.append(InputSpec("do", lambda c: (B, T, H, V), "case", normal()))
+    if case.dht:
+        specs.append(InputSpec("dht", lambda c: (B, H, K, V), "float32", normal()))
+    return specs
+
+
+def differentiable(case: Case) -> list[str]:
+    names = ["q", "k", "v", "g", "beta"]
+    if gate_in_kernel(case):
+        names += ["A_log", "dt_bias"]
+    return names + (["h0"] if case.h0 else [])
+
+
+def tensors(case: Case):
+    dtypes = {"q": "case", "k": "case", "v": "case", "g": "float32", "beta": "case", "h0": "float32",
+              "A_log": "float32", "dt_bias": "float32"}
+    return forward_tensors(case) + grad_tensors(case, differentiable(case), dtypes)
+
+
+def validate(case: Case) -> None:
+    if case.variant not in VARIANTS:
+        raise ValueError(f"kda {case.variant=} must be one of {VARIANTS}")
+    if case.gate.kind != "g" or case.gate.law != "logsigmoid":
+        raise ValueError(f"kda takes a per-token g gate [B,T,H,K] (Gate(kind='g')), got {case.gate.label}")
+    unknown = set(case.opt) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown kda options {sorted(unknown)}; known: {OPTIONS}")
+    opts = options(case)
+    for name in BOOL_OPTIONS:
+        if not isinstance(opts[name], bool):
+            raise ValueError(f"kda option {name}={opts[name]!r} must be a bool")
+    lb = opts["lower_bound"]
+    if lb is not None:
+        if not isinstance(lb, (int, float)) or not lb < 0:
+            raise ValueError(f"kda option lower_bound={lb!r} must be a negative number")
+        if not opts["use_gate_in_kernel"]:
+            raise ValueError("lower_bound acts only with use_gate_in_kernel=True (fla ignores it otherwise); "
+                             "bound a pre-computed gate with Gate(lower_bound=...)")
+    if opts["safe_gate"] and opts["use_gate_in_kernel"] and (lb is None or not -5 <= lb < 0):
+        raise ValueError(f"safe_gate with use_gate_in_kernel needs lower_bound in [-5, 0), got {lb}")
+    if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
+        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
+    if gate_in_kernel(case) and case.gate.lower_bound is not None:
+        raise ValueError("with use_gate_in_kernel g is the raw gate input: use the lower_bound option, "
+                         "not Gate(lower_bound=...)")
+
+
+def _fla_kwargs(case: Case) -> dict:
+    return {n: v for n, v in options(case).items()}
+
+
+# ----------------------------------------------------------------- bindings
+def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "float64") -> dict:
+    """float64 reference (references.kda): chunked WY form; the reference leg may ask for the recurrence."""
+    from references.kda import chunk_kda, chunk_kda_bwd
+
+    common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
+                  method=method, compute_dtype=compute_dtype, A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
+                  **_fla_kwargs(case))
+    qkvgb = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    o, ht = chunk_kda(*qkvgb, output_final_state=True, **common)
+    grads = chunk_kda_bwd(*qkvgb, x["do"], x.get("dht"), **common)
+    out = {"o": o, "ht": ht}
+    for n in differentiable(case):
+        out["d" + n] = grads["d" + n]
+    return out
+
+
+def gpu_forward(case: Case, t: dict) -> dict:
+    """fla's public ``fla.ops.kda.chunk_kda`` with the case's options (Triton pinned, see gpu_supports)."""
+    from fla.ops.kda import chunk_kda
+
+    extra = dict(A_log=t["A_log"], dt_bias=t["dt_bias"]) if gate_in_kernel(case) else {}
+    o, ht = chunk_kda(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale,
+                      initial_state=t.get("h0"), output_final_state=case.final_state,
+                      chunk_size=case.chunk_size, **_fla_kwargs(case), **extra)
+    return {"o": o, "ht": ht}
+
+
+def gpu_supports(case: Case) -> str | None:
+    if os.environ.get(FLA_DISPATCH_ENV) != "1":
+        return (f"set {FLA_DISPATCH_ENV}=1 before fla is imported: otherwise fla.ops.kda.chunk_kda may "
+                "dispatch to a non-Triton backend (flash_kda, tilelang)")
+    import sys
+
+    backends = sys.modules.get("fla.backends")
+    if backends is not None and not getattr(backends, "_DISPATCH_DISABLED", True):
+        return f"fla was imported before {FLA_DISPATCH_ENV}=1 was set; dispatch is still active"
+    if case.chunk_size not in (32, 64):
+        return f"fla's chunk_kda supports chunk_size 32 or 64, got {case.chunk_size}"
+    if case.K > 256:
+        return f"fla's chunk_kda supports K <= 256, got K={case.K}"
+    return None
+
+
+def tpu_forward(case: Case, a: dict, ctx) -> dict:
+    from kernels_tpu import kda as kernels
+
+    extra = dict(A_log=a["A_log"], dt_bias=a["dt_bias"]) if gate_in_kernel(case) else {}
+    o, ht = kernels.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], scale=case.resolved_scale,
+                              initial_state=a.get("h0"), output_final_state=case.final_state,
+                              chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
+                              **_fla_kwargs(case), **extra)
+    return {"o": o, "ht": ht}
+
+
+def tpu_supports(case: Case) -> str | None:
+    if case.K % 128 or case.V % 128:
+        return f"TPU kernels need K and V to be multiples of 128 (lane width); got K={case.K}, V={case.V}"
+    if case.chunk_size % 16:
+        return f"the TPU kda kernel needs chunk_size to be a multiple of 16, got {case.chunk_size}"
+    return None
+
+
+KDA = OpDescriptor(
+    name="kda",
+    variants=VARIANTS,
+    doc=__doc__,
+    inputs=inputs,
+    tensors=tensors,
+    differentiable=differentiable,
+    cotangents={"o": "do", "ht": "dht"},
+    validate=validate,
+    reference=reference,
+    gpu=LegBinding(gpu_forward, gpu_supports,
+                   describe=lambda c: {"entry": "fla.ops.kda.chunk_kda",
+                                       "dispatch": f"{FLA_DISPATCH_ENV}={os.environ.get(FLA_DISPATCH_ENV)}",
+                                       "options": _fla_kwargs(c)}),
+    tpu=LegBinding(tpu_forward, tpu_supports,
+                   describe=lambda c: {"entry": "kernels_tpu.kda.chunk_kda", "options": _fla_kwargs(c)}),
+    notes={"options": "in-kernel options are applied by the TPU public function with float32 jax ops "
+                      "before the Pallas kernels (same function; gradients by autodiff)"},
+)
