@@ -134,14 +134,18 @@ def causal_decay(b_col, b_row, unsafe_masked_exp: bool = False):
     inf), so the exponent is zeroed there BEFORE exp and the result masked after.
 
     ``unsafe_masked_exp`` is a TEST-ONLY fault injection: it exponentiates the
-    unmasked difference and multiplies by the mask, as XLA on TPU may lower a
+    unmasked difference and multiplies by a 0/1 mask, as XLA on TPU may lower a
     ``where``; inf * 0 gives NaN. Never enable it outside tests.
     """
     BT = b_col.shape[0]
-    causal = causal_mask(BT)
     diff = b_col - b_row
     if unsafe_masked_exp:
-        return jnp.exp(diff) * causal.astype(F32)
+        # 0/1 from integer arithmetic, not convert(bool): XLA's simplifier turns
+        # x * convert(pred) back into a select, which would hide the fault
+        i = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
+        j = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
+        return jnp.exp(diff) * jnp.clip(i - j + 1, 0, 1).astype(F32)
+    causal = causal_mask(BT)
     return jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)
 
 

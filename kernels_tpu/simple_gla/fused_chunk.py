@@ -1,0 +1,223 @@
+"""fused_chunk_simple_gla: multi-step forward and two-pass backward (Pallas TPU).
+
+Same maths as :mod:`.chunk` (see its docstring for the chunk recurrence).
+
+Forward: one pallas_call; each grid step processes ``num_steps`` consecutive
+chunks (a static loop), carrying the f32 state in VMEM scratch across the
+sequential time axis. When ``NT`` is not divisible by ``num_steps`` the
+largest divisor of ``NT`` below it is used (see ``BlockSizes.for_chunks``).
+
+Backward, after recomputing the per-chunk states ``H_c``:
+
+- pass 1 (:func:`_dv_dh_kernel`): reverse time, sequential ("arbitrary"):
+  dV of each chunk and the dH recurrence; writes ``dH_{c+1}`` of every chunk
+  ([B, H, NT, K, V] f32) and dh0.
+- pass 2 (:func:`_dq_dk_kernel`): every chunk independent ("parallel" time
+  axis): dQ, dK and the gate gradient from ``H_c`` and ``dH_{c+1}``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .chunk import (ARBITRARY, PARALLEL, _config, dh_chunk, dq_dk_dg_chunk, dv_chunk, finish_grads, forward,
+                    fwd_impl, padded_length)
+from .common import (F32, Config, DotPolicy, causal_decay, chunk_gates, chunk_index_map, chunk_state_index_map,
+                     dot_policy, gate_specs, prepare_gates, reverse_chunk_index_map, reverse_chunk_state_index_map,
+                     state_index_map, to_heads)
+
+
+# ============================================================ pass 1: dv + dh
+def _dv_dh_kernel(*refs, cfg: Config, policy: DotPolicy, has_dht: bool):
+    """Grid step (b, h, t) handles chunk c = NT-1-t (reverse time).
+
+    q_ref, k_ref [BT, K], do_ref [BT, V], gate refs, dht_ref [K, V]; outputs
+    dv_ref [BT, V], dh_states_ref [K, V] (dH_{c+1}, read by pass 2), dh0_ref
+    [K, V]; dstate_ref [K, V] f32 scratch carries dH along the reverse time axis.
+    """
+    refs = list(refs)
+    q_ref, k_ref, do_ref = refs[:3]
+    del refs[:3]
+    n_gate = 2 if cfg.kernel_gate == "g" else 1
+    gate_refs = refs[:n_gate]
+    del refs[:n_gate]
+    dht_ref = refs.pop(0) if has_dht else None
+    dv_ref, dh_states_ref, dh0_ref, dstate_ref = refs
+
+    BT, scale = cfg.blocks.chunk_size, cfg.scale
+    i_t = pl.program_id(2)
+    chunk = pl.num_programs(2) - 1 - i_t
+
+    @pl.when(i_t == 0)
+    def _init_dstate():
+        dstate_ref[...] = dht_ref[...].astype(F32) if has_dht else jnp.zeros(dstate_ref.shape, F32)
+
+    q, k, do = q_ref[...], k_ref[...], do_ref[...]
+    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=chunk, step=0)
+    D = causal_decay(b_col, b_row, cfg.unsafe_masked_exp)
+    dh = dstate_ref[...]  # dH_{c+1}
+    dh_states_ref[...] = dh
+    dv_ref[...] = dv_chunk(q, k, do, dh, D, b_col, b_last, scale, policy).astype(dv_ref.dtype)
+    dstate_ref[...] = dh_chunk(dh, q, do, b_col, b_last, scale, policy)  # dH_c
+
+    @pl.when(i_t == pl.num_programs(2) - 1)
+    def _initial_state_grad():
+        dh0_ref[...] = dstate_ref[...]
+
+
+# ============================================================ pass 2: dq + dk (+ dg)
+def _dq_dk_kernel(*refs, cfg: Config, policy: DotPolicy):
+    """Grid step (b, h, t) handles chunk t; no carried state, so t is parallel.
+
+    q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c),
+    dh_ref [K, V] (dH_{c+1}); outputs dq_ref, dk_ref [BT, K], dg_ref [BT, 1].
+    """
+    refs = list(refs)
+    q_ref, k_ref, v_ref, do_ref = refs[:4]
+    del refs[:4]
+    n_gate = 2 if cfg.kernel_gate == "g" else 1
+    gate_refs = refs[:n_gate]
+    del refs[:n_gate]
+    h_ref, dh_ref, dq_ref, dk_ref = refs[:4]
+    with_dg = cfg.gate != "none"
+    dg_ref = refs[4] if with_dg else None
+
+    BT = cfg.blocks.chunk_size
+    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=pl.program_id(2),
+                                       step=0)
+    D = causal_decay(b_col, b_row, cfg.unsafe_masked_exp)
+    dq, dk, dg = dq_dk_dg_chunk(q_ref[...], k_ref[...], v_ref[...], do_ref[...], h_ref[...], dh_ref[...], D,
+                                b_col, b_last, cfg.scale, policy, with_dg)
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    if with_dg:
+        dg_ref[...] = dg
+
+
+def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
+    """Two-pass backward on head-major padded inputs (shapes as chunk.chunk_bwd_impl)."""
+    B, H, Tp, K = q.shape
+    V = v.shape[-1]
+    BT = cfg.blocks.chunk_size
+    NT = Tp // BT
+    policy = dot_policy(q.dtype, cfg.mxu_model)
+    state_spec = pl.BlockSpec((None, None, K, V), state_index_map)
+    with_dg = cfg.gate != "none"
+
+    # ---- pass 1: reverse time, sequential
+    rev = reverse_chunk_index_map(NT)
+    rev_state_spec = pl.BlockSpec((None, None, None, K, V), reverse_chunk_state_index_map(NT))
+    in_specs = [pl.BlockSpec((None, None, BT, K), rev), pl.BlockSpec((None, None, BT, K), rev),
+                pl.BlockSpec((None, None, BT, V), rev), *gate_specs(cfg.kernel_gate, BT, 1, reverse_NT=NT)]
+    operands = [q, k, do, *gates]
+    if dht is not None:
+        in_specs.append(state_spec)
+        operands.append(dht)
+    dv, dh_states, dh0 = pl.pallas_call(
+        functools.partial(_dv_dh_kernel, cfg=cfg, policy=policy, has_dht=dht is not None),
+        grid=(B, H, NT),
+        in_specs=in_specs,
+        out_specs=[pl.BlockSpec((None, None, BT, V), rev), rev_state_spec, state_spec],
+        out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct((B, H, NT, K, V), F32),
+                   jax.ShapeDtypeStruct((B, H, K, V), F32)],
+        scratch_shapes=[pltpu.VMEM((K, V), F32)],
+        compiler_params=cfg.compiler_params(PARALLEL, PARALLEL, ARBITRARY),
+        interpret=cfg.interpret,
+        name="fused_chunk_simple_gla_bwd_dv_dh",
+    )(*operands)
+
+    # ---- pass 2: chunks independent given H_c and dH_{c+1}
+    def qkv_spec(X):
+        return pl.BlockSpec((None, None, BT, X), chunk_index_map)
+
+    chunk_state_spec = pl.BlockSpec((None, None, None, K, V), chunk_state_index_map)
+    out_specs = [qkv_spec(K), qkv_spec(K)]
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)]
+    if with_dg:
+        out_specs.append(qkv_spec(1))
+        out_shape.append(jax.ShapeDtypeStruct((B, H, Tp, 1), F32))
+    outs = pl.pallas_call(
+        functools.partial(_dq_dk_kernel, cfg=cfg, policy=policy),
+        grid=(B, H, NT),
+        in_specs=[qkv_spec(K), qkv_spec(K), qkv_spec(V), qkv_spec(V), *gate_specs(cfg.kernel_gate, BT, 1),
+                  chunk_state_spec, chunk_state_spec],
+        out_specs=out_specs,
+        out_shape=out_shape,
+        compiler_params=cfg.compiler_params(PARALLEL, PARALLEL, PARALLEL),
+        interpret=cfg.interpret,
+        name="fused_chunk_simple_gla_bwd_dq_dk",
+    )(q, k, v, do, *gates, states, dh_states)
+    dq, dk = outs[0], outs[1]
+    dg = outs[2] if with_dg else None
+    return dq, dk, dv, dg, dh0
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def backward(cfg: Config, q, k, v, g, g_gamma, h0, do, dht):
+    NT, Tp = padded_length(cfg)
+    gates = prepare_gates(cfg, g, g_gamma, q.shape[2], NT)
+    qh, kh, vh = to_heads(q, Tp), to_heads(k, Tp), to_heads(v, Tp)
+    # recompute H_c with the multi-step forward (no o): cheaper than storing it
+    _, _, states = fwd_impl(cfg, qh, kh, vh, gates, None if h0 is None else h0.astype(F32),
+                            num_steps=cfg.blocks.num_steps, emit_o=False, emit_states=True)
+    dq, dk, dv, dg, dh0 = fused_bwd_impl(cfg, qh, kh, vh, to_heads(do.astype(q.dtype), Tp), gates, states,
+                                         None if dht is None else dht.astype(F32))
+    return finish_grads(cfg, dq, dk, dv, dg, dh0, g, g_gamma, h0)
+
+
+# ============================================================ custom_vjp
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused_chunk_simple_gla(cfg: Config, q, k, v, g, g_gamma, h0):
+    return forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, h0)
+
+
+def _fused_chunk_simple_gla_fwd(cfg, q, k, v, g, g_gamma, h0):
+    return forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, h0), (q, k, v, g, g_gamma, h0)
+
+
+def _fused_chunk_simple_gla_bwd(cfg, residuals, cotangents):
+    q, k, v, g, g_gamma, h0 = residuals
+    do, dht = cotangents
+    grads = backward(cfg, q, k, v, g, g_gamma, h0, do, dht)
+    return grads["dq"], grads["dk"], grads["dv"], grads["dg"], grads["dg_gamma"], grads["dh0"]
+
+
+_fused_chunk_simple_gla.defvjp(_fused_chunk_simple_gla_fwd, _fused_chunk_simple_gla_bwd)
+
+
+# ============================================================ public API
+def fused_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+                           chunk_size=64, interpret=None, mxu_model=None, num_steps=2, *,
+                           unsafe_masked_exp: bool = False):
+    """Fused-chunk simple GLA, differentiable through a custom VJP.
+
+    Args and returns as :func:`kernels_tpu.simple_gla.chunk_simple_gla`, plus
+    num_steps: chunks per forward grid step (falls back to the largest divisor
+    of NT = ceil(T / chunk_size) not above it).
+    """
+    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
+                  unsafe_masked_exp, num_steps=num_steps)
+    return _fused_chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
+
+
+def fused_chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
+                               output_final_state=False, chunk_size=64, interpret=None, mxu_model=None, num_steps=2,
+                               *, unsafe_masked_exp: bool = False):
+    """Forward only: (o [B, T, H, V], ht [B, H, K, V] f32 or None)."""
+    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
+                  unsafe_masked_exp, num_steps=num_steps)
+    return forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, initial_state)
+
+
+def fused_chunk_simple_gla_bwd(q, k, v, do, g=None, g_gamma=None, scale=None, initial_state=None, dht=None,
+                               chunk_size=64, interpret=None, mxu_model=None, num_steps=2, *,
+                               unsafe_masked_exp: bool = False):
+    """Two-pass backward; args and returned dict as chunk_simple_gla_bwd."""
+    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret, mxu_model,
+                  unsafe_masked_exp, do=do, dht=dht, num_steps=num_steps)
+    return backward(cfg, q, k, v, g, g_gamma, initial_state, do, dht)
