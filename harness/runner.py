@@ -67,8 +67,11 @@ def _short_error(exc: BaseException) -> str:
 class Runner:
     """Runs one leg over cases; rows carry the run's provenance."""
 
-    def __init__(self, leg: Leg, reference_cache: ReferenceCache | None = None, suite: str = ""):
+    def __init__(self, leg: Leg, reference_cache: ReferenceCache | None = None, suite: str = "",
+                 ops: Mapping[str, OpDescriptor] | None = None):
+        """``ops`` overrides the registry (tests inject fault-carrying descriptors this way)."""
         self.leg = leg
+        self.ops = ops
         self.cache = reference_cache or ReferenceCache()
         env = leg.environment()
         self.provenance = {
@@ -112,7 +115,7 @@ class Runner:
     def run_case(self, case: Case) -> list[dict]:
         op = None
         try:
-            op = get_op(case.op)
+            op = self.ops[case.op] if self.ops is not None else get_op(case.op)
             op.validate(case)
             inputs = make_inputs(case, op.inputs(case))
         except Exception as exc:  # noqa: BLE001
