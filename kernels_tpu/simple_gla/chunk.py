@@ -39,7 +39,8 @@ from .common import (F32, NT_T, TN, BlockSizes, Config, DotPolicy, causal_decay,
                      prepare_gates, reverse_chunk_index_map, reverse_chunk_state_index_map, state_index_map,
                      to_heads, validate)
 
-PARALLEL, ARBITRARY = "parallel", "arbitrary"
+# grid axis semantics (jax 0.10: pltpu.GridDimensionSemantics members)
+PARALLEL, ARBITRARY = pltpu.PARALLEL, pltpu.ARBITRARY
 
 
 # ============================================================ chunk maths

@@ -12,7 +12,12 @@ Tolerances are rel-L2 ``||x - ref|| / ||ref||`` per tensor:
 - fp16 inputs: dots are f32 at HIGH; the fp16 output rounding dominates
   (~2.1e-4 measured); 2e-3 is ~2 fp16 ulps (2**-10).
 Float32 outputs of bf16/fp16 cases (ht, dh0, dg) use the same tolerance as the
-case: they are computed from bf16-rounded intermediates.
+case: they are computed from bf16-rounded intermediates. dg_gamma (a sum with
+cancellation) gets the tolerance times its condition number, see below.
+
+The reference is a float64 numpy loop over tokens (no JAX compile, so the file
+stays fast); its hand-written backward is checked against float64 JAX autodiff
+(inside ``jax.enable_x64(True)``) in test_reference_matches_x64_autodiff.
 """
 
 from __future__ import annotations
@@ -204,10 +209,16 @@ def test_forward_backward_match_float64_reference(case):
         ref["dg_gamma"] = ref["dg"].sum(axis=(0, 1))
     else:
         assert grads["dg"] is None and grads["dg_gamma"] is None
+    tol = {n: RTOL[case.dtype] for n in got}
+    if "dg_gamma" in got:
+        # dg_gamma sums per-token gradients of both signs: the sum cancels (up to
+        # ~26x here), so per-token errors are amplified by this condition number
+        cond = np.linalg.norm(np.abs(ref["dg"]).sum(axis=(0, 1))) / np.linalg.norm(ref["dg_gamma"])
+        tol["dg_gamma"] *= max(1.0, cond)
     errors = {n: rel_l2(a, ref[n]) for n, a in got.items()}
     print(case, {n: f"{e:.2e}" for n, e in errors.items()})
-    bad = {n: e for n, e in errors.items() if not e <= RTOL[case.dtype]}
-    assert not bad, f"{case}: rel-L2 above {RTOL[case.dtype]}: {bad}"
+    bad = {n: (e, tol[n]) for n, e in errors.items() if not e <= tol[n]}
+    assert not bad, f"{case}: rel-L2 (error, tolerance) too large: {bad}"
 
 
 # ------------------------------------------------------------------ autodiff
