@@ -23,6 +23,9 @@ exponential below has an exponent ``<= 0``:
     i >= J1, ``r = b_{J1-1}`` likewise.
   No exponent is positive, so nothing overflows for any chunk size; a factor
   that underflows is bounded by the (smaller) true product it belongs to.
+  The sub-blocks are a ``fori_loop`` (small code); the off-diagonal operands
+  span the whole chunk with the row mask (j < I0, or i >= J1) applied to the
+  exponent before exp, so masked rows are exact zeros.
 
 Gate gradient (chunk-local, no global reverse cumsum): with ``x = q*dq - k*dk``
 (f32, full gradients) and ``s_c = sum_v (S_{n+1} * dH_n)[c, v]`` (the state after
@@ -59,21 +62,14 @@ def _diag_decay(bI):
     return masked_exp(bI[:, None, :] - bI[None, :, :], mask)
 
 
-def _intra_o(q, k, v, b, BC, md):
-    """sum_{j<=i} A_ij v_j with A_ij = sum_c q_ic k_jc exp(b_ic - b_jc): [C, BV] f32."""
-    C = q.shape[0]
-    rows = []
-    for r0 in range(0, C, BC):
-        sl = slice(r0, r0 + BC)
-        qI, kI, bI = q[sl].astype(f32), k[sl].astype(f32), b[sl]
-        A_II = jnp.sum(qI[:, None, :] * kI[None, :, :] * _diag_decay(bI), axis=-1)
-        acc = mm(A_II, v[sl], mxu_model=md)
-        if r0:
-            ref = b[r0:r0 + 1]  # b at the block's first row; earlier columns j < r0
-            A_off = mm(qI * jnp.exp(bI - ref), k[:r0].astype(f32) * jnp.exp(ref - b[:r0]), NT_T, mxu_model=md)
-            acc = acc + mm(A_off, v[:r0], mxu_model=md)
-        rows.append(acc)
-    return jnp.concatenate(rows, axis=0)
+def _block(ref, r0, n):
+    """Rows r0 .. r0+n of a VMEM ref (dynamic, sublane-aligned start)."""
+    return ref[pl.ds(pl.multiple_of(r0, 8), n), :]
+
+
+def _before(r0, C):
+    """[C,1] bool: row j < r0 (the earlier columns of a row block)."""
+    return iota((C, 1), 0) < r0
 
 
 # ------------------------------------------------------------------ forward
@@ -100,13 +96,29 @@ def _fwd_h_kernel(k_ref, v_ref, g_ref, *rest, cfg: Config, has_h0: bool):
         ht_ref[...] = s_scr[...]
 
 
-def _fwd_o_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, *, cfg: Config):
-    md = cfg.mxu_model
-    b = _cumsum(g_ref[...].astype(f32), md)
-    q = q_ref[...]
-    o = mm(q.astype(f32) * jnp.exp(b), h_ref[...], mxu_model=md)
-    o = o + _intra_o(q, k_ref[...], v_ref[...], b, cfg.blocks.sub_chunk, md)
-    o_ref[...] = (cfg.scale * o).astype(o_ref.dtype)
+def _fwd_o_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, b_scr, *, cfg: Config):
+    md, BC = cfg.mxu_model, cfg.blocks.sub_chunk
+    C = q_ref.shape[0]
+    b_scr[...] = _cumsum(g_ref[...].astype(f32), md)
+    k_all, v_all, S = k_ref[...].astype(f32), v_ref[...], h_ref[...]
+
+    def row_block(i, carry):  # rows r0..r0+BC of o
+        r0 = i * BC
+        qI, kI, vI, bI = (_block(r, r0, BC) for r in (q_ref, k_ref, v_ref, b_scr))
+        qI, kI = qI.astype(f32), kI.astype(f32)
+        ref = _block(b_scr, r0, 1)  # b at the block's first row
+        acc = mm(qI * jnp.exp(bI), S, mxu_model=md)  # inter-chunk
+        # diagonal block: exact [BC,BC,K] with the exponent masked before exp
+        A_II = jnp.sum(qI[:, None, :] * kI[None, :, :] * _diag_decay(bI), axis=-1)
+        acc = acc + mm(A_II, vI, mxu_model=md)
+        # earlier columns j < r0 through r: exp(b_i - r) * exp(r - b_j), both exponents <= 0
+        k_off = k_all * masked_exp(ref - b_scr[...], _before(r0, C))  # zero rows j >= r0
+        A_off = mm(qI * jnp.exp(bI - ref), k_off, NT_T, mxu_model=md)  # [BC, C]
+        acc = acc + mm(A_off, v_all, mxu_model=md)
+        o_ref[pl.ds(pl.multiple_of(r0, 8), BC), :] = (cfg.scale * acc).astype(o_ref.dtype)
+        return carry
+
+    jax.lax.fori_loop(0, C // BC, row_block, 0)
 
 
 def chunk_fwd_impl(q, k, v, g, h0, cfg: Config):
@@ -159,6 +171,7 @@ def chunk_fwd_impl(q, k, v, g, h0, cfg: Config):
                   pl.BlockSpec((SQ, SQ, K, BV), states_map)],
         out_specs=pl.BlockSpec((SQ, C, BV), v_map),
         out_shape=jax.ShapeDtypeStruct((B, T, H * V), q.dtype),
+        scratch_shapes=[pltpu.VMEM((C, K), f32)],
         compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "parallel"),
         interpret=cfg.interpret,
         name="gla_chunk_fwd_o",
@@ -193,14 +206,15 @@ def _bwd_dh_kernel(q_ref, g_ref, do_ref, *rest, cfg: Config, has_dht: bool, want
 
 
 def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref, dg_ref,
-                      dq_scr, dk_scr, dv_scr, *, cfg: Config):
+                      b_scr, dq_scr, dk_scr, dv_scr, *, cfg: Config):
     md, scale, BC = cfg.mxu_model, cfg.scale, cfg.blocks.sub_chunk
     C = q_ref.shape[0]
     V = v_ref.shape[-1]
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     qf, kf = q.astype(f32), k.astype(f32)
     S, dH = h_ref[...], dh_ref[...]
-    b = _cumsum(g_ref[...].astype(f32), md)
+    b_scr[...] = _cumsum(g_ref[...].astype(f32), md)
+    b = b_scr[...]
     bL = b[-1:, :]
 
     # inter-chunk terms (exponents b <= 0 and b_L - b <= 0)
@@ -210,32 +224,38 @@ def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref,
     dk_scr[...] = dk_inter
     dv_scr[...] = mm(kf * k_dec, dH, mxu_model=md)
 
-    # intra-chunk terms, sub-block by sub-block
-    for c0 in range(0, C, BC):
-        sl, c1 = slice(c0, c0 + BC), c0 + BC
-        qI, kI, bI = qf[sl], kf[sl], b[sl]
-        E = _diag_decay(bI)  # [i, j, K]
+    def sub_block(i, carry):  # block I = rows/columns r0..r0+BC
+        r0 = i * BC
+        rows = pl.ds(pl.multiple_of(r0, 8), BC)
+        qI, kI, vI, doI, bI = (_block(r, r0, BC) for r in (q_ref, k_ref, v_ref, do_ref, b_scr))
+        qI, kI = qI.astype(f32), kI.astype(f32)
+        # diagonal block, exact: E[i,j,c] = exp(b_ic - b_jc) for j <= i (masked before exp)
+        E = _diag_decay(bI)
         mask = causal_mask(BC)
         A_d = jnp.where(mask, jnp.sum(qI[:, None, :] * kI[None, :, :] * E, axis=-1), 0.0)
-        dA_d = jnp.where(mask, scale * mm(do[sl], v[sl], NT_T, mxu_model=md), 0.0)
+        dA_d = jnp.where(mask, scale * mm(doI, vI, NT_T, mxu_model=md), 0.0)
         dq_blk = jnp.sum(dA_d[:, :, None] * kI[None, :, :] * E, axis=1)
         dk_blk = jnp.sum(dA_d[:, :, None] * qI[:, None, :] * E, axis=0)
-        dv_blk = scale * mm(A_d, do[sl], TN, mxu_model=md)
-        if c0:  # rows of this block against earlier columns, through r = b at the block's first row
-            ref = b[c0:c0 + 1]
-            dA_row = scale * mm(do[sl], v[:c0], NT_T, mxu_model=md)  # [BC, c0]
-            dq_blk = dq_blk + jnp.exp(bI - ref) * mm(dA_row, kf[:c0] * jnp.exp(ref - b[:c0]), mxu_model=md)
-        if c1 < C:  # columns of this block against later rows, through r = b at the block's last row
-            ref = b[c1 - 1:c1]
-            q_hat = qf[c1:] * jnp.exp(b[c1:] - ref)  # [C-c1, K]
-            k_hat = kI * jnp.exp(ref - bI)  # [BC, K]
-            A_col = mm(q_hat, k_hat, NT_T, mxu_model=md)  # [C-c1, BC]
-            dA_col = scale * mm(do[c1:], v[sl], NT_T, mxu_model=md)
-            dv_blk = dv_blk + scale * mm(A_col, do[c1:], TN, mxu_model=md)
-            dk_blk = dk_blk + jnp.exp(ref - bI) * mm(dA_col, q_hat, TN, mxu_model=md)
-        dq_scr[sl, :] += dq_blk
-        dk_scr[sl, :] += dk_blk
-        dv_scr[sl, :] += dv_blk
+        dv_blk = scale * mm(A_d, doI, TN, mxu_model=md)
+        # as rows, against earlier columns j < r0, through r = b at the block's first row
+        r_row = _block(b_scr, r0, 1)
+        k_off = kf * masked_exp(r_row - b, _before(r0, C))  # zero rows j >= r0
+        dA_row = scale * mm(doI, v, NT_T, mxu_model=md)  # [BC, C]
+        dq_blk = dq_blk + jnp.exp(bI - r_row) * mm(dA_row, k_off, mxu_model=md)
+        # as columns, against later rows i >= r0+BC, through r = b at the block's last row
+        r_col = _block(b_scr, r0 + BC - 1, 1)
+        q_hat = qf * masked_exp(b - r_col, jnp.logical_not(_before(r0 + BC, C)))  # zero rows i < r0+BC
+        k_hat = kI * jnp.exp(r_col - bI)
+        A_col = mm(q_hat, k_hat, NT_T, mxu_model=md)  # [C, BC]
+        dA_col = scale * mm(do, vI, NT_T, mxu_model=md)  # rows i < r0+BC meet zero rows of q_hat
+        dv_blk = dv_blk + scale * mm(A_col, do, TN, mxu_model=md)
+        dk_blk = dk_blk + jnp.exp(r_col - bI) * mm(dA_col, q_hat, TN, mxu_model=md)
+        dq_scr[rows, :] += dq_blk
+        dk_scr[rows, :] += dk_blk
+        dv_scr[rows, :] += dv_blk
+        return carry
+
+    jax.lax.fori_loop(0, C // BC, sub_block, 0)
 
     dq, dk = dq_scr[...], dk_scr[...]
     x = qf * dq - kf * dk
@@ -313,7 +333,8 @@ def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
         out_specs=[kspec, kspec, vspec, kspec],
         out_shape=[jax.ShapeDtypeStruct((B, T, H * K), q.dtype), jax.ShapeDtypeStruct((B, T, H * K), k.dtype),
                    jax.ShapeDtypeStruct((B, T, H * V), v.dtype), jax.ShapeDtypeStruct((B, T, H * K), f32)],
-        scratch_shapes=[pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32), pltpu.VMEM((C, V), f32)],
+        scratch_shapes=[pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32),
+                        pltpu.VMEM((C, V), f32)],
         compiler_params=cfg.compiler_params("parallel", "parallel", "parallel"),
         interpret=cfg.interpret,
         name="gla_chunk_bwd_dqkvg",
