@@ -73,18 +73,60 @@ def _simple_gla_stress() -> list[Case]:
     return out
 
 
+def _kda_smoke() -> list[Case]:
+    base = dict(op="kda", variant="chunk", B=1, K=128, V=128, chunk_size=64)
+    return [
+        # q/k normalised and beta squashed in the op, the realistic gate bounded at -5
+        Case(T=128, H=2, dtype="bfloat16", gate=Gate("g", normalizer=16, lower_bound=-5.0), h0=True, dht=True,
+             options=(("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel", True)), **base),
+        # pre-normalised q/k, beta = sigmoid(N(0,1)) outside the op
+        Case(T=64, H=2, dtype="float32", gate=G, dht=True, **base),
+        # the gate computed in the op from A_log / dt_bias with fla's lower_bound
+        Case(T=64, H=1, dtype="bfloat16", gate=G, h0=True,
+             options=(("use_gate_in_kernel", True), ("lower_bound", -5.0)), **base),
+    ]
+
+
+def _kda_regressions() -> list[Case]:
+    return [
+        # extreme gates: logsigmoid(N)/0.1 reaches -30 per token, clamped at -5 (safe-gate regime)
+        Case("kda", "chunk", B=1, T=192, H=2, K=128, V=128, dtype="bfloat16",
+             gate=Gate("g", normalizer=0.1, lower_bound=-5.0), chunk_size=64, h0=True, dht=True),
+        # several chunks with a non-zero dht: the WY backward across chunk boundaries
+        Case("kda", "chunk", B=2, T=256, H=2, K=128, V=128, dtype="float32", gate=G, chunk_size=64, h0=True,
+             dht=True, options=(("use_qk_l2norm_in_kernel", True),)),
+    ]
+
+
+def _kda_standard() -> list[Case]:
+    out = []
+    for dtype, opts in itertools.product(("bfloat16", "float32"), (
+            (), (("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel", True)),
+            (("use_gate_in_kernel", True), ("lower_bound", -5.0)),
+            (("use_gate_in_kernel", True), ("lower_bound", -5.0), ("safe_gate", True)))):
+        out.append(Case("kda", "chunk", B=2, T=512, H=4, K=128, V=128, dtype=dtype, gate=G, chunk_size=64,
+                        h0=True, dht=True, options=opts))
+    return out
+
+
+def _kda_stress() -> list[Case]:
+    return [Case("kda", "chunk", B=1, T=T, H=16, K=128, V=128, dtype="bfloat16", gate=G, chunk_size=64, h0=True,
+                 dht=True, options=(("use_qk_l2norm_in_kernel", True),)) for T in (2048, 8192)]
+
+
+# suite name -> the per-op case lists it is made of (adding an op adds its lists here)
 SUITES = {
-    "smoke": _simple_gla_smoke,
-    "regressions": _simple_gla_regressions,
-    "standard": _simple_gla_standard,
-    "stress": _simple_gla_stress,
+    "smoke": (_simple_gla_smoke, _kda_smoke),
+    "regressions": (_simple_gla_regressions, _kda_regressions),
+    "standard": (_simple_gla_standard, _kda_standard),
+    "stress": (_simple_gla_stress, _kda_stress),
 }
 
 
 def get_suite(name: str) -> list[Case]:
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}; choose one of {sorted(SUITES)}")
-    cases = SUITES[name]()
+    cases = [case for make in SUITES[name] for case in make()]
     ids = [c.id for c in cases]
     dupes = {i for i in ids if ids.count(i) > 1}
     if dupes:
@@ -95,7 +137,7 @@ def get_suite(name: str) -> list[Case]:
 def find_case(case_id: str) -> Case:
     """The case with this id, from any suite (for one-line repros)."""
     for name in SUITES:
-        for case in SUITES[name]():
+        for case in get_suite(name):
             if case.id == case_id:
                 return case
     raise ValueError(f"no suite contains case {case_id!r}; list ids with `parity cases --suite NAME`")

@@ -61,6 +61,8 @@ class GpuLeg(Leg):
         self.native = native_cuda_available() and not force_emulation
         if self.native and dot_precision is not None:
             os.environ["TRITON_F32_DEFAULT"] = dot_precision  # read when kernels compile
+        # fla may dispatch some ops (kda) to non-Triton backends; it reads this at import
+        os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
         if not self.native:
             # Triton decides interpreted vs compiled when a kernel is decorated:
             # this must happen before fla is first imported in the process.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from .base import LegBinding, OpDescriptor, TensorSpec
+from .kda import KDA
 from .simple_gla import SIMPLE_GLA
 
-REGISTRY: dict[str, OpDescriptor] = {d.name: d for d in (SIMPLE_GLA,)}
+REGISTRY: dict[str, OpDescriptor] = {d.name: d for d in (SIMPLE_GLA, KDA)}
 
 
 def get_op(name: str) -> OpDescriptor:
