@@ -45,13 +45,16 @@ from jax import lax
 HIGHEST = lax.Precision.HIGHEST
 METHODS = ("chunk", "recurrent")
 
-__all__ = ["chunk_gla", "chunk_gla_bwd", "METHODS"]
+__all__ = ["chunk_gla", "chunk_gla_bwd", "METHODS", "COMPUTE_DTYPES"]
+
+
+COMPUTE_DTYPES = ("float64", "float32")
 
 
 @contextlib.contextmanager
-def _f64_cpu():
-    """float64 and the CPU device for the duration of the block only."""
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+def _f64_cpu(enable: bool = True):
+    """float64 (when enabled) and the CPU device for the duration of the block only."""
+    with jax.enable_x64(enable), jax.default_device(jax.devices("cpu")[0]):
         yield
 
 
@@ -63,7 +66,9 @@ def _f64(x):
     return None if x is None else np.asarray(x).astype(np.float64)
 
 
-def _validate(q, k, v, g, g_gamma, initial_state, method, chunk_size, do=None, dht=None):
+def _validate(q, k, v, g, g_gamma, initial_state, method, chunk_size, do=None, dht=None, compute_dtype="float64"):
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"{compute_dtype=} must be one of {COMPUTE_DTYPES}")
     if q.ndim != 4 or k.shape != q.shape or v.ndim != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"need q,k [B,T,H,K] and v [B,T,H,V]: got {q.shape=} {k.shape=} {v.shape=}")
     B, T, H, K = q.shape
@@ -151,30 +156,38 @@ def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size):
     return _chunk(q, k, v, gk, h0, scale, chunk_size)
 
 
-def _check64(named):
+def _check(named, compute_dtype="float64"):
+    """Assert every result really is compute_dtype (not by name), then return float64 arrays."""
+    out = {}
     for name, x in named.items():
         if x is not None:
-            assert x.dtype == np.float64, f"{name} came out {x.dtype}, not float64"
-    return named
+            assert x.dtype == np.dtype(compute_dtype), f"{name} came out {x.dtype}, not {compute_dtype}"
+            x = x.astype(np.float64)
+        out[name] = x
+    return out
 
 
 # --------------------------------------------------------------------- public
 def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-              *, method="chunk", chunk_size=64):
-    """Float64 forward: ``(o [B,T,H,V], ht [B,H,K,V] or None)`` as numpy float64."""
+              *, method="chunk", chunk_size=64, compute_dtype="float64"):
+    """Float64 forward: ``(o [B,T,H,V], ht [B,H,K,V] or None)`` as numpy float64.
+
+    ``compute_dtype="float32"`` runs the same maths in float32 (results still
+    returned as float64 arrays): only to exercise a harness gate, never a golden.
+    """
     q, k, v, g, g_gamma, h0 = map(_f64, (q, k, v, g, g_gamma, initial_state))
-    _validate(q, k, v, g, g_gamma, h0, method, chunk_size)
+    _validate(q, k, v, g, g_gamma, h0, method, chunk_size, compute_dtype=compute_dtype)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    with _f64_cpu():
-        o, ht = _forward(*map(lambda x: None if x is None else jnp.asarray(x, jnp.float64),
+    with _f64_cpu(compute_dtype == "float64"):
+        o, ht = _forward(*map(lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype)),
                               (q, k, v, g, g_gamma, h0)), scale, method, chunk_size)
         o, ht = np.asarray(o), np.asarray(ht)
-    out = _check64({"o": o, "ht": ht if output_final_state else None})
+    out = _check({"o": o, "ht": ht if output_final_state else None}, compute_dtype)
     return out["o"], out["ht"]
 
 
 def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
-                  *, method="chunk", chunk_size=64):
+                  *, method="chunk", chunk_size=64, compute_dtype="float64"):
     """Float64 gradients of ``sum(o*do) + sum(ht*dht)``.
 
     Returns ``dict(dq, dk, dv, dg, dg_gamma, dh0)`` of float64 numpy arrays,
@@ -182,21 +195,21 @@ def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initi
     g_gamma, ``dh0`` without initial_state).
     """
     q, k, v, do, dht, g, g_gamma, h0 = map(_f64, (q, k, v, do, dht, g, g_gamma, initial_state))
-    _validate(q, k, v, g, g_gamma, h0, method, chunk_size, do=do, dht=dht)
+    _validate(q, k, v, g, g_gamma, h0, method, chunk_size, do=do, dht=dht, compute_dtype=compute_dtype)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    with _f64_cpu():
-        j = lambda x: None if x is None else jnp.asarray(x, jnp.float64)
+    with _f64_cpu(compute_dtype == "float64"):
+        j = lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype))
         primals = {"q": j(q), "k": j(k), "v": j(v), "g": j(g), "g_gamma": j(g_gamma), "h0": j(h0)}
 
         def f(p):
             return _forward(p["q"], p["k"], p["v"], p["g"], p["g_gamma"], p["h0"], scale, method, chunk_size)
 
         (o, ht), vjp = jax.vjp(f, primals)
-        dht64 = jnp.zeros((B, H, K, V), jnp.float64) if dht is None else j(dht)
+        dht64 = j(np.zeros((B, H, K, V))) if dht is None else j(dht)
         (grads,) = vjp((j(do), dht64))
         out = {name: None if grads[src] is None else np.asarray(grads[src])
                for name, src in (("dq", "q"), ("dk", "k"), ("dv", "v"), ("dg", "g"),
                                  ("dg_gamma", "g_gamma"), ("dh0", "h0"))}
-    return _check64(out)
+    return _check(out, compute_dtype)

@@ -167,3 +167,13 @@ def test_invalid_inputs():
         chunk_gla(x["q"], x["k"], x["v"], g=x["g"], g_gamma=x["g_gamma"])
     with pytest.raises(ValueError):
         chunk_gla(x["q"], x["k"], x["v"], g=x["g"], method="fused")
+
+
+def test_compute_dtype_float32_is_close_and_returned_as_float64():
+    x = make(T=32, K=4, V=4, seed=5)
+    kw = dict(g=x["g"], initial_state=x["h0"], chunk_size=16)
+    o64, _ = chunk_gla(x["q"], x["k"], x["v"], **kw)
+    o32, _ = chunk_gla(x["q"], x["k"], x["v"], **kw, compute_dtype="float32")
+    assert o32.dtype == np.float64 and 0 < rel(o32, o64) <= 1e-5
+    with pytest.raises(ValueError):
+        chunk_gla(x["q"], x["k"], x["v"], **kw, compute_dtype="float16")

@@ -1,0 +1,182 @@
+"""gla: gated linear attention with a per-key-channel decay (variant ``chunk``).
+
+    S_t = Diag(exp(gk_t)) S_{t-1} + k_t v_tᵀ,   o_t = scale · S_tᵀ q_t,   ht = S_T
+
+Gate: ``g`` [B,T,H,K] per-channel log decay, or ``g_gamma`` [H] per-head
+constant (``gk_t[c] = g_gamma`` for all t, c).
+
+Legs:
+
+- reference: ``references.gla`` (float64 CPU JAX; chunked, recurrent cross-check).
+- GPU: ``fla.ops.gla.chunk_gla``, which only takes a per-channel ``g``. A
+  ``g_gamma`` case is mapped by broadcasting g_gamma to ``g [B,T,H,K]``
+  (detached, so fla's dg is not summed into a gradient fla never computes):
+  dg_gamma is ``not_provided`` on that leg. The mapping is recorded per row.
+  fla picks its own chunk size, ``min(64, max(16, next_pow2(T)))``; other
+  case chunk sizes are unsupported on the GPU leg.
+- TPU: ``kernels_tpu.gla.chunk_gla``; the dispatch (``"fused"`` single-
+  pallas_call g_gamma kernels, or the ``"chunk"`` kernels) is recorded per row.
+
+Case options: ``tpu_path`` in ``auto | fused | chunk`` (default ``auto``), the
+TPU kernels' ``path`` keyword (e.g. ``chunk`` runs a g_gamma case through the
+per-channel kernels).
+"""
+
+from __future__ import annotations
+
+from cases.case import Case
+from cases.inputs import InputSpec, gate_law, normal
+
+from .base import LegBinding, OpDescriptor, forward_tensors, grad_tensors
+
+VARIANTS = ("chunk",)
+OPTIONS = {"tpu_path": ("auto", "fused", "chunk")}
+
+
+def gate_shape(case: Case) -> tuple[int, ...]:
+    return (case.H,) if case.gate.kind == "g_gamma" else (case.B, case.T, case.H, case.K)
+
+
+def inputs(case: Case) -> list[InputSpec]:
+    """q, k, v ~ N(0,1) and do ~ N(0,1) in the case dtype; the gate, h0 and dht in float32."""
+    B, T, H, K, V = case.B, case.T, case.H, case.K, case.V
+    specs = [
+        InputSpec("q", lambda c: (B, T, H, K), "case", normal()),
+        InputSpec("k", lambda c: (B, T, H, K), "case", normal()),
+        InputSpec("v", lambda c: (B, T, H, V), "case", normal()),
+        InputSpec(case.gate.kind, gate_shape, "float32", gate_law),
+    ]
+    if case.h0:
+        specs.append(InputSpec("h0", lambda c: (B, H, K, V), "float32", normal()))
+    specs.append(InputSpec("do", lambda c: (B, T, H, V), "case", normal()))
+    if case.dht:
+        specs.append(InputSpec("dht", lambda c: (B, H, K, V), "float32", normal()))
+    return specs
+
+
+def differentiable(case: Case) -> list[str]:
+    return ["q", "k", "v", case.gate.kind] + (["h0"] if case.h0 else [])
+
+
+def tensors(case: Case):
+    dtypes = {"q": "case", "k": "case", "v": "case", "g": "float32", "g_gamma": "float32", "h0": "float32"}
+    return forward_tensors(case) + grad_tensors(case, differentiable(case), dtypes)
+
+
+def tpu_path(case: Case) -> str:
+    return case.opt.get("tpu_path", "auto")
+
+
+def validate(case: Case) -> None:
+    if case.variant not in VARIANTS:
+        raise ValueError(f"gla {case.variant=} must be one of {VARIANTS}")
+    if case.gate.kind not in ("g", "g_gamma"):
+        raise ValueError(f"gla takes a g or g_gamma gate, got {case.gate.kind=}")
+    unknown = set(case.opt) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown gla options {sorted(unknown)}; known: {sorted(OPTIONS)}")
+    if tpu_path(case) not in OPTIONS["tpu_path"]:
+        raise ValueError(f"gla option tpu_path={tpu_path(case)!r} must be one of {OPTIONS['tpu_path']}")
+
+
+# ----------------------------------------------------------------- bindings
+def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "float64") -> dict:
+    """float64 reference: chunked form; the reference leg asks for the recurrent cross-check."""
+    from references.gla import chunk_gla, chunk_gla_bwd
+
+    gates = {case.gate.kind: x[case.gate.kind]}
+    common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
+                  method=method, compute_dtype=compute_dtype)
+    o, ht = chunk_gla(x["q"], x["k"], x["v"], **gates, output_final_state=True, **common)
+    grads = chunk_gla_bwd(x["q"], x["k"], x["v"], x["do"], x.get("dht"), **gates, **common)
+    return {"o": o, "ht": ht, **{n: a for n, a in grads.items() if a is not None}}
+
+
+def fla_chunk_size(T: int) -> int:
+    """The chunk size fla.ops.gla.chunk_gla picks itself (it takes no chunk_size)."""
+    return min(64, max(16, 1 << max(T - 1, 0).bit_length()))
+
+
+def gpu_forward(case: Case, t: dict) -> dict:
+    """fla's public chunk_gla; a g_gamma gate is broadcast (detached) to a per-channel g."""
+    from fla.ops.gla import chunk_gla
+
+    g = t.get("g")
+    if g is None:
+        B, T, H, K = t["q"].shape
+        g = t["g_gamma"].detach()[None, None, :, None].expand(B, T, H, K).contiguous()
+    o, ht = chunk_gla(t["q"], t["k"], t["v"], g, scale=case.resolved_scale, initial_state=t.get("h0"),
+                      output_final_state=case.final_state)
+    return {"o": o, "ht": ht}
+
+
+def gpu_supports(case: Case) -> str | None:
+    if case.chunk_size != fla_chunk_size(case.T):
+        return (f"fla's chunk_gla picks its own chunk size ({fla_chunk_size(case.T)} for T={case.T}); "
+                f"the case asks for {case.chunk_size}")
+    return None
+
+
+def gpu_describe(case: Case) -> dict:
+    out = {"entry": "fla.ops.gla.chunk_gla", "chunk_size": fla_chunk_size(case.T)}
+    if case.gate.kind == "g_gamma":
+        out["gate_mapping"] = ("g_gamma [H] broadcast (detached) to g [B,T,H,K]; dg_gamma not provided by "
+                               "fla (its dg is per-channel)")
+    return out
+
+
+def tpu_forward(case: Case, a: dict, ctx) -> dict:
+    from kernels_tpu.gla import chunk_gla
+
+    o, ht = chunk_gla(a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=a.get("g_gamma"), scale=case.resolved_scale,
+                      initial_state=a.get("h0"), output_final_state=case.final_state, chunk_size=case.chunk_size,
+                      interpret=ctx.interpret, mxu_model=ctx.mxu_model, path=tpu_path(case))
+    return {"o": o, "ht": ht}
+
+
+def tpu_supports(case: Case) -> str | None:
+    if case.K % 128 or case.V % 128:
+        return f"TPU kernels need K and V to be multiples of 128 (lane width); got K={case.K}, V={case.V}"
+    if case.chunk_size % 16:
+        return f"TPU gla kernels need chunk_size a multiple of 16; got {case.chunk_size}"
+    try:
+        path = _dispatch(case)
+    except NotImplementedError as e:
+        return str(e)
+    if path == "fused" and case.T % case.chunk_size and case.final_state:
+        return (f"the fused g_gamma path cannot pad T={case.T} to chunk_size={case.chunk_size} with a final "
+                f"state; use option tpu_path='chunk'")
+    return None
+
+
+def _dispatch(case: Case) -> str:
+    from kernels_tpu.gla import gla_dispatch
+
+    gate = object()  # only which gate is present matters
+    g, g_gamma = (gate, None) if case.gate.kind == "g" else (None, gate)
+    return gla_dispatch(g, g_gamma, tpu_path(case))
+
+
+def tpu_describe(case: Case) -> dict:
+    try:
+        path = _dispatch(case)
+    except (ValueError, NotImplementedError) as e:
+        path = f"unsupported: {e}"
+    return {"entry": "kernels_tpu.gla.chunk_gla", "path": path, "path_option": tpu_path(case)}
+
+
+GLA = OpDescriptor(
+    name="gla",
+    variants=VARIANTS,
+    doc=__doc__,
+    inputs=inputs,
+    tensors=tensors,
+    differentiable=differentiable,
+    cotangents={"o": "do", "ht": "dht"},
+    validate=validate,
+    reference=reference,
+    gpu=LegBinding(gpu_forward, gpu_supports, describe=gpu_describe),
+    tpu=LegBinding(tpu_forward, tpu_supports, describe=tpu_describe),
+    notes={"g_gamma on GPU": "fla's chunk_gla has no g_gamma: broadcast to a per-channel g, dg_gamma not provided",
+           "tpu dispatch": "auto: g_gamma -> fused single-pallas_call kernels, g -> chunk kernels"},
+)
