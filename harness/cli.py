@@ -66,6 +66,24 @@ def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
     return path, df
 
 
+def _run_causality(name: str, args, cases) -> "object":
+    from harness.causality import causality_cases, run_causality
+    from harness.legs import make_leg
+    from harness.reports import write_csv
+
+    chosen = causality_cases(cases)
+    t0 = time.perf_counter()
+    df = run_causality(make_leg(name, **_leg_options(args, name)), chosen, progress=not args.no_progress)
+    path = write_csv(df, Path(args.out) / f"causality-{name}.csv")
+    bad = df[df["status"].isin(("leak", "error"))]
+    exact = int(df["bit_exact"].sum())
+    print(f"{name} causality: {len(chosen)} cases in {time.perf_counter() - t0:.1f} s, {exact}/{len(df)} "
+          f"bit-exact, {len(bad)} failing -> {path}")
+    for r in bad.to_dict("records"):
+        print(f"  {r['status'].upper()} {r['case_id']} {r['tensor']}: {r['reason']}")
+    return df
+
+
 def _failing(df) -> bool:
     from harness.runner import FAILING_STATUSES
 
@@ -112,6 +130,11 @@ def cmd_run(args) -> int:
     return EXIT_FAIL if _failing(df) else EXIT_PASS
 
 
+def cmd_causality(args) -> int:
+    df = _run_causality(args.backend, args, _select_cases(args))
+    return EXIT_FAIL if df["status"].isin(("leak", "error")).any() else EXIT_PASS
+
+
 def cmd_gate(args) -> int:
     from harness.gate import gate_files
 
@@ -153,6 +176,10 @@ def cmd_all(args) -> int:
         _, frames[name] = _run_leg(name, args, cases, cache)
         if _failing(frames[name]):
             status = EXIT_FAIL
+        if not args.no_causality:
+            causal = _run_causality(name, args, cases)
+            if causal["status"].isin(("leak", "error")).any():
+                status = EXIT_FAIL
     if "gpu" in frames and "tpu" in frames:
         gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy), Path(args.out))
         status = max(status, gate_status)
@@ -207,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.set_defaults(fn=cmd_run)
 
+    p = sub.add_parser("causality", help="check that inputs after t0 do not change o and dq up to t0")
+    p.add_argument("--backend", required=True, choices=("ref", "gpu", "tpu"), help="which leg to check")
+    _add_selection(p)
+    _add_run_options(p)
+    p.set_defaults(fn=cmd_causality)
+
     p = sub.add_parser("gate", help="apply eps_TPU <= eps_GPU to two result files")
     p.add_argument("gpu_csv", help="baseline result file (the GPU leg)")
     p.add_argument("tpu_csv", help="candidate result file (the TPU leg)")
@@ -223,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(p, shard=False)
     _add_run_options(p)
     _add_policy(p)
+    p.add_argument("--no-causality", action="store_true",
+                   help="skip the causality check (one case per op and variant, every leg)")
     p.set_defaults(fn=cmd_all)
     return parser
 

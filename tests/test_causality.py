@@ -1,0 +1,56 @@
+import numpy as np
+
+from cases.case import Case, Gate
+from cases.inputs import make_inputs
+from cases.suites import get_suite
+from harness.causality import causality_cases, check_case, default_t0, perturb_future
+from harness.legs.base import Environment, Leg, LegOutput
+from harness.legs.ref import RefLeg
+from harness.ops import get_op
+
+CASE = Case("simple_gla", "chunk", B=1, T=24, H=2, K=8, V=8, dtype="float32", gate=Gate(), chunk_size=8, h0=True,
+            dht=True)
+
+
+def test_perturbation_touches_only_the_future_of_forward_inputs():
+    op = get_op(CASE.op)
+    inputs = make_inputs(CASE, op.inputs(CASE))
+    t0 = default_t0(CASE)
+    assert t0 == 11  # inside the second chunk of 8
+    moved = perturb_future(op, CASE, inputs, t0)
+    for name in ("q", "k", "v", "g"):
+        np.testing.assert_array_equal(moved[name][:, : t0 + 1], inputs[name][:, : t0 + 1])
+        assert (moved[name][:, t0 + 1:] != inputs[name][:, t0 + 1:]).all()
+    for name in ("do", "dht", "h0"):  # upstream gradients and the state stay the same
+        np.testing.assert_array_equal(moved[name], inputs[name])
+    assert moved.sha256 != inputs.sha256
+
+
+def test_reference_leg_is_bit_exactly_causal():
+    rows = check_case(RefLeg(method="chunk"), CASE)
+    assert [(r.tensor, r.status, r.bit_exact) for r in rows] == [("o", "ok", True), ("dq", "ok", True)]
+
+
+class LeakyLeg(RefLeg):
+    """The reference, plus a tiny leak of the last token's gate into every output."""
+
+    name = "tpu"
+
+    def run(self, op, case, inputs):
+        out = dict(super().run(op, case, inputs).tensors)
+        leak = 1e-4 * float(inputs["g"][0, -1, 0])
+        out["o"] = out["o"] + leak
+        return LegOutput(out)
+
+
+def test_a_leak_far_below_epsilon_is_caught():
+    rows = {r.tensor: r for r in check_case(LeakyLeg(method="chunk"), CASE)}
+    assert rows["o"].status == "leak" and 0 < rows["o"].max_abs_diff < 1e-3
+    assert rows["dq"].status == "ok"
+
+
+def test_one_case_per_op_and_variant_that_every_leg_runs():
+    chosen = causality_cases(get_suite("smoke"))
+    keys = [(c.op, c.variant) for c in chosen]
+    assert len(keys) == len(set(keys)) and ("simple_gla", "fused_chunk") in keys
+    assert all(c.K % 128 == 0 and c.V % 128 == 0 for c in chosen)
