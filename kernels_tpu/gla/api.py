@@ -16,6 +16,10 @@ T not a multiple of chunk_size: zero-padded at the end (zero q, k, v, do and a
 zero log gate, i.e. decay 1, for g) and unpadded. On the fused path the
 constant gate keeps decaying over padded tokens, so there padding is only
 exact without a final state (``output_final_state=False``, no dht).
+
+Gates are log decays (``g <= 0``, ``g_gamma <= 0``): the overflow-safety
+argument (every exponent <= 0) relies on it. A positive gate is computed with
+the same formulas, but its exponentials can overflow at large chunk sizes.
 """
 
 from __future__ import annotations
