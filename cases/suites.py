@@ -73,6 +73,46 @@ def _simple_gla_stress() -> list[Case]:
     return out
 
 
+def _gla_smoke() -> list[Case]:
+    base = dict(op="gla", variant="chunk", B=1, H=2, chunk_size=64)
+    return [
+        Case(T=128, K=128, V=128, dtype="bfloat16", gate=G, h0=True, dht=True, **base),
+        # the fused g_gamma path with two V tiles: tiles must not overwrite each other
+        Case(T=128, K=128, V=256, dtype="bfloat16", gate=alibi(), h0=True, dht=True, **base),
+        # K = 256: the reduction over K tiles for o
+        Case(T=64, K=256, V=128, dtype="float32", gate=G, dht=True, **base),
+    ]
+
+
+def _gla_regressions() -> list[Case]:
+    return [
+        # the fused g_gamma backward once returned zeros for the gate gradient; at H=16, layer 0,
+        # C=128 the decay is steepest (fla cannot run C=128: bounds-only there)
+        Case("gla", "chunk", B=1, T=256, H=16, K=128, V=128, dtype="bfloat16", gate=alibi(32, 0),
+             chunk_size=128, h0=True, dht=True),
+        # K and V both 256 with a fused g_gamma path: the K-tile reduction and V tiles together
+        Case("gla", "chunk", B=1, T=128, H=2, K=256, V=256, dtype="bfloat16", gate=alibi(24, 0), chunk_size=64,
+             h0=True, dht=True),
+        # the same g_gamma case forced through the per-channel kernels: both TPU paths agree with fla
+        Case("gla", "chunk", B=1, T=128, H=2, K=128, V=128, dtype="float32", gate=alibi(24, 0), chunk_size=64,
+             h0=True, dht=True, options=(("tpu_path", "chunk"),)),
+        # a non-zero dht feeding the per-channel dg
+        Case("gla", "chunk", B=1, T=192, H=2, K=128, V=128, dtype="bfloat16", gate=G, chunk_size=64, h0=True,
+             dht=True),
+    ]
+
+
+def _gla_standard() -> list[Case]:
+    return [Case("gla", "chunk", B=2, T=T, H=4, K=K, V=128, dtype=dtype, gate=gate, chunk_size=64, h0=True, dht=True)
+            for dtype, gate, T, K in itertools.product(("bfloat16", "float16", "float32"), (G, alibi(24, 0)),
+                                                        (512, 1000), (128, 256))]
+
+
+def _gla_stress() -> list[Case]:
+    return [Case("gla", "chunk", B=1, T=T, H=16, K=128, V=128, dtype="bfloat16", gate=alibi(L, 0), chunk_size=C,
+                 h0=True, dht=True) for T, L, C in ((2048, 20, 64), (8192, 32, 128))]
+
+
 def _kda_smoke() -> list[Case]:
     base = dict(op="kda", variant="chunk", B=1, K=128, V=128, chunk_size=64)
     return [
@@ -116,10 +156,10 @@ def _kda_stress() -> list[Case]:
 
 # suite name -> the per-op case lists it is made of (adding an op adds its lists here)
 SUITES = {
-    "smoke": (_simple_gla_smoke, _kda_smoke),
-    "regressions": (_simple_gla_regressions, _kda_regressions),
-    "standard": (_simple_gla_standard, _kda_standard),
-    "stress": (_simple_gla_stress, _kda_stress),
+    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke),
+    "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions),
+    "standard": (_simple_gla_standard, _gla_standard, _kda_standard),
+    "stress": (_simple_gla_stress, _gla_stress, _kda_stress),
 }
 
 

@@ -122,10 +122,11 @@ def check_case(leg: Leg, case: Case, t0: int | None = None) -> list[CausalityRow
 
 
 def causality_cases(cases: list[Case]) -> list[Case]:
-    """One case per (op, variant) of a suite, the first with K and V multiples of 128 (so every leg runs)."""
-    chosen: dict[tuple[str, str], Case] = {}
+    """One case per (op, variant, gate kind) of a suite, so every kernel path (the fused g_gamma
+    ones included) is checked; the first with K and V multiples of 128, so every leg runs it."""
+    chosen: dict[tuple[str, str, str], Case] = {}
     for case in cases:
-        key = (case.op, case.variant)
+        key = (case.op, case.variant, case.gate.kind)
         if key not in chosen or (chosen[key].K % 128 and not case.K % 128):
             chosen[key] = case
     return list(chosen.values())

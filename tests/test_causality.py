@@ -49,8 +49,10 @@ def test_a_leak_far_below_epsilon_is_caught():
     assert rows["dq"].status == "ok"
 
 
-def test_one_case_per_op_and_variant_that_every_leg_runs():
+def test_one_case_per_op_variant_and_gate_that_every_leg_runs():
     chosen = causality_cases(get_suite("smoke"))
-    keys = [(c.op, c.variant) for c in chosen]
-    assert len(keys) == len(set(keys)) and ("simple_gla", "fused_chunk") in keys
+    keys = [(c.op, c.variant, c.gate.kind) for c in chosen]
+    assert len(keys) == len(set(keys))
+    assert {("simple_gla", "fused_chunk", "g"), ("simple_gla", "fused_chunk", "g_gamma"),
+            ("gla", "chunk", "g_gamma"), ("kda", "chunk", "g")} <= set(keys)
     assert all(c.K % 128 == 0 and c.V % 128 == 0 for c in chosen)
