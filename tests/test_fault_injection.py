@@ -2,15 +2,16 @@
 
 Each fault is a documented, test-only switch of a ``kernels_tpu`` kernel. The
 faulty kernel is bound into a copy of the op's descriptor and run through the
-real TPU leg (interpret mode) and the real gate. The baseline is the reference
-leg recomputed in float32: an honest second result file that needs no GPU.
+real TPU leg (interpret mode) and the real gate. The baseline is fla through the
+real GPU leg (emulated here), or, for the NaN class where any baseline does,
+the reference leg recomputed in float32.
 """
 
 import dataclasses
 
 import pytest
 
-from cases.case import Case
+from cases.case import Case, Gate
 from cases.suites import alibi
 from harness.gate import apply_gate
 from harness.legs.ref import RefLeg
@@ -60,3 +61,77 @@ def test_masked_exp_after_exp_gives_nan_and_fails_the_gate(cache):
     # the safe kernel on the same case is finite and within bounds
     safe = Runner(TpuLeg(), cache).run_case(case)
     assert {r["status"] for r in safe} == {"ok"}, [(r["tensor"], r["reason"]) for r in safe]
+
+
+@pytest.fixture(scope="module")
+def gpu_rows():
+    """fla's rows for a case, computed once per case (the real GPU leg, emulated here)."""
+    from harness.legs.gpu import GpuLeg
+
+    memo = {}
+
+    def get(case, cache):
+        if case.id not in memo:
+            memo[case.id] = rows_to_frame(Runner(GpuLeg(), cache).run_case(case))
+        return memo[case.id]
+
+    return get
+
+
+GLA_CASE = Case("gla", "chunk", B=1, T=64, H=2, K=256, V=128, dtype="bfloat16", gate=alibi(24, 0), chunk_size=64,
+                h0=True, dht=True)
+
+
+def _gla_fault_forward(fault):
+    from kernels_tpu import gla as kernels
+
+    def forward(case, a, ctx):
+        o, ht = kernels.chunk_gla(a["q"], a["k"], a["v"], g_gamma=a["g_gamma"], scale=case.resolved_scale,
+                                  initial_state=a.get("h0"), output_final_state=True, chunk_size=case.chunk_size,
+                                  interpret=ctx.interpret, mxu_model=ctx.mxu_model, path="fused", _fault=fault)
+        return {"o": o, "ht": ht}
+
+    return forward
+
+
+def _tpu_verdicts(case, fault_forward, baseline, cache):
+    rows = Runner(TpuLeg(), cache, ops=_with_tpu_forward(case.op, fault_forward)).run_case(case)
+    result = apply_gate(baseline, rows_to_frame(rows), Policy())
+    return {r["tensor"]: r for r in rows}, result
+
+
+def test_zero_dg_gamma_is_caught_by_bounds_without_a_gpu_number(cache, gpu_rows):
+    """fla gives no dg_gamma, so only the absolute bound can see a zero gate gradient."""
+    baseline = gpu_rows(GLA_CASE, cache)
+    assert baseline.set_index("tensor").loc["dg_gamma", "status"] == "not_provided"
+    rows, result = _tpu_verdicts(GLA_CASE, _gla_fault_forward("zero_dg_gamma"), baseline, cache)
+    assert rows["dg_gamma"]["status"] == "bound" and rows["dg_gamma"]["rel_l2"] == 1.0
+    assert set(result.failures["tensor"]) == {"dg_gamma"}
+
+
+def test_dropped_k_tile_reduction_is_caught_by_the_gate(cache, gpu_rows):
+    baseline = gpu_rows(GLA_CASE, cache)
+    rows, result = _tpu_verdicts(GLA_CASE, _gla_fault_forward("drop_k_reduction"), baseline, cache)
+    assert "o" in set(result.failures["tensor"])
+    # the healthy fused kernel on the same case passes the strict rule for o against fla
+    _, healthy = _tpu_verdicts(GLA_CASE, _gla_fault_forward(None), baseline, cache)
+    assert "o" not in set(healthy.failures["tensor"]), healthy.failures.to_dict("records")
+
+
+def test_missing_transpose_in_the_inverse_gradient_is_caught_by_the_gate(cache, gpu_rows):
+    """dX = -Aᵀ dA Aᵀ with one transpose dropped: kda's dk, dg and dbeta go wrong."""
+    from kernels_tpu import kda as kernels
+
+    case = Case("kda", "chunk", B=1, T=64, H=2, K=128, V=128, dtype="float32", gate=Gate(), chunk_size=64, h0=True, dht=True)
+
+    def forward(case, a, ctx):
+        o, ht = kernels.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], scale=case.resolved_scale,
+                                  initial_state=a.get("h0"), output_final_state=True, chunk_size=case.chunk_size,
+                                  interpret=ctx.interpret, mxu_model=ctx.mxu_model,
+                                  _fault="inverse_grad_missing_transpose")
+        return {"o": o, "ht": ht}
+
+    rows, result = _tpu_verdicts(case, forward, gpu_rows(case, cache), cache)
+    failed = set(result.failures["tensor"])
+    assert {"dk", "dbeta"} <= failed, result.failures.to_dict("records")
+    assert "o" not in failed  # the forward is untouched: only the gradient gate can see this bug
