@@ -7,8 +7,11 @@ computes float32 dots exactly, which would make a kernel look more accurate
 than it is on TPU. With ``mxu_model=True`` the dot is instead decomposed the
 way the MXU evaluates it:
 
-- bf16/fp16 operands, f32 accumulation: products of bf16 (fp16) values are
-  exact in f32, so an f32 dot of the upcast operands is the MXU result.
+- bf16 operands, f32 accumulation: products of bf16 values are exact in f32,
+  so an f32 dot of the upcast operands is the MXU result.
+- fp16 operands: the MXU has no fp16 mode; they are treated as f32 operands
+  (exact upcast) at the stated precision, so ``DEFAULT`` rounds them to bf16
+  and ``HIGH`` keeps them whole (an fp16 value is exactly two bf16 pieces).
 - f32 operands at ``Precision.DEFAULT``: one bf16 pass, operands rounded to
   bf16 (round to nearest even) first.
 - ``Precision.HIGH``: bf16x3, ``a = a_hi + a_lo`` split in bf16 and
@@ -70,9 +73,8 @@ def dot(
             a, b, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
         )
     f32 = jnp.float32
-    narrow = (jnp.bfloat16, jnp.float16)
-    if a.dtype in narrow and b.dtype in narrow:
-        # products of 8- (11-) bit significands are exact in f32: one exact pass
+    if a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16:
+        # products of 8-bit significands are exact in f32: one exact pass
         out = lax.dot_general(a.astype(f32), b.astype(f32), dimension_numbers, preferred_element_type=f32,
                               precision=Precision.HIGHEST)
         return out.astype(preferred_element_type)

@@ -1,0 +1,93 @@
+"""The main job end to end: `parity all --suite smoke`, every leg emulated on this CPU.
+
+One run (about 5-10 minutes on 2 cores) feeds every check below. The checks
+run inside a single test so that pytest-xdist never repeats the run on a
+second worker (module fixtures are per worker); each check names itself.
+"""
+
+import json
+
+import pandas as pd
+
+from cases.suites import get_suite
+from harness.cli import main
+from harness.gate import apply_gate
+from harness.ops import get_op
+from harness.policy import Policy
+
+SMOKE = get_suite("smoke")
+
+
+def test_smoke_suite_end_to_end(tmp_path):
+    code = main(["all", "--suite", "smoke", "--out", str(tmp_path), "--no-progress"])
+    frames = {leg: pd.read_csv(tmp_path / f"{leg}.csv") for leg in ("ref", "gpu", "tpu")}
+    run = code, tmp_path, frames
+    failures = []
+    for check in (check_every_leg_wrote_every_case_and_tensor, check_rows_name_their_mode_and_share_inputs,
+                  check_no_error_nan_or_bound_violation, check_unsupported_and_not_provided_are_reasoned_rows,
+                  check_causality_holds_on_every_leg, check_gate_verdicts):
+        try:
+            check(run)
+        except AssertionError as exc:
+            failures.append(f"{check.__name__}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+def check_every_leg_wrote_every_case_and_tensor(run):
+    _, out, frames = run
+    expected = {(c.id, t) for c in SMOKE for t in get_op(c.op).tensor_names(c)}
+    for leg, df in frames.items():
+        assert set(zip(df["case_id"], df["tensor"])) == expected, leg
+    assert (out / "parity.csv").exists() and (out / "parity.md").exists()
+    for leg in ("ref", "gpu", "tpu"):
+        assert (out / f"causality-{leg}.csv").exists()
+
+
+def check_rows_name_their_mode_and_share_inputs(run):
+    _, _, frames = run
+    assert set(frames["ref"]["mode"]) == {"native"}
+    assert set(frames["gpu"]["mode"]) == {"emulated"} and set(frames["tpu"]["mode"]) == {"emulated"}
+    hashes = [df.groupby("case_id")["input_sha256"].first() for df in frames.values()]
+    for h in hashes[1:]:
+        pd.testing.assert_series_equal(h, hashes[0])
+    versions = json.loads(frames["gpu"]["versions"].iloc[0])
+    assert {"triton", "fla-core", "torch"} <= set(versions)
+    assert {"jax", "jaxlib"} <= set(json.loads(frames["tpu"]["versions"].iloc[0]))
+
+
+def check_no_error_nan_or_bound_violation(run):
+    _, _, frames = run
+    for leg, df in frames.items():
+        bad = df[df["status"].isin(("error", "nonfinite", "bound"))]
+        assert bad.empty, f"{leg}: {bad[['case_id', 'tensor', 'status', 'reason']].to_dict('records')}"
+        assert (df.loc[df["status"] == "ok", "nan"] == 0).all()
+
+
+def check_unsupported_and_not_provided_are_reasoned_rows(run):
+    _, _, frames = run
+    tpu = frames["tpu"]
+    refused = tpu[tpu["status"] == "unsupported"]
+    assert not refused.empty and refused["reason"].str.contains("multiples of 128").all()
+    gpu = frames["gpu"]
+    assert set(gpu.loc[gpu["status"] == "not_provided", "tensor"]) <= {"dg_gamma"}
+    assert (gpu["tensor"] == "dg_gamma").any()
+
+
+def check_causality_holds_on_every_leg(run):
+    _, out, _ = run
+    for leg in ("ref", "gpu", "tpu"):
+        df = pd.read_csv(out / f"causality-{leg}.csv")
+        assert set(df["status"]) == {"ok"}, df[df["status"] != "ok"].to_dict("records")
+
+
+def check_gate_verdicts(run):
+    code, out, frames = run
+    parity = pd.read_csv(out / "parity.csv")
+    assert {"pass", "info"} <= set(parity["verdict"])
+    strict = apply_gate(frames["gpu"], frames["tpu"], Policy())
+    assert code == (0 if strict.passed else 1)
+    # Equal-quality bf16 kernels differ by about 1 % in rel_l2 (rounding noise). With
+    # the 5 % margin the README's main job uses, every smoke tensor passes; a real
+    # regression (zeros, a lost K tile, a missing transpose) is 10x-1000x.
+    margin = apply_gate(frames["gpu"], frames["tpu"], Policy(rel_margin=0.05))
+    assert margin.passed, margin.failures[["case_id", "tensor", "metric", "ratio"]].to_dict("records")
