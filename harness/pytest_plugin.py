@@ -32,6 +32,10 @@ def pytest_addoption(parser):
                     help="directory for the legs' result CSVs (env PARITY_OUT)")
     group.addoption("--gpu-results", default=os.environ.get("PARITY_GPU_RESULTS"),
                     help="GPU result CSV the tpu-marked tests gate against (env PARITY_GPU_RESULTS)")
+    group.addoption("--parity-margin", type=float, default=float(os.environ.get("PARITY_MARGIN", "0")),
+                    help="relative margin of the eps_TPU <= eps_GPU rule (env PARITY_MARGIN; default 0, strict)")
+    group.addoption("--parity-gate-metrics", default=os.environ.get("PARITY_GATE_METRICS", "rel_l2,max_abs"),
+                    help="metrics the tpu-marked tests gate (env PARITY_GATE_METRICS)")
 
 
 def pytest_configure(config):
@@ -101,6 +105,15 @@ def parity_runner(reference_cache):
 
 
 @pytest.fixture(scope="session")
+def parity_policy(request):
+    from harness.policy import Policy
+
+    opts = request.config.option
+    metrics = tuple(m.strip() for m in opts.parity_gate_metrics.split(",") if m.strip())
+    return Policy(metrics=metrics, rel_margin=opts.parity_margin)
+
+
+@pytest.fixture(scope="session")
 def gpu_baseline(request):
     path = request.config.option.gpu_results
     if not path:
@@ -135,6 +148,8 @@ def pytest_sessionfinish(session, exitstatus):
         path = write_csv(merge_results(parts), out / f"{leg}.csv")
         for p in parts:
             p.unlink()
+    if not any(parts_dir.iterdir()):
+        parts_dir.rmdir()
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"parity: {leg} results -> {path}")

@@ -43,6 +43,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; results are meant to be shared
         with os.fdopen(fd, "w", newline="") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -53,7 +56,9 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_csv(df: pd.DataFrame, path: Path) -> Path:
-    atomic_write_text(Path(path), df.to_csv(index=False, float_format="%.9g"))
+    # no float_format: pandas writes the shortest repr that round-trips, so a metric
+    # read back from a file compares exactly as it did in memory
+    atomic_write_text(Path(path), df.to_csv(index=False))
     return Path(path)
 
 

@@ -8,7 +8,6 @@ and enforces eps_TPU <= eps_GPU. Without the hardware both run emulated.
 import pytest
 
 from harness.gate import apply_gate
-from harness.policy import Policy
 from harness.reports import rows_to_frame
 from harness.runner import FAILING_STATUSES
 
@@ -25,10 +24,10 @@ def test_gpu_leg(parity_case, parity_runner, parity_results):
 
 
 @pytest.mark.tpu
-def test_tpu_leg_against_gpu(parity_case, parity_runner, parity_results, gpu_baseline):
+def test_tpu_leg_against_gpu(parity_case, parity_runner, parity_results, gpu_baseline, parity_policy):
     rows = parity_runner("tpu").run_case(parity_case)
     parity_results.add("tpu", rows)
     baseline = gpu_baseline[gpu_baseline["case_id"] == parity_case.id]
-    result = apply_gate(baseline, rows_to_frame(rows), Policy())
+    result = apply_gate(baseline, rows_to_frame(rows), parity_policy)
     fails = [f"{r['tensor']} {r['metric']}: {r['reason']}" for r in result.failures.to_dict("records")]
     assert not fails, f"{parity_case.id}: {fails}\nrepro: {rows[0]['repro']}"

@@ -1,0 +1,45 @@
+"""The pytest plugin's mechanics: one test per suite case, rows merged across xdist workers."""
+
+import pandas as pd
+
+from cases.suites import get_suite
+
+pytest_plugins = ["pytester"]
+
+INLINE = '''
+def test_case(parity_case, parity_results):
+    parity_results.add("ref", [{"case_id": parity_case.id, "tensor": "o", "leg": "ref", "status": "ok",
+                                "input_sha256": "x", "mode": "native"}])
+'''
+
+
+def _expected_ids():
+    return sorted(c.id for c in get_suite("smoke") if c.op == "kda")
+
+
+def test_one_test_per_case_and_merged_csv(pytester):
+    pytester.makepyfile(test_inline=INLINE)
+    out = pytester.path / "out"
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--parity-suite", "smoke",
+                                           "--parity-op", "kda", f"--parity-out={out}")
+    result.assert_outcomes(passed=len(_expected_ids()))
+    df = pd.read_csv(out / "ref.csv")
+    assert sorted(df["case_id"]) == _expected_ids()
+    assert not (out / ".parts").exists()  # worker parts are merged and removed
+
+
+def test_tpu_tests_skip_without_a_gpu_file(pytester):
+    pytester.makepyfile(test_inline='''
+def test_needs_baseline(gpu_baseline):
+    pass
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*no GPU result file: pass --gpu-results PATH*"])
+
+
+def test_empty_selection_is_an_error(pytester):
+    pytester.makepyfile(test_inline=INLINE)
+    result = pytester.runpytest_subprocess("--parity-op", "nope")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*selects no case*"])
