@@ -132,6 +132,9 @@ def _kda_regressions() -> list[Case]:
         # extreme gates: logsigmoid(N)/0.1 reaches -30 per token, clamped at -5 (safe-gate regime)
         Case("kda", "chunk", B=1, T=192, H=2, K=128, V=128, dtype="bfloat16",
              gate=Gate("g", normalizer=0.1, lower_bound=-5.0), chunk_size=64, h0=True, dht=True),
+        # fla's safe-gate path (bf16x3 dots, gather) with the in-op gate bounded at -5
+        Case("kda", "chunk", B=1, T=64, H=1, K=128, V=128, dtype="bfloat16", gate=G, chunk_size=64, h0=True,
+             options=(("use_gate_in_kernel", True), ("lower_bound", -5.0), ("safe_gate", True))),
         # several chunks with a non-zero dht: the WY backward across chunk boundaries
         Case("kda", "chunk", B=2, T=256, H=2, K=128, V=128, dtype="float32", gate=G, chunk_size=64, h0=True,
              dht=True, options=(("use_qk_l2norm_in_kernel", True),)),

@@ -438,3 +438,37 @@ def test_fla_chunk_simple_gla_bf16_fwd_bwd():
     for name, ref in refs.items():
         err = _rel_l2(got[name].detach().double()[0].numpy(), ref.detach().numpy())
         assert err < tol[name], (name, err)
+
+
+@_ijit
+def _dot_bf16x3(A, B, C, N: tl.constexpr):
+    r = tl.arange(0, N)
+    offs = r[:, None] * N + r[None, :]
+    tl.store(C + offs, tl.dot(tl.load(A + offs), tl.load(B + offs), input_precision="bf16x3"))
+
+
+@_ijit
+def _dot_bf16x6(A, B, C, N: tl.constexpr):
+    r = tl.arange(0, N)
+    offs = r[:, None] * N + r[None, :]
+    tl.store(C + offs, tl.dot(tl.load(A + offs), tl.load(B + offs), input_precision="bf16x6"))
+
+
+def _one_entry_dot(kernel, x):
+    a = torch.eye(16, dtype=torch.float32) * x
+    b = torch.ones(16, 16, dtype=torch.float32)
+    c = torch.empty(16, 16, dtype=torch.float32)
+    with triton_emulation():
+        _run(kernel, a, b, c, N=16)
+    return torch.unique(c).item()
+
+
+def test_f32_dot_bf16x3_and_bf16x6():
+    """The NVIDIA backend's bf16 multi-pass precisions (fla's kda safe-gate path uses them).
+
+    x = 1 + 2^-10 + 2^-20 (exact in f32): bf16 pieces 1, 2^-10, 2^-20. bf16x3 keeps
+    hi*1 + lo*1 with two pieces: 1 + 2^-10; bf16x6 keeps the third piece too.
+    """
+    x = 1.0 + 2.0**-10 + 2.0**-20
+    assert _one_entry_dot(_dot_bf16x3, x) == 1.0 + 2.0**-10
+    assert _one_entry_dot(_dot_bf16x6, x) == x

@@ -819,12 +819,48 @@ def _install_numerics(patcher: _Patcher, *, bf16: bool, dots: bool, force_dot_pr
                 if prec == P.TF32:
                     out = mm(tf32(A), tf32(B)) + acc
                     return TensorHandle(encode(out, dt), dt)
+                if prec in (P.BF16x3, P.BF16x6):
+                    # split each operand into bf16 pieces (round to nearest even) and sum the
+                    # cross products of low total order, smallest first, each pass f32-accumulated
+                    n, pairs = (2, ((1, 0), (0, 1), (0, 0))) if prec == P.BF16x3 else \
+                        (3, ((2, 0), (1, 1), (0, 2), (1, 0), (0, 1), (0, 0)))
+                    pa, pb = _bf16_pieces(A, n), _bf16_pieces(B, n)
+                    out = acc.astype(np.float32)
+                    for i, j in pairs:
+                        out = (mm(pa[i], pb[j]) + out).astype(np.float32)
+                    return TensorHandle(encode(out, dt), dt)
                 return orig_dot(a, b, d, input_precision, max_num_imprecise_acc)
             # bf16 / fp16 / fp8 inputs: exact products, float32 (output-type) accumulation.
             out = mm(A.astype(np.float64), B.astype(np.float64)) + acc
             return TensorHandle(encode(out, dt), dt)
 
         patcher.set_attr(builder, "create_dot", create_dot)
+        # the NVIDIA backend also accepts bf16x3 / bf16x6 (fla's kda safe-gate path asks for them)
+        patcher.set_attr(builder, "options", dataclasses.replace(
+            builder.options, allowed_dot_input_precisions=("tf32", "tf32x3", "ieee", "bf16x3", "bf16x6")))
+
+
+def _bf16_pieces(x: np.ndarray, n: int) -> List[np.ndarray]:
+    """f32 ``x`` as ``n`` bf16 pieces (each rounded to nearest even) whose sum approximates it."""
+    out, rest = [], x.astype(np.float32)
+    for _ in range(n):
+        piece = bf16_bits_to_f32(f32_to_bf16_bits(rest))
+        out.append(piece.astype(np.float64))
+        rest = (rest - piece).astype(np.float32)
+    return out
+
+
+def _install_fla_gather_fallback(patcher: _Patcher) -> List[str]:
+    """The interpreter has no ``tl.gather``; fla picks it at call time from a module
+    global (``USE_GATHER=IS_GATHER_SUPPORTED``, e.g. kda's safe-gate intra kernel).
+    Point the already-imported fla modules at their gather-free path for the block.
+    Selecting one element by gather or by its masked sum is exact either way."""
+    patched = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("fla.") and getattr(module, "IS_GATHER_SUPPORTED", False) is True:
+            patcher.set_attr(module, "IS_GATHER_SUPPORTED", False)
+            patched.append(name)
+    return sorted(patched)
 
 
 @contextlib.contextmanager
@@ -882,6 +918,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
             _install_numerics(patcher, bf16=bf16, dots=dots,
                               force_dot_precision=dot_precision if force_dot_precision else None,
                               tf32_rounding=tf32_rounding)
+            session.settings["fla_gather_disabled_in"] = _install_fla_gather_fallback(patcher)
             if dot_precision is not None:
                 # core.dot resolves input_precision=None from this knob at every
                 # interpreted call, exactly like TRITON_F32_DEFAULT at compile

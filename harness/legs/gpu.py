@@ -67,6 +67,7 @@ class GpuLeg(Leg):
             # Triton decides interpreted vs compiled when a kernel is decorated:
             # this must happen before fla is first imported in the process.
             enable_interpreter_mode()
+            import fla.ops  # noqa: F401 - load the kernels now so scoped emulation patches reach them
 
     def _scope(self):
         from harness.emulation import pinned_autotune, triton_emulation
