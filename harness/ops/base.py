@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from cases.case import Case
-from cases.inputs import InputSpec
+from cases.inputs import InputSpec, Law, gate_law, normal
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,35 @@ def forward_tensors(case: Case) -> list[TensorSpec]:
 def grad_tensors(case: Case, differentiable: list[str], dtypes: Mapping[str, str]) -> list[TensorSpec]:
     """One gradient per differentiable input, declared in its input's dtype."""
     return [TensorSpec(grad_name(n), dtypes[n], "grad", f"gradient of {n}") for n in differentiable]
+
+
+def qkv_specs(case: Case, qk_law: Law | None = None) -> list[InputSpec]:
+    """q, k [B,T,H,K] and v [B,T,H,V] in the case dtype; q, k ~ ``qk_law`` (default N(0,1)), v ~ N(0,1)."""
+    qk_law = qk_law or normal()
+    return [
+        InputSpec("q", lambda c: (c.B, c.T, c.H, c.K), "case", qk_law),
+        InputSpec("k", lambda c: (c.B, c.T, c.H, c.K), "case", qk_law),
+        InputSpec("v", lambda c: (c.B, c.T, c.H, c.V), "case", normal()),
+    ]
+
+
+def gate_spec(case: Case, per_token_shape) -> InputSpec:
+    """The case's gate in float32: ``g_gamma`` [H], or ``g`` with the op's per-token shape."""
+    shape = (lambda c: (c.H,)) if case.gate.kind == "g_gamma" else per_token_shape
+    return InputSpec(case.gate.kind, shape, "float32", gate_law)
+
+
+def state_and_cotangent_specs(case: Case) -> list[InputSpec]:
+    """h0 [B,H,K,V] (float32) if the case has one, do [B,T,H,V] (case dtype), dht (float32) if any."""
+    specs = [InputSpec("h0", lambda c: (c.B, c.H, c.K, c.V), "float32", normal())] if case.h0 else []
+    specs.append(InputSpec("do", lambda c: (c.B, c.T, c.H, c.V), "case", normal()))
+    if case.dht:
+        specs.append(InputSpec("dht", lambda c: (c.B, c.H, c.K, c.V), "float32", normal()))
+    return specs
+
+
+def tpu_lane_check(case: Case) -> str | None:
+    """The TPU lane width: K and V must be multiples of 128."""
+    if case.K % 128 or case.V % 128:
+        return f"TPU kernels need K and V to be multiples of 128 (lane width); got K={case.K}, V={case.V}"
+    return None

@@ -25,33 +25,18 @@ per-channel kernels).
 from __future__ import annotations
 
 from cases.case import Case
-from cases.inputs import InputSpec, gate_law, normal
+from cases.inputs import InputSpec
 
-from .base import LegBinding, OpDescriptor, forward_tensors, grad_tensors
+from .base import (LegBinding, OpDescriptor, forward_tensors, gate_spec, grad_tensors, qkv_specs,
+                   state_and_cotangent_specs, tpu_lane_check)
 
 VARIANTS = ("chunk",)
 OPTIONS = {"tpu_path": ("auto", "fused", "chunk")}
 
 
-def gate_shape(case: Case) -> tuple[int, ...]:
-    return (case.H,) if case.gate.kind == "g_gamma" else (case.B, case.T, case.H, case.K)
-
-
 def inputs(case: Case) -> list[InputSpec]:
-    """q, k, v ~ N(0,1) and do ~ N(0,1) in the case dtype; the gate, h0 and dht in float32."""
-    B, T, H, K, V = case.B, case.T, case.H, case.K, case.V
-    specs = [
-        InputSpec("q", lambda c: (B, T, H, K), "case", normal()),
-        InputSpec("k", lambda c: (B, T, H, K), "case", normal()),
-        InputSpec("v", lambda c: (B, T, H, V), "case", normal()),
-        InputSpec(case.gate.kind, gate_shape, "float32", gate_law),
-    ]
-    if case.h0:
-        specs.append(InputSpec("h0", lambda c: (B, H, K, V), "float32", normal()))
-    specs.append(InputSpec("do", lambda c: (B, T, H, V), "case", normal()))
-    if case.dht:
-        specs.append(InputSpec("dht", lambda c: (B, H, K, V), "float32", normal()))
-    return specs
+    """q, k, v ~ N(0,1) and do ~ N(0,1) in the case dtype; the gate [B,T,H,K] or [H], h0 and dht in float32."""
+    return qkv_specs(case) + [gate_spec(case, lambda c: (c.B, c.T, c.H, c.K))] + state_and_cotangent_specs(case)
 
 
 def differentiable(case: Case) -> list[str]:
@@ -135,8 +120,9 @@ def tpu_forward(case: Case, a: dict, ctx) -> dict:
 
 
 def tpu_supports(case: Case) -> str | None:
-    if case.K % 128 or case.V % 128:
-        return f"TPU kernels need K and V to be multiples of 128 (lane width); got K={case.K}, V={case.V}"
+    lanes = tpu_lane_check(case)
+    if lanes:
+        return lanes
     if case.chunk_size % 16:
         return f"TPU gla kernels need chunk_size a multiple of 16; got {case.chunk_size}"
     try:

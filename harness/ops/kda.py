@@ -28,7 +28,8 @@ import os
 from cases.case import Case
 from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_normal
 
-from .base import LegBinding, OpDescriptor, forward_tensors, grad_tensors
+from .base import (LegBinding, OpDescriptor, forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs,
+                   tpu_lane_check)
 
 VARIANTS = ("chunk",)
 BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
@@ -50,27 +51,18 @@ def gate_in_kernel(case: Case) -> bool:
 
 
 def inputs(case: Case) -> list[InputSpec]:
-    """q, k, v, do in the case dtype; beta in the case dtype; g, A_log, dt_bias, h0, dht float32."""
-    B, T, H, K, V = case.B, case.T, case.H, case.K, case.V
+    """q, k, v, beta, do in the case dtype; g, A_log, dt_bias, h0, dht in float32."""
     opts = options(case)
-    qk_law = normal() if opts["use_qk_l2norm_in_kernel"] else l2normed_normal
-    specs = [
-        InputSpec("q", lambda c: (B, T, H, K), "case", qk_law),
-        InputSpec("k", lambda c: (B, T, H, K), "case", qk_law),
-        InputSpec("v", lambda c: (B, T, H, V), "case", normal()),
-        InputSpec("g", lambda c: (B, T, H, K), "float32", normal() if opts["use_gate_in_kernel"] else gate_law),
-        InputSpec("beta", lambda c: (B, T, H), "case",
+    g_law = normal() if opts["use_gate_in_kernel"] else gate_law
+    specs = qkv_specs(case, qk_law=normal() if opts["use_qk_l2norm_in_kernel"] else l2normed_normal) + [
+        InputSpec("g", lambda c: (c.B, c.T, c.H, c.K), "float32", g_law),
+        InputSpec("beta", lambda c: (c.B, c.T, c.H), "case",
                   normal() if opts["use_beta_sigmoid_in_kernel"] else sigmoid_normal),
     ]
     if opts["use_gate_in_kernel"]:
-        specs.append(InputSpec("A_log", lambda c: (H,), "float32", normal()))
-        specs.append(InputSpec("dt_bias", lambda c: (H * K,), "float32", normal()))
-    if case.h0:
-        specs.append(InputSpec("h0", lambda c: (B, H, K, V), "float32", normal()))
-    specs.append(InputSpec("do", lambda c: (B, T, H, V), "case", normal()))
-    if case.dht:
-        specs.append(InputSpec("dht", lambda c: (B, H, K, V), "float32", normal()))
-    return specs
+        specs.append(InputSpec("A_log", lambda c: (c.H,), "float32", normal()))
+        specs.append(InputSpec("dt_bias", lambda c: (c.H * c.K,), "float32", normal()))
+    return specs + state_and_cotangent_specs(case)
 
 
 def differentiable(case: Case) -> list[str]:
@@ -174,8 +166,9 @@ def tpu_forward(case: Case, a: dict, ctx) -> dict:
 
 
 def tpu_supports(case: Case) -> str | None:
-    if case.K % 128 or case.V % 128:
-        return f"TPU kernels need K and V to be multiples of 128 (lane width); got K={case.K}, V={case.V}"
+    lanes = tpu_lane_check(case)
+    if lanes:
+        return lanes
     if case.chunk_size % 16:
         return f"the TPU kda kernel needs chunk_size to be a multiple of 16, got {case.chunk_size}"
     return None
