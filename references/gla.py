@@ -35,27 +35,17 @@ einsum at ``Precision.HIGHEST``. Inputs are numpy arrays of any float dtype
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._x64 import COMPUTE_DTYPES, check_compute_dtype, float64_cpu
+
 HIGHEST = lax.Precision.HIGHEST
 METHODS = ("chunk", "recurrent")
 
 __all__ = ["chunk_gla", "chunk_gla_bwd", "METHODS", "COMPUTE_DTYPES"]
-
-
-COMPUTE_DTYPES = ("float64", "float32")
-
-
-@contextlib.contextmanager
-def _f64_cpu(enable: bool = True):
-    """float64 (when enabled) and the CPU device for the duration of the block only."""
-    with jax.enable_x64(enable), jax.default_device(jax.devices("cpu")[0]):
-        yield
 
 
 def _ein(spec, *xs):
@@ -67,8 +57,7 @@ def _f64(x):
 
 
 def _validate(q, k, v, g, g_gamma, initial_state, method, chunk_size, do=None, dht=None, compute_dtype="float64"):
-    if compute_dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"{compute_dtype=} must be one of {COMPUTE_DTYPES}")
+    check_compute_dtype(compute_dtype)
     if q.ndim != 4 or k.shape != q.shape or v.ndim != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"need q,k [B,T,H,K] and v [B,T,H,V]: got {q.shape=} {k.shape=} {v.shape=}")
     B, T, H, K = q.shape
@@ -178,7 +167,7 @@ def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, out
     q, k, v, g, g_gamma, h0 = map(_f64, (q, k, v, g, g_gamma, initial_state))
     _validate(q, k, v, g, g_gamma, h0, method, chunk_size, compute_dtype=compute_dtype)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    with _f64_cpu(compute_dtype == "float64"):
+    with float64_cpu(compute_dtype == "float64"):
         o, ht = _forward(*map(lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype)),
                               (q, k, v, g, g_gamma, h0)), scale, method, chunk_size)
         o, ht = np.asarray(o), np.asarray(ht)
@@ -199,7 +188,7 @@ def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initi
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    with _f64_cpu(compute_dtype == "float64"):
+    with float64_cpu(compute_dtype == "float64"):
         j = lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype))
         primals = {"q": j(q), "k": j(k), "v": j(v), "g": j(g), "g_gamma": j(g_gamma), "h0": j(h0)}
 

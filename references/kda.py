@@ -39,13 +39,14 @@ they are upcast exactly to float64. Results are float64 numpy arrays (checked).
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from ._x64 import COMPUTE_DTYPES, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
 L2NORM_EPS = 1e-6
 METHODS = ("chunk", "recurrent")
@@ -54,28 +55,9 @@ _HI = lax.Precision.HIGHEST
 __all__ = ["chunk_kda", "chunk_kda_bwd", "preprocess", "METHODS", "L2NORM_EPS"]
 
 
-COMPUTE_DTYPES = ("float64", "float32")
-
-
-@contextlib.contextmanager
-def _float64_cpu(enable: bool = True) -> Iterator[None]:
-    cpu = jax.devices("cpu")[0]
-    with jax.enable_x64(enable), jax.default_device(cpu), jax.default_matmul_precision("highest"):
-        yield
-
-
-def _to_jax(x, dtype: str):
-    if x is None:
-        return None
-    return jnp.asarray(np.asarray(x).astype(dtype))
-
-
 def _to_np(x, dtype: str) -> np.ndarray:
     """Checked to be in the compute dtype, then returned as float64."""
-    a = np.asarray(x)
-    if a.dtype != np.dtype(dtype):
-        raise AssertionError(f"reference produced {a.dtype}, expected {dtype}")
-    return a.astype(np.float64)
+    return to_numpy(x, dtype).astype(np.float64)
 
 
 # ------------------------------------------------------------------ validation
@@ -225,8 +207,7 @@ def _options(kw) -> dict[str, Any]:
 
 
 def _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw, compute_dtype):
-    if compute_dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"{compute_dtype=} must be one of {COMPUTE_DTYPES}")
+    check_compute_dtype(compute_dtype)
     opts = _options(kw)
     arrs = [np.asarray(x) for x in (q, k, v, g, beta)]
     _check(*arrs, None if initial_state is None else np.asarray(initial_state), A_log, dt_bias, opts,
@@ -254,9 +235,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
                                                chunk_size, method, options, compute_dtype)
     cd = compute_dtype
-    with _float64_cpu(cd == "float64"):
-        q, k, v, g, beta = (_to_jax(x, cd) for x in arrs)
-        h0, A_log, dt_bias = (_to_jax(x, cd) for x in (initial_state, A_log, dt_bias))
+    with float64_cpu(cd == "float64"):
+        q, k, v, g, beta = (to_jax(x, cd) for x in arrs)
+        h0, A_log, dt_bias = (to_jax(x, cd) for x in (initial_state, A_log, dt_bias))
         q, k, g, beta = preprocess(q, k, g, beta, A_log, dt_bias, **opts)
         o, ht = _core_jit(q, k, v, g, beta, h0, scale, chunk_size, method)
         o = _to_np(o, cd)
@@ -278,17 +259,17 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
     arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
                                                chunk_size, method, options, compute_dtype)
     cd = compute_dtype
-    with _float64_cpu(cd == "float64"):
-        primals = dict(zip(("q", "k", "v", "g", "beta"), (_to_jax(x, cd) for x in arrs)))
+    with float64_cpu(cd == "float64"):
+        primals = dict(zip(("q", "k", "v", "g", "beta"), (to_jax(x, cd) for x in arrs)))
         for name, x in (("h0", initial_state), ("A_log", A_log), ("dt_bias", dt_bias)):
             if x is not None:
-                primals[name] = _to_jax(x, cd)
-        do64 = _to_jax(do, cd)
+                primals[name] = to_jax(x, cd)
+        do64 = to_jax(do, cd)
         if do64.shape != primals["v"].shape:
             raise ValueError(f"do must have the shape of o {primals['v'].shape}, got {do64.shape}")
         B, T, H, K = primals["q"].shape
         V = primals["v"].shape[-1]
-        dht64 = jnp.zeros((B, H, K, V), cd) if dht is None else _to_jax(dht, cd)
+        dht64 = jnp.zeros((B, H, K, V), cd) if dht is None else to_jax(dht, cd)
         if dht64.shape != (B, H, K, V):
             raise ValueError(f"dht must be [B,H,K,V] = {(B, H, K, V)}, got {dht64.shape}")
 
