@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .chunk import chunk_bwd_impl, chunk_fwd_impl
-from .common import FAULTS, LANES, PATHS, BlockSizes, Config, resolve_interpret, resolve_mxu_model
+from ..interpret import resolve_interpret, resolve_mxu_model
+from .common import FAULTS, LANES, PATHS, BlockSizes, Config
 from .fused import fused_bwd_impl, fused_fwd_impl
 
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)

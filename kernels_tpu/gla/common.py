@@ -89,25 +89,6 @@ class Config:
         return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
 
 
-def resolve_interpret(interpret):
-    """None/False -> native TPU; True -> InterpretParams reading NaN from
-    uninitialised memory; an InterpretParams is passed through."""
-    if interpret is None or interpret is False:
-        return False
-    if interpret is True:
-        return pltpu.InterpretParams(uninitialized_memory="nan")
-    if isinstance(interpret, pltpu.InterpretParams):
-        return interpret
-    raise ValueError(f"interpret must be None, a bool or a pltpu.InterpretParams, got {interpret=}")
-
-
-def resolve_mxu_model(mxu_model, interpret) -> bool:
-    """None -> model MXU rounding iff interpreting (never on a real TPU)."""
-    if mxu_model is None:
-        return interpret is not False
-    return bool(mxu_model)
-
-
 # ----------------------------------------------------------- in-kernel maths
 def mm(a, b, dims=NT, *, mxu_model: bool):
     """A kernel dot with f32 accumulation and a stated precision.
@@ -158,4 +139,4 @@ def zeros_like_ref(ref):
     return jnp.zeros(ref.shape, ref.dtype)
 
 
-__all__ = ["BlockSizes", "Config", "FAULTS", "PATHS", "resolve_interpret", "resolve_mxu_model"]
+__all__ = ["BlockSizes", "Config", "FAULTS", "PATHS"]

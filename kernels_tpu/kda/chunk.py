@@ -52,6 +52,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
+from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
 PREC = lax.Precision.HIGHEST  # every kernel dot: f32 operands, ~f32 accuracy (bf16x6 on the MXU)
@@ -460,12 +461,8 @@ def _validate(q, k, v, g, beta, scale, initial_state, blocks: BlockSizes, opts: 
 
 
 def _make_config(K, scale, chunk_size, interpret, mxu_model, fault) -> Config:
-    if interpret is True:
-        interpret = pltpu.InterpretParams(uninitialized_memory="nan")
-    elif interpret is None:
-        interpret = False
-    if mxu_model is None:
-        mxu_model = interpret is not False
+    interpret = resolve_interpret(interpret)
+    mxu_model = resolve_mxu_model(mxu_model, interpret)
     scale = K ** -0.5 if scale is None else float(scale)
     return Config(scale=scale, blocks=BlockSizes(chunk_size=chunk_size), interpret=interpret,
                   mxu_model=mxu_model, fault=fault)

@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
+from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 Precision = jax.lax.Precision
 F32 = jnp.float32
@@ -243,19 +244,6 @@ class Config:
         return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
 
 
-def resolve_interpret(interpret):
-    """None/False -> native TPU compile; True -> InterpretParams reading NaN from
-    uninitialised memory (a kernel reading unwritten scratch shows up); an
-    InterpretParams is passed through."""
-    if interpret is None or interpret is False:
-        return False
-    if interpret is True:
-        return pltpu.InterpretParams(uninitialized_memory="nan")
-    if isinstance(interpret, pltpu.InterpretParams):
-        return interpret
-    raise ValueError(f"interpret must be None, a bool or a pltpu.InterpretParams, got {interpret=}")
-
-
 def to_heads(x, Tp: int):
     """[B, T, H, X] -> head-major [B, H, Tp, X], zero-padded in time."""
     T = x.shape[1]
@@ -348,8 +336,7 @@ def validate(q, k, v, g, g_gamma, scale, initial_state, blocks: BlockSizes, *, d
 
 def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model, unsafe_masked_exp):
     interpret = resolve_interpret(interpret)
-    if mxu_model is None:
-        mxu_model = interpret is not False
+    mxu_model = resolve_mxu_model(mxu_model, interpret)
     if not isinstance(output_final_state, bool):
         raise ValueError(f"output_final_state must be a bool, got {output_final_state=}")
     gate = "g" if g is not None else ("g_gamma" if g_gamma is not None else "none")
