@@ -39,7 +39,6 @@ from .policy import bound_for
 from .reference_cache import ReferenceCache
 
 FAILING_STATUSES = ("bound", "nonfinite", "error")
-STATUSES = ("ok", "not_provided", "unsupported") + FAILING_STATUSES
 
 
 def git_commit() -> str:

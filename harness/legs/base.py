@@ -64,10 +64,6 @@ class Leg:
         raise NotImplementedError
 
 
-def gradient_inputs(op: OpDescriptor, case: Case) -> list[str]:
-    return list(op.differentiable(case))
-
-
 def cotangent_pairs(op: OpDescriptor, case: Case, outputs: Mapping[str, Any]) -> list[tuple[str, str | None]]:
     """(output, upstream-gradient input) for every output the op produced.
 
