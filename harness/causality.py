@@ -143,7 +143,7 @@ def run_causality(leg: Leg, cases: list[Case], progress: bool = True):
     if progress:
         from tqdm import tqdm
 
-        iterator = tqdm(cases, desc=f"{leg.name} causality", unit="case", dynamic_ncols=True)
+        iterator = tqdm(cases, desc=f"{leg.name} causality", unit="case", dynamic_ncols=True, disable=None)
     for case in iterator:
         rows.extend(dataclasses.asdict(r) for r in check_case(leg, case))
     return pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(CausalityRow)])

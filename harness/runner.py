@@ -169,7 +169,8 @@ class Runner:
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(cases), desc=f"{self.leg.name} leg", unit="case", dynamic_ncols=True)
+            bar = tqdm(total=len(cases), desc=f"{self.leg.name} leg", unit="case", dynamic_ncols=True,
+                       disable=None)  # None: no bar when not on a terminal (CI logs)
         for case in cases:
             if bar is not None:
                 bar.set_postfix_str(case.id[-60:], refresh=True)
