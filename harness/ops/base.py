@@ -136,3 +136,14 @@ def tpu_lane_check(case: Case) -> str | None:
     if case.K % 128 or case.V % 128:
         return f"TPU kernels need K and V to be multiples of 128 (lane width); got K={case.K}, V={case.V}"
     return None
+
+
+def gated_reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: str, compute_dtype: str) -> dict:
+    """Reference binding for ops with fla's ``(q, k, v, g=|g_gamma=, scale, initial_state)`` signature:
+    forward ``fwd`` (o, ht) and backward ``bwd`` (dict of gradients, None where not applicable)."""
+    gates = {case.gate.kind: x[case.gate.kind]}
+    common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
+                  method=method, compute_dtype=compute_dtype)
+    o, ht = fwd(x["q"], x["k"], x["v"], **gates, output_final_state=True, **common)
+    grads = bwd(x["q"], x["k"], x["v"], x["do"], x.get("dht"), **gates, **common)
+    return {"o": o, "ht": ht, **{n: a for n, a in grads.items() if a is not None}}

@@ -27,7 +27,7 @@ from __future__ import annotations
 from cases.case import Case
 from cases.inputs import InputSpec
 
-from .base import (LegBinding, OpDescriptor, forward_tensors, gate_spec, grad_tensors, qkv_specs,
+from .base import (LegBinding, OpDescriptor, forward_tensors, gate_spec, gated_reference, grad_tensors, qkv_specs,
                    state_and_cotangent_specs, tpu_lane_check)
 
 VARIANTS = ("chunk",)
@@ -69,12 +69,7 @@ def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "
     """float64 reference: chunked form; the reference leg asks for the recurrent cross-check."""
     from references.gla import chunk_gla, chunk_gla_bwd
 
-    gates = {case.gate.kind: x[case.gate.kind]}
-    common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
-                  method=method, compute_dtype=compute_dtype)
-    o, ht = chunk_gla(x["q"], x["k"], x["v"], **gates, output_final_state=True, **common)
-    grads = chunk_gla_bwd(x["q"], x["k"], x["v"], x["do"], x.get("dht"), **gates, **common)
-    return {"o": o, "ht": ht, **{n: a for n, a in grads.items() if a is not None}}
+    return gated_reference(chunk_gla, chunk_gla_bwd, case, x, method, compute_dtype)
 
 
 def fla_chunk_size(T: int) -> int:

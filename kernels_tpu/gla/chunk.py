@@ -41,7 +41,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .common import NT_T, SQ, TN, Config, causal_mask, f32, iota, masked_exp, mm, with_static
+from .common import (NT_T, SQ, TN, Config, causal_mask, f32, forward_index_maps, iota, masked_exp, mm,
+                     with_static)
 
 
 def _cumsum(g, md):
@@ -130,19 +131,7 @@ def chunk_fwd_impl(q, k, v, g, h0, cfg: Config):
     BV = cfg.blocks.block_v_for(V)
     NV = V // BV
 
-    def qk_map(b, h, iv, t):
-        del iv
-        return (b, t, h)
-
-    def v_map(b, h, iv, t):
-        return (b, t, h * NV + iv)
-
-    def state_map(b, h, iv, t):
-        del t
-        return (b, h, iv)
-
-    def states_map(b, h, iv, t):
-        return (b, t, h, iv)
+    qk_map, v_map, state_map, states_map = forward_index_maps(NV)
 
     q3, k3, g3, v3 = q.reshape(B, T, H * K), k.reshape(B, T, H * K), g.reshape(B, T, H * K), v.reshape(B, T, H * V)
     in_specs = [pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, BV), v_map),

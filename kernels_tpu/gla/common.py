@@ -89,6 +89,28 @@ class Config:
         return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
 
 
+# ------------------------------------------------------------- index maps
+def forward_index_maps(NV: int):
+    """Index maps of the forward grids (B, H, NV, NT), time last: q/k/g blocks
+    [1, C, K] (all of K), v/o blocks [1, C, BV] (V tile ``iv`` of NV), the state
+    [1, K, BV] (fixed across time: VMEM-resident carry), per-chunk states."""
+    def qk_map(b, h, iv, t):
+        del iv
+        return (b, t, h)
+
+    def v_map(b, h, iv, t):
+        return (b, t, h * NV + iv)
+
+    def state_map(b, h, iv, t):
+        del t
+        return (b, h, iv)
+
+    def states_map(b, h, iv, t):
+        return (b, t, h, iv)
+
+    return qk_map, v_map, state_map, states_map
+
+
 # ----------------------------------------------------------- in-kernel maths
 def mm(a, b, dims=NT, *, mxu_model: bool):
     """A kernel dot with f32 accumulation and a stated precision.

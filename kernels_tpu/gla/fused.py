@@ -50,7 +50,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .common import LANES, NT_T, SQ, TN, Config, causal_mask, f32, iota, masked_exp, mm, with_static
+from .common import (LANES, NT_T, SQ, TN, Config, causal_mask, f32, forward_index_maps, iota, masked_exp, mm,
+                     with_static)
 
 
 def _decays(gamma, C):
@@ -112,19 +113,7 @@ def fused_fwd_impl(q, k, v, g_gamma, h0, cfg: Config, emit_states: bool):
     BV = cfg.blocks.block_v_for(V)
     NV = V // BV
 
-    def qk_map(b, h, iv, t):
-        del iv
-        return (b, t, h)
-
-    def v_map(b, h, iv, t):
-        return (b, t, h * NV + iv)
-
-    def state_map(b, h, iv, t):
-        del t
-        return (b, h, iv)
-
-    def states_map(b, h, iv, t):
-        return (b, t, h, iv)
+    qk_map, v_map, state_map, states_map = forward_index_maps(NV)
 
     in_specs = [
         pl.BlockSpec(memory_space=pltpu.SMEM),  # g_gamma [H]
