@@ -147,3 +147,14 @@ def gated_reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: s
     o, ht = fwd(x["q"], x["k"], x["v"], **gates, output_final_state=True, **common)
     grads = bwd(x["q"], x["k"], x["v"], x["do"], x.get("dht"), **gates, **common)
     return {"o": o, "ht": ht, **{n: a for n, a in grads.items() if a is not None}}
+
+
+def gated_differentiable(case: Case) -> list[str]:
+    """Inputs whose gradients the gated ops (simple_gla, gla) compare: q, k, v, the gate, h0."""
+    return ["q", "k", "v", case.gate.kind] + (["h0"] if case.h0 else [])
+
+
+def gated_tensors(case: Case) -> list[TensorSpec]:
+    """o, ht, and the gradient of every gated-op input, in its input's dtype."""
+    dtypes = {"q": "case", "k": "case", "v": "case", "g": "float32", "g_gamma": "float32", "h0": "float32"}
+    return forward_tensors(case) + grad_tensors(case, gated_differentiable(case), dtypes)

@@ -27,8 +27,8 @@ from __future__ import annotations
 from cases.case import Case
 from cases.inputs import InputSpec
 
-from .base import (LegBinding, OpDescriptor, forward_tensors, gate_spec, gated_reference, grad_tensors, qkv_specs,
-                   state_and_cotangent_specs, tpu_lane_check)
+from .base import (LegBinding, OpDescriptor, gate_spec, gated_differentiable, gated_reference, gated_tensors,
+                   qkv_specs, state_and_cotangent_specs, tpu_lane_check)
 
 VARIANTS = ("chunk",)
 OPTIONS = {"tpu_path": ("auto", "fused", "chunk")}
@@ -37,15 +37,6 @@ OPTIONS = {"tpu_path": ("auto", "fused", "chunk")}
 def inputs(case: Case) -> list[InputSpec]:
     """q, k, v ~ N(0,1) and do ~ N(0,1) in the case dtype; the gate [B,T,H,K] or [H], h0 and dht in float32."""
     return qkv_specs(case) + [gate_spec(case, lambda c: (c.B, c.T, c.H, c.K))] + state_and_cotangent_specs(case)
-
-
-def differentiable(case: Case) -> list[str]:
-    return ["q", "k", "v", case.gate.kind] + (["h0"] if case.h0 else [])
-
-
-def tensors(case: Case):
-    dtypes = {"q": "case", "k": "case", "v": "case", "g": "float32", "g_gamma": "float32", "h0": "float32"}
-    return forward_tensors(case) + grad_tensors(case, differentiable(case), dtypes)
 
 
 def tpu_path(case: Case) -> str:
@@ -151,8 +142,8 @@ GLA = OpDescriptor(
     variants=VARIANTS,
     doc=__doc__,
     inputs=inputs,
-    tensors=tensors,
-    differentiable=differentiable,
+    tensors=gated_tensors,
+    differentiable=gated_differentiable,
     cotangents={"o": "do", "ht": "dht"},
     validate=validate,
     reference=reference,

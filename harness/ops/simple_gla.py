@@ -10,8 +10,8 @@ from __future__ import annotations
 from cases.case import Case
 from cases.inputs import InputSpec
 
-from .base import (LegBinding, OpDescriptor, forward_tensors, gate_spec, gated_reference, grad_tensors, qkv_specs,
-                   state_and_cotangent_specs, tpu_lane_check)
+from .base import (LegBinding, OpDescriptor, gate_spec, gated_differentiable, gated_reference, gated_tensors,
+                   qkv_specs, state_and_cotangent_specs, tpu_lane_check)
 
 VARIANTS = ("chunk", "fused_chunk")
 
@@ -19,15 +19,6 @@ VARIANTS = ("chunk", "fused_chunk")
 def inputs(case: Case) -> list[InputSpec]:
     """q, k, v ~ N(0,1) and do ~ N(0,1) in the case dtype; the gate [B,T,H] or [H], h0 and dht in float32."""
     return qkv_specs(case) + [gate_spec(case, lambda c: (c.B, c.T, c.H))] + state_and_cotangent_specs(case)
-
-
-def differentiable(case: Case) -> list[str]:
-    return ["q", "k", "v", case.gate.kind] + (["h0"] if case.h0 else [])
-
-
-def tensors(case: Case):
-    dtypes = {"q": "case", "k": "case", "v": "case", "g": "float32", "g_gamma": "float32", "h0": "float32"}
-    return forward_tensors(case) + grad_tensors(case, differentiable(case), dtypes)
 
 
 def validate(case: Case) -> None:
@@ -79,8 +70,8 @@ SIMPLE_GLA = OpDescriptor(
     variants=VARIANTS,
     doc=__doc__,
     inputs=inputs,
-    tensors=tensors,
-    differentiable=differentiable,
+    tensors=gated_tensors,
+    differentiable=gated_differentiable,
     cotangents={"o": "do", "ht": "dht"},
     validate=validate,
     reference=reference,
