@@ -81,18 +81,21 @@ def check_case(leg: Leg, case: Case, t0: int | None = None) -> list[CausalityRow
         return [CausalityRow(case.id, leg.name, n, t0, np.nan, np.nan, False, status, reason, mode, sha, wall)
                 for n in CHECKED]
 
-    reason = leg.supports(op, case)
-    if reason:
-        return rows("unsupported", reason)
-    start = time.perf_counter()
     try:
         inputs = make_inputs(case, op.inputs(case))
+    except Exception as exc:  # noqa: BLE001 - an invalid case is a row, never an abort
+        return rows("error", f"invalid case: {_short_error(exc)}")
+    reason = leg.supports(op, case)
+    if reason:
+        return rows("unsupported", reason, inputs.sha256)
+    start = time.perf_counter()
+    try:
         base = leg.run(op, case, inputs).tensors
         moved = leg.run(op, case, perturb_future(op, case, inputs, t0)).tensors
     except NotImplementedError as exc:
-        return rows("unsupported", _short_error(exc))
+        return rows("unsupported", _short_error(exc), inputs.sha256)
     except Exception as exc:  # noqa: BLE001 - a failing case is a row, never an abort
-        return rows("error", _short_error(exc))
+        return rows("error", _short_error(exc), inputs.sha256)
     wall = time.perf_counter() - start
     out = []
     for name in CHECKED:

@@ -56,3 +56,16 @@ def test_one_case_per_op_variant_and_gate_that_every_leg_runs():
     assert {("simple_gla", "fused_chunk", "g"), ("simple_gla", "fused_chunk", "g_gamma"),
             ("gla", "chunk", "g_gamma"), ("kda", "chunk", "g")} <= set(keys)
     assert all(c.K % 128 == 0 and c.V % 128 == 0 for c in chosen)
+
+
+class RefusingLeg(RefLeg):
+    name = "tpu"
+
+    def supports(self, op, case):
+        return "TPU kernels need K and V to be multiples of 128"
+
+
+def test_unsupported_rows_carry_reason_and_input_hash():
+    rows = check_case(RefusingLeg(), CASE)
+    assert {r.status for r in rows} == {"unsupported"}
+    assert all("multiples of 128" in r.reason and len(r.input_sha256) == 64 and r.mode == "native" for r in rows)
