@@ -23,7 +23,11 @@ def _select_cases(args) -> list:
     from cases.suites import find_case, get_suite
     from harness.runner import parse_shard, shard
 
-    cases = [find_case(c) for c in args.case] if getattr(args, "case", None) else get_suite(args.suite)
+    if getattr(args, "case", None):
+        cases = [find_case(c) for c in args.case]
+    else:
+        names = [n.strip() for n in args.suite.split(",") if n.strip()]
+        cases = [c for name in names for c in get_suite(name)]
     if getattr(args, "op", None):
         cases = [c for c in cases if c.op in args.op]
     if getattr(args, "shard", None):
@@ -38,7 +42,9 @@ def _leg_options(args, name: str) -> dict:
         return {"method": args.ref_method, "compute_dtype": args.ref_dtype}
     if name == "gpu":
         return {"dot_precision": args.dot_precision}
-    return {}
+    from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
+
+    return {"compile_targets": parse_targets(args.tpu_targets, LEG_DEFAULT_TARGETS)}
 
 
 def _result_name(leg: str, args) -> str:
@@ -141,6 +147,44 @@ def cmd_gate(args) -> int:
     return _report_gate(gate_files(Path(args.gpu_csv), Path(args.tpu_csv), _policy(args)), Path(args.out))
 
 
+def cmd_compile(args) -> int:
+    from harness.reports import write_csv
+    from harness.tpu_compile import COMPILE_DEFAULT_TARGETS, case_rows, compile_frame, parse_targets, versions
+
+    targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
+    cases = _select_cases(args)
+    v = versions()
+    print(f"compile: {len(cases)} cases x {', '.join(targets)} with jax {v['jax']}, libtpu {v['libtpu']}")
+    rows = []
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cases), desc="compile", unit="case", dynamic_ncols=True, disable=None)
+    t0 = time.perf_counter()
+    for case in cases:
+        rows.extend(case_rows(case, targets))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    df = compile_frame(rows)
+    path = write_csv(df, Path(args.out) / (f"compile.{args.tag}.csv" if args.tag else "compile.csv"))
+    print(f"compile: {len(df)} rows in {time.perf_counter() - t0:.1f} s -> {path}")
+    for target, part in df.groupby("target", sort=False):
+        ok = part[part["status"] == "ok"]
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(part.groupby("status").size().to_dict().items()))
+        hbm = ok["hbm_bytes"].max() if len(ok) else float("nan")
+        print(f"  {target}: {counts}; {ok['compile_s'].sum():.1f} s compiling; "
+              f"largest HBM footprint {hbm / 2**20:.1f} MiB")
+    bad = df[df["status"] == "error"]
+    for r in bad.to_dict("records")[:20]:
+        print(f"  ERROR {r['case_id']} [{r['target']}]: {r['reason']}\n       repro: {r['repro']}")
+    if len(bad) > 20:
+        print(f"  ... and {len(bad) - 20} more in {path}")
+    return EXIT_FAIL if len(bad) else EXIT_PASS
+
+
 def cmd_merge(args) -> int:
     from harness.reports import merge_results, write_csv
 
@@ -190,7 +234,8 @@ def cmd_all(args) -> int:
 
 # ------------------------------------------------------------------- parser
 def _add_selection(p, shard=True):
-    p.add_argument("--suite", default="smoke", help="suite name: smoke, regressions, standard, stress")
+    p.add_argument("--suite", default="smoke",
+                   help="suite name, or several joined by commas: smoke, regressions, standard, stress")
     p.add_argument("--case", action="append", default=[], metavar="ID",
                    help="run just this case id (repeatable); overrides --suite")
     p.add_argument("--op", action="append", default=[], help="keep only cases of this op (repeatable)")
@@ -207,6 +252,9 @@ def _add_run_options(p):
                    help="reference leg: formulation recomputed against the chunked golden (default recurrent)")
     p.add_argument("--ref-dtype", default="float64", choices=("float64", "float32"),
                    help="reference leg: compute dtype (float32 gives a second honest result file)")
+    p.add_argument("--tpu-targets", metavar="T,..",
+                   help="TPU leg, when emulated: compile each case for these real TPU targets first, a case that "
+                        "does not compile is an error (default v6e; of v4, v5e, v5p, v6e, v7x)")
     p.add_argument("--dot-precision", default=None, choices=("tf32", "tf32x3", "ieee"),
                    help="GPU leg: TRITON_F32_DEFAULT for f32 tl.dot without an explicit input_precision "
                         "(default: the environment's, else tf32 as on an H100)")
@@ -246,6 +294,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="where parity.csv and parity.md go")
     _add_policy(p)
     p.set_defaults(fn=cmd_gate)
+
+    p = sub.add_parser("compile", help="compile every TPU case (forward and backward) for real TPU targets "
+                                       "with libtpu, no TPU needed; writes compile.csv")
+    _add_selection(p)
+    p.add_argument("--target", metavar="T,..", help="TPU targets (default v5e,v6e,v7x; of v4, v5e, v5p, v6e, v7x)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument("--tag", help="insert a tag in the file name: compile.<tag>.csv")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_compile)
 
     p = sub.add_parser("merge", help="merge shard result files of one leg into one CSV")
     p.add_argument("output", help="merged CSV to write")

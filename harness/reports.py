@@ -20,7 +20,8 @@ from .metrics import METRICS
 RESULT_COLUMNS = [
     "case_id", "op", "variant", "dtype", "tensor", "tensor_dtype", "leg", "status", "reason",
     *METRICS, "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
-    "input_sha256", "mode", "device", "versions", "settings", "details", "git_commit", "timestamp", "suite",
+    "input_sha256", "mode", "device", "compiled_for", "versions", "settings", "details", "git_commit", "timestamp",
+    "suite",
     "wall_s", "repro",
 ]
 KEY = ["case_id", "tensor"]

@@ -127,6 +127,13 @@ class Runner:
             golden = self.cache.get(op, case, inputs)
         except Exception as exc:  # noqa: BLE001
             return self._rows_for_all(op, case, "error", f"reference failed: {_short_error(exc)}", **common)
+        try:
+            problem, facts = self.leg.preflight(op, case, inputs)
+        except Exception as exc:  # noqa: BLE001
+            problem, facts = f"preflight failed: {_short_error(exc)}", {}
+        common.update(facts)
+        if problem:
+            return self._rows_for_all(op, case, "error", problem, **common)
         t0 = time.perf_counter()
         try:
             out = self.leg.run(op, case, inputs)

@@ -1,26 +1,28 @@
 """Matrix-unit dots with an explicit precision, and a model of TPU MXU rounding.
 
 Every dot in ``kernels_tpu`` goes through :func:`dot`, which states its
-precision and ``preferred_element_type``. On a TPU the hardware decides the
-rounding. In Pallas interpret mode on CPU, XLA:CPU ignores ``precision`` and
-computes float32 dots exactly, which would make a kernel look more accurate
-than it is on TPU. With ``mxu_model=True`` the dot is instead decomposed the
-way the MXU evaluates it:
+precision and accumulates in f32. Only what the Mosaic compiler lowers exists
+here (measured with libtpu 0.0.42.1 for v5e, v6e and v7x):
 
-- bf16 operands, f32 accumulation: products of bf16 values are exact in f32,
-  so an f32 dot of the upcast operands is the MXU result.
-- fp16 operands: the MXU has no fp16 mode; they are treated as f32 operands
-  (exact upcast) at the stated precision, so ``DEFAULT`` rounds them to bf16
-  and ``HIGH`` keeps them whole (an fp16 value is exactly two bf16 pieces).
-- f32 operands at ``Precision.DEFAULT``: one bf16 pass, operands rounded to
-  bf16 (round to nearest even) first.
-- ``Precision.HIGH``: bf16x3, ``a = a_hi + a_lo`` split in bf16 and
-  ``a_hi b_hi + a_hi b_lo + a_lo b_hi`` accumulated in f32.
-- ``Precision.HIGHEST``: bf16x6, three bf16 pieces per operand and the six
-  products of combined order <= 2, accumulated in f32 (about f32 accuracy).
+- ``Precision.DEFAULT``: one MXU pass. bf16 operands give exact products
+  with f32 accumulation; f32 operands are rounded to bf16 first.
+- ``Precision.HIGHEST``: f32 operands as bf16x6 (three bf16 pieces per
+  operand, the six products of combined order <= 2), about f32 accuracy.
+- :data:`BF16X3`: an explicit three-pass product. Both operands are split
+  in the kernel into ``hi + lo`` bf16 pieces and ``hi·hi + hi·lo + lo·hi``
+  run as three ``DEFAULT`` bf16 dots. Mosaic refuses ``Precision.HIGH``
+  ("Unsupported dot precision"), so the 3-pass product is written out; the
+  same code runs natively and in interpret mode.
+- fp16 operands do not exist: Mosaic can neither load nor store fp16 in a
+  kernel ("Invalid vector type for load"). Public functions widen fp16
+  inputs to f32 before the ``pallas_call`` (exact) with :func:`widen_fp16`
+  and round results back outside it.
 
-The model is the same code on every backend; it is only switched on for
-interpret mode, never on a TPU.
+In Pallas interpret mode on CPU, XLA:CPU ignores ``precision`` and computes
+f32 dots exactly, which would make a kernel look more accurate than on a TPU.
+With ``mxu_model=True`` each MXU pass is evaluated as the hardware rounds it
+(bf16 operands, products exact in f32, f32 accumulation). The model is only
+switched on for interpret mode, never on a TPU.
 """
 
 from __future__ import annotations
@@ -30,65 +32,79 @@ import jax.numpy as jnp
 from jax import lax
 
 Precision = lax.Precision
+F32 = jnp.float32
+
+BF16X3 = "bf16x3"
+"""Three bf16 passes, split explicitly in the kernel (Mosaic has no ``Precision.HIGH``)."""
+
+PRECISIONS = (Precision.DEFAULT, BF16X3, Precision.HIGHEST)
+PASSES = {Precision.DEFAULT: 1, BF16X3: 3, Precision.HIGHEST: 6}
+"""MXU passes per dot of f32 operands (bf16 operands always take one)."""
 
 _NT = (((1,), (0,)), ((), ()))  # a[M,K] @ b[K,N]
+TN = (((0,), (0,)), ((), ()))  # a[K,M], b[K,N] -> a.T @ b
+NT_T = (((1,), (1,)), ((), ()))  # a[M,K], b[N,K] -> a @ b.T
 
 
 def split_bf16(x: jax.Array, pieces: int) -> list[jax.Array]:
-    """Split f32 ``x`` into ``pieces`` bf16 terms whose f32 sum approximates x."""
-    out, rest = [], x.astype(jnp.float32)
+    """Split f32 ``x`` into ``pieces`` bf16 terms whose f32 sum approximates x (each the residual rounded)."""
+    out, rest = [], x.astype(F32)
     for _ in range(pieces):
         hi = rest.astype(jnp.bfloat16)
         out.append(hi)
-        rest = rest - hi.astype(jnp.float32)
+        rest = rest - hi.astype(F32)
     return out
 
 
-# (i, j) pairs of bf16 pieces multiplied per precision: order i + j <= passes budget
-_PASSES = {
-    Precision.DEFAULT: (1, ((0, 0),)),
-    Precision.HIGH: (2, ((0, 0), (0, 1), (1, 0))),
-    Precision.HIGHEST: (3, ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0))),
-}
+def widen_fp16(*xs):
+    """fp16 arrays -> f32 (exact); anything else unchanged. Mosaic cannot load or store fp16."""
+    return tuple(x.astype(F32) if x is not None and x.dtype == jnp.float16 else x for x in xs)
 
 
-def dot(
-    a: jax.Array,
-    b: jax.Array,
-    *,
-    precision: lax.Precision,
-    preferred_element_type=jnp.float32,
-    dimension_numbers=_NT,
-    mxu_model: bool = False,
-) -> jax.Array:
-    """``lax.dot_general`` with a stated precision; MXU rounding modelled when asked.
+def _one_pass(a, b, dims, mxu_model: bool):
+    """One MXU pass of two bf16 operands: exact products, f32 accumulation."""
+    if mxu_model:
+        return lax.dot_general(a.astype(F32), b.astype(F32), dims, precision=Precision.HIGHEST,
+                               preferred_element_type=F32)
+    return lax.dot_general(a, b, dims, precision=Precision.DEFAULT, preferred_element_type=F32)
 
-    Default dimension numbers are a plain ``a[M,K] @ b[K,N]``. Use
-    ``dimension_numbers=TN`` for ``a.T @ b`` and ``NT_T`` for ``a @ b.T``.
+
+# (i, j) pairs of bf16 pieces multiplied at HIGHEST: combined order i + j <= 2
+_HIGHEST_PAIRS = ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0))
+
+
+def dot(a: jax.Array, b: jax.Array, *, precision, preferred_element_type=F32, dimension_numbers=_NT,
+        mxu_model: bool = False) -> jax.Array:
+    """``a·b`` with a stated precision (one of :data:`PRECISIONS`) and f32 accumulation.
+
+    Default dimension numbers are a plain ``a[M,K] @ b[K,N]``; ``TN`` gives
+    ``a.T @ b`` and ``NT_T`` gives ``a @ b.T``.
     """
     if precision is None:
         raise ValueError("every kernel dot must state its precision")
-    if not mxu_model:
-        return lax.dot_general(
-            a, b, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
-        )
-    f32 = jnp.float32
-    if a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16:
-        # products of 8-bit significands are exact in f32: one exact pass
-        out = lax.dot_general(a.astype(f32), b.astype(f32), dimension_numbers, preferred_element_type=f32,
-                              precision=Precision.HIGHEST)
-        return out.astype(preferred_element_type)
-    pieces, pairs = _PASSES[Precision(precision)]
-    a_parts = split_bf16(a, pieces)
-    b_parts = split_bf16(b, pieces)
-    out = None
-    # small terms first so the f32 accumulation rounds as little as possible
-    for i, j in reversed(pairs):
-        term = lax.dot_general(a_parts[i].astype(f32), b_parts[j].astype(f32), dimension_numbers,
-                               preferred_element_type=f32, precision=Precision.HIGHEST)
-        out = term if out is None else out + term
+    if precision == Precision.HIGH:
+        raise ValueError("Mosaic does not lower Precision.HIGH; use kernels_tpu.mxu.BF16X3 (explicit 3-pass split)")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if jnp.float16 in (a.dtype, b.dtype):
+        raise ValueError("fp16 cannot enter a Mosaic kernel: widen it to f32 with kernels_tpu.mxu.widen_fp16")
+    dims = dimension_numbers
+    bf16 = jnp.bfloat16
+    if a.dtype == bf16 and b.dtype == bf16:
+        out = _one_pass(a, b, dims, mxu_model)
+    elif precision == BF16X3:
+        (a_hi, a_lo), (b_hi, b_lo) = split_bf16(a, 2), split_bf16(b, 2)
+        # small terms first so the f32 accumulation rounds as little as possible
+        out = (_one_pass(a_lo, b_hi, dims, mxu_model) + _one_pass(a_hi, b_lo, dims, mxu_model)
+               + _one_pass(a_hi, b_hi, dims, mxu_model))
+    elif not mxu_model:
+        out = lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
+    elif precision == Precision.DEFAULT:
+        out = _one_pass(a.astype(bf16), b.astype(bf16), dims, mxu_model)
+    else:  # HIGHEST as the MXU runs it: bf16x6
+        a_parts, b_parts = split_bf16(a, 3), split_bf16(b, 3)
+        out = None
+        for i, j in reversed(_HIGHEST_PAIRS):  # small terms first
+            term = _one_pass(a_parts[i], b_parts[j], dims, mxu_model)
+            out = term if out is None else out + term
     return out.astype(preferred_element_type)
-
-
-TN = (((0,), (0,)), ((), ()))  # a[K,M], b[K,N] -> a.T @ b
-NT_T = (((1,), (1,)), ((), ()))  # a[M,K], b[N,K] -> a @ b.T

@@ -60,6 +60,13 @@ class Leg:
             return f"op {op.name!r} has no {self.name} binding"
         return binding.supports(case)
 
+    def preflight(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[str | None, dict]:
+        """A check before ``run``: (an error reason, or None to go on; extra columns for the case's rows).
+
+        The TPU leg compiles the case for real TPU targets here when it emulates.
+        """
+        return None, {}
+
     def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
         raise NotImplementedError
 

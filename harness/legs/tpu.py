@@ -8,6 +8,11 @@ as the matrix unit would instead of XLA:CPU's exact float32.
 
 Gradients come from ``jax.vjp`` through the kernels' ``custom_vjp`` with the
 case's ``do`` (and ``dht``, zeros when the case has none).
+
+Interpret mode is not evidence that a kernel builds for a TPU: when emulating,
+the leg first compiles every case's forward and backward for real TPU targets
+(default v6e) with libtpu (``preflight``); a case that does not compile is an
+``error`` row whose reason starts ``does not compile for TPU <target>:``.
 """
 
 from __future__ import annotations
@@ -41,42 +46,21 @@ def tpu_available() -> bool:
         return False
 
 
-class TpuLeg(Leg):
-    name = "tpu"
+def program(op: OpDescriptor, case: Case, ctx: TpuContext):
+    """The TPU leg's computation of a case as one function of the input arrays.
 
-    def __init__(self, force_interpret: bool = False):
-        self.native = tpu_available() and not force_interpret
+    ``fn(arrays) -> (outputs, grads)``: the binding's forward, then its
+    ``jax.vjp`` with the case's cotangents (``do``; ``dht``, zeros when the case
+    has none). The emulated run calls it eagerly; :mod:`harness.tpu_compile`
+    compiles the very same function for real TPU targets.
+    """
+    import jax
+    import jax.numpy as jnp
 
-    def context(self) -> TpuContext:
-        if self.native:
-            return TpuContext(interpret=None, mxu_model=False)
-        from jax.experimental.pallas import tpu as pltpu
+    binding = op.tpu
+    diff_names = op.differentiable(case)
 
-        return TpuContext(interpret=pltpu.InterpretParams(uninitialized_memory="nan"), mxu_model=True)
-
-    def environment(self) -> Environment:
-        import jax
-        import jaxlib
-
-        ctx = self.context()
-        device = jax.devices()[0].device_kind if self.native else "cpu (Pallas TPU interpret mode)"
-        return Environment(
-            mode="native" if self.native else "emulated",
-            device=device,
-            versions={"jax": jax.__version__, "jaxlib": jaxlib.__version__},
-            settings={"interpret": repr(ctx.interpret),
-                      "mxu_model": "bf16 passes per lax.Precision (kernels_tpu.mxu)" if ctx.mxu_model
-                      else "hardware"},
-        )
-
-    def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
-        import jax
-        import jax.numpy as jnp
-
-        binding = op.tpu
-        ctx = self.context()
-        arrays = {name: jnp.asarray(a) for name, a in inputs.arrays.items()}  # same bits, bf16 included
-        diff_names = op.differentiable(case)
+    def fn(arrays):
         primals = {n: arrays[n] for n in diff_names}
         rest = {n: a for n, a in arrays.items() if n not in primals}
 
@@ -91,8 +75,75 @@ class TpuLeg(Leg):
             cot = arrays.get(cot_name) if cot_name else None
             cotangents[out_name] = jnp.zeros_like(value) if cot is None else cot.astype(value.dtype)
         (grads,) = vjp(cotangents)
+        return outputs, grads
+
+    return fn
+
+
+def device_arrays(inputs: Inputs) -> dict:
+    import jax.numpy as jnp
+
+    return {name: jnp.asarray(a) for name, a in inputs.arrays.items()}  # same bits, bf16 included
+
+
+NATIVE = TpuContext(interpret=None, mxu_model=False)
+
+
+class TpuLeg(Leg):
+    """``compile_targets``: when emulating, each case is first compiled for these real TPU
+    targets (:mod:`harness.tpu_compile`); a case that does not compile gets ``error`` rows."""
+
+    name = "tpu"
+
+    def __init__(self, force_interpret: bool = False, compile_targets: tuple[str, ...] | None = None):
+        from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
+
+        self.native = tpu_available() and not force_interpret
+        targets = LEG_DEFAULT_TARGETS if compile_targets is None else compile_targets
+        self.compile_targets = () if self.native else parse_targets(",".join(targets), LEG_DEFAULT_TARGETS)
+
+    def context(self) -> TpuContext:
+        if self.native:
+            return NATIVE
+        from jax.experimental.pallas import tpu as pltpu
+
+        return TpuContext(interpret=pltpu.InterpretParams(uninitialized_memory="nan"), mxu_model=True)
+
+    def environment(self) -> Environment:
+        import jax
+
+        from harness.tpu_compile import versions
+
+        ctx = self.context()
+        device = jax.devices()[0].device_kind if self.native else "cpu (Pallas TPU interpret mode)"
+        settings = {"interpret": repr(ctx.interpret),
+                    "mxu_model": "bf16 passes per lax.Precision (kernels_tpu.mxu)" if ctx.mxu_model else "hardware"}
+        if not self.native:
+            settings["compile_targets"] = ",".join(self.compile_targets)
+        return Environment(mode="native" if self.native else "emulated", device=device, versions=versions(),
+                           settings=settings)
+
+    def preflight(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[str | None, dict]:
+        """Emulated: compile the case natively for each target first (natively the run compiles)."""
+        if self.native:
+            return None, {"compiled_for": "native"}
+        from harness.tpu_compile import compile_for
+
+        fn, arrays = program(op, case, NATIVE), device_arrays(inputs)
+        done = []
+        for target in self.compile_targets:
+            result = compile_for(fn, (arrays,), target)
+            if result.status == "unsupported":
+                break  # the kernels refuse the case while tracing; the run raises it again as unsupported
+            if not result.ok:
+                return f"does not compile for TPU {target}: {result.error}", {"compiled_for": ",".join(done)}
+            done.append(target)
+        return None, {"compiled_for": ",".join(done)}
+
+    def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
+        outputs, grads = program(op, case, self.context())(device_arrays(inputs))
         tensors = {name: np.asarray(value) for name, value in outputs.items()}
-        for n in diff_names:
+        for n in op.differentiable(case):
             g = grads.get(n)
             tensors[grad_name(n)] = None if g is None else np.asarray(g)
-        return LegOutput(tensors=tensors, details=dict(binding.describe(case)))
+        return LegOutput(tensors=tensors, details=dict(op.tpu.describe(case)))

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .chunk import chunk_bwd_impl, chunk_fwd_impl
+from .. import mxu
 from ..interpret import resolve_interpret, resolve_mxu_model
 from .common import FAULTS, LANES, PATHS, BlockSizes, Config
 from .fused import fused_bwd_impl, fused_fwd_impl
@@ -153,9 +154,11 @@ _fused_path.defvjp(_fused_path_fwd, _fused_path_bwd)
 
 
 def _run(q, k, v, g, g_gamma, h0, cfg, which):
-    """Pad T, run the path's custom_vjp function, unpad. Differentiable end to end."""
+    """Widen fp16, pad T, run the path's custom_vjp function, unpad. Differentiable end to end."""
     B, T, H, K = q.shape
     pad = -T % cfg.C
+    dtype = q.dtype
+    q, k, v = mxu.widen_fp16(q, k, v)  # Mosaic loads no fp16; autodiff rounds dq, dk, dv back
     q, k, v, g = (_pad_t(x, pad) for x in (q, k, v, g))
     h0 = None if h0 is None else h0.astype(jnp.float32)
     if which == "fused":
@@ -165,7 +168,7 @@ def _run(q, k, v, g, g_gamma, h0, cfg, which):
             gk = jnp.broadcast_to(g_gamma.astype(jnp.float32)[None, None, :, None], (B, T, H, K))
             g = _pad_t(gk, pad)
         o, ht = _chunk_path(cfg, q, k, v, g.astype(jnp.float32), h0)
-    return o[:, :T], ht
+    return o[:, :T].astype(dtype), ht
 
 
 # -------------------------------------------------------------------- public
@@ -205,7 +208,7 @@ def chunk_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
     cfg = _config(q, scale, blocks, interpret, mxu_model, _fault)
     B, T, H, K = q.shape
     pad = -T % cfg.C
-    qp, kp, vp, gp = (_pad_t(x, pad) for x in (q, k, v, g))
+    qp, kp, vp, gp = (_pad_t(x, pad) for x in (*mxu.widen_fp16(q, k, v), g))
     h0 = None if initial_state is None else initial_state.astype(jnp.float32)
     if which == "fused":
         o, ht, _ = fused_fwd_impl(qp, kp, vp, g_gamma.astype(jnp.float32), h0, cfg, emit_states=False)
@@ -213,7 +216,7 @@ def chunk_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
         if gp is None:
             gp = _pad_t(jnp.broadcast_to(g_gamma.astype(jnp.float32)[None, None, :, None], q.shape), pad)
         o, ht, _ = chunk_fwd_impl(qp, kp, vp, gp.astype(jnp.float32), h0, cfg)
-    return o[:, :T], (ht if output_final_state else None)
+    return o[:, :T].astype(q.dtype), (ht if output_final_state else None)
 
 
 def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64,
@@ -229,8 +232,8 @@ def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initi
     cfg = _config(q, scale, blocks, interpret, mxu_model, _fault)
     B, T, H, K = q.shape
     pad = -T % cfg.C
-    qp, kp, vp, gp, dop = (_pad_t(x, pad) for x in (q, k, v, g, do))
-    dop = dop.astype(v.dtype)
+    qp, kp, vp, gp, dop = (_pad_t(x, pad) for x in (*mxu.widen_fp16(q, k, v), g, do))
+    dop = dop.astype(vp.dtype)
     h0 = None if initial_state is None else initial_state.astype(jnp.float32)
     dht32 = None if dht is None else dht.astype(jnp.float32)
     out = {"dq": None, "dk": None, "dv": None, "dg": None, "dg_gamma": None, "dh0": None}
@@ -249,5 +252,5 @@ def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initi
             out["dg"] = dg[:, :T]
         else:
             out["dg_gamma"] = dg[:, :T].sum(axis=(0, 1, 3))
-    out["dq"], out["dk"], out["dv"] = dq[:, :T], dk[:, :T], dv[:, :T]
+    out["dq"], out["dk"], out["dv"] = (x[:, :T].astype(q.dtype) for x in (dq, dk, dv))
     return out

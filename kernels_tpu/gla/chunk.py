@@ -59,7 +59,8 @@ def _col_total(g, md):
 def _diag_decay(bI):
     """[BC,BC,K]: exp(b_ic - b_jc) for j <= i, else 0 (exponent masked before exp)."""
     BC = bI.shape[0]
-    mask = causal_mask(BC)[:, :, None]
+    # built as a [BC,BC,1] iota comparison: Mosaic cannot reshape a bool [BC,BC] mask to 3-D
+    mask = iota((BC, BC, 1), 1) <= iota((BC, BC, 1), 0)
     return masked_exp(bI[:, None, :] - bI[None, :, :], mask)
 
 

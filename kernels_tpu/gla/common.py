@@ -115,16 +115,13 @@ def forward_index_maps(NV: int):
 def mm(a, b, dims=NT, *, mxu_model: bool):
     """A kernel dot with f32 accumulation and a stated precision.
 
-    Two bf16 operands: one exact MXU pass (``DEFAULT``). Two fp16 operands:
-    the MXU has no fp16 mode, so f32 at ``HIGH`` (an fp16 value is exactly two
-    bf16 pieces; ``DEFAULT`` would round it to bf16). Anything involving f32
-    (gated operands, probabilities, states): both upcast to f32 at ``HIGHEST``
-    (bf16x6 on the MXU, about f32 accuracy).
+    Two bf16 operands: one exact MXU pass (``DEFAULT``). Anything else (f32
+    inputs, fp16 inputs widened to f32 at the boundary, gated operands,
+    probabilities, states): both upcast to f32 at ``HIGHEST`` (bf16x6 on the
+    MXU, about f32 accuracy).
     """
     if a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16:
         precision = lax.Precision.DEFAULT
-    elif a.dtype == jnp.float16 and b.dtype == jnp.float16:
-        a, b, precision = a.astype(f32), b.astype(f32), lax.Precision.HIGH
     else:
         a, b, precision = a.astype(f32), b.astype(f32), lax.Precision.HIGHEST
     return mxu.dot(a, b, precision=precision, preferred_element_type=f32, dimension_numbers=dims,

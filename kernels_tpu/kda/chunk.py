@@ -492,7 +492,8 @@ def _preprocess(q, k, g, beta, A_log, dt_bias, opts):
 
 def _head_major(x, C):
     """[B,T,H,...] -> [B,H,Tp,...] zero-padded to a multiple of C (zero tokens with g=0 and beta=0
-    leave the state unchanged, so the padding is exact)."""
+    leave the state unchanged, so the padding is exact). fp16 is widened to f32: Mosaic loads no fp16."""
+    (x,) = mxu.widen_fp16(x)
     pad = (-x.shape[1]) % C
     if pad:
         x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))

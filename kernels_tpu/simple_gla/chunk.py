@@ -149,7 +149,7 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
     NS = BlockSizes(BT, num_steps).for_chunks(NT).num_steps
-    policy = dot_policy(q.dtype, cfg.mxu_model)
+    policy = dot_policy(cfg.dtype, cfg.mxu_model)
 
     def qkv_spec(X):
         return pl.BlockSpec((None, None, NS * BT, X), chunk_index_map)
@@ -252,7 +252,7 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     V = v.shape[-1]
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
-    policy = dot_policy(q.dtype, cfg.mxu_model)
+    policy = dot_policy(cfg.dtype, cfg.mxu_model)
     rev = reverse_chunk_index_map(NT)
 
     def qkv_spec(X):
@@ -308,13 +308,13 @@ def forward(cfg: Config, num_steps: int, q, k, v, g, g_gamma, h0):
     o, ht, _ = fwd_impl(cfg, to_heads(q, Tp), to_heads(k, Tp), to_heads(v, Tp), gates,
                         None if h0 is None else h0.astype(F32), num_steps=num_steps,
                         emit_ht=cfg.output_final_state)
-    return from_heads(o, cfg.T), ht
+    return from_heads(o, cfg.T, cfg.dtype), ht
 
 
 def finish_grads(cfg: Config, dq, dk, dv, dg, dh0, g, g_gamma, h0):
     """Head-major kernel gradients -> the public layout and the gate's gradient."""
     T = cfg.T
-    grads = dict(dq=from_heads(dq, T), dk=from_heads(dk, T), dv=from_heads(dv, T), dg=None, dg_gamma=None,
+    grads = dict(dq=from_heads(dq, T, cfg.dtype), dk=from_heads(dk, T, cfg.dtype), dv=from_heads(dv, T, cfg.dtype), dg=None, dg_gamma=None,
                  dh0=None if h0 is None else dh0.astype(h0.dtype))
     if cfg.gate == "g":
         grads["dg"] = jnp.transpose(dg[:, :, :T, 0], (0, 2, 1)).astype(g.dtype)

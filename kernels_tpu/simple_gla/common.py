@@ -95,11 +95,12 @@ def dot_policy(dtype, mxu_model: bool) -> DotPolicy:
         # native MXU path: bf16 x bf16 products are exact, f32 accumulation
         return DotPolicy(jnp.dtype(jnp.bfloat16), Precision.DEFAULT, mxu_model)
     if dtype == jnp.float16:
-        # The MXU has no fp16 mode. Rounding fp16 operands to bf16 would drop 3
-        # mantissa bits that fla's fp16 tensor-core dots keep, so fp16 inputs go
-        # in as f32 at HIGH (bf16x3): an fp16 value splits exactly into two bf16
-        # pieces, so the only term lost is lo*lo (~2**-16 relative).
-        return DotPolicy(jnp.dtype(jnp.float32), Precision.HIGH, mxu_model)
+        # The MXU has no fp16 mode and Mosaic cannot load fp16: fp16 inputs are
+        # widened to f32 at the kernel boundary. Rounding them to bf16 would drop
+        # 3 mantissa bits that fla's fp16 tensor-core dots keep, so they run as
+        # explicit bf16x3: an fp16 value splits exactly into two bf16 pieces, and
+        # the only term lost is lo*lo (~2**-16 relative), at half HIGHEST's cost.
+        return DotPolicy(jnp.dtype(jnp.float32), mxu.BF16X3, mxu_model)
     # f32 inputs: HIGHEST (bf16x6) is about f32-accurate. DEFAULT would be one
     # bf16 pass (2**-9 relative per operand), worse than fla's tf32 (2**-11).
     return DotPolicy(jnp.dtype(jnp.float32), Precision.HIGHEST, mxu_model)
@@ -231,6 +232,7 @@ class Config:
     scale: float
     blocks: BlockSizes
     gate: str  # "g" | "g_gamma" | "none" (no decay: gamma = 0)
+    dtype: str  # the public q/k/v dtype: sets the dot policy and the dtype of o, dq, dk, dv
     output_final_state: bool
     interpret: Any  # False or a pltpu.InterpretParams
     mxu_model: bool
@@ -245,7 +247,8 @@ class Config:
 
 
 def to_heads(x, Tp: int):
-    """[B, T, H, X] -> head-major [B, H, Tp, X], zero-padded in time."""
+    """[B, T, H, X] -> head-major [B, H, Tp, X], zero-padded in time; fp16 widened to f32 (Mosaic loads no fp16)."""
+    (x,) = mxu.widen_fp16(x)
     T = x.shape[1]
     x = jnp.transpose(x, (0, 2, 1, 3))
     if Tp != T:
@@ -253,9 +256,9 @@ def to_heads(x, Tp: int):
     return x
 
 
-def from_heads(x, T: int):
-    """Head-major [B, H, Tp, X] -> [B, T, H, X], padding dropped."""
-    return jnp.transpose(x[:, :, :T], (0, 2, 1, 3))
+def from_heads(x, T: int, dtype):
+    """Head-major [B, H, Tp, X] -> [B, T, H, X] in ``dtype``, padding dropped."""
+    return jnp.transpose(x[:, :, :T], (0, 2, 1, 3)).astype(dtype)
 
 
 def prepare_gates(cfg: Config, g, g_gamma, H: int, NT: int):
@@ -340,5 +343,6 @@ def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu
     if not isinstance(output_final_state, bool):
         raise ValueError(f"output_final_state must be a bool, got {output_final_state=}")
     gate = "g" if g is not None else ("g_gamma" if g_gamma is not None else "none")
-    return Config(T=int(q.shape[1]), scale=scale, blocks=blocks, gate=gate, output_final_state=output_final_state,
+    return Config(T=int(q.shape[1]), scale=scale, blocks=blocks, gate=gate, dtype=jnp.dtype(q.dtype).name,
+                  output_final_state=output_final_state,
                   interpret=interpret, mxu_model=bool(mxu_model), unsafe_masked_exp=bool(unsafe_masked_exp))

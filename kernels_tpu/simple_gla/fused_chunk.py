@@ -105,7 +105,7 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     V = v.shape[-1]
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
-    policy = dot_policy(q.dtype, cfg.mxu_model)
+    policy = dot_policy(cfg.dtype, cfg.mxu_model)
     state_spec = pl.BlockSpec((None, None, K, V), state_index_map)
     with_dg = cfg.gate != "none"
 

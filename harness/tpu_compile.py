@@ -1,0 +1,219 @@
+"""Ahead-of-time compilation of the TPU leg for real TPU targets, on any machine.
+
+Pallas interpret mode skips the Mosaic compiler's rules, so a kernel that
+interprets correctly may not build for any TPU. With libtpu installed, jax
+compiles for a TPU *topology* without a TPU device
+(``jax.experimental.topologies``): the program is lowered, Mosaic compiles
+every kernel, and XLA:TPU schedules the whole program, refusing what a real
+chip would refuse (unsupported layouts and dtypes, VMEM overflows).
+
+The compiled program is the TPU leg's own (:func:`harness.legs.tpu.program`):
+the op's TPU binding forward plus its ``jax.vjp`` backward, with the kernels
+native (no interpret mode, no MXU model), on ``ShapeDtypeStruct`` stand-ins
+of the case's inputs placed on one device of the target topology.
+
+Targets are named by TPU generation; :data:`TARGETS` maps each to the
+topology it is compiled for (one chip is used).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+TARGETS = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2", "v7x": "TPU7x:2x2x1"}
+"""Target name -> jax topology name (``get_topology_desc(topology_name=...)``)."""
+
+COMPILE_DEFAULT_TARGETS = ("v5e", "v6e", "v7x")  # ``parity compile``
+LEG_DEFAULT_TARGETS = ("v6e",)  # the emulated TPU leg compiles each case for these
+
+MEMORY_FIELDS = {  # column -> CompiledMemoryStats attribute (bytes, per chip)
+    "mem_argument_bytes": "argument_size_in_bytes",
+    "mem_output_bytes": "output_size_in_bytes",
+    "mem_alias_bytes": "alias_size_in_bytes",
+    "mem_temp_bytes": "temp_size_in_bytes",
+    "mem_code_bytes": "generated_code_size_in_bytes",
+}
+ERROR_CHARS = 500
+
+
+def prepare_environment() -> None:
+    """libtpu settings for compiling on a machine without a TPU; call before jax initialises backends.
+
+    - ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``: libtpu otherwise takes a host-wide lock
+      file on load, so a second process (a pytest-xdist worker, a concurrent
+      run) could not compile.
+    - ``TPU_SKIP_MDS_QUERY=1``: no look-ups of a cloud metadata server.
+
+    Both are defaults only: a value the user set is kept.
+    """
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+
+def parse_targets(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """``"v5e,v6e"`` -> ("v5e", "v6e"); None or "" -> ``default``. Unknown names are a ValueError."""
+    if not text:
+        return tuple(default)
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [t for t in names if t not in TARGETS]
+    if unknown or not names:
+        raise ValueError(f"unknown TPU target(s) {unknown or [text]}; choose from {', '.join(TARGETS)}")
+    return names
+
+
+def versions() -> dict[str, str]:
+    """jax, jaxlib and libtpu versions ("not installed" for a missing libtpu)."""
+    import jax
+    import jaxlib
+
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "libtpu": libtpu_version() or "not installed"}
+
+
+def libtpu_version() -> str | None:
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+_DEVICES: dict[str, Any] = {}
+
+
+def target_device(target: str):
+    """Device 0 of the target's topology (cached per process)."""
+    if target not in _DEVICES:
+        prepare_environment()
+        from jax.experimental import topologies
+
+        topo = topologies.get_topology_desc(topology_name=TARGETS[target], platform="tpu")
+        _DEVICES[target] = topo.devices[0]
+    return _DEVICES[target]
+
+
+def first_error_line(exc: BaseException) -> str:
+    """``Type: first non-empty line of the message``, up to :data:`ERROR_CHARS` characters."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text[:ERROR_CHARS]
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """``status``: ``ok``; ``error`` (lowering or compilation refused); or ``unsupported`` (the kernels'
+    own argument checks raised NotImplementedError while tracing, before any lowering)."""
+
+    target: str
+    status: str
+    seconds: float
+    error: str = ""  # the first error line when not ok
+    memory: Mapping[str, int | None] | None = None  # MEMORY_FIELDS columns when ok
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def hbm_bytes(self) -> int | None:
+        """Arguments + outputs + temporaries - aliased bytes: the program's HBM footprint per chip."""
+        m = self.memory or {}
+        parts = [m.get(k) for k in ("mem_argument_bytes", "mem_output_bytes", "mem_temp_bytes")]
+        if any(p is None for p in parts):
+            return None
+        return sum(parts) - (m.get("mem_alias_bytes") or 0)
+
+
+def compile_for(fn, args, target: str) -> CompileResult:
+    """Lower and compile ``fn(*args)`` for ``target``; ``args`` is a pytree of arrays or ShapeDtypeStructs.
+
+    Any failure (libtpu missing, lowering refused, Mosaic or XLA:TPU refusing)
+    is returned as a result with the first error line, never raised.
+    """
+    t0 = time.perf_counter()
+    stage = "setup"
+    try:
+        if libtpu_version() is None:
+            raise RuntimeError("libtpu is not installed: pip install -e '.[cpu]' (or '.[tpu]')")
+        import jax
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        device = target_device(target)
+        sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
+        structs = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
+        stage = "trace"
+        traced = jax.jit(fn).trace(*structs)
+        stage = "lower"
+        lowered = traced.lower()
+        stage = "compile"
+        compiled = lowered.compile()
+    except Exception as exc:  # noqa: BLE001 - every refusal becomes a result
+        # a NotImplementedError while tracing is the kernels' own refusal of a valid case
+        status = "unsupported" if stage == "trace" and isinstance(exc, NotImplementedError) else "error"
+        return CompileResult(target, status, time.perf_counter() - t0, error=first_error_line(exc))
+    seconds = time.perf_counter() - t0
+    stats = compiled.memory_analysis()
+    memory = {col: getattr(stats, attr, None) for col, attr in MEMORY_FIELDS.items()} if stats else {}
+    return CompileResult(target, "ok", seconds, memory=memory)
+
+
+COMPILE_COLUMNS = [
+    "case_id", "op", "variant", "dtype", "target", "topology", "status", "reason", "compile_s", "error",
+    *MEMORY_FIELDS, "hbm_bytes", "program", "jax", "jaxlib", "libtpu", "input_sha256", "git_commit", "timestamp",
+    "repro",
+]
+
+
+def case_rows(case, targets: tuple[str, ...], ops=None) -> list[dict]:
+    """One row per target for one case: ``ok``, ``error`` or ``unsupported`` (with its reason)."""
+    from cases.inputs import make_inputs
+    from harness.legs.tpu import NATIVE, device_arrays, program
+    from harness.ops import get_op
+    from harness.runner import _short_error, git_commit
+
+    base = {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype,
+            "program": "forward + backward (jax.vjp of the TPU binding)", **versions(),
+            "git_commit": git_commit(), "repro": f"parity compile --case '{case.id}' --target {','.join(targets)}"}
+
+    def rows(status, reason="", **extra):
+        return [{**base, "target": t, "topology": TARGETS[t], "status": status, "reason": reason, **extra}
+                for t in targets]
+
+    try:
+        op = ops[case.op] if ops is not None else get_op(case.op)
+        op.validate(case)
+        inputs = make_inputs(case, op.inputs(case))
+    except Exception as exc:  # noqa: BLE001
+        return rows("error", f"invalid case: {_short_error(exc)}")
+    base["input_sha256"] = inputs.sha256
+    reason = op.tpu.supports(case) if op.tpu is not None else f"op {op.name!r} has no tpu binding"
+    if reason:
+        return rows("unsupported", reason)
+    fn, arrays = program(op, case, NATIVE), device_arrays(inputs)
+    out = []
+    for target in targets:
+        r = compile_for(fn, (arrays,), target)
+        row = {**base, "target": target, "topology": TARGETS[target], "status": r.status,
+               "reason": "" if r.ok else (r.error if r.status == "unsupported" else
+                                          f"does not compile for TPU {target}: {r.error}"),
+               "compile_s": r.seconds, "error": "" if r.ok else r.error, **(r.memory or {}),
+               "hbm_bytes": r.hbm_bytes}
+        out.append(row)
+    return out
+
+
+def compile_frame(rows: list[dict]):
+    import datetime as _dt
+
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    df["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    for col in COMPILE_COLUMNS:
+        if col not in df.columns:
+            df[col] = pd.NA
+    return df[COMPILE_COLUMNS]
