@@ -162,6 +162,22 @@ def _provenance(df: pd.DataFrame) -> str:
     return f"mode **{'/'.join(modes)}** on {r.get('device', '')}; {vtext}; commit {r.get('git_commit', '')}"
 
 
+def compiled_note(tpu: pd.DataFrame) -> str:
+    """Which real TPU targets the emulated TPU kernels were compiled for, and with which libtpu."""
+    emulated = tpu[tpu["mode"] == "emulated"]
+    col = emulated["compiled_for"] if "compiled_for" in emulated.columns else pd.Series(dtype=object)
+    targets = sorted({t for v in col.dropna() for t in str(v).split(",") if t})
+    if not targets:
+        return "The TPU kernels were **not** compiled for a real TPU: interpret mode alone is no evidence they build."
+    versions = json.loads(emulated["versions"].iloc[0]) if isinstance(emulated["versions"].iloc[0], str) else {}
+    uncompiled = emulated[col.fillna("").astype(str) == ""]["case_id"].nunique()
+    text = (f"The TPU kernels were compiled with libtpu {versions.get('libtpu', '?')} for "
+            f"{', '.join(targets)} (the real Mosaic and XLA:TPU compiler, ahead of time).")
+    if uncompiled:
+        text += f" {uncompiled} case(s) were not compiled (unsupported, or refused by the compiler: see their rows)."
+    return text
+
+
 def markdown(result: GateResult) -> str:
     p = result.parity
     counts = p.groupby("verdict").size().to_dict()
@@ -177,6 +193,8 @@ def markdown(result: GateResult) -> str:
     if emulated:
         lines += ["", "> Emulated rows ran on CPU (Triton interpreter / Pallas interpret mode with the MXU model); "
                       "they are not hardware numbers."]
+        if "emulated" in set(result.tpu["mode"].dropna()):
+            lines += [">", f"> {compiled_note(result.tpu)}"]
     lines += ["", "| verdict | rows |", "|---|---|"] + [f"| {v} | {n} |" for v, n in sorted(counts.items())]
     fails = result.failures
     if len(fails):

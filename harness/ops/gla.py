@@ -126,7 +126,8 @@ def _dispatch(case: Case) -> str:
 
     gate = object()  # only which gate is present matters
     g, g_gamma = (gate, None) if case.gate.kind == "g" else (None, gate)
-    return gla_dispatch(g, g_gamma, tpu_path(case))
+    return gla_dispatch(g, g_gamma, tpu_path(case), ragged_with_state=bool(case.T % case.chunk_size)
+                        and case.final_state)
 
 
 def tpu_describe(case: Case) -> dict:

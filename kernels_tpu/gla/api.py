@@ -6,7 +6,9 @@ padding) -> ``jax.custom_vjp`` per path (``_chunk_path`` / ``_fused_path``)
 
 Dispatch (``path``), reported by :func:`gla_dispatch`:
 
-- ``"auto"``: ``"fused"`` for a g_gamma gate, ``"chunk"`` for a per-channel g.
+- ``"auto"``: ``"fused"`` for a g_gamma gate, ``"chunk"`` for a per-channel g
+  (and for g_gamma when T is not a multiple of chunk_size and the final state
+  is used: the chunk path pads that exactly, the fused one cannot).
 - ``"fused"``: the single-pallas_call g_gamma kernels (g_gamma only).
 - ``"chunk"``: the four-kernel chunk path; a g_gamma gate is broadcast to a
   per-channel ``g [B,T,H,K]`` (outside the custom_vjp, so autodiff sums dg into
@@ -38,14 +40,19 @@ _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
 # ------------------------------------------------------------------ dispatch
-def gla_dispatch(g, g_gamma, path: str = "auto") -> str:
-    """Which kernel path runs: ``"fused"`` or ``"chunk"`` (ValueError if impossible)."""
+def gla_dispatch(g, g_gamma, path: str = "auto", *, ragged_with_state: bool = False) -> str:
+    """Which kernel path runs: ``"fused"`` or ``"chunk"`` (ValueError if impossible).
+
+    ``ragged_with_state``: T is not a multiple of chunk_size and the final state is
+    used (returned, or dht given). The fused kernel keeps decaying over padded
+    tokens, so ``"auto"`` then takes the chunk path, which pads exactly.
+    """
     if path not in PATHS:
         raise ValueError(f"{path=} must be one of {PATHS}")
     if (g is None) == (g_gamma is None):
         raise ValueError("pass exactly one of g [B,T,H,K] (per-channel log decay) and g_gamma [H]")
     if path == "auto":
-        return "fused" if g_gamma is not None else "chunk"
+        return "fused" if g_gamma is not None and not ragged_with_state else "chunk"
     if path == "fused" and g is not None:
         raise NotImplementedError(f"{path=} needs a per-head g_gamma [H]; for a per-channel g use path='chunk'")
     return path
@@ -64,7 +71,9 @@ def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, fault
                          f"{v.dtype=}")
     B, T, H, K = q.shape
     V = v.shape[-1]
-    which = gla_dispatch(g, g_gamma, path)
+    blocks = BlockSizes(chunk_size=chunk_size)  # validates chunk_size
+    which = gla_dispatch(g, g_gamma, path,
+                         ragged_with_state=bool(T % chunk_size) and (output_final_state or dht is not None))
     if g is not None and g.shape != (B, T, H, K):
         raise ValueError(f"{g.shape=} must be [B,T,H,K] = {(B, T, H, K)}")
     if g_gamma is not None and g_gamma.shape != (H,):
@@ -86,7 +95,6 @@ def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, fault
         raise ValueError(f"{fault=} must be one of {FAULTS}")
     if fault is not None and which != "fused":
         raise ValueError(f"{fault=} is a test-only switch of the fused g_gamma path, but {which=}")
-    blocks = BlockSizes(chunk_size=chunk_size)  # validates chunk_size
     if K % LANES:
         raise NotImplementedError(f"{K=} must be a multiple of {LANES}: zero-pad q and k along K to the "
                                   f"next multiple of {LANES} (exact: padded channels contribute 0)")

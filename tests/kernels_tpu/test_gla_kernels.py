@@ -187,6 +187,8 @@ def test_fault_zero_dg_gamma_is_visible(fused_f32_wide):
 def test_dispatch():
     g, gg = object(), object()
     assert gla_dispatch(None, gg, "auto") == "fused"
+    # T not a multiple of the chunk with a final state: the fused path cannot pad exactly
+    assert gla_dispatch(None, gg, "auto", ragged_with_state=True) == "chunk"
     assert gla_dispatch(g, None, "auto") == "chunk"
     assert gla_dispatch(None, gg, "chunk") == "chunk"
     assert gla_dispatch(None, gg, "fused") == "fused"
