@@ -34,6 +34,9 @@ def pytest_addoption(parser):
                     help="GPU result CSV the tpu-marked tests gate against (env PARITY_GPU_RESULTS)")
     group.addoption("--parity-margin", type=float, default=float(os.environ.get("PARITY_MARGIN", "0")),
                     help="relative margin of the eps_TPU <= eps_GPU rule (env PARITY_MARGIN; default 0, strict)")
+    group.addoption("--parity-tpu-targets", default=os.environ.get("PARITY_TPU_TARGETS"),
+                    help="real TPU targets the emulated TPU leg compiles each case for first "
+                         "(env PARITY_TPU_TARGETS; default v6e)")
     group.addoption("--parity-gate-metrics", default=os.environ.get("PARITY_GATE_METRICS", "rel_l2,max_abs"),
                     help="metrics the tpu-marked tests gate (env PARITY_GATE_METRICS)")
 
@@ -89,16 +92,22 @@ def reference_cache():
 
 
 @pytest.fixture(scope="session")
-def parity_runner(reference_cache):
+def parity_runner(request, reference_cache):
     """``parity_runner(leg)`` -> a Runner for that leg, built once per session."""
     from harness.legs import make_leg
     from harness.runner import Runner
+    from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
     runners = {}
+    try:
+        targets = parse_targets(request.config.option.parity_tpu_targets, LEG_DEFAULT_TARGETS)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--parity-tpu-targets: {exc}") from None
+    options = {"tpu": {"compile_targets": targets}}
 
     def get(leg: str) -> Runner:
         if leg not in runners:
-            runners[leg] = Runner(make_leg(leg), reference_cache)
+            runners[leg] = Runner(make_leg(leg, **options.get(leg, {})), reference_cache)
         return runners[leg]
 
     return get

@@ -43,3 +43,20 @@ def test_empty_selection_is_an_error(pytester):
     result = pytester.runpytest_subprocess("--parity-op", "nope")
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*selects no case*"])
+
+
+def test_tpu_compile_targets_reach_the_tpu_leg(pytester):
+    pytester.makepyfile(test_inline='''
+def test_targets(parity_runner):
+    leg = parity_runner("tpu").leg
+    assert leg.native or leg.compile_targets == ("v5e", "v7x")
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--parity-tpu-targets", "v5e,v7x")
+    result.assert_outcomes(passed=1)
+    pytester.makepyfile(test_inline='''
+def test_targets(parity_runner):
+    pass
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--parity-tpu-targets", "v9")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*unknown TPU target*v9*"])
