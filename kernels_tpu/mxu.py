@@ -77,7 +77,7 @@ def dot(a: jax.Array, b: jax.Array, *, precision, preferred_element_type=F32, di
         mxu_model: bool = False) -> jax.Array:
     """``a·b`` with a stated precision (one of :data:`PRECISIONS`) and f32 accumulation.
 
-    Default dimension numbers are a plain ``a[M,K] @ b[K,N]``; ``TN`` gives
+    Without ``dimension_numbers`` it is a plain ``a[M,K] @ b[K,N]``; ``TN`` gives
     ``a.T @ b`` and ``NT_T`` gives ``a @ b.T``.
     """
     if precision is None:

@@ -1,8 +1,9 @@
 """Known bug classes, injected into real kernels, must be caught by bounds or the gate.
 
-Each fault is a documented, test-only switch of a ``kernels_tpu`` kernel. The
-faulty kernel is bound into a copy of the op's descriptor and run through the
-real TPU leg (interpret mode) and the real gate. The baseline is fla through the
+Faults live on the test side (``tests/faults.py``): a named kernel helper swapped
+for its buggy twin (``inject``), or a test-side custom_vjp around the real
+kernels. The kernels run through the real TPU leg (interpret mode, after the
+real TPU compile) and the real gate. The baseline is fla through the
 real GPU leg (emulated here), or, for the NaN class where any baseline does,
 the reference leg recomputed in float32.
 """
@@ -40,27 +41,21 @@ def _gate(case, faulty_ops, cache):
     return rows, apply_gate(baseline, rows_to_frame(rows), Policy())
 
 
-def test_masked_exp_after_exp_gives_nan_and_fails_the_gate(cache):
+def test_masked_exp_after_exp_gives_nan_and_fails_the_gate(cache, inject):
     """exp of the unmasked gate difference, then the mask: exp(+90.5) = inf at C=128, H=16, layer 0."""
-    from kernels_tpu import simple_gla as kernels
+    from faults import unsafe_causal_decay
+    from kernels_tpu.simple_gla import chunk as chunk_module
 
     case = Case("simple_gla", "chunk", B=1, T=128, H=16, K=128, V=128, dtype="bfloat16", gate=alibi(32, 0),
                 chunk_size=128)
-
-    def unsafe_forward(case, a, ctx):
-        o, ht = kernels.chunk_simple_gla(a["q"], a["k"], a["v"], g_gamma=a["g_gamma"], scale=case.resolved_scale,
-                                         output_final_state=True, chunk_size=case.chunk_size,
-                                         interpret=ctx.interpret, mxu_model=ctx.mxu_model, unsafe_masked_exp=True)
-        return {"o": o, "ht": ht}
-
-    rows, result = _gate(case, _with_tpu_forward("simple_gla", unsafe_forward), cache)
-    statuses = {r["tensor"]: r["status"] for r in rows}
-    assert statuses["o"] == "nonfinite", statuses
-    failed = set(result.failures["tensor"])
-    assert "o" in failed
-    # the safe kernel on the same case is finite and within bounds
+    # the safe kernel on the case is finite and within bounds
     safe = Runner(TpuLeg(), cache).run_case(case)
     assert {r["status"] for r in safe} == {"ok"}, [(r["tensor"], r["reason"]) for r in safe]
+    inject(chunk_module, "causal_decay", unsafe_causal_decay)
+    rows, result = _gate(case, {"simple_gla": get_op("simple_gla")}, cache)
+    statuses = {r["tensor"]: r["status"] for r in rows}
+    assert statuses["o"] == "nonfinite", statuses
+    assert "o" in set(result.failures["tensor"])
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +77,16 @@ GLA_CASE = Case("gla", "chunk", B=1, T=64, H=2, K=256, V=128, dtype="bfloat16", 
                 h0=True, dht=True)
 
 
-def _gla_fault_forward(fault):
+def _gla_fused_forward(zero_dg_gamma=False):
+    """The fused g_gamma path, optionally behind a test-side custom_vjp that zeroes dg_gamma."""
+    from faults import zero_gradient
     from kernels_tpu import gla as kernels
 
     def forward(case, a, ctx):
-        o, ht = kernels.chunk_gla(a["q"], a["k"], a["v"], g_gamma=a["g_gamma"], scale=case.resolved_scale,
+        g_gamma = zero_gradient(a["g_gamma"]) if zero_dg_gamma else a["g_gamma"]
+        o, ht = kernels.chunk_gla(a["q"], a["k"], a["v"], g_gamma=g_gamma, scale=case.resolved_scale,
                                   initial_state=a.get("h0"), output_final_state=True, chunk_size=case.chunk_size,
-                                  interpret=ctx.interpret, mxu_model=ctx.mxu_model, path="fused", _fault=fault)
+                                  interpret=ctx.interpret, mxu_model=ctx.mxu_model, path="fused")
         return {"o": o, "ht": ht}
 
     return forward
@@ -104,34 +102,33 @@ def test_zero_dg_gamma_is_caught_by_bounds_without_a_gpu_number(cache, gpu_rows)
     """fla gives no dg_gamma, so only the absolute bound can see a zero gate gradient."""
     baseline = gpu_rows(GLA_CASE, cache)
     assert baseline.set_index("tensor").loc["dg_gamma", "status"] == "not_provided"
-    rows, result = _tpu_verdicts(GLA_CASE, _gla_fault_forward("zero_dg_gamma"), baseline, cache)
+    rows, result = _tpu_verdicts(GLA_CASE, _gla_fused_forward(zero_dg_gamma=True), baseline, cache)
     assert rows["dg_gamma"]["status"] == "bound" and rows["dg_gamma"]["rel_l2"] == 1.0
     assert set(result.failures["tensor"]) == {"dg_gamma"}
 
 
-def test_dropped_k_tile_reduction_is_caught_by_the_gate(cache, gpu_rows):
+def test_dropped_k_tile_reduction_is_caught_by_the_gate(cache, gpu_rows, inject):
+    from faults import first_k_tile_only
+    from kernels_tpu.gla import fused
+
     baseline = gpu_rows(GLA_CASE, cache)
-    rows, result = _tpu_verdicts(GLA_CASE, _gla_fault_forward("drop_k_reduction"), baseline, cache)
-    assert "o" in set(result.failures["tensor"])
-    # the healthy fused kernel on the same case passes the strict rule for o against fla
-    _, healthy = _tpu_verdicts(GLA_CASE, _gla_fault_forward(None), baseline, cache)
+    # the healthy fused kernel on the case passes the strict rule for o against fla
+    _, healthy = _tpu_verdicts(GLA_CASE, _gla_fused_forward(), baseline, cache)
     assert "o" not in set(healthy.failures["tensor"]), healthy.failures.to_dict("records")
+    inject(fused, "k_tile_reduction", first_k_tile_only)
+    rows, result = _tpu_verdicts(GLA_CASE, _gla_fused_forward(), baseline, cache)
+    assert "o" in set(result.failures["tensor"])
 
 
-def test_missing_transpose_in_the_inverse_gradient_is_caught_by_the_gate(cache, gpu_rows):
+def test_missing_transpose_in_the_inverse_gradient_is_caught_by_the_gate(cache, gpu_rows, inject):
     """dX = -Aᵀ dA Aᵀ with one transpose dropped: kda's dk, dg and dbeta go wrong."""
-    from kernels_tpu import kda as kernels
+    from faults import inverse_grad_missing_transpose
+    from kernels_tpu.kda import chunk
 
-    case = Case("kda", "chunk", B=1, T=64, H=2, K=128, V=128, dtype="float32", gate=Gate(), chunk_size=64, h0=True, dht=True)
-
-    def forward(case, a, ctx):
-        o, ht = kernels.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], scale=case.resolved_scale,
-                                  initial_state=a.get("h0"), output_final_state=True, chunk_size=case.chunk_size,
-                                  interpret=ctx.interpret, mxu_model=ctx.mxu_model,
-                                  _fault="inverse_grad_missing_transpose")
-        return {"o": o, "ht": ht}
-
-    rows, result = _tpu_verdicts(case, forward, gpu_rows(case, cache), cache)
+    inject(chunk, "inverse_grad", inverse_grad_missing_transpose)
+    case = Case("kda", "chunk", B=1, T=64, H=2, K=128, V=128, dtype="float32", gate=Gate(), chunk_size=64, h0=True,
+                dht=True)
+    rows, result = _tpu_verdicts(case, get_op("kda").tpu.forward, gpu_rows(case, cache), cache)
     failed = set(result.failures["tensor"])
     assert {"dk", "dbeta"} <= failed, result.failures.to_dict("records")
     assert "o" not in failed  # the forward is untouched: only the gradient gate can see this bug

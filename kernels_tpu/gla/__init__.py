@@ -14,6 +14,6 @@ backward with reverse index maps and a real dg_gamma). See ``api.py``.
 """
 
 from .api import chunk_gla, chunk_gla_bwd, chunk_gla_fwd, gla_dispatch
-from .common import FAULTS, PATHS, BlockSizes
+from .common import PATHS, BlockSizes
 
-__all__ = ["BlockSizes", "FAULTS", "PATHS", "chunk_gla", "chunk_gla_bwd", "chunk_gla_fwd", "gla_dispatch"]
+__all__ = ["BlockSizes", "PATHS", "chunk_gla", "chunk_gla_bwd", "chunk_gla_fwd", "gla_dispatch"]

@@ -1,6 +1,6 @@
 """Public GLA entry points: validation, dispatch, custom_vjp.
 
-Layering: public function (validate before tracing, defaults, dispatch, T
+Layering: public function (validate before tracing, unset arguments, dispatch, T
 padding) -> ``jax.custom_vjp`` per path (``_chunk_path`` / ``_fused_path``)
 -> ``*_impl`` (grid, BlockSpecs, pallas_call) -> ``_*_kernel`` bodies.
 
@@ -33,7 +33,7 @@ import numpy as np
 from .chunk import chunk_bwd_impl, chunk_fwd_impl
 from .. import mxu
 from ..interpret import resolve_interpret, resolve_mxu_model
-from .common import FAULTS, LANES, PATHS, BlockSizes, Config
+from .common import LANES, PATHS, BlockSizes, Config
 from .fused import fused_bwd_impl, fused_fwd_impl
 
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -58,7 +58,7 @@ def gla_dispatch(g, g_gamma, path: str = "auto", *, ragged_with_state: bool = Fa
     return path
 
 
-def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, fault, output_final_state,
+def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, output_final_state,
               do=None, dht=None):
     """All checks before tracing. Invalid -> ValueError; valid but unsupported -> NotImplementedError."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -91,10 +91,6 @@ def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, fault
         raise ValueError(f"{scale=} must be a finite Python float (static)")
     if min(B, T, H, K, V) < 1:
         raise ValueError(f"empty shape {q.shape=} {v.shape=}")
-    if fault not in FAULTS:
-        raise ValueError(f"{fault=} must be one of {FAULTS}")
-    if fault is not None and which != "fused":
-        raise ValueError(f"{fault=} is a test-only switch of the fused g_gamma path, but {which=}")
     if K % LANES:
         raise NotImplementedError(f"{K=} must be a multiple of {LANES}: zero-pad q and k along K to the "
                                   f"next multiple of {LANES} (exact: padded channels contribute 0)")
@@ -108,10 +104,10 @@ def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, fault
     return which, blocks
 
 
-def _config(q, scale, blocks, interpret, mxu_model, fault) -> Config:
+def _config(q, scale, blocks, interpret, mxu_model) -> Config:
     interp = resolve_interpret(interpret)
     return Config(scale=float(q.shape[-1] ** -0.5 if scale is None else scale), blocks=blocks,
-                  interpret=interp, mxu_model=resolve_mxu_model(mxu_model, interp), fault=fault)
+                  interpret=interp, mxu_model=resolve_mxu_model(mxu_model, interp))
 
 
 def _pad_t(x, pad):
@@ -181,13 +177,13 @@ def _run(q, k, v, g, g_gamma, h0, cfg, which):
 
 # -------------------------------------------------------------------- public
 def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-              chunk_size=64, interpret=None, mxu_model=None, path="auto", *, _fault=None):
+              chunk_size=64, interpret=None, mxu_model=None, path="auto"):
     """GLA forward, differentiable (jax.vjp/grad w.r.t. q, k, v, g or g_gamma, initial_state).
 
     Args:
       q, k: [B,T,H,K]; v: [B,T,H,V]; one dtype of float32/bfloat16/float16.
       g: [B,T,H,K] per-channel log decay (float32), or g_gamma: [H] per-head constant log decay.
-      scale: static float, default K**-0.5.
+      scale: static float, K**-0.5 when None.
       initial_state: [B,H,K,V] (cast to float32).
       output_final_state: return ht [B,H,K,V] float32, else None.
       chunk_size: tokens per chunk (multiple of 16).
@@ -195,25 +191,22 @@ def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, out
         uninitialised memory; a pltpu.InterpretParams is passed through.
       mxu_model: model MXU rounding of dots (kernels_tpu.mxu); None -> True iff interpreting.
       path: "auto" | "fused" | "chunk" (see gla_dispatch).
-      _fault: TEST ONLY, fused g_gamma path only, default None (off): "zero_dg_gamma"
-        returns zeros for dg_gamma, "drop_k_reduction" computes o from the first
-        128-wide K tile only. Exists so the harness's own tests can show it catches both bugs.
 
     Returns: (o [B,T,H,V] in q's dtype, ht [B,H,K,V] float32 or None).
     """
-    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, _fault,
+    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path,
                               output_final_state)
-    cfg = _config(q, scale, blocks, interpret, mxu_model, _fault)
+    cfg = _config(q, scale, blocks, interpret, mxu_model)
     o, ht = _run(q, k, v, g, g_gamma, initial_state, cfg, which)
     return o, (ht if output_final_state else None)
 
 
 def chunk_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                  chunk_size=64, interpret=None, mxu_model=None, path="auto", *, _fault=None):
+                  chunk_size=64, interpret=None, mxu_model=None, path="auto"):
     """The forward kernels alone (no custom_vjp): (o, ht or None). Same arguments as chunk_gla."""
-    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, _fault,
+    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path,
                               output_final_state)
-    cfg = _config(q, scale, blocks, interpret, mxu_model, _fault)
+    cfg = _config(q, scale, blocks, interpret, mxu_model)
     B, T, H, K = q.shape
     pad = -T % cfg.C
     qp, kp, vp, gp = (_pad_t(x, pad) for x in (*mxu.widen_fp16(q, k, v), g))
@@ -228,16 +221,16 @@ def chunk_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
 
 
 def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64,
-                  interpret=None, mxu_model=None, path="auto", *, _fault=None):
+                  interpret=None, mxu_model=None, path="auto"):
     """Gradients of ``sum(o*do) + sum(ht*dht)``, running the forward kernels for the states.
 
     Returns dict(dq, dk, dv, dg, dg_gamma, dh0): dq/dk/dv in the input dtype, dg
     [B,T,H,K] float32 (g gate) or None, dg_gamma [H] float32 (g_gamma gate) or
     None, dh0 [B,H,K,V] float32 (with initial_state) or None.
     """
-    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, _fault, False,
+    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, False,
                               do=do, dht=dht)
-    cfg = _config(q, scale, blocks, interpret, mxu_model, _fault)
+    cfg = _config(q, scale, blocks, interpret, mxu_model)
     B, T, H, K = q.shape
     pad = -T % cfg.C
     qp, kp, vp, gp, dop = (_pad_t(x, pad) for x in (*mxu.widen_fp16(q, k, v), g, do))

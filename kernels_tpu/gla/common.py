@@ -28,7 +28,6 @@ TN = mxu.TN  # a.T @ b
 NT_T = mxu.NT_T  # a @ b.T
 SQ = pl.squeezed  # a squeezed (size-1, dropped) block dimension
 
-FAULTS = (None, "zero_dg_gamma", "drop_k_reduction")
 PATHS = ("auto", "fused", "chunk")
 
 
@@ -78,7 +77,6 @@ class Config:
     blocks: BlockSizes
     interpret: Any  # False or a pltpu.InterpretParams
     mxu_model: bool
-    fault: str | None = None
 
     @property
     def C(self) -> int:
@@ -158,4 +156,4 @@ def zeros_like_ref(ref):
     return jnp.zeros(ref.shape, ref.dtype)
 
 
-__all__ = ["BlockSizes", "Config", "FAULTS", "PATHS"]
+__all__ = ["BlockSizes", "Config", "PATHS"]

@@ -16,7 +16,7 @@ state entering the chunk; all products of pairwise decays ``exp(G_r - G_s)`` are
     o   = scale (q * exp G) S + Aqk dlt
     S'  = exp(G_C) * S + (k * exp(G_C - G))^T dlt
 
-Layering: public functions (validate before tracing, defaults, in-kernel options as jax ops,
+Layering: public functions (validate before tracing, unset arguments filled in, in-kernel options as jax ops,
 padding) -> ``_kda`` (``jax.custom_vjp``) -> ``_fwd_impl`` / ``_bwd_impl`` (grid, BlockSpecs,
 ``pallas_call``) -> ``_fwd_kernel`` / ``_bwd_kernel``. Grid ``(B, H, NT)``; the chunk axis is
 sequential (``"arbitrary"``, last) and carries the f32 state (or its gradient) in VMEM scratch.
@@ -59,8 +59,7 @@ PREC = lax.Precision.HIGHEST  # every kernel dot: f32 operands, ~f32 accuracy (b
 NN = (((1,), (0,)), ((), ()))  # a @ b
 TN = mxu.TN  # a.T @ b
 NT_T = mxu.NT_T  # a @ b.T
-L2NORM_EPS = 1e-6  # fla l2norm_fwd default
-FAULTS = (None, "inverse_grad_missing_transpose")
+L2NORM_EPS = 1e-6  # as fla l2norm_fwd (its eps when none is given)
 
 
 # ============================================================ configuration
@@ -81,7 +80,6 @@ class Config:
     blocks: BlockSizes
     interpret: Any  # False, or a pltpu.InterpretParams
     mxu_model: bool
-    fault: str | None = None
 
 
 # ============================================================ in-kernel maths
@@ -153,6 +151,11 @@ def _pair_cols(dP, a, G, *, strict: bool, bc: int, mxu_model: bool):
         part = _dot(dP[r0:r0 + bc, :r0], a_n, TN, mxu_model=mxu_model) * jnp.exp(ref - G[:r0])
         y = y + jnp.concatenate([part, jnp.zeros((C - r0, K), F32)], axis=0)
     return y
+
+
+def inverse_grad(Tm, dTm, *, mxu_model: bool):
+    """Gradient through Tm = (I + L)^{-1}: dL = -Tm^T dTm Tm^T (the caller keeps its strictly lower part)."""
+    return -_dot(_dot(Tm, dTm, TN, mxu_model=mxu_model), Tm, NT_T, mxu_model=mxu_model)
 
 
 def _unit_lower_inverse(L, *, mxu_model: bool):
@@ -259,12 +262,7 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
     dvb = _dot(Tm, d_dlt, TN, mxu_model=mm)  # Tm^T du
     dkbg = _dot(Tm, dw, TN, mxu_model=mm)  # Tm^T dw
     # Tm = (I + L)^{-1}  ->  dL = -Tm^T dTm Tm^T (strictly lower part)
-    t1 = _dot(Tm, dTm, TN, mxu_model=mm)
-    if cfg.fault == "inverse_grad_missing_transpose":  # TEST-ONLY: -Tm^T dTm Tm (drops one transpose)
-        dL = -_dot(t1, Tm, mxu_model=mm)
-    else:
-        dL = -_dot(t1, Tm, NT_T, mxu_model=mm)
-    dL = jnp.where(rid > cid, dL, 0.0)
+    dL = jnp.where(rid > cid, inverse_grad(Tm, dTm, mxu_model=mm), 0.0)
     # L = beta M
     dbeta = jnp.sum(dL * M, axis=1, keepdims=True)
     dM = beta * dL
@@ -406,7 +404,7 @@ def _is_float(x) -> bool:
 
 
 def _validate(q, k, v, g, beta, scale, initial_state, blocks: BlockSizes, opts: dict, A_log, dt_bias,
-              interpret, mxu_model, fault):
+              interpret, mxu_model):
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not hasattr(x, "shape") or not _is_float(x):
             raise ValueError(f"{name} must be a floating-point array, got {type(x).__name__}")
@@ -456,16 +454,14 @@ def _validate(q, k, v, g, beta, scale, initial_state, blocks: BlockSizes, opts: 
         raise ValueError(f"interpret must be None, a bool or a pltpu.InterpretParams; got {interpret!r}")
     if mxu_model is not None and not isinstance(mxu_model, bool):
         raise ValueError(f"mxu_model must be None or a bool; got {mxu_model!r}")
-    if fault not in FAULTS:
-        raise ValueError(f"_fault must be one of {FAULTS}; got {fault!r}")
 
 
-def _make_config(K, scale, chunk_size, interpret, mxu_model, fault) -> Config:
+def _make_config(K, scale, chunk_size, interpret, mxu_model) -> Config:
     interpret = resolve_interpret(interpret)
     mxu_model = resolve_mxu_model(mxu_model, interpret)
     scale = K ** -0.5 if scale is None else float(scale)
     return Config(scale=scale, blocks=BlockSizes(chunk_size=chunk_size), interpret=interpret,
-                  mxu_model=mxu_model, fault=fault)
+                  mxu_model=mxu_model)
 
 
 def _preprocess(q, k, g, beta, A_log, dt_bias, opts):
@@ -525,17 +521,17 @@ def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_item
 # ============================================================ public API
 def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, options):
     opts = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
-                allow_neg_eigval=False, safe_gate=False, lower_bound=None, A_log=None, dt_bias=None, _fault=None)
+                allow_neg_eigval=False, safe_gate=False, lower_bound=None, A_log=None, dt_bias=None)
     unknown = set(options) - set(opts)
     if unknown:
         raise TypeError(f"chunk_kda got unknown options {sorted(unknown)}")
     opts.update(options)
-    A_log, dt_bias, fault = opts.pop("A_log"), opts.pop("dt_bias"), opts.pop("_fault")
+    A_log, dt_bias = opts.pop("A_log"), opts.pop("dt_bias")
     blocks = BlockSizes(chunk_size=chunk_size)
-    _validate(q, k, v, g, beta, scale, initial_state, blocks, opts, A_log, dt_bias, interpret, mxu_model, fault)
+    _validate(q, k, v, g, beta, scale, initial_state, blocks, opts, A_log, dt_bias, interpret, mxu_model)
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
-    cfg = _make_config(q.shape[-1], scale, chunk_size, interpret, mxu_model, fault)
+    cfg = _make_config(q.shape[-1], scale, chunk_size, interpret, mxu_model)
     return cfg, tuple(sorted(opts.items())), A_log, dt_bias
 
 
@@ -547,7 +543,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
       q, k: [B, T, H, K]; v: [B, T, H, V] (bf16, fp16 or fp32); K, V multiples of 128.
       g: [B, T, H, K] log decay (<= 0), or the raw gate input with ``use_gate_in_kernel``.
       beta: [B, T, H] (or raw logits with ``use_beta_sigmoid_in_kernel``).
-      scale: defaults to K**-0.5.
+      scale: K**-0.5 when None.
       initial_state: [B, H, K, V] float32, optional.
       output_final_state: also return ht [B, H, K, V] float32.
       chunk_size: a multiple of 16; T need not be a multiple (zero-padded internally, exact).
@@ -557,8 +553,6 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
       options (as fla.ops.kda.chunk_kda): use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log [H],
         dt_bias [H*K], use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound.
         Applied with float32 jax ops before the kernels (same function, autodiff gradients).
-      _fault: TEST-ONLY fault injection, off by default. ``"inverse_grad_missing_transpose"`` makes
-        the backward use dL = -Tm^T dTm Tm instead of -Tm^T dTm Tm^T for the triangular inverse.
 
     Returns:
       (o [B, T, H, V] in q's dtype (as fla), ht [B, H, K, V] float32 or None).

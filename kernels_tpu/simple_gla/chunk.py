@@ -123,7 +123,7 @@ def _fwd_kernel(*refs, cfg: Config, policy: DotPolicy, NS: int, has_h0: bool, em
         if emit_states:
             states_ref[step] = h
         if emit_o:
-            D = causal_decay(b_col, b_row, cfg.unsafe_masked_exp)
+            D = causal_decay(b_col, b_row)
             # inter-chunk: exp(b_i) <= 1 scales row i of Q H_c after the dot (q stays exact)
             o_inter = jnp.exp(b_col) * mm(q, h, policy)
             o_intra = mm(intra_scores(q, k, D, policy), v, policy)
@@ -224,7 +224,7 @@ def _chunk_bwd_kernel(*refs, cfg: Config, policy: DotPolicy, has_dht: bool):
 
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=chunk, step=0)
-    D = causal_decay(b_col, b_row, cfg.unsafe_masked_exp)
+    D = causal_decay(b_col, b_row)
     h, dh = h_ref[...], dstate_ref[...]
 
     dv = dv_chunk(q, k, do, dh, D, b_col, b_last, scale, policy)
@@ -314,8 +314,8 @@ def forward(cfg: Config, num_steps: int, q, k, v, g, g_gamma, h0):
 def finish_grads(cfg: Config, dq, dk, dv, dg, dh0, g, g_gamma, h0):
     """Head-major kernel gradients -> the public layout and the gate's gradient."""
     T = cfg.T
-    grads = dict(dq=from_heads(dq, T, cfg.dtype), dk=from_heads(dk, T, cfg.dtype), dv=from_heads(dv, T, cfg.dtype), dg=None, dg_gamma=None,
-                 dh0=None if h0 is None else dh0.astype(h0.dtype))
+    grads = dict(dq=from_heads(dq, T, cfg.dtype), dk=from_heads(dk, T, cfg.dtype), dv=from_heads(dv, T, cfg.dtype),
+                 dg=None, dg_gamma=None, dh0=None if h0 is None else dh0.astype(h0.dtype))
     if cfg.gate == "g":
         grads["dg"] = jnp.transpose(dg[:, :, :T, 0], (0, 2, 1)).astype(g.dtype)
     elif cfg.gate == "g_gamma":
@@ -359,47 +359,43 @@ _chunk_simple_gla.defvjp(_chunk_simple_gla_fwd, _chunk_simple_gla_bwd)
 
 # ============================================================ public API
 def _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-            unsafe_masked_exp, *, do=None, dht=None, num_steps=1):
+            *, do=None, dht=None, num_steps=1):
     blocks = BlockSizes(chunk_size=chunk_size, num_steps=num_steps)
     scale = validate(q, k, v, g, g_gamma, scale, initial_state, blocks, do=do, dht=dht)
-    return make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model, unsafe_masked_exp)
+    return make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model)
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                     chunk_size=64, interpret=None, mxu_model=None, *, unsafe_masked_exp: bool = False):
+                     chunk_size=64, interpret=None, mxu_model=None):
     """Chunked simple GLA, differentiable (jax.grad / jax.vjp) through a custom VJP.
 
     Args:
       q, k: [B, T, H, K]; v: [B, T, H, V]; bf16, fp16 or fp32 (one dtype); K, V multiples of 128.
       g: [B, T, H] per-token log decay (<= 0), or g_gamma: [H] per-head log decay
         (<= 0); at most one (neither: no decay).
-      scale: defaults to K**-0.5.
+      scale: K**-0.5 when None.
       initial_state: [B, H, K, V] float32 h0, optional.
       output_final_state: also return ht = S_T [B, H, K, V] float32.
       chunk_size: BT, a multiple of 16 (T need not be a multiple: padded internally, exact).
       interpret: None -> native TPU; True or a pltpu.InterpretParams -> Pallas TPU interpret mode.
       mxu_model: model MXU rounding in the dots; None means "iff interpreting".
-      unsafe_masked_exp: TEST-ONLY fault injection (exp of the unmasked gate
-        difference, then mask); overflows at BT=128 with steep ALiBi decay.
 
     Returns:
       (o [B, T, H, V] in the input dtype, ht [B, H, K, V] float32 or None).
     """
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  unsafe_masked_exp)
+    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model)
     return _chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
 
 
 def chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                         chunk_size=64, interpret=None, mxu_model=None, *, unsafe_masked_exp: bool = False):
+                         chunk_size=64, interpret=None, mxu_model=None):
     """Forward only (no VJP): (o [B, T, H, V], ht [B, H, K, V] f32 or None). Args as chunk_simple_gla."""
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  unsafe_masked_exp)
+    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model)
     return forward(cfg, 1, q, k, v, g, g_gamma, initial_state)
 
 
 def chunk_simple_gla_bwd(q, k, v, do, g=None, g_gamma=None, scale=None, initial_state=None, dht=None,
-                         chunk_size=64, interpret=None, mxu_model=None, *, unsafe_masked_exp: bool = False):
+                         chunk_size=64, interpret=None, mxu_model=None):
     """Backward of ``loss = sum(o * do) + sum(ht * dht)``.
 
     do: [B, T, H, V]; dht: [B, H, K, V] or None (zero). Other args as chunk_simple_gla.
@@ -408,5 +404,5 @@ def chunk_simple_gla_bwd(q, k, v, do, g=None, g_gamma=None, scale=None, initial_
     (initial_state only)); entries that do not apply are None.
     """
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret, mxu_model,
-                  unsafe_masked_exp, do=do, dht=dht)
+                  do=do, dht=dht)
     return backward(cfg, q, k, v, g, g_gamma, initial_state, do, dht)

@@ -128,27 +128,15 @@ def causal_mask(BT: int):
     return i >= j
 
 
-def causal_decay(b_col, b_row, unsafe_masked_exp: bool = False):
+def causal_decay(b_col, b_row):
     """Intra-chunk decay matrix ``D[i, j] = exp(b_i - b_j) [i >= j]``, ``[BT, BT]`` f32.
 
     Above the diagonal ``b_i - b_j = -(g_{i+1} + ... + g_j) >= 0`` can be huge
     (ALiBi gamma=-0.7071 at BT=128 gives up to 89.8 > 88.7: exp overflows to
     inf), so the exponent is zeroed there BEFORE exp and the result masked after.
-
-    ``unsafe_masked_exp`` is a TEST-ONLY fault injection: it exponentiates the
-    unmasked difference and multiplies by a 0/1 mask, as XLA on TPU may lower a
-    ``where``; inf * 0 gives NaN. Never enable it outside tests.
     """
-    BT = b_col.shape[0]
-    diff = b_col - b_row
-    if unsafe_masked_exp:
-        # 0/1 from integer arithmetic, not convert(bool): XLA's simplifier turns
-        # x * convert(pred) back into a select, which would hide the fault
-        i = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
-        j = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
-        return jnp.exp(diff) * jnp.clip(i - j + 1, 0, 1).astype(F32)
-    causal = causal_mask(BT)
-    return jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)
+    causal = causal_mask(b_col.shape[0])
+    return jnp.where(causal, jnp.exp(jnp.where(causal, b_col - b_row, 0.0)), 0.0)
 
 
 def chunk_gates(gate_refs, *, gate: str, BT: int, T: int, chunk, step: int):
@@ -236,7 +224,6 @@ class Config:
     output_final_state: bool
     interpret: Any  # False or a pltpu.InterpretParams
     mxu_model: bool
-    unsafe_masked_exp: bool = False
 
     @property
     def kernel_gate(self) -> str:
@@ -337,7 +324,7 @@ def validate(q, k, v, g, g_gamma, scale, initial_state, blocks: BlockSizes, *, d
     return float(scale)
 
 
-def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model, unsafe_masked_exp):
+def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model):
     interpret = resolve_interpret(interpret)
     mxu_model = resolve_mxu_model(mxu_model, interpret)
     if not isinstance(output_final_state, bool):
@@ -345,4 +332,4 @@ def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu
     gate = "g" if g is not None else ("g_gamma" if g_gamma is not None else "none")
     return Config(T=int(q.shape[1]), scale=scale, blocks=blocks, gate=gate, dtype=jnp.dtype(q.dtype).name,
                   output_final_state=output_final_state,
-                  interpret=interpret, mxu_model=bool(mxu_model), unsafe_masked_exp=bool(unsafe_masked_exp))
+                  interpret=interpret, mxu_model=bool(mxu_model))

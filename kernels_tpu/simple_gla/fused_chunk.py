@@ -59,7 +59,7 @@ def _dv_dh_kernel(*refs, cfg: Config, policy: DotPolicy, has_dht: bool):
 
     q, k, do = q_ref[...], k_ref[...], do_ref[...]
     b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=chunk, step=0)
-    D = causal_decay(b_col, b_row, cfg.unsafe_masked_exp)
+    D = causal_decay(b_col, b_row)
     dh = dstate_ref[...]  # dH_{c+1}
     dh_states_ref[...] = dh
     dv_ref[...] = dv_chunk(q, k, do, dh, D, b_col, b_last, scale, policy).astype(dv_ref.dtype)
@@ -90,7 +90,7 @@ def _dq_dk_kernel(*refs, cfg: Config, policy: DotPolicy):
     BT = cfg.blocks.chunk_size
     b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=pl.program_id(2),
                                        step=0)
-    D = causal_decay(b_col, b_row, cfg.unsafe_masked_exp)
+    D = causal_decay(b_col, b_row)
     dq, dk, dg = dq_dk_dg_chunk(q_ref[...], k_ref[...], v_ref[...], do_ref[...], h_ref[...], dh_ref[...], D,
                                 b_col, b_last, cfg.scale, policy, with_dg)
     dq_ref[...] = dq.astype(dq_ref.dtype)
@@ -192,8 +192,7 @@ _fused_chunk_simple_gla.defvjp(_fused_chunk_simple_gla_fwd, _fused_chunk_simple_
 
 # ============================================================ public API
 def fused_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                           chunk_size=64, interpret=None, mxu_model=None, num_steps=2, *,
-                           unsafe_masked_exp: bool = False):
+                           chunk_size=64, interpret=None, mxu_model=None, num_steps=2):
     """Fused-chunk simple GLA, differentiable through a custom VJP.
 
     Args and returns as :func:`kernels_tpu.simple_gla.chunk_simple_gla`, plus
@@ -201,23 +200,21 @@ def fused_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_st
     of NT = ceil(T / chunk_size) not above it).
     """
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  unsafe_masked_exp, num_steps=num_steps)
+                  num_steps=num_steps)
     return _fused_chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
 
 
 def fused_chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                               output_final_state=False, chunk_size=64, interpret=None, mxu_model=None, num_steps=2,
-                               *, unsafe_masked_exp: bool = False):
+                               output_final_state=False, chunk_size=64, interpret=None, mxu_model=None, num_steps=2):
     """Forward only: (o [B, T, H, V], ht [B, H, K, V] f32 or None)."""
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  unsafe_masked_exp, num_steps=num_steps)
+                  num_steps=num_steps)
     return forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, initial_state)
 
 
 def fused_chunk_simple_gla_bwd(q, k, v, do, g=None, g_gamma=None, scale=None, initial_state=None, dht=None,
-                               chunk_size=64, interpret=None, mxu_model=None, num_steps=2, *,
-                               unsafe_masked_exp: bool = False):
+                               chunk_size=64, interpret=None, mxu_model=None, num_steps=2):
     """Two-pass backward; args and returned dict as chunk_simple_gla_bwd."""
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret, mxu_model,
-                  unsafe_masked_exp, do=do, dht=dht, num_steps=num_steps)
+                  do=do, dht=dht, num_steps=num_steps)
     return backward(cfg, q, k, v, g, g_gamma, initial_state, do, dht)

@@ -131,9 +131,13 @@ def test_fp32_h0_dht_explicit_api():
     check(o, ht, grads, o_r, ht_r, g_r, "fp32 T128 H1 h0 dht")
 
 
-def test_fault_inverse_grad_missing_transpose_is_caught():
+def test_fault_inverse_grad_missing_transpose_is_caught(inject):
+    from faults import inverse_grad_missing_transpose
+    from kernels_tpu.kda import chunk
+
+    inject(chunk, "inverse_grad", inverse_grad_missing_transpose)
     inp, do, dht, (o_r, ht_r, g_r) = fp32_case()
-    o, ht, grads = explicit(inp, do, dht, _fault="inverse_grad_missing_transpose")
+    o, ht, grads = explicit(inp, do, dht)
     # the fault lives in the backward of the triangular inverse: the forward, dq and dv are untouched
     assert rel_l2(o, o_r) <= F32_TOL and rel_l2(grads["dq"], g_r["dq"]) <= F32_TOL
     assert rel_l2(grads["dv"], g_r["dv"]) <= F32_TOL
@@ -206,7 +210,6 @@ def _args(T=64, H=1, k=K, v=V, dtype=np.float32):
     (dict(k=np.zeros((1, 32, 1, K), np.float32)), ValueError, "q and k"),
     (dict(initial_state=np.zeros((1, 1, K, 64), np.float32)), ValueError, "initial_state"),
     (dict(interpret="yes"), ValueError, "interpret"),
-    (dict(_fault="nope"), ValueError, "_fault"),
     (dict(use_gate_in_kernel=True), ValueError, "A_log"),
     (dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-7.0), ValueError, "lower_bound"),
     (dict(allow_neg_eigval=True), ValueError, "allow_neg_eigval"),

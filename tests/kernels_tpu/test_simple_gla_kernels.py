@@ -286,10 +286,17 @@ def _alibi_chunk128_inputs():
 
 
 @pytest.mark.parametrize("impl", ["chunk", "fused"])
-def test_unsafe_masked_exp_overflows_at_chunk128_alibi_layer0(impl):
+def test_unsafe_masked_exp_overflows_at_chunk128_alibi_layer0(impl, inject):
+    """The named helper ``causal_decay`` swapped for the upstream bug (exp, then mask) gives NaN/Inf."""
+    from faults import unsafe_causal_decay
+    from kernels_tpu.simple_gla import chunk as chunk_module
+    from kernels_tpu.simple_gla import fused_chunk as fused_module
+
+    inject(chunk_module, "causal_decay", unsafe_causal_decay)
+    inject(fused_module, "causal_decay", unsafe_causal_decay)
     x = _alibi_chunk128_inputs()
     fwd, bwd, _ = IMPLS[impl]
-    kw = dict(g_gamma=x["g_gamma"], chunk_size=128, interpret=True, unsafe_masked_exp=True)
+    kw = dict(g_gamma=x["g_gamma"], chunk_size=128, interpret=True)
     if impl == "chunk":
         o, _ = fwd(x["q"], x["k"], x["v"], **kw)
         assert not np.all(np.isfinite(np.asarray(o, np.float32))), "fault injection should give NaN/Inf in o"
