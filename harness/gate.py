@@ -37,7 +37,7 @@ from .policy import Policy
 from .reports import KEY, ReportError, atomic_write_text, read_results, write_csv
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "allowed", "verdict", "reason",
-                  "gpu_status", "tpu_status", "gpu_mode", "tpu_mode", "input_sha256", "repro"]
+                  "gpu_status", "tpu_status", "gpu_mode", "tpu_mode", "tpu_mxu_cost", "input_sha256", "repro"]
 
 
 class GateInputError(ReportError):
@@ -83,6 +83,7 @@ def _judge(key, g, t, policy: Policy) -> list[dict]:
     base = {"case_id": case_id, "tensor": tensor,
             "gpu_status": None if g is None else g["status"], "tpu_status": None if t is None else t["status"],
             "gpu_mode": None if g is None else g["mode"], "tpu_mode": None if t is None else t["mode"],
+            "tpu_mxu_cost": None if t is None else t.get("mxu_cost"),
             "input_sha256": (t if t is not None else g)["input_sha256"],
             "repro": None if t is None else t.get("repro")}
 
@@ -152,6 +153,15 @@ def _fmt(x) -> str:
     return str(x)
 
 
+def _cost(x) -> str:
+    """A modeled MXU cost ratio as ``1.23×``; ``–`` where none was modeled (native TPU, or no run)."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "–"
+    return "–" if math.isnan(x) else f"{x:.2f}×"
+
+
 def _provenance(df: pd.DataFrame) -> str:
     if df.empty:
         return "no rows"
@@ -206,10 +216,13 @@ def markdown(result: GateResult) -> str:
     rel = p[p["metric"] == "rel_l2"]
     if len(rel):
         lines += ["", "<details><summary>rel_l2 per case and tensor</summary>", "",
-                  "| case | tensor | ε_GPU | ε_TPU | ratio | verdict |", "|---|---|---|---|---|---|"]
+                  "TPU MXU cost: the case's modeled bf16-pass multiply-adds over one pass per dot, forward and "
+                  "backward (1.0× = every dot one bf16 pass; `HIGHEST` is 6×); modeled in emulation, not timed.",
+                  "", "| case | tensor | ε_GPU | ε_TPU | ratio | TPU MXU cost | verdict |",
+                  "|---|---|---|---|---|---|---|"]
         for r in rel.to_dict("records"):
             lines.append(f"| `{r['case_id']}` | {r['tensor']} | {_fmt(r['eps_gpu'])} | {_fmt(r['eps_tpu'])} | "
-                         f"{_fmt(r['ratio'])} | {r['verdict']} |")
+                         f"{_fmt(r['ratio'])} | {_cost(r.get('tpu_mxu_cost'))} | {r['verdict']} |")
         lines += ["", "</details>"]
     other = p[(p["metric"] == "status") & (p["verdict"] != "fail")]
     if len(other):

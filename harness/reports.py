@@ -17,10 +17,13 @@ import pandas as pd
 
 from .metrics import METRICS
 
+MXU_COLUMNS = ["mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd", "mxu_pass_macs_bwd"]
+"""TPU rows, emulated: modeled MXU work (kernels_tpu.mxu.MxuTally), not a timing."""
+
 RESULT_COLUMNS = [
     "case_id", "op", "variant", "dtype", "tensor", "tensor_dtype", "leg", "status", "reason",
     *METRICS, "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
-    "input_sha256", "mode", "device", "compiled_for", "versions", "settings", "details", "git_commit", "timestamp",
+    "input_sha256", "mode", "device", "compiled_for", *MXU_COLUMNS, "versions", "settings", "details", "git_commit", "timestamp",
     "suite",
     "wall_s", "repro",
 ]

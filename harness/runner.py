@@ -145,6 +145,7 @@ class Runner:
                                       wall_s=time.perf_counter() - t0)
         common["wall_s"] = time.perf_counter() - t0
         common["details"] = json.dumps(dict(out.details), sort_keys=True, default=str)
+        common.update(out.columns)
         return [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common)
                 for spec in op.tensors(case)]
 

@@ -27,6 +27,11 @@ switched on for interpret mode, never on a TPU.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
+from dataclasses import dataclass, field
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -41,7 +46,7 @@ PRECISIONS = (Precision.DEFAULT, BF16X3, Precision.HIGHEST)
 PASSES = {Precision.DEFAULT: 1, BF16X3: 3, Precision.HIGHEST: 6}
 """MXU passes per dot of f32 operands (bf16 operands always take one)."""
 
-_NT = (((1,), (0,)), ((), ()))  # a[M,K] @ b[K,N]
+NN = (((1,), (0,)), ((), ()))  # a[M,K] @ b[K,N]
 TN = (((0,), (0,)), ((), ()))  # a[K,M], b[K,N] -> a.T @ b
 NT_T = (((1,), (1,)), ((), ()))  # a[M,K], b[N,K] -> a @ b.T
 
@@ -61,6 +66,61 @@ def widen_fp16(*xs):
     return tuple(x.astype(F32) if x is not None and x.dtype == jnp.float16 else x for x in xs)
 
 
+# ------------------------------------------------------------ modeled MXU work
+@dataclass
+class MxuTally:
+    """Modeled MXU work of the dots executed while the tally is active, per phase.
+
+    ``macs``: multiply-adds of every dot as written (one pass each);
+    ``pass_macs``: bf16-pass multiply-adds, i.e. ``macs`` times the passes the
+    dot's precision costs (:data:`PASSES`; bf16 operands always 1). Counted
+    only in interpret mode with the MXU model: a model of the work, not a timing.
+    """
+
+    macs: dict = field(default_factory=dict)
+    pass_macs: dict = field(default_factory=dict)
+    phase: str = "forward"
+
+    def add(self, macs: int, passes: int) -> None:
+        self.macs[self.phase] = self.macs.get(self.phase, 0) + macs
+        self.pass_macs[self.phase] = self.pass_macs.get(self.phase, 0) + macs * passes
+
+    @property
+    def ratio(self) -> float:
+        """All bf16-pass multiply-adds over all multiply-adds: 1.0 when every dot is one pass."""
+        total = sum(self.macs.values())
+        return sum(self.pass_macs.values()) / total if total else float("nan")
+
+
+_ACTIVE: list[MxuTally] = []
+
+
+@contextlib.contextmanager
+def tally_mxu_work(tally: MxuTally | None = None):
+    """Count the modeled MXU work of the interpret-mode dots executed inside the block."""
+    tally = MxuTally() if tally is None else tally
+    _ACTIVE.append(tally)
+    try:
+        yield tally
+    finally:
+        jax.effects_barrier()  # every callback of the block has landed
+        _ACTIVE.remove(tally)
+
+
+def _record(macs: int, passes: int):
+    for tally in _ACTIVE:
+        tally.add(macs, passes)
+
+
+def dot_macs(a_shape, b_shape, dims) -> int:
+    """Multiply-adds of ``lax.dot_general``: the output size times the contracted size."""
+    (ca, cb), (ba, bb) = dims
+    batch = math.prod(a_shape[i] for i in ba)
+    free_a = math.prod(n for i, n in enumerate(a_shape) if i not in ca and i not in ba)
+    free_b = math.prod(n for i, n in enumerate(b_shape) if i not in cb and i not in bb)
+    return batch * free_a * free_b * math.prod(a_shape[i] for i in ca)
+
+
 def _one_pass(a, b, dims, mxu_model: bool):
     """One MXU pass of two bf16 operands: exact products, f32 accumulation."""
     if mxu_model:
@@ -73,7 +133,7 @@ def _one_pass(a, b, dims, mxu_model: bool):
 _HIGHEST_PAIRS = ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0))
 
 
-def dot(a: jax.Array, b: jax.Array, *, precision, preferred_element_type=F32, dimension_numbers=_NT,
+def dot(a: jax.Array, b: jax.Array, *, precision, preferred_element_type=F32, dimension_numbers=NN,
         mxu_model: bool = False) -> jax.Array:
     """``a·b`` with a stated precision (one of :data:`PRECISIONS`) and f32 accumulation.
 
@@ -90,6 +150,9 @@ def dot(a: jax.Array, b: jax.Array, *, precision, preferred_element_type=F32, di
         raise ValueError("fp16 cannot enter a Mosaic kernel: widen it to f32 with kernels_tpu.mxu.widen_fp16")
     dims = dimension_numbers
     bf16 = jnp.bfloat16
+    if mxu_model:  # every execution reports its modeled work (interpret mode only)
+        passes = 1 if a.dtype == bf16 and b.dtype == bf16 else PASSES[precision]
+        jax.debug.callback(functools.partial(_record, dot_macs(a.shape, b.shape, dims), passes))
     if a.dtype == bf16 and b.dtype == bf16:
         out = _one_pass(a, b, dims, mxu_model)
     elif precision == BF16X3:

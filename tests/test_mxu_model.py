@@ -73,3 +73,58 @@ def test_widen_fp16_is_exact_and_leaves_other_dtypes():
 def test_every_dot_states_its_precision():
     with pytest.raises(ValueError, match="precision"):
         dot(jnp.ones((1, 1)), jnp.ones((1, 1)), precision=None)
+
+
+# ------------------------------------------------------------ modeled MXU work
+def test_dot_macs_hand_computed():
+    from kernels_tpu.mxu import NT_T, TN, NN, dot_macs
+
+    assert dot_macs((64, 128), (128, 32), NN) == 64 * 32 * 128
+    assert dot_macs((128, 64), (128, 32), TN) == 64 * 32 * 128  # a.T @ b
+    assert dot_macs((64, 128), (32, 128), NT_T) == 64 * 32 * 128  # a @ b.T
+    batched = (((2,), (1,)), ((0,), (0,)))  # [B,M,K] x [B,K,N]
+    assert dot_macs((3, 5, 7), (3, 7, 11), batched) == 3 * 5 * 11 * 7
+
+
+def _kernel_with_loop(a_ref, b_ref, o_ref, *, precision):
+    import jax
+
+    def body(i, acc):
+        return acc + dot(a_ref[...], b_ref[...], precision=precision, mxu_model=True)
+
+    o_ref[...] = jax.lax.fori_loop(0, 3, body, jnp.zeros(o_ref.shape, jnp.float32))
+
+
+@pytest.mark.parametrize("dtype, precision, passes", [
+    (jnp.float32, lax.Precision.HIGHEST, 6), (jnp.float32, BF16X3, 3), (jnp.float32, lax.Precision.DEFAULT, 1),
+    (jnp.bfloat16, lax.Precision.HIGHEST, 1),  # bf16 operands: one pass whatever the stated precision
+])
+def test_tally_counts_every_executed_dot(dtype, precision, passes):
+    """A grid of 2 steps, each running a 3-iteration loop of one [16,128] x [128,128] dot: 6 dots executed."""
+    import functools
+
+    import jax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from kernels_tpu.mxu import tally_mxu_work
+
+    call = pl.pallas_call(functools.partial(_kernel_with_loop, precision=precision),
+                          out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32), grid=(2,),
+                          in_specs=[pl.BlockSpec((16, 128), lambda i: (i, 0)),
+                                    pl.BlockSpec((128, 128), lambda i: (0, 0))],
+                          out_specs=pl.BlockSpec((16, 128), lambda i: (i, 0)),
+                          interpret=pltpu.InterpretParams())
+    with tally_mxu_work() as tally:
+        jax.block_until_ready(call(jnp.ones((32, 128), dtype), jnp.ones((128, 128), dtype)))
+    macs = 6 * 16 * 128 * 128
+    assert tally.macs == {"forward": macs} and tally.pass_macs == {"forward": passes * macs}
+    assert tally.ratio == passes
+
+
+def test_nothing_is_tallied_without_the_model():
+    from kernels_tpu.mxu import tally_mxu_work
+
+    with tally_mxu_work() as tally:
+        dot(jnp.ones((8, 128)), jnp.ones((128, 128)), precision=lax.Precision.HIGHEST, mxu_model=False)
+    assert tally.macs == {} and np.isnan(tally.ratio)

@@ -25,7 +25,8 @@ def test_smoke_suite_end_to_end(tmp_path):
     failures = []
     for check in (check_every_leg_wrote_every_case_and_tensor, check_rows_name_their_mode_and_share_inputs,
                   check_no_error_nan_or_bound_violation, check_unsupported_and_not_provided_are_reasoned_rows,
-                  check_causality_holds_on_every_leg, check_gate_verdicts):
+                  check_causality_holds_on_every_leg, check_gate_verdicts,
+                  check_tpu_rows_were_compiled_and_carry_their_mxu_cost):
         try:
             check(run)
         except AssertionError as exc:
@@ -91,3 +92,15 @@ def check_gate_verdicts(run):
     # regression (zeros, a lost K tile, a missing transpose) is 10x-1000x.
     margin = apply_gate(frames["gpu"], frames["tpu"], Policy(rel_margin=0.05))
     assert margin.passed, margin.failures[["case_id", "tensor", "metric", "ratio"]].to_dict("records")
+
+
+def check_tpu_rows_were_compiled_and_carry_their_mxu_cost(run):
+    _, out, frames = run
+    tpu = frames["tpu"]
+    ran = tpu[tpu["status"] == "ok"]
+    assert set(ran["compiled_for"]) == {"v6e"}, set(ran["compiled_for"])
+    assert "compiled with libtpu" in (out / "parity.md").read_text()
+    assert (ran["mxu_cost"] >= 1).all() and (ran["mxu_macs_fwd"] > 0).all() and (ran["mxu_macs_bwd"] > 0).all()
+    cost = ran.groupby(["op", "dtype"])["mxu_cost"].max()
+    # bf16 dots are one pass; fp32 inputs pay HIGHEST (6 passes) on every dot
+    assert cost[("simple_gla", "bfloat16")] < cost[("simple_gla", "float32")] == 6.0

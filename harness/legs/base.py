@@ -26,6 +26,7 @@ class LegOutput:
 
     tensors: Mapping[str, np.ndarray | None]
     details: Mapping[str, Any] = field(default_factory=dict)  # per-case provenance: configs, dispatch
+    columns: Mapping[str, Any] = field(default_factory=dict)  # per-case values with columns of their own
 
 
 @dataclass(frozen=True)

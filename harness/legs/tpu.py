@@ -46,13 +46,15 @@ def tpu_available() -> bool:
         return False
 
 
-def program(op: OpDescriptor, case: Case, ctx: TpuContext):
+def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None):
     """The TPU leg's computation of a case as one function of the input arrays.
 
     ``fn(arrays) -> (outputs, grads)``: the binding's forward, then its
     ``jax.vjp`` with the case's cotangents (``do``; ``dht``, zeros when the case
     has none). The emulated run calls it eagerly; :mod:`harness.tpu_compile`
-    compiles the very same function for real TPU targets.
+    compiles the very same function for real TPU targets. With a
+    ``kernels_tpu.mxu.MxuTally`` (eager runs only) the forward's modeled MXU
+    work is tallied as phase "forward" and the rest as "backward".
     """
     import jax
     import jax.numpy as jnp
@@ -69,6 +71,10 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext):
             return {name: value for name, value in out.items() if value is not None}
 
         outputs, vjp = jax.vjp(forward, primals)
+        if tally is not None:
+            jax.block_until_ready(outputs)
+            jax.effects_barrier()  # the forward's dots have reported
+            tally.phase = "backward"
         cotangents = {}
         for out_name, cot_name in cotangent_pairs(op, case, outputs):
             value = outputs[out_name]
@@ -141,9 +147,20 @@ class TpuLeg(Leg):
         return None, {"compiled_for": ",".join(done)}
 
     def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
-        outputs, grads = program(op, case, self.context())(device_arrays(inputs))
-        tensors = {name: np.asarray(value) for name, value in outputs.items()}
-        for n in op.differentiable(case):
-            g = grads.get(n)
-            tensors[grad_name(n)] = None if g is None else np.asarray(g)
-        return LegOutput(tensors=tensors, details=dict(op.tpu.describe(case)))
+        from kernels_tpu.mxu import MxuTally, tally_mxu_work
+
+        ctx = self.context()
+        tally = MxuTally()
+        with tally_mxu_work(tally):
+            outputs, grads = program(op, case, ctx, tally if ctx.mxu_model else None)(device_arrays(inputs))
+            tensors = {name: np.asarray(value) for name, value in outputs.items()}
+            for n in op.differentiable(case):
+                g = grads.get(n)
+                tensors[grad_name(n)] = None if g is None else np.asarray(g)
+        columns = {}
+        if ctx.mxu_model:  # modeled in emulation; a TPU has no model to ask
+            columns = {"mxu_cost": tally.ratio}
+            for phase, tag in (("forward", "fwd"), ("backward", "bwd")):
+                columns[f"mxu_macs_{tag}"] = tally.macs.get(phase, 0)
+                columns[f"mxu_pass_macs_{tag}"] = tally.pass_macs.get(phase, 0)
+        return LegOutput(tensors=tensors, details=dict(op.tpu.describe(case)), columns=columns)

@@ -23,9 +23,7 @@ from kernels_tpu import mxu
 
 f32 = jnp.float32
 LANES = 128  # K and V must be multiples of this; also the K tile of the fused forward reduction
-NT = mxu._NT  # a @ b
-TN = mxu.TN  # a.T @ b
-NT_T = mxu.NT_T  # a @ b.T
+NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 SQ = pl.squeezed  # a squeezed (size-1, dropped) block dimension
 
 PATHS = ("auto", "fused", "chunk")
@@ -110,7 +108,7 @@ def forward_index_maps(NV: int):
 
 
 # ----------------------------------------------------------- in-kernel maths
-def mm(a, b, dims=NT, *, mxu_model: bool):
+def mm(a, b, dims=NN, *, mxu_model: bool):
     """A kernel dot with f32 accumulation and a stated precision.
 
     Two bf16 operands: one exact MXU pass (``DEFAULT``). Anything else (f32

@@ -56,9 +56,7 @@ from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
 PREC = lax.Precision.HIGHEST  # every kernel dot: f32 operands, ~f32 accuracy (bf16x6 on the MXU)
-NN = (((1,), (0,)), ((), ()))  # a @ b
-TN = mxu.TN  # a.T @ b
-NT_T = mxu.NT_T  # a @ b.T
+NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 L2NORM_EPS = 1e-6  # as fla l2norm_fwd (its eps when none is given)
 
 

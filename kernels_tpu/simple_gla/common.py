@@ -31,9 +31,7 @@ from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 Precision = jax.lax.Precision
 F32 = jnp.float32
 
-NN = (((1,), (0,)), ((), ()))  # a[M,K] @ b[K,N]
-TN = mxu.TN  # a[K,M], b[K,N] -> a.T @ b
-NT_T = mxu.NT_T  # a[M,K], b[N,K] -> a @ b.T
+NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 
 LANES = 128  # TPU vreg lane width and MXU tile: K and V must be multiples of it
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
