@@ -30,6 +30,7 @@ from .legs.base import Leg
 from .ops import get_op
 from .ops.base import OpDescriptor
 from .runner import _short_error
+from .status import Status
 
 CAUSALITY_REL_BOUND = 1e-6
 CHECKED = ("o", "dq")
@@ -84,23 +85,23 @@ def check_case(leg: Leg, case: Case, t0: int | None = None) -> list[CausalityRow
     try:
         inputs = make_inputs(case, op.inputs(case))
     except Exception as exc:  # noqa: BLE001 - an invalid case is a row, never an abort
-        return rows("error", f"invalid case: {_short_error(exc)}")
+        return rows(Status.ERROR, f"invalid case: {_short_error(exc)}")
     reason = leg.supports(op, case)
     if reason:
-        return rows("unsupported", reason, inputs.sha256)
+        return rows(Status.UNSUPPORTED, reason, inputs.sha256)
     start = time.perf_counter()
     try:
         base = leg.run(op, case, inputs).tensors
         moved = leg.run(op, case, perturb_future(op, case, inputs, t0)).tensors
     except NotImplementedError as exc:
-        return rows("unsupported", _short_error(exc), inputs.sha256)
+        return rows(Status.UNSUPPORTED, _short_error(exc), inputs.sha256)
     except Exception as exc:  # noqa: BLE001 - a failing case is a row, never an abort
-        return rows("error", _short_error(exc), inputs.sha256)
+        return rows(Status.ERROR, _short_error(exc), inputs.sha256)
     wall = time.perf_counter() - start
     out = []
     for name in CHECKED:
         if base.get(name) is None or moved.get(name) is None:
-            out.append(CausalityRow(case.id, leg.name, name, t0, np.nan, np.nan, False, "unsupported",
+            out.append(CausalityRow(case.id, leg.name, name, t0, np.nan, np.nan, False, Status.UNSUPPORTED,
                                     f"the {leg.name} leg does not return {name}", mode, inputs.sha256, wall))
             continue
         y0 = np.asarray(base[name], dtype=np.float64)[:, : t0 + 1]
@@ -113,11 +114,11 @@ def check_case(leg: Leg, case: Case, t0: int | None = None) -> list[CausalityRow
             else np.inf
         exact = finite and max_abs == 0.0
         if not finite:
-            status, why = "leak", "NaN/Inf in a causality run"
+            status, why = Status.LEAK, "NaN/Inf in a causality run"
         elif exact or rel <= CAUSALITY_REL_BOUND:
-            status, why = "ok", "" if exact else f"not bit-exact: rel change {rel:.2e} <= {CAUSALITY_REL_BOUND:g}"
+            status, why = Status.OK, "" if exact else f"not bit-exact: rel change {rel:.2e} <= {CAUSALITY_REL_BOUND:g}"
         else:
-            status, why = "leak", (f"{name}[t<={t0}] changed when inputs after t0 changed: max |diff| "
+            status, why = Status.LEAK, (f"{name}[t<={t0}] changed when inputs after t0 changed: max |diff| "
                                    f"{max_abs:.3g}, rel {rel:.3g} > {CAUSALITY_REL_BOUND:g}")
         out.append(CausalityRow(case.id, leg.name, name, t0, max_abs, rel, exact, status, why, mode,
                                 inputs.sha256, wall))

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.status import CAUSALITY_FAILING, FAILING, Status
+
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 DEFAULT_OUT = Path("reports") / "runs"
 
@@ -81,7 +83,7 @@ def _run_causality(name: str, args, cases) -> "object":
     t0 = time.perf_counter()
     df = run_causality(make_leg(name, **_leg_options(args, name)), chosen, progress=not args.no_progress)
     path = write_csv(df, Path(args.out) / f"causality-{name}.csv")
-    bad = df[df["status"].isin(("leak", "error"))]
+    bad = df[df["status"].isin(CAUSALITY_FAILING)]
     exact = int(df["bit_exact"].sum())
     print(f"{name} causality: {len(chosen)} cases in {time.perf_counter() - t0:.1f} s, {exact}/{len(df)} "
           f"bit-exact, {len(bad)} failing -> {path}")
@@ -91,9 +93,7 @@ def _run_causality(name: str, args, cases) -> "object":
 
 
 def _failing(df) -> bool:
-    from harness.runner import FAILING_STATUSES
-
-    return bool(df["status"].isin(FAILING_STATUSES).any())
+    return bool(df["status"].isin(FAILING).any())
 
 
 def _policy(args):
@@ -104,7 +104,7 @@ def _policy(args):
 
 
 def _report_gate(result, out: Path) -> int:
-    from harness.gate import write_gate
+    from harness.reports import write_gate
 
     csv_path, md_path = write_gate(result, out)
     counts = result.parity.groupby("verdict").size().to_dict()
@@ -138,7 +138,7 @@ def cmd_run(args) -> int:
 
 def cmd_causality(args) -> int:
     df = _run_causality(args.backend, args, _select_cases(args))
-    return EXIT_FAIL if df["status"].isin(("leak", "error")).any() else EXIT_PASS
+    return EXIT_FAIL if df["status"].isin(CAUSALITY_FAILING).any() else EXIT_PASS
 
 
 def cmd_gate(args) -> int:
@@ -172,12 +172,12 @@ def cmd_compile(args) -> int:
     path = write_csv(df, Path(args.out) / (f"compile.{args.tag}.csv" if args.tag else "compile.csv"))
     print(f"compile: {len(df)} rows in {time.perf_counter() - t0:.1f} s -> {path}")
     for target, part in df.groupby("target", sort=False):
-        ok = part[part["status"] == "ok"]
+        ok = part[part["status"] == Status.OK]
         counts = ", ".join(f"{n} {s}" for s, n in sorted(part.groupby("status").size().to_dict().items()))
         hbm = ok["hbm_bytes"].max() if len(ok) else float("nan")
         print(f"  {target}: {counts}; {ok['compile_s'].sum():.1f} s compiling; "
               f"largest HBM footprint {hbm / 2**20:.1f} MiB")
-    bad = df[df["status"] == "error"]
+    bad = df[df["status"] == Status.ERROR]
     for r in bad.to_dict("records")[:20]:
         print(f"  ERROR {r['case_id']} [{r['target']}]: {r['reason']}\n       repro: {r['repro']}")
     if len(bad) > 20:
@@ -222,7 +222,7 @@ def cmd_all(args) -> int:
             status = EXIT_FAIL
         if not args.no_causality:
             causal = _run_causality(name, args, cases)
-            if causal["status"].isin(("leak", "error")).any():
+            if causal["status"].isin(CAUSALITY_FAILING).any():
                 status = EXIT_FAIL
     if "gpu" in frames and "tpu" in frames:
         gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy), Path(args.out))

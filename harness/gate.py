@@ -24,9 +24,7 @@ exits once.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +32,8 @@ import pandas as pd
 
 from .metrics import METRICS
 from .policy import Policy
-from .reports import KEY, ReportError, atomic_write_text, read_results, write_csv
+from .reports import KEY, ReportError, read_results
+from .status import FAILING, Status
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "allowed", "verdict", "reason",
                   "gpu_status", "tpu_status", "gpu_mode", "tpu_mode", "tpu_mxu_cost", "input_sha256", "repro"]
@@ -97,16 +96,16 @@ def _judge(key, g, t, policy: Policy) -> list[dict]:
     else:
         g_status = g["status"]
     t_status = t["status"]
-    if t_status in ("error", "nonfinite", "bound"):
+    if t_status in FAILING:
         return status_row("fail", f"TPU {t_status}: {t['reason']}")
-    if t_status == "unsupported":
+    if t_status == Status.UNSUPPORTED:
         return status_row("unsupported", f"TPU: {t['reason']}")
-    if t_status == "not_provided":
-        if g_status == "ok":
+    if t_status == Status.NOT_PROVIDED:
+        if g_status == Status.OK:
             return status_row("fail", "the TPU leg gives no such tensor but the GPU leg does")
         return status_row("not_provided", "neither leg gives this tensor")
     # the TPU has numbers within its bound
-    if g_status != "ok":
+    if g_status != Status.OK:
         why = "no GPU row" if g is None else f"GPU {g_status}: {g['reason']}"
         return status_row("bounds_only", f"TPU within its absolute bound; no GPU baseline ({why})")
     rows = []
@@ -145,103 +144,3 @@ def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy) -> GateResult:
 
 
 # ---------------------------------------------------------------- rendering
-def _fmt(x) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA:
-        return ""
-    if isinstance(x, float):
-        return f"{x:.3g}"
-    return str(x)
-
-
-def _cost(x) -> str:
-    """A modeled MXU cost ratio as ``1.23×``; ``–`` where none was modeled (native TPU, or no run)."""
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return "–"
-    return "–" if math.isnan(x) else f"{x:.2f}×"
-
-
-def _provenance(df: pd.DataFrame) -> str:
-    if df.empty:
-        return "no rows"
-    r = df.iloc[0]
-    modes = sorted(df["mode"].dropna().unique())
-    versions = json.loads(r["versions"]) if isinstance(r.get("versions"), str) else {}
-    vtext = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
-    return f"mode **{'/'.join(modes)}** on {r.get('device', '')}; {vtext}; commit {r.get('git_commit', '')}"
-
-
-def compiled_note(tpu: pd.DataFrame) -> str:
-    """Which real TPU targets the emulated TPU kernels were compiled for, and with which libtpu."""
-    emulated = tpu[tpu["mode"] == "emulated"]
-    col = emulated["compiled_for"] if "compiled_for" in emulated.columns else pd.Series(dtype=object)
-    targets = sorted({t for v in col.dropna() for t in str(v).split(",") if t})
-    if not targets:
-        return "The TPU kernels were **not** compiled for a real TPU: interpret mode alone is no evidence they build."
-    versions = json.loads(emulated["versions"].iloc[0]) if isinstance(emulated["versions"].iloc[0], str) else {}
-    uncompiled = emulated[col.fillna("").astype(str) == ""]["case_id"].nunique()
-    text = (f"The TPU kernels were compiled with libtpu {versions.get('libtpu', '?')} for "
-            f"{', '.join(targets)} (the real Mosaic and XLA:TPU compiler, ahead of time).")
-    if uncompiled:
-        text += f" {uncompiled} case(s) were not compiled (unsupported, or refused by the compiler: see their rows)."
-    return text
-
-
-def markdown(result: GateResult) -> str:
-    p = result.parity
-    counts = p.groupby("verdict").size().to_dict()
-    emulated = "emulated" in set(result.gpu["mode"].dropna()) | set(result.tpu["mode"].dropna())
-    lines = [
-        f"## Linear-attention parity: {'PASS' if result.passed else 'FAIL'}",
-        "",
-        f"Rule: {result.policy.describe()}.",
-        "",
-        f"- GPU: {_provenance(result.gpu)}",
-        f"- TPU: {_provenance(result.tpu)}",
-    ]
-    if emulated:
-        lines += ["", "> Emulated rows ran on CPU (Triton interpreter / Pallas interpret mode with the MXU model); "
-                      "they are not hardware numbers."]
-        if "emulated" in set(result.tpu["mode"].dropna()):
-            lines += [">", f"> {compiled_note(result.tpu)}"]
-    lines += ["", "| verdict | rows |", "|---|---|"] + [f"| {v} | {n} |" for v, n in sorted(counts.items())]
-    fails = result.failures
-    if len(fails):
-        lines += ["", "### Failures", "", "| case | tensor | metric | ε_GPU | ε_TPU | ratio | reason | repro |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in fails.to_dict("records"):
-            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {_fmt(r['eps_gpu'])} | "
-                         f"{_fmt(r['eps_tpu'])} | {_fmt(r['ratio'])} | {r['reason']} | `{_fmt(r['repro'])}` |")
-    rel = p[p["metric"] == "rel_l2"]
-    if len(rel):
-        lines += ["", "<details><summary>rel_l2 per case and tensor</summary>", "",
-                  "TPU MXU cost: the case's modeled bf16-pass multiply-adds over one pass per dot, forward and "
-                  "backward (1.0× = every dot one bf16 pass; `HIGHEST` is 6×); modeled in emulation, not timed.",
-                  "", "| case | tensor | ε_GPU | ε_TPU | ratio | TPU MXU cost | verdict |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in rel.to_dict("records"):
-            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {_fmt(r['eps_gpu'])} | {_fmt(r['eps_tpu'])} | "
-                         f"{_fmt(r['ratio'])} | {_cost(r.get('tpu_mxu_cost'))} | {r['verdict']} |")
-        lines += ["", "</details>"]
-    other = p[(p["metric"] == "status") & (p["verdict"] != "fail")]
-    if len(other):
-        lines += ["", "<details><summary>rows without a metric comparison</summary>", "",
-                  "| case | tensor | verdict | reason |", "|---|---|---|---|"]
-        for r in other.to_dict("records"):
-            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['verdict']} | {r['reason']} |")
-        lines += ["", "</details>"]
-    return "\n".join(lines) + "\n"
-
-
-def write_gate(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
-    out_dir = Path(out_dir)
-    csv_path = write_csv(result.parity, out_dir / "parity.csv")
-    md = markdown(result)
-    md_path = out_dir / "parity.md"
-    atomic_write_text(md_path, md)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with open(summary, "a") as f:  # GitHub's own file: append, never replace
-            f.write(md)
-    return csv_path, md_path

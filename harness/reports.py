@@ -1,4 +1,5 @@
-"""Result files: pandas tables written atomically (temp file, then rename).
+"""Result files and reports: pandas tables written atomically (temp file, then rename), and the gate's
+Markdown (``parity.md``, also appended to ``$GITHUB_STEP_SUMMARY``).
 
 A leg's result CSV has one row per (case, tensor) with every metric and the
 row's provenance (leg, mode, device, versions, git commit, timestamp, input
@@ -8,14 +9,19 @@ only interface between running and judging.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import pandas as pd
 
 from .metrics import METRICS
+
+if TYPE_CHECKING:
+    from .gate import GateResult
 
 MXU_COLUMNS = ["mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd", "mxu_pass_macs_bwd"]
 """TPU rows, emulated: modeled MXU work (kernels_tpu.mxu.MxuTally), not a timing."""
@@ -23,9 +29,8 @@ MXU_COLUMNS = ["mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd", 
 RESULT_COLUMNS = [
     "case_id", "op", "variant", "dtype", "tensor", "tensor_dtype", "leg", "status", "reason",
     *METRICS, "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
-    "input_sha256", "mode", "device", "compiled_for", *MXU_COLUMNS, "versions", "settings", "details", "git_commit", "timestamp",
-    "suite",
-    "wall_s", "repro",
+    "input_sha256", "mode", "device", "compiled_for", *MXU_COLUMNS, "versions", "settings", "details", "git_commit",
+    "timestamp", "suite", "wall_s", "repro",
 ]
 KEY = ["case_id", "tensor"]
 
@@ -107,3 +112,106 @@ def summarize(df: pd.DataFrame) -> str:
     """One line per status, for the terminal."""
     counts = df.groupby("status").size().to_dict()
     return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
+# ------------------------------------------------------------- the gate's report
+def _fmt(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def _cost(x) -> str:
+    """A modeled MXU cost ratio as ``1.23×``; ``–`` where none was modeled (native TPU, or no run)."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "–"
+    return "–" if math.isnan(x) else f"{x:.2f}×"
+
+
+def _provenance(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "no rows"
+    r = df.iloc[0]
+    modes = sorted(df["mode"].dropna().unique())
+    versions = json.loads(r["versions"]) if isinstance(r.get("versions"), str) else {}
+    vtext = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+    return f"mode **{'/'.join(modes)}** on {r.get('device', '')}; {vtext}; commit {r.get('git_commit', '')}"
+
+
+def compiled_note(tpu: pd.DataFrame) -> str:
+    """Which real TPU targets the emulated TPU kernels were compiled for, and with which libtpu."""
+    emulated = tpu[tpu["mode"] == "emulated"]
+    col = emulated["compiled_for"] if "compiled_for" in emulated.columns else pd.Series(dtype=object)
+    targets = sorted({t for v in col.dropna() for t in str(v).split(",") if t})
+    if not targets:
+        return "The TPU kernels were **not** compiled for a real TPU: interpret mode alone is no evidence they build."
+    versions = json.loads(emulated["versions"].iloc[0]) if isinstance(emulated["versions"].iloc[0], str) else {}
+    uncompiled = emulated[col.fillna("").astype(str) == ""]["case_id"].nunique()
+    text = (f"The TPU kernels were compiled with libtpu {versions.get('libtpu', '?')} for "
+            f"{', '.join(targets)} (the real Mosaic and XLA:TPU compiler, ahead of time).")
+    if uncompiled:
+        text += f" {uncompiled} case(s) were not compiled (unsupported, or refused by the compiler: see their rows)."
+    return text
+
+
+def markdown(result: GateResult) -> str:
+    p = result.parity
+    counts = p.groupby("verdict").size().to_dict()
+    emulated = "emulated" in set(result.gpu["mode"].dropna()) | set(result.tpu["mode"].dropna())
+    lines = [
+        f"## Linear-attention parity: {'PASS' if result.passed else 'FAIL'}",
+        "",
+        f"Rule: {result.policy.describe()}.",
+        "",
+        f"- GPU: {_provenance(result.gpu)}",
+        f"- TPU: {_provenance(result.tpu)}",
+    ]
+    if emulated:
+        lines += ["", "> Emulated rows ran on CPU (Triton interpreter / Pallas interpret mode with the MXU model); "
+                      "they are not hardware numbers."]
+        if "emulated" in set(result.tpu["mode"].dropna()):
+            lines += [">", f"> {compiled_note(result.tpu)}"]
+    lines += ["", "| verdict | rows |", "|---|---|"] + [f"| {v} | {n} |" for v, n in sorted(counts.items())]
+    fails = result.failures
+    if len(fails):
+        lines += ["", "### Failures", "", "| case | tensor | metric | ε_GPU | ε_TPU | ratio | reason | repro |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in fails.to_dict("records"):
+            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {_fmt(r['eps_gpu'])} | "
+                         f"{_fmt(r['eps_tpu'])} | {_fmt(r['ratio'])} | {r['reason']} | `{_fmt(r['repro'])}` |")
+    rel = p[p["metric"] == "rel_l2"]
+    if len(rel):
+        lines += ["", "<details><summary>rel_l2 per case and tensor</summary>", "",
+                  "TPU MXU cost: the case's modeled bf16-pass multiply-adds over one pass per dot, forward and "
+                  "backward (1.0× = every dot one bf16 pass; `HIGHEST` is 6×); modeled in emulation, not timed.",
+                  "", "| case | tensor | ε_GPU | ε_TPU | ratio | TPU MXU cost | verdict |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rel.to_dict("records"):
+            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {_fmt(r['eps_gpu'])} | {_fmt(r['eps_tpu'])} | "
+                         f"{_fmt(r['ratio'])} | {_cost(r.get('tpu_mxu_cost'))} | {r['verdict']} |")
+        lines += ["", "</details>"]
+    other = p[(p["metric"] == "status") & (p["verdict"] != "fail")]
+    if len(other):
+        lines += ["", "<details><summary>rows without a metric comparison</summary>", "",
+                  "| case | tensor | verdict | reason |", "|---|---|---|---|"]
+        for r in other.to_dict("records"):
+            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['verdict']} | {r['reason']} |")
+        lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def write_gate(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
+    out_dir = Path(out_dir)
+    csv_path = write_csv(result.parity, out_dir / "parity.csv")
+    md = markdown(result)
+    md_path = out_dir / "parity.md"
+    atomic_write_text(md_path, md)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a") as f:  # GitHub's own file: append, never replace
+            f.write(md)
+    return csv_path, md_path

@@ -37,8 +37,9 @@ from .ops import get_op
 from .ops.base import OpDescriptor
 from .policy import bound_for
 from .reference_cache import ReferenceCache
+from .status import FAILING, Status
 
-FAILING_STATUSES = ("bound", "nonfinite", "error")
+FAILING_STATUSES = FAILING  # the name tests and plugins import
 
 
 def git_commit() -> str:
@@ -118,30 +119,30 @@ class Runner:
             op.validate(case)
             inputs = make_inputs(case, op.inputs(case))
         except Exception as exc:  # noqa: BLE001
-            return self._rows_for_all(op, case, "error", f"invalid case: {_short_error(exc)}")
+            return self._rows_for_all(op, case, Status.ERROR, f"invalid case: {_short_error(exc)}")
         common = {"input_sha256": inputs.sha256}
         reason = self.leg.supports(op, case)
         if reason:
-            return self._rows_for_all(op, case, "unsupported", reason, **common)
+            return self._rows_for_all(op, case, Status.UNSUPPORTED, reason, **common)
         try:
             golden = self.cache.get(op, case, inputs)
         except Exception as exc:  # noqa: BLE001
-            return self._rows_for_all(op, case, "error", f"reference failed: {_short_error(exc)}", **common)
+            return self._rows_for_all(op, case, Status.ERROR, f"reference failed: {_short_error(exc)}", **common)
         try:
             problem, facts = self.leg.preflight(op, case, inputs)
         except Exception as exc:  # noqa: BLE001
             problem, facts = f"preflight failed: {_short_error(exc)}", {}
         common.update(facts)
         if problem:
-            return self._rows_for_all(op, case, "error", problem, **common)
+            return self._rows_for_all(op, case, Status.ERROR, problem, **common)
         t0 = time.perf_counter()
         try:
             out = self.leg.run(op, case, inputs)
         except NotImplementedError as exc:
             # the kernel's own validation: a valid case this leg does not implement
-            return self._rows_for_all(op, case, "unsupported", _short_error(exc), **common)
+            return self._rows_for_all(op, case, Status.UNSUPPORTED, _short_error(exc), **common)
         except Exception as exc:  # noqa: BLE001
-            return self._rows_for_all(op, case, "error", _short_error(exc), **common,
+            return self._rows_for_all(op, case, Status.ERROR, _short_error(exc), **common,
                                       wall_s=time.perf_counter() - t0)
         common["wall_s"] = time.perf_counter() - t0
         common["details"] = json.dumps(dict(out.details), sort_keys=True, default=str)
@@ -154,19 +155,19 @@ class Runner:
         bound = bound_for(case.op, spec.name, case.dtype, self.leg.name)
         common = {**common, "bound_rel_l2": bound.rel_l2}
         if y is None:
-            return self._row(case, spec.name, dtype, "not_provided",
+            return self._row(case, spec.name, dtype, Status.NOT_PROVIDED,
                              reason=f"the {self.leg.name} leg does not return {spec.name}", **common)
         r = golden[spec.name]
         metrics = compare(y, r, dtype)
         if "shape_error" in metrics:
-            return self._row(case, spec.name, dtype, "error", reason=metrics["shape_error"], **common)
+            return self._row(case, spec.name, dtype, Status.ERROR, reason=metrics["shape_error"], **common)
         bad = nonfinite_where_ref_finite(y, r)
         if bad:
-            status, reason = "nonfinite", f"{bad} NaN/Inf values where the reference is finite"
+            status, reason = Status.NONFINITE, f"{bad} NaN/Inf values where the reference is finite"
         elif not metrics["rel_l2"] <= bound.rel_l2:
-            status, reason = "bound", f"rel_l2 {metrics['rel_l2']:.3g} > bound {bound.rel_l2:g} ({bound.reason})"
+            status, reason = Status.BOUND, f"rel_l2 {metrics['rel_l2']:.3g} > bound {bound.rel_l2:g} ({bound.reason})"
         else:
-            status, reason = "ok", ""
+            status, reason = Status.OK, ""
         return self._row(case, spec.name, dtype, status, reason=reason, **metrics, **common)
 
     def run(self, cases: Iterable[Case], progress: bool = True,

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .status import Status
+
 TARGETS = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2", "v7x": "TPU7x:2x2x1"}
 """Target name -> jax topology name (``get_topology_desc(topology_name=...)``)."""
 
@@ -114,7 +116,7 @@ class CompileResult:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
     @property
     def hbm_bytes(self) -> int | None:
@@ -153,12 +155,12 @@ def compile_for(fn, args, target: str) -> CompileResult:
         compiled = lowered.compile()
     except Exception as exc:  # noqa: BLE001 - every refusal becomes a result
         # a NotImplementedError while tracing is the kernels' own refusal of a valid case
-        status = "unsupported" if stage == "trace" and isinstance(exc, NotImplementedError) else "error"
+        status = Status.UNSUPPORTED if stage == "trace" and isinstance(exc, NotImplementedError) else Status.ERROR
         return CompileResult(target, status, time.perf_counter() - t0, error=first_error_line(exc))
     seconds = time.perf_counter() - t0
     stats = compiled.memory_analysis()
     memory = {col: getattr(stats, attr, None) for col, attr in MEMORY_FIELDS.items()} if stats else {}
-    return CompileResult(target, "ok", seconds, memory=memory)
+    return CompileResult(target, Status.OK, seconds, memory=memory)
 
 
 COMPILE_COLUMNS = [
@@ -188,17 +190,17 @@ def case_rows(case, targets: tuple[str, ...], ops=None) -> list[dict]:
         op.validate(case)
         inputs = make_inputs(case, op.inputs(case))
     except Exception as exc:  # noqa: BLE001
-        return rows("error", f"invalid case: {_short_error(exc)}")
+        return rows(Status.ERROR, f"invalid case: {_short_error(exc)}")
     base["input_sha256"] = inputs.sha256
     reason = op.tpu.supports(case) if op.tpu is not None else f"op {op.name!r} has no tpu binding"
     if reason:
-        return rows("unsupported", reason)
+        return rows(Status.UNSUPPORTED, reason)
     fn, arrays = program(op, case, NATIVE), device_arrays(inputs)
     out = []
     for target in targets:
         r = compile_for(fn, (arrays,), target)
         row = {**base, "target": target, "topology": TARGETS[target], "status": r.status,
-               "reason": "" if r.ok else (r.error if r.status == "unsupported" else
+               "reason": "" if r.ok else (r.error if r.status == Status.UNSUPPORTED else
                                           f"does not compile for TPU {target}: {r.error}"),
                "compile_s": r.seconds, "error": "" if r.ok else r.error, **(r.memory or {}),
                "hbm_bytes": r.hbm_bytes}

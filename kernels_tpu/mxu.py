@@ -66,6 +66,58 @@ def widen_fp16(*xs):
     return tuple(x.astype(F32) if x is not None and x.dtype == jnp.float16 else x for x in xs)
 
 
+# ------------------------------------------------------------ the precision policy
+F32_DOT_PRECISION = {"bfloat16": Precision.HIGHEST, "float16": BF16X3, "float32": Precision.HIGHEST}
+"""The one table: per input dtype, the precision of every kernel dot with an f32 operand
+(two bf16 operands always take one exact pass). See the README for the measured choice."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How every kernel of ``kernels_tpu`` feeds the MXU for one input dtype (hashable, static).
+
+    - :meth:`dot`: a dot of the recurrence. Two bf16 operands: one pass
+      (``DEFAULT``: exact products, f32 accumulation); otherwise both operands in
+      f32 at ``F32_DOT_PRECISION[input_dtype]``.
+    - :meth:`exact`: an f32-accurate dot (``HIGHEST``) for what must not be
+      rounded whatever the input dtype: cumulative sums of log gates and the
+      gate-gradient reductions (fla keeps those in f32 too).
+    - ``operand_dtype``: the input dtype's own MXU operand type (bf16 for bf16
+      inputs, f32 otherwise), for kernels that round an intermediate to it
+      before a dot, as fla does.
+    """
+
+    input_dtype: str
+    mxu_model: bool
+
+    @property
+    def operand_dtype(self):
+        return jnp.dtype(jnp.bfloat16) if self.input_dtype == "bfloat16" else jnp.dtype(F32)
+
+    def precision(self, a, b):
+        both_bf16 = a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16
+        return Precision.DEFAULT if both_bf16 else F32_DOT_PRECISION[self.input_dtype]
+
+    def dot(self, a, b, dims=None):
+        precision = self.precision(a, b)
+        if precision != Precision.DEFAULT:
+            a, b = a.astype(F32), b.astype(F32)
+        return dot(a, b, precision=precision, dimension_numbers=NN if dims is None else dims,
+                   mxu_model=self.mxu_model)
+
+    def exact(self, a, b, dims=None):
+        return dot(a.astype(F32), b.astype(F32), precision=Precision.HIGHEST,
+                   dimension_numbers=NN if dims is None else dims, mxu_model=self.mxu_model)
+
+
+def policy_for(dtype, mxu_model: bool) -> Policy:
+    """The policy for inputs of ``dtype`` (bfloat16, float16 or float32)."""
+    name = jnp.dtype(dtype).name
+    if name not in F32_DOT_PRECISION:
+        raise ValueError(f"no MXU policy for {name}; kernels take bfloat16, float16 or float32")
+    return Policy(name, bool(mxu_model))
+
+
 # ------------------------------------------------------------ modeled MXU work
 @dataclass
 class MxuTally:

@@ -29,18 +29,16 @@ def zero_gradient(x):
 zero_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.zeros_like(g),))
 
 
-def first_k_tile_only(q, k, qg, S, *, mxu_model):
+def first_k_tile_only(q, k, qg, S, *, policy):
     """gla fused forward's reduction over K that stops after the first 128-wide tile (o misses K >= 128)."""
-    from kernels_tpu.gla.fused import LANES, NT_T, f32, mm
+    from kernels_tpu.gla.fused import LANES, NT_T, mm
 
-    C = q.shape[0]
     ks = slice(0, LANES)
-    scores = jnp.zeros((C, C), f32) + mm(q[:, ks], k[:, ks], NT_T, mxu_model=mxu_model)
-    return scores, mm(qg[:, ks], S[ks, :], mxu_model=mxu_model)
+    return mm(q[:, ks], k[:, ks], NT_T, policy=policy), mm(qg[:, ks], S[ks, :], policy=policy)
 
 
-def inverse_grad_missing_transpose(Tm, dTm, *, mxu_model):
+def inverse_grad_missing_transpose(Tm, dTm, *, policy):
     """kda's gradient through (I + L)^{-1} with one transpose dropped: -Tm^T dTm Tm instead of -Tm^T dTm Tm^T."""
     from kernels_tpu.kda.chunk import TN, _dot
 
-    return -_dot(_dot(Tm, dTm, TN, mxu_model=mxu_model), Tm, mxu_model=mxu_model)
+    return -_dot(_dot(Tm, dTm, TN, policy=policy), Tm, policy=policy)

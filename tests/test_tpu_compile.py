@@ -13,7 +13,8 @@ from jax.experimental import pallas as pl
 from cases.case import Case, Gate
 from cases.suites import get_suite
 from harness.cli import main
-from harness.gate import apply_gate, compiled_note
+from harness.gate import apply_gate
+from harness.reports import compiled_note
 from harness.legs.tpu import TpuLeg
 from harness.ops import get_op
 from harness.policy import Policy

@@ -25,6 +25,7 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs
 from harness.ops.base import OpDescriptor, grad_name
+from harness.status import Status
 
 from .base import Environment, Leg, LegOutput, cotangent_pairs
 
@@ -97,7 +98,8 @@ NATIVE = TpuContext(interpret=None, mxu_model=False)
 
 class TpuLeg(Leg):
     """``compile_targets``: when emulating, each case is first compiled for these real TPU
-    targets (:mod:`harness.tpu_compile`); a case that does not compile gets ``error`` rows."""
+    targets (:mod:`harness.tpu_compile`; None: v6e); a case that does not compile gets ``error``
+    rows."""
 
     name = "tpu"
 
@@ -105,8 +107,10 @@ class TpuLeg(Leg):
         from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
         self.native = tpu_available() and not force_interpret
-        targets = LEG_DEFAULT_TARGETS if compile_targets is None else compile_targets
-        self.compile_targets = () if self.native else parse_targets(",".join(targets), LEG_DEFAULT_TARGETS)
+        targets = LEG_DEFAULT_TARGETS if compile_targets is None else tuple(compile_targets)
+        if targets:  # an explicit () compiles nothing: the rows then say so (compiled_for is empty)
+            parse_targets(",".join(targets), LEG_DEFAULT_TARGETS)
+        self.compile_targets = () if self.native else targets
 
     def context(self) -> TpuContext:
         if self.native:
@@ -139,7 +143,7 @@ class TpuLeg(Leg):
         done = []
         for target in self.compile_targets:
             result = compile_for(fn, (arrays,), target)
-            if result.status == "unsupported":
+            if result.status == Status.UNSUPPORTED:
                 break  # the kernels refuse the case while tracing; the run raises it again as unsupported
             if not result.ok:
                 return f"does not compile for TPU {target}: {result.error}", {"compiled_for": ",".join(done)}

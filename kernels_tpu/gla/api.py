@@ -107,7 +107,7 @@ def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, outpu
 def _config(q, scale, blocks, interpret, mxu_model) -> Config:
     interp = resolve_interpret(interpret)
     return Config(scale=float(q.shape[-1] ** -0.5 if scale is None else scale), blocks=blocks,
-                  interpret=interp, mxu_model=resolve_mxu_model(mxu_model, interp))
+                  interpret=interp, mxu_model=resolve_mxu_model(mxu_model, interp), dtype=jnp.dtype(q.dtype).name)
 
 
 def _pad_t(x, pad):

@@ -45,15 +45,15 @@ from .common import (NT_T, SQ, TN, Config, causal_mask, f32, forward_index_maps,
                      with_static)
 
 
-def _cumsum(g, md):
-    """Inclusive cumsum over rows of g [C,K] (f32), as L @ g with L lower-triangular ones."""
+def _cumsum(g, policy):
+    """Inclusive cumsum over rows of g [C,K] (f32), as L @ g with L lower-triangular ones (f32-exact)."""
     C = g.shape[0]
-    return mm(causal_mask(C).astype(f32), g, mxu_model=md)
+    return policy.exact(causal_mask(C).astype(f32), g)
 
 
-def _col_total(g, md):
-    """sum over rows of g [C,K] as a column [K,1] (to scale the rows of a [K,V] state)."""
-    return mm(g, jnp.ones((g.shape[0], 1), f32), TN, mxu_model=md)
+def _col_total(g, policy):
+    """sum over rows of g [C,K] as a column [K,1] (to scale the rows of a [K,V] state; f32-exact)."""
+    return policy.exact(g, jnp.ones((g.shape[0], 1), f32), TN)
 
 
 def _diag_decay(bI):
@@ -80,7 +80,7 @@ def _fwd_h_kernel(k_ref, v_ref, g_ref, *rest, cfg: Config, has_h0: bool):
     h0_ref = rest.pop(0) if has_h0 else None
     h_ref, ht_ref, s_scr = rest
     i_t = pl.program_id(3)
-    md = cfg.mxu_model
+    md = cfg.policy
 
     @pl.when(i_t == 0)
     def _init():
@@ -91,7 +91,7 @@ def _fwd_h_kernel(k_ref, v_ref, g_ref, *rest, cfg: Config, has_h0: bool):
     b = _cumsum(g, md)
     bL = b[-1:, :]
     k_dec = k_ref[...].astype(f32) * jnp.exp(bL - b)  # exponent <= 0
-    s_scr[...] = jnp.exp(_col_total(g, md)) * s_scr[...] + mm(k_dec, v_ref[...], TN, mxu_model=md)
+    s_scr[...] = jnp.exp(_col_total(g, md)) * s_scr[...] + mm(k_dec, v_ref[...], TN, policy=md)
 
     @pl.when(i_t == pl.num_programs(3) - 1)
     def _final():
@@ -99,7 +99,7 @@ def _fwd_h_kernel(k_ref, v_ref, g_ref, *rest, cfg: Config, has_h0: bool):
 
 
 def _fwd_o_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, b_scr, *, cfg: Config):
-    md, BC = cfg.mxu_model, cfg.blocks.sub_chunk
+    md, BC = cfg.policy, cfg.blocks.sub_chunk
     C = q_ref.shape[0]
     b_scr[...] = _cumsum(g_ref[...].astype(f32), md)
     k_all, v_all, S = k_ref[...].astype(f32), v_ref[...], h_ref[...]
@@ -109,14 +109,14 @@ def _fwd_o_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, b_scr, *, cfg: Confi
         qI, kI, vI, bI = (_block(r, r0, BC) for r in (q_ref, k_ref, v_ref, b_scr))
         qI, kI = qI.astype(f32), kI.astype(f32)
         ref = _block(b_scr, r0, 1)  # b at the block's first row
-        acc = mm(qI * jnp.exp(bI), S, mxu_model=md)  # inter-chunk
+        acc = mm(qI * jnp.exp(bI), S, policy=md)  # inter-chunk
         # diagonal block: exact [BC,BC,K] with the exponent masked before exp
         A_II = jnp.sum(qI[:, None, :] * kI[None, :, :] * _diag_decay(bI), axis=-1)
-        acc = acc + mm(A_II, vI, mxu_model=md)
+        acc = acc + mm(A_II, vI, policy=md)
         # earlier columns j < r0 through r: exp(b_i - r) * exp(r - b_j), both exponents <= 0
         k_off = k_all * masked_exp(ref - b_scr[...], _before(r0, C))  # zero rows j >= r0
-        A_off = mm(qI * jnp.exp(bI - ref), k_off, NT_T, mxu_model=md)  # [BC, C]
-        acc = acc + mm(A_off, v_all, mxu_model=md)
+        A_off = mm(qI * jnp.exp(bI - ref), k_off, NT_T, policy=md)  # [BC, C]
+        acc = acc + mm(A_off, v_all, policy=md)
         o_ref[pl.ds(pl.multiple_of(r0, 8), BC), :] = (cfg.scale * acc).astype(o_ref.dtype)
         return carry
 
@@ -177,7 +177,7 @@ def _bwd_dh_kernel(q_ref, g_ref, do_ref, *rest, cfg: Config, has_dht: bool, want
     dh0_ref = rest.pop(0) if want_dh0 else None
     (dh_scr,) = rest
     i_t = pl.program_id(3)
-    md = cfg.mxu_model
+    md = cfg.policy
 
     @pl.when(i_t == 0)  # last chunk first
     def _init():
@@ -187,7 +187,7 @@ def _bwd_dh_kernel(q_ref, g_ref, do_ref, *rest, cfg: Config, has_dht: bool, want
     g = g_ref[...].astype(f32)
     b = _cumsum(g, md)
     qg = q_ref[...].astype(f32) * jnp.exp(b)
-    dh_scr[...] = jnp.exp(_col_total(g, md)) * dh_scr[...] + cfg.scale * mm(qg, do_ref[...], TN, mxu_model=md)
+    dh_scr[...] = jnp.exp(_col_total(g, md)) * dh_scr[...] + cfg.scale * mm(qg, do_ref[...], TN, policy=md)
 
     if want_dh0:
         @pl.when(i_t == pl.num_programs(3) - 1)
@@ -197,7 +197,7 @@ def _bwd_dh_kernel(q_ref, g_ref, do_ref, *rest, cfg: Config, has_dht: bool, want
 
 def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref, dg_ref,
                       b_scr, dq_scr, dk_scr, dv_scr, *, cfg: Config):
-    md, scale, BC = cfg.mxu_model, cfg.scale, cfg.blocks.sub_chunk
+    md, scale, BC = cfg.policy, cfg.scale, cfg.blocks.sub_chunk
     C = q_ref.shape[0]
     V = v_ref.shape[-1]
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
@@ -209,10 +209,10 @@ def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref,
 
     # inter-chunk terms (exponents b <= 0 and b_L - b <= 0)
     k_dec = jnp.exp(bL - b)
-    dk_inter = k_dec * mm(v, dH, NT_T, mxu_model=md)
-    dq_scr[...] = (scale * jnp.exp(b)) * mm(do, S, NT_T, mxu_model=md)
+    dk_inter = k_dec * mm(v, dH, NT_T, policy=md)
+    dq_scr[...] = (scale * jnp.exp(b)) * mm(do, S, NT_T, policy=md)
     dk_scr[...] = dk_inter
-    dv_scr[...] = mm(kf * k_dec, dH, mxu_model=md)
+    dv_scr[...] = mm(kf * k_dec, dH, policy=md)
 
     def sub_block(i, carry):  # block I = rows/columns r0..r0+BC
         r0 = i * BC
@@ -223,23 +223,23 @@ def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref,
         E = _diag_decay(bI)
         mask = causal_mask(BC)
         A_d = jnp.where(mask, jnp.sum(qI[:, None, :] * kI[None, :, :] * E, axis=-1), 0.0)
-        dA_d = jnp.where(mask, scale * mm(doI, vI, NT_T, mxu_model=md), 0.0)
+        dA_d = jnp.where(mask, scale * mm(doI, vI, NT_T, policy=md), 0.0)
         dq_blk = jnp.sum(dA_d[:, :, None] * kI[None, :, :] * E, axis=1)
         dk_blk = jnp.sum(dA_d[:, :, None] * qI[:, None, :] * E, axis=0)
-        dv_blk = scale * mm(A_d, doI, TN, mxu_model=md)
+        dv_blk = scale * mm(A_d, doI, TN, policy=md)
         # as rows, against earlier columns j < r0, through r = b at the block's first row
         r_row = _block(b_scr, r0, 1)
         k_off = kf * masked_exp(r_row - b, _before(r0, C))  # zero rows j >= r0
-        dA_row = scale * mm(doI, v, NT_T, mxu_model=md)  # [BC, C]
-        dq_blk = dq_blk + jnp.exp(bI - r_row) * mm(dA_row, k_off, mxu_model=md)
+        dA_row = scale * mm(doI, v, NT_T, policy=md)  # [BC, C]
+        dq_blk = dq_blk + jnp.exp(bI - r_row) * mm(dA_row, k_off, policy=md)
         # as columns, against later rows i >= r0+BC, through r = b at the block's last row
         r_col = _block(b_scr, r0 + BC - 1, 1)
         q_hat = qf * masked_exp(b - r_col, jnp.logical_not(_before(r0 + BC, C)))  # zero rows i < r0+BC
         k_hat = kI * jnp.exp(r_col - bI)
-        A_col = mm(q_hat, k_hat, NT_T, mxu_model=md)  # [C, BC]
-        dA_col = scale * mm(do, vI, NT_T, mxu_model=md)  # rows i < r0+BC meet zero rows of q_hat
-        dv_blk = dv_blk + scale * mm(A_col, do, TN, mxu_model=md)
-        dk_blk = dk_blk + jnp.exp(r_col - bI) * mm(dA_col, q_hat, TN, mxu_model=md)
+        A_col = mm(q_hat, k_hat, NT_T, policy=md)  # [C, BC]
+        dA_col = scale * mm(do, vI, NT_T, policy=md)  # rows i < r0+BC meet zero rows of q_hat
+        dv_blk = dv_blk + scale * mm(A_col, do, TN, policy=md)
+        dk_blk = dk_blk + jnp.exp(r_col - bI) * mm(dA_col, q_hat, TN, policy=md)
         dq_scr[rows, :] += dq_blk
         dk_scr[rows, :] += dk_blk
         dv_scr[rows, :] += dv_blk
@@ -250,9 +250,9 @@ def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref,
     dq, dk = dq_scr[...], dk_scr[...]
     x = qf * dq - kf * dk
     rev = (iota((C, C), 1) >= iota((C, C), 0)).astype(f32)  # [t, i]: i >= t
-    sdh = mm(jnp.ones((1, V), f32), S * dH, NT_T, mxu_model=md)  # rowsum_v(S*dH) as a [1,K] row
+    sdh = mm(jnp.ones((1, V), f32), S * dH, NT_T, policy=md)  # rowsum_v(S*dH) as a [1,K] row
     s = jnp.exp(bL) * sdh + jnp.sum(kf * dk_inter, axis=0, keepdims=True)
-    dg_ref[...] = mm(rev, x, mxu_model=md) + s
+    dg_ref[...] = mm(rev, x, policy=md) + s
     dq_ref[...] = dq.astype(dq_ref.dtype)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)

@@ -13,7 +13,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -75,6 +74,11 @@ class Config:
     blocks: BlockSizes
     interpret: Any  # False or a pltpu.InterpretParams
     mxu_model: bool
+    dtype: str  # the public q/k/v dtype: picks the dot policy
+
+    @property
+    def policy(self) -> mxu.Policy:
+        return mxu.policy_for(self.dtype, self.mxu_model)
 
     @property
     def C(self) -> int:
@@ -108,20 +112,9 @@ def forward_index_maps(NV: int):
 
 
 # ----------------------------------------------------------- in-kernel maths
-def mm(a, b, dims=NN, *, mxu_model: bool):
-    """A kernel dot with f32 accumulation and a stated precision.
-
-    Two bf16 operands: one exact MXU pass (``DEFAULT``). Anything else (f32
-    inputs, fp16 inputs widened to f32 at the boundary, gated operands,
-    probabilities, states): both upcast to f32 at ``HIGHEST`` (bf16x6 on the
-    MXU, about f32 accuracy).
-    """
-    if a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16:
-        precision = lax.Precision.DEFAULT
-    else:
-        a, b, precision = a.astype(f32), b.astype(f32), lax.Precision.HIGHEST
-    return mxu.dot(a, b, precision=precision, preferred_element_type=f32, dimension_numbers=dims,
-                   mxu_model=mxu_model)
+def mm(a, b, dims=NN, *, policy: mxu.Policy):
+    """A dot of the recurrence, through the one precision policy (kernels_tpu.mxu.Policy)."""
+    return policy.dot(a, b, dims)
 
 
 def iota(shape, dim):

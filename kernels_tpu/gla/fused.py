@@ -59,7 +59,7 @@ def _decays(gamma, C):
 
 
 # ------------------------------------------------------------------ forward
-def k_tile_reduction(q, k, qg, S, *, mxu_model: bool):
+def k_tile_reduction(q, k, qg, S, *, policy):
     """The two contractions over K of the forward, one 128-wide K tile at a time, accumulated in f32:
     intra-chunk ``scores = q k^T`` [C,C] and inter-chunk ``o_inter = qg S`` [C,V]."""
     C, K = q.shape
@@ -67,8 +67,8 @@ def k_tile_reduction(q, k, qg, S, *, mxu_model: bool):
     o_inter = jnp.zeros((C, S.shape[1]), f32)
     for kt in range(K // LANES):
         ks = slice(kt * LANES, (kt + 1) * LANES)
-        scores = scores + mm(q[:, ks], k[:, ks], NT_T, mxu_model=mxu_model)
-        o_inter = o_inter + mm(qg[:, ks], S[ks, :], mxu_model=mxu_model)
+        scores = scores + mm(q[:, ks], k[:, ks], NT_T, policy=policy)
+        o_inter = o_inter + mm(qg[:, ks], S[ks, :], policy=policy)
     return scores, o_inter
 
 
@@ -81,7 +81,7 @@ def _fused_fwd_kernel(gamma_ref, q_ref, k_ref, v_ref, *rest, cfg: Config, has_h0
     (s_scr,) = rest
     i_h, i_t = pl.program_id(1), pl.program_id(3)
     C, K = q_ref.shape
-    md = cfg.mxu_model
+    md = cfg.policy
 
     @pl.when(i_t == 0)
     def _init():
@@ -94,11 +94,11 @@ def _fused_fwd_kernel(gamma_ref, q_ref, k_ref, v_ref, *rest, cfg: Config, has_h0
     e_q, e_k, D, e_C = _decays(gamma, C)
     q, k, v = q_ref[...], k_ref[...], v_ref[...]
     S = s_scr[...]
-    scores, o_inter = k_tile_reduction(q, k, q.astype(f32) * e_q, S, mxu_model=md)
-    o = o_inter + mm(scores * D, v, mxu_model=md)
+    scores, o_inter = k_tile_reduction(q, k, q.astype(f32) * e_q, S, policy=md)
+    o = o_inter + mm(scores * D, v, policy=md)
     o_ref[...] = (cfg.scale * o).astype(o_ref.dtype)
 
-    s_scr[...] = e_C * S + mm(k.astype(f32) * e_k, v, TN, mxu_model=md)
+    s_scr[...] = e_C * S + mm(k.astype(f32) * e_k, v, TN, policy=md)
 
     @pl.when(i_t == pl.num_programs(3) - 1)
     def _final():
@@ -161,7 +161,7 @@ def _fused_bwd_kernel(gamma_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg:
     i_h, i_t = pl.program_id(1), pl.program_id(2)
     C, K = q_ref.shape
     V = v_ref.shape[-1]
-    md, scale = cfg.mxu_model, cfg.scale
+    md, scale = cfg.policy, cfg.scale
 
     @pl.when(i_t == 0)  # the last chunk: dH starts from dht
     def _init():
@@ -173,14 +173,14 @@ def _fused_bwd_kernel(gamma_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg:
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     S, dH = h_ref[...], dh_scr[...]
 
-    A = mm(q, k, NT_T, mxu_model=md) * D
-    dA_raw = scale * mm(do, v, NT_T, mxu_model=md)  # scale (do v^T), before the decay
+    A = mm(q, k, NT_T, policy=md) * D
+    dA_raw = scale * mm(do, v, NT_T, policy=md)  # scale (do v^T), before the decay
     dA = dA_raw * D
-    dv = scale * mm(A, do, TN, mxu_model=md) + mm(k.astype(f32) * e_k, dH, mxu_model=md)
-    dq_inter = (scale * e_q) * mm(do, S, NT_T, mxu_model=md)
-    dq = mm(dA, k, mxu_model=md) + dq_inter
-    dk_inter = e_k * mm(v, dH, NT_T, mxu_model=md)
-    dk = mm(dA, q, TN, mxu_model=md) + dk_inter
+    dv = scale * mm(A, do, TN, policy=md) + mm(k.astype(f32) * e_k, dH, policy=md)
+    dq_inter = (scale * e_q) * mm(do, S, NT_T, policy=md)
+    dq = mm(dA, k, policy=md) + dq_inter
+    dk_inter = e_k * mm(v, dH, NT_T, policy=md)
+    dk = mm(dA, q, TN, policy=md) + dk_inter
     dq_ref[...] = dq.astype(dq_ref.dtype)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
@@ -193,14 +193,14 @@ def _fused_bwd_kernel(gamma_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg:
     pos = iota((C, 1), 0).astype(f32)
     rel = (iota((C, C), 0) - iota((C, C), 1)).astype(f32)  # i - j (A is 0 above the diagonal)
     intra = jnp.sum(jnp.sum(rel * A * dA_raw, axis=1, keepdims=True), axis=0, keepdims=True)  # [1,1]
-    sdh = mm(jnp.ones((1, V), f32), S * dH, NT_T, mxu_model=md)  # [1,K] rowsum_v(S*dH) as a row
+    sdh = mm(jnp.ones((1, V), f32), S * dH, NT_T, policy=md)  # [1,K] rowsum_v(S*dH) as a row
     per_k = (jnp.sum((pos + 1.0) * q.astype(f32) * dq_inter, axis=0, keepdims=True)
              + (C * e_C) * sdh
              + jnp.sum((C - 1.0 - pos) * k.astype(f32) * dk_inter, axis=0, keepdims=True))
     first_lane = iota((1, K), 1) == 0
     acc_scr[...] += per_k + jnp.where(first_lane, intra, 0.0)
 
-    dh_scr[...] = e_C * dH + scale * mm(q.astype(f32) * e_q, do, TN, mxu_model=md)
+    dh_scr[...] = e_C * dH + scale * mm(q.astype(f32) * e_q, do, TN, policy=md)
 
     @pl.when(i_t == pl.num_programs(2) - 1)  # chunk 0 done
     def _final():

@@ -55,7 +55,6 @@ from kernels_tpu import mxu
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
-PREC = lax.Precision.HIGHEST  # every kernel dot: f32 operands, ~f32 accuracy (bf16x6 on the MXU)
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 L2NORM_EPS = 1e-6  # as fla l2norm_fwd (its eps when none is given)
 
@@ -78,11 +77,17 @@ class Config:
     blocks: BlockSizes
     interpret: Any  # False, or a pltpu.InterpretParams
     mxu_model: bool
+    dtype: str  # the public q/k/v dtype: picks the dot policy
+
+    @property
+    def policy(self) -> mxu.Policy:
+        return mxu.policy_for(self.dtype, self.mxu_model)
 
 
 # ============================================================ in-kernel maths
-def _dot(a, b, dims=NN, *, mxu_model: bool):
-    return mxu.dot(a, b, precision=PREC, preferred_element_type=F32, dimension_numbers=dims, mxu_model=mxu_model)
+def _dot(a, b, dims=NN, *, policy: mxu.Policy):
+    """A kernel dot through the one precision policy (operands here are f32: see ``_load``)."""
+    return policy.dot(a, b, dims)
 
 
 def _diag_decay(G_i, strict: bool):
@@ -95,7 +100,7 @@ def _diag_decay(G_i, strict: bool):
     return jnp.where(m, jnp.exp(jnp.where(m, diff, 0.0)), 0.0)
 
 
-def _pair_scores(a, b, G, *, strict: bool, bc: int, mxu_model: bool):
+def _pair_scores(a, b, G, *, strict: bool, bc: int, policy: mxu.Policy):
     """P[r,s] = sum_d a[r,d] b[s,d] exp(G[r,d]-G[s,d]) for s<r (strict) or s<=r, else 0. [C,C]."""
     C = a.shape[0]
     rows = []
@@ -107,7 +112,7 @@ def _pair_scores(a, b, G, *, strict: bool, bc: int, mxu_model: bool):
             ref = G[r0:r0 + 1]
             a_n = a_i * jnp.exp(G_i - ref)
             b_n = b[:r0] * jnp.exp(ref - G[:r0])
-            parts.append(_dot(a_n, b_n, NT_T, mxu_model=mxu_model))
+            parts.append(_dot(a_n, b_n, NT_T, policy=policy))
         e = _diag_decay(G_i, strict)
         parts.append(jnp.sum(a_i[:, None, :] * b[r0:r0 + bc][None, :, :] * e, axis=-1))
         if r0 + bc < C:
@@ -116,7 +121,7 @@ def _pair_scores(a, b, G, *, strict: bool, bc: int, mxu_model: bool):
     return jnp.concatenate(rows, axis=0)
 
 
-def _pair_rows(dP, b, G, *, strict: bool, bc: int, mxu_model: bool):
+def _pair_rows(dP, b, G, *, strict: bool, bc: int, policy: mxu.Policy):
     """X[r] = sum_s dP[r,s] b[s] exp(G[r]-G[s]) over the causal pairs. [C,K]."""
     C = b.shape[0]
     rows = []
@@ -128,12 +133,12 @@ def _pair_rows(dP, b, G, *, strict: bool, bc: int, mxu_model: bool):
         if r0:
             ref = G[r0:r0 + 1]
             b_n = b[:r0] * jnp.exp(ref - G[:r0])
-            x = x + _dot(dP[r0:r0 + bc, :r0], b_n, mxu_model=mxu_model) * jnp.exp(G_i - ref)
+            x = x + _dot(dP[r0:r0 + bc, :r0], b_n, policy=policy) * jnp.exp(G_i - ref)
         rows.append(x)
     return jnp.concatenate(rows, axis=0)
 
 
-def _pair_cols(dP, a, G, *, strict: bool, bc: int, mxu_model: bool):
+def _pair_cols(dP, a, G, *, strict: bool, bc: int, policy: mxu.Policy):
     """Y[s] = sum_r dP[r,s] a[r] exp(G[r]-G[s]) over the causal pairs. [C,K]."""
     C, K = a.shape
     diag = []
@@ -146,17 +151,17 @@ def _pair_cols(dP, a, G, *, strict: bool, bc: int, mxu_model: bool):
         r0 = i * bc
         ref = G[r0:r0 + 1]
         a_n = a[r0:r0 + bc] * jnp.exp(G[r0:r0 + bc] - ref)
-        part = _dot(dP[r0:r0 + bc, :r0], a_n, TN, mxu_model=mxu_model) * jnp.exp(ref - G[:r0])
+        part = _dot(dP[r0:r0 + bc, :r0], a_n, TN, policy=policy) * jnp.exp(ref - G[:r0])
         y = y + jnp.concatenate([part, jnp.zeros((C - r0, K), F32)], axis=0)
     return y
 
 
-def inverse_grad(Tm, dTm, *, mxu_model: bool):
+def inverse_grad(Tm, dTm, *, policy: mxu.Policy):
     """Gradient through Tm = (I + L)^{-1}: dL = -Tm^T dTm Tm^T (the caller keeps its strictly lower part)."""
-    return -_dot(_dot(Tm, dTm, TN, mxu_model=mxu_model), Tm, NT_T, mxu_model=mxu_model)
+    return -_dot(_dot(Tm, dTm, TN, policy=policy), Tm, NT_T, policy=policy)
 
 
-def _unit_lower_inverse(L, *, mxu_model: bool):
+def _unit_lower_inverse(L, *, policy: mxu.Policy):
     """(I + L)^{-1} for strictly lower-triangular L by forward substitution, one row per step:
     row r = e_r - L[r, :] @ Tm (rows >= r of Tm are still those of I, and L[r, s>=r] = 0)."""
     C = L.shape[0]
@@ -168,22 +173,22 @@ def _unit_lower_inverse(L, *, mxu_model: bool):
         sel = rid == r
         l_r = jnp.sum(jnp.where(sel, L, 0.0), axis=0, keepdims=True)  # [1, C]
         e_r = jnp.sum(jnp.where(sel, eye, 0.0), axis=0, keepdims=True)
-        row = e_r - _dot(l_r, Tm, mxu_model=mxu_model)
+        row = e_r - _dot(l_r, Tm, policy=policy)
         return jnp.where(sel, row, Tm)
 
     return lax.fori_loop(1, C, body, eye)
 
 
-def _intra(q, k, v, G, beta, *, scale, bc, mxu_model):
+def _intra(q, k, v, G, beta, *, scale, bc, policy):
     """Intra-chunk quantities shared by forward and backward."""
-    M = _pair_scores(k, k, G, strict=True, bc=bc, mxu_model=mxu_model)
-    Tm = _unit_lower_inverse(beta * M, mxu_model=mxu_model)
+    M = _pair_scores(k, k, G, strict=True, bc=bc, policy=policy)
+    Tm = _unit_lower_inverse(beta * M, policy=policy)
     eG = jnp.exp(G)
     kbg = beta * k * eG
     vb = beta * v
-    w = _dot(Tm, kbg, mxu_model=mxu_model)
-    u = _dot(Tm, vb, mxu_model=mxu_model)
-    Aqk = scale * _pair_scores(q, k, G, strict=False, bc=bc, mxu_model=mxu_model)
+    w = _dot(Tm, kbg, policy=policy)
+    u = _dot(Tm, vb, policy=policy)
+    Aqk = scale * _pair_scores(q, k, G, strict=False, bc=bc, policy=policy)
     return M, Tm, eG, kbg, vb, w, u, Aqk
 
 
@@ -199,7 +204,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, *refs, cfg: Config, has_h0
         h0_ref = None
         o_ref, hs_ref, ht_ref, S_scr = refs
     n = pl.program_id(2)
-    mm = cfg.mxu_model
+    pol = cfg.policy
     C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
 
     @pl.when(n == 0)
@@ -209,13 +214,13 @@ def _fwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, *refs, cfg: Config, has_h0
     q, k, v, G, beta = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref))
     S = S_scr[...]
     hs_ref[...] = S
-    _, _, eG, _, _, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, mxu_model=mm)
-    dlt = u - _dot(w, S, mxu_model=mm)
-    o = cfg.scale * _dot(q * eG, S, mxu_model=mm) + _dot(Aqk, dlt, mxu_model=mm)
+    _, _, eG, _, _, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, policy=pol)
+    dlt = u - _dot(w, S, policy=pol)
+    o = cfg.scale * _dot(q * eG, S, policy=pol) + _dot(Aqk, dlt, policy=pol)
     o_ref[...] = o.astype(o_ref.dtype)
     G_last = G[C - 1:C]  # [1, K]
     kdec = k * jnp.exp(G_last - G)
-    S_new = jnp.exp(G_last).T * S + _dot(kdec, dlt, TN, mxu_model=mm)
+    S_new = jnp.exp(G_last).T * S + _dot(kdec, dlt, TN, policy=pol)
     S_scr[...] = S_new
 
     @pl.when(n == pl.num_programs(2) - 1)
@@ -226,9 +231,9 @@ def _fwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, *refs, cfg: Config, has_h0
 def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
                 dq_ref, dk_ref, dv_ref, dG_ref, dbeta_ref, dh0_ref, dS_scr, *, cfg: Config):
     i = pl.program_id(2)  # step i handles chunk NT-1-i (see the index maps)
-    mm = cfg.mxu_model
+    pol = cfg.policy
     C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
-    pairs = dict(bc=bc, mxu_model=mm)
+    pairs = dict(bc=bc, policy=pol)
 
     @pl.when(i == 0)
     def _init_dstate():
@@ -237,8 +242,8 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
     q, k, v, G, beta, do = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref, do_ref))
     S = hs_ref[...]
     dS = dS_scr[...]
-    M, Tm, eG, kbg, vb, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, mxu_model=mm)
-    dlt = u - _dot(w, S, mxu_model=mm)
+    M, Tm, eG, kbg, vb, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, policy=pol)
+    dlt = u - _dot(w, S, policy=pol)
     G_last = G[C - 1:C]
     dec_last = jnp.exp(G_last)  # [1, K]
     kdec = k * jnp.exp(G_last - G)
@@ -247,20 +252,20 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
     cid = lax.broadcasted_iota(jnp.int32, (C, C), 1)
 
     # o = scale qg S + Aqk dlt ;  S' = dec_last^T * S + kdec^T dlt
-    d_dlt = _dot(Aqk, do, TN, mxu_model=mm) + _dot(kdec, dS, mxu_model=mm)  # Aqk^T do + kdec dS'
-    dAqk = jnp.where(rid >= cid, _dot(do, dlt, NT_T, mxu_model=mm), 0.0)
-    dqg = cfg.scale * _dot(do, S, NT_T, mxu_model=mm)
-    dkdec = _dot(dlt, dS, NT_T, mxu_model=mm)
+    d_dlt = _dot(Aqk, do, TN, policy=pol) + _dot(kdec, dS, policy=pol)  # Aqk^T do + kdec dS'
+    dAqk = jnp.where(rid >= cid, _dot(do, dlt, NT_T, policy=pol), 0.0)
+    dqg = cfg.scale * _dot(do, S, NT_T, policy=pol)
+    dkdec = _dot(dlt, dS, NT_T, policy=pol)
     # dlt = u - w S
-    dw = -_dot(d_dlt, S, NT_T, mxu_model=mm)
-    dS_prev = (cfg.scale * _dot(qg, do, TN, mxu_model=mm) + dec_last.T * dS
-               - _dot(w, d_dlt, TN, mxu_model=mm))
+    dw = -_dot(d_dlt, S, NT_T, policy=pol)
+    dS_prev = (cfg.scale * _dot(qg, do, TN, policy=pol) + dec_last.T * dS
+               - _dot(w, d_dlt, TN, policy=pol))
     # u = Tm vb, w = Tm kbg
-    dTm = _dot(d_dlt, vb, NT_T, mxu_model=mm) + _dot(dw, kbg, NT_T, mxu_model=mm)
-    dvb = _dot(Tm, d_dlt, TN, mxu_model=mm)  # Tm^T du
-    dkbg = _dot(Tm, dw, TN, mxu_model=mm)  # Tm^T dw
+    dTm = _dot(d_dlt, vb, NT_T, policy=pol) + _dot(dw, kbg, NT_T, policy=pol)
+    dvb = _dot(Tm, d_dlt, TN, policy=pol)  # Tm^T du
+    dkbg = _dot(Tm, dw, TN, policy=pol)  # Tm^T dw
     # Tm = (I + L)^{-1}  ->  dL = -Tm^T dTm Tm^T (strictly lower part)
-    dL = jnp.where(rid > cid, inverse_grad(Tm, dTm, mxu_model=mm), 0.0)
+    dL = jnp.where(rid > cid, inverse_grad(Tm, dTm, policy=pol), 0.0)
     # L = beta M
     dbeta = jnp.sum(dL * M, axis=1, keepdims=True)
     dM = beta * dL
@@ -454,12 +459,12 @@ def _validate(q, k, v, g, beta, scale, initial_state, blocks: BlockSizes, opts: 
         raise ValueError(f"mxu_model must be None or a bool; got {mxu_model!r}")
 
 
-def _make_config(K, scale, chunk_size, interpret, mxu_model) -> Config:
+def _make_config(K, scale, chunk_size, interpret, mxu_model, dtype) -> Config:
     interpret = resolve_interpret(interpret)
     mxu_model = resolve_mxu_model(mxu_model, interpret)
     scale = K ** -0.5 if scale is None else float(scale)
     return Config(scale=scale, blocks=BlockSizes(chunk_size=chunk_size), interpret=interpret,
-                  mxu_model=mxu_model)
+                  mxu_model=mxu_model, dtype=jnp.dtype(dtype).name)
 
 
 def _preprocess(q, k, g, beta, A_log, dt_bias, opts):
@@ -529,7 +534,7 @@ def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_mo
     _validate(q, k, v, g, beta, scale, initial_state, blocks, opts, A_log, dt_bias, interpret, mxu_model)
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
-    cfg = _make_config(q.shape[-1], scale, chunk_size, interpret, mxu_model)
+    cfg = _make_config(q.shape[-1], scale, chunk_size, interpret, mxu_model, q.dtype)
     return cfg, tuple(sorted(opts.items())), A_log, dt_bias
 
 

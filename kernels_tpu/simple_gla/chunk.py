@@ -34,8 +34,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .common import (F32, NT_T, TN, BlockSizes, Config, DotPolicy, causal_decay, chunk_gates, chunk_index_map,
-                     chunk_state_index_map, dot_policy, from_heads, gate_specs, make_config, mm, mm_f32,
+from kernels_tpu import mxu
+
+from .common import (F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, chunk_index_map,
+                     chunk_state_index_map, from_heads, gate_specs, make_config, mm, mm_f32,
                      prepare_gates, reverse_chunk_index_map, reverse_chunk_state_index_map, state_index_map,
                      to_heads, validate)
 
@@ -44,7 +46,7 @@ PARALLEL, ARBITRARY = pltpu.PARALLEL, pltpu.ARBITRARY
 
 
 # ============================================================ chunk maths
-def intra_scores(q, k, D, policy: DotPolicy):
+def intra_scores(q, k, D, policy: mxu.Policy):
     """``Q K^T * D`` [BT, BT] f32: decayed causal scores (unscaled)."""
     return mm(q, k, policy, NT_T) * D
 
@@ -86,7 +88,7 @@ def dq_dk_dg_chunk(q, k, v, do, h, dh, D, b_col, b_last, scale, policy, with_dg:
 
 
 # ============================================================ forward kernel
-def _fwd_kernel(*refs, cfg: Config, policy: DotPolicy, NS: int, has_h0: bool, emit_o: bool, emit_ht: bool,
+def _fwd_kernel(*refs, cfg: Config, policy: mxu.Policy, NS: int, has_h0: bool, emit_o: bool, emit_ht: bool,
                 emit_states: bool):
     """One grid step (b, h, t): chunks ``t*NS .. t*NS+NS-1`` of head (b, h).
 
@@ -149,7 +151,7 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
     NS = BlockSizes(BT, num_steps).for_chunks(NT).num_steps
-    policy = dot_policy(cfg.dtype, cfg.mxu_model)
+    policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
 
     def qkv_spec(X):
         return pl.BlockSpec((None, None, NS * BT, X), chunk_index_map)
@@ -192,7 +194,7 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
 
 
 # ============================================================ backward kernel
-def _chunk_bwd_kernel(*refs, cfg: Config, policy: DotPolicy, has_dht: bool):
+def _chunk_bwd_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     """One grid step (b, h, t) handles chunk c = NT-1-t (reverse time).
 
     q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c from
@@ -252,7 +254,7 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     V = v.shape[-1]
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
-    policy = dot_policy(cfg.dtype, cfg.mxu_model)
+    policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
     rev = reverse_chunk_index_map(NT)
 
     def qkv_spec(X):

@@ -28,7 +28,6 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels_tpu import mxu
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
-Precision = jax.lax.Precision
 F32 = jnp.float32
 
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
@@ -71,51 +70,16 @@ class BlockSizes:
         return dataclasses.replace(self, num_steps=steps)
 
 
-# ---------------------------------------------------------------- dot policy
-@dataclasses.dataclass(frozen=True)
-class DotPolicy:
-    """How a kernel feeds the MXU for one input dtype (hashable, static).
-
-    operand_dtype: what both dot operands are cast to (intermediates such as
-      the decayed scores or the f32 state are rounded to it, as fla does).
-    precision: the ``lax.Precision`` of every dot; accumulation is always f32.
-    mxu_model: model TPU MXU rounding (interpret mode on CPU), see kernels_tpu.mxu.
-    """
-
-    operand_dtype: Any
-    precision: Any
-    mxu_model: bool
+# ---------------------------------------------------------------- dots
+def mm(a, b, policy: mxu.Policy, dims=NN):
+    """A dot of the recurrence. Operands are first rounded to the input dtype's MXU operand type
+    (bf16 for bf16 inputs: the decayed scores and the f32 state too, as fla rounds them)."""
+    return policy.dot(a.astype(policy.operand_dtype), b.astype(policy.operand_dtype), dims)
 
 
-def dot_policy(dtype, mxu_model: bool) -> DotPolicy:
-    dtype = jnp.dtype(dtype)
-    if dtype == jnp.bfloat16:
-        # native MXU path: bf16 x bf16 products are exact, f32 accumulation
-        return DotPolicy(jnp.dtype(jnp.bfloat16), Precision.DEFAULT, mxu_model)
-    if dtype == jnp.float16:
-        # The MXU has no fp16 mode and Mosaic cannot load fp16: fp16 inputs are
-        # widened to f32 at the kernel boundary. Rounding them to bf16 would drop
-        # 3 mantissa bits that fla's fp16 tensor-core dots keep, so they run as
-        # explicit bf16x3: an fp16 value splits exactly into two bf16 pieces, and
-        # the only term lost is lo*lo (~2**-16 relative), at half HIGHEST's cost.
-        return DotPolicy(jnp.dtype(jnp.float32), mxu.BF16X3, mxu_model)
-    # f32 inputs: HIGHEST (bf16x6) is about f32-accurate. DEFAULT would be one
-    # bf16 pass (2**-9 relative per operand), worse than fla's tf32 (2**-11).
-    return DotPolicy(jnp.dtype(jnp.float32), Precision.HIGHEST, mxu_model)
-
-
-def mm(a, b, policy: DotPolicy, dims=NN):
-    """A kernel dot: operands cast to the policy dtype, f32 accumulation."""
-    return mxu.dot(a.astype(policy.operand_dtype), b.astype(policy.operand_dtype),
-                   precision=policy.precision, preferred_element_type=F32,
-                   dimension_numbers=dims, mxu_model=policy.mxu_model)
-
-
-def mm_f32(a, b, policy: DotPolicy, dims=NN):
-    """An f32-accurate dot (HIGHEST) for the gate gradient's reverse cumsum,
-    whatever the input dtype: fla accumulates dg in f32 too."""
-    return mxu.dot(a.astype(F32), b.astype(F32), precision=Precision.HIGHEST, preferred_element_type=F32,
-                   dimension_numbers=dims, mxu_model=policy.mxu_model)
+def mm_f32(a, b, policy: mxu.Policy, dims=NN):
+    """An f32-accurate dot for the gate gradient's reverse cumsum, whatever the input dtype."""
+    return policy.exact(a, b, dims)
 
 
 # ------------------------------------------------------------ in-kernel maths

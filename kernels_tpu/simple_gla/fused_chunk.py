@@ -25,15 +25,17 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels_tpu import mxu
+
 from .chunk import (ARBITRARY, PARALLEL, _config, dh_chunk, dq_dk_dg_chunk, dv_chunk, finish_grads, forward,
                     fwd_impl, padded_length)
-from .common import (F32, Config, DotPolicy, causal_decay, chunk_gates, chunk_index_map, chunk_state_index_map,
-                     dot_policy, gate_specs, prepare_gates, reverse_chunk_index_map, reverse_chunk_state_index_map,
+from .common import (F32, Config, causal_decay, chunk_gates, chunk_index_map, chunk_state_index_map,
+                     gate_specs, prepare_gates, reverse_chunk_index_map, reverse_chunk_state_index_map,
                      state_index_map, to_heads)
 
 
 # ============================================================ pass 1: dv + dh
-def _dv_dh_kernel(*refs, cfg: Config, policy: DotPolicy, has_dht: bool):
+def _dv_dh_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     """Grid step (b, h, t) handles chunk c = NT-1-t (reverse time).
 
     q_ref, k_ref [BT, K], do_ref [BT, V], gate refs, dht_ref [K, V]; outputs
@@ -71,7 +73,7 @@ def _dv_dh_kernel(*refs, cfg: Config, policy: DotPolicy, has_dht: bool):
 
 
 # ============================================================ pass 2: dq + dk (+ dg)
-def _dq_dk_kernel(*refs, cfg: Config, policy: DotPolicy):
+def _dq_dk_kernel(*refs, cfg: Config, policy: mxu.Policy):
     """Grid step (b, h, t) handles chunk t; no carried state, so t is parallel.
 
     q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c),
@@ -105,7 +107,7 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     V = v.shape[-1]
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
-    policy = dot_policy(cfg.dtype, cfg.mxu_model)
+    policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
     state_spec = pl.BlockSpec((None, None, K, V), state_index_map)
     with_dg = cfg.gate != "none"
 
