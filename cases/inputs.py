@@ -135,6 +135,12 @@ class Inputs:
         return {k: v.astype(np.float64) for k, v in self.arrays.items()}
 
 
+def input_shapes(case: Case, specs: list[InputSpec]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Each input's (shape, numpy dtype), without drawing anything."""
+    return {spec.name: (tuple(int(s) for s in spec.shape(case)), np.dtype(NP_DTYPES[spec.resolve_dtype(case)]))
+            for spec in specs}
+
+
 def make_inputs(case: Case, specs: list[InputSpec]) -> Inputs:
     rng = np.random.Generator(np.random.PCG64(case.rng_seed))
     arrays = {}

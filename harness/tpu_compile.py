@@ -173,7 +173,7 @@ COMPILE_COLUMNS = [
 def case_rows(case, targets: tuple[str, ...], ops=None) -> list[dict]:
     """One row per target for one case: ``ok``, ``error`` or ``unsupported`` (with its reason)."""
     from cases.inputs import make_inputs
-    from harness.legs.tpu import NATIVE, device_arrays, program
+    from harness.legs.tpu import NATIVE, device_arrays, kernel_refusal, program
     from harness.ops import get_op
     from harness.runner import _short_error, git_commit
 
@@ -192,7 +192,8 @@ def case_rows(case, targets: tuple[str, ...], ops=None) -> list[dict]:
     except Exception as exc:  # noqa: BLE001
         return rows(Status.ERROR, f"invalid case: {_short_error(exc)}")
     base["input_sha256"] = inputs.sha256
-    reason = op.tpu.supports(case) if op.tpu is not None else f"op {op.name!r} has no tpu binding"
+    reason = (f"op {op.name!r} has no tpu binding" if op.tpu is None
+              else op.tpu.supports(case) or kernel_refusal(op, case))
     if reason:
         return rows(Status.UNSUPPORTED, reason)
     fn, arrays = program(op, case, NATIVE), device_arrays(inputs)

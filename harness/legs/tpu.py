@@ -96,6 +96,28 @@ def device_arrays(inputs: Inputs) -> dict:
 NATIVE = TpuContext(interpret=None, mxu_model=False)
 
 
+def kernel_refusal(op: OpDescriptor, case: Case) -> str | None:
+    """Whether the kernels take the case, asked of the kernels themselves.
+
+    The binding's forward is traced on shape-only stand-ins of the case's inputs
+    (``jax.eval_shape``, nothing runs). The kernels' public functions validate
+    their arguments before any tracing of a kernel and raise NotImplementedError,
+    with the reason, for a valid input they do not implement; that reason is the
+    answer. The harness never re-derives the kernels' rules.
+    """
+    import jax
+
+    from cases.inputs import input_shapes
+
+    stand_ins = {name: jax.ShapeDtypeStruct(shape, dtype) for name, (shape, dtype) in
+                 input_shapes(case, op.inputs(case)).items()}
+    try:
+        jax.eval_shape(lambda arrays: op.tpu.forward(case, arrays, NATIVE), stand_ins)
+    except NotImplementedError as exc:
+        return str(exc)
+    return None
+
+
 class TpuLeg(Leg):
     """``compile_targets``: when emulating, each case is first compiled for these real TPU
     targets (:mod:`harness.tpu_compile`; None: v6e); a case that does not compile gets ``error``
@@ -111,6 +133,9 @@ class TpuLeg(Leg):
         if targets:  # an explicit () compiles nothing: the rows then say so (compiled_for is empty)
             parse_targets(",".join(targets), LEG_DEFAULT_TARGETS)
         self.compile_targets = () if self.native else targets
+
+    def supports(self, op: OpDescriptor, case: Case) -> str | None:
+        return super().supports(op, case) or kernel_refusal(op, case)
 
     def context(self) -> TpuContext:
         if self.native:

@@ -22,7 +22,9 @@ Binding contracts
   names the gradient of input ``x`` as ``d<x>``. A gradient the framework does
   not produce is reported ``not_provided``, never as zeros.
 - ``*_supports(case) -> str | None``: ``None`` when the leg can run the case,
-  otherwise the reason it cannot (the row becomes ``unsupported``).
+  otherwise the reason it cannot (the row becomes ``unsupported``). The TPU
+  leg also asks the kernels themselves (``harness.legs.tpu.kernel_refusal``):
+  a TPU binding states only what the kernels cannot know.
 """
 
 from __future__ import annotations
@@ -129,13 +131,6 @@ def state_and_cotangent_specs(case: Case) -> list[InputSpec]:
     if case.dht:
         specs.append(InputSpec("dht", lambda c: (c.B, c.H, c.K, c.V), "float32", normal()))
     return specs
-
-
-def tpu_lane_check(case: Case) -> str | None:
-    """The TPU lane width: K and V must be multiples of 128."""
-    if case.K % 128 or case.V % 128:
-        return f"TPU kernels need K and V to be multiples of 128 (lane width); got K={case.K}, V={case.V}"
-    return None
 
 
 def gated_reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: str, compute_dtype: str) -> dict:

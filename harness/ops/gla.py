@@ -28,7 +28,7 @@ from cases.case import Case
 from cases.inputs import InputSpec
 
 from .base import (LegBinding, OpDescriptor, gate_spec, gated_differentiable, gated_reference, gated_tensors,
-                   qkv_specs, state_and_cotangent_specs, tpu_lane_check)
+                   qkv_specs, state_and_cotangent_specs)
 
 VARIANTS = ("chunk",)
 OPTIONS = {"tpu_path": ("auto", "fused", "chunk")}
@@ -105,22 +105,6 @@ def tpu_forward(case: Case, a: dict, ctx) -> dict:
     return {"o": o, "ht": ht}
 
 
-def tpu_supports(case: Case) -> str | None:
-    lanes = tpu_lane_check(case)
-    if lanes:
-        return lanes
-    if case.chunk_size % 16:
-        return f"TPU gla kernels need chunk_size a multiple of 16; got {case.chunk_size}"
-    try:
-        path = _dispatch(case)
-    except NotImplementedError as e:
-        return str(e)
-    if path == "fused" and case.T % case.chunk_size and case.final_state:
-        return (f"the fused g_gamma path cannot pad T={case.T} to chunk_size={case.chunk_size} with a final "
-                f"state; use option tpu_path='chunk'")
-    return None
-
-
 def _dispatch(case: Case) -> str:
     from kernels_tpu.gla import gla_dispatch
 
@@ -149,7 +133,7 @@ GLA = OpDescriptor(
     validate=validate,
     reference=reference,
     gpu=LegBinding(gpu_forward, gpu_supports, describe=gpu_describe),
-    tpu=LegBinding(tpu_forward, tpu_supports, describe=tpu_describe),
+    tpu=LegBinding(tpu_forward, describe=tpu_describe),
     notes={"g_gamma on GPU": "fla's chunk_gla has no g_gamma: broadcast to a per-channel g, dg_gamma not provided",
            "tpu dispatch": "auto: g_gamma -> fused single-pallas_call kernels, g -> chunk kernels"},
 )

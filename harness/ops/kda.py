@@ -28,8 +28,7 @@ import os
 from cases.case import Case
 from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_normal
 
-from .base import (LegBinding, OpDescriptor, forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs,
-                   tpu_lane_check)
+from .base import LegBinding, OpDescriptor, forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs
 
 VARIANTS = ("chunk",)
 BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
@@ -165,15 +164,6 @@ def tpu_forward(case: Case, a: dict, ctx) -> dict:
     return {"o": o, "ht": ht}
 
 
-def tpu_supports(case: Case) -> str | None:
-    lanes = tpu_lane_check(case)
-    if lanes:
-        return lanes
-    if case.chunk_size % 16:
-        return f"the TPU kda kernel needs chunk_size to be a multiple of 16, got {case.chunk_size}"
-    return None
-
-
 KDA = OpDescriptor(
     name="kda",
     variants=VARIANTS,
@@ -188,7 +178,7 @@ KDA = OpDescriptor(
                    describe=lambda c: {"entry": "fla.ops.kda.chunk_kda",
                                        "dispatch": f"{FLA_DISPATCH_ENV}={os.environ.get(FLA_DISPATCH_ENV)}",
                                        "options": _fla_kwargs(c)}),
-    tpu=LegBinding(tpu_forward, tpu_supports,
+    tpu=LegBinding(tpu_forward,
                    describe=lambda c: {"entry": "kernels_tpu.kda.chunk_kda", "options": _fla_kwargs(c)}),
     notes={"options": "in-kernel options are applied by the TPU public function with float32 jax ops "
                       "before the Pallas kernels (same function; gradients by autodiff)"},

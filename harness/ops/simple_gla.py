@@ -11,7 +11,7 @@ from cases.case import Case
 from cases.inputs import InputSpec
 
 from .base import (LegBinding, OpDescriptor, gate_spec, gated_differentiable, gated_reference, gated_tensors,
-                   qkv_specs, state_and_cotangent_specs, tpu_lane_check)
+                   qkv_specs, state_and_cotangent_specs)
 
 VARIANTS = ("chunk", "fused_chunk")
 
@@ -77,6 +77,6 @@ SIMPLE_GLA = OpDescriptor(
     reference=reference,
     gpu=LegBinding(gpu_forward, gpu_supports,
                    describe=lambda c: {"entry": f"fla.ops.simple_gla.{c.variant}_simple_gla"}),
-    tpu=LegBinding(tpu_forward, tpu_lane_check,
+    tpu=LegBinding(tpu_forward,
                    describe=lambda c: {"entry": f"kernels_tpu.simple_gla.{c.variant}_simple_gla"}),
 )
