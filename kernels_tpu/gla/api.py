@@ -33,7 +33,8 @@ import numpy as np
 from .chunk import chunk_bwd_impl, chunk_fwd_impl
 from .. import mxu
 from ..interpret import resolve_interpret, resolve_mxu_model
-from .common import LANES, PATHS, BlockSizes, Config
+from ..common import LANES
+from .common import PATHS, BlockSizes, Config
 from .fused import fused_bwd_impl, fused_fwd_impl
 
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -115,46 +116,31 @@ def _pad_t(x, pad):
 
 
 # ---------------------------------------------------------------- custom_vjp
-def _chunk_path(cfg, q, k, v, g, h0):
-    o, ht, _ = chunk_fwd_impl(q, k, v, g, h0, cfg)
-    return o, ht
+def _differentiable(fwd_impl, bwd_impl):
+    """One path as a ``jax.custom_vjp``: ``f(cfg, q, k, v, gate, h0) -> (o, ht)``; the forward keeps
+    the per-chunk states as residuals and the backward kernels return every input's gradient."""
+
+    def primal(cfg, q, k, v, gate, h0):
+        o, ht, _ = fwd_impl(q, k, v, gate, h0, cfg, emit_states=False)
+        return o, ht
+
+    def fwd(cfg, q, k, v, gate, h0):
+        o, ht, states = fwd_impl(q, k, v, gate, h0, cfg, emit_states=True)
+        return (o, ht), (q, k, v, gate, h0, states)
+
+    def bwd(cfg, res, cotangents):
+        q, k, v, gate, h0, states = res
+        do, dht = cotangents
+        dq, dk, dv, dgate, dh0 = bwd_impl(q, k, v, gate, states, do.astype(v.dtype), dht, cfg, h0 is not None)
+        return dq, dk, dv, dgate.astype(gate.dtype), dh0
+
+    f = jax.custom_vjp(primal, nondiff_argnums=(0,))
+    f.defvjp(fwd, bwd)
+    return f
 
 
-def _chunk_path_fwd(cfg, q, k, v, g, h0):
-    o, ht, states = chunk_fwd_impl(q, k, v, g, h0, cfg)
-    return (o, ht), (q, k, v, g, h0, states)
-
-
-def _chunk_path_bwd(cfg, res, cotangents):
-    q, k, v, g, h0, states = res
-    do, dht = cotangents
-    dq, dk, dv, dg, dh0 = chunk_bwd_impl(q, k, v, g, states, do.astype(v.dtype), dht, cfg, h0 is not None)
-    return dq, dk, dv, dg.astype(g.dtype), dh0
-
-
-_chunk_path = jax.custom_vjp(_chunk_path, nondiff_argnums=(0,))
-_chunk_path.defvjp(_chunk_path_fwd, _chunk_path_bwd)
-
-
-def _fused_path(cfg, q, k, v, g_gamma, h0):
-    o, ht, _ = fused_fwd_impl(q, k, v, g_gamma, h0, cfg, emit_states=False)
-    return o, ht
-
-
-def _fused_path_fwd(cfg, q, k, v, g_gamma, h0):
-    o, ht, states = fused_fwd_impl(q, k, v, g_gamma, h0, cfg, emit_states=True)
-    return (o, ht), (q, k, v, g_gamma, h0, states)
-
-
-def _fused_path_bwd(cfg, res, cotangents):
-    q, k, v, g_gamma, h0, states = res
-    do, dht = cotangents
-    dq, dk, dv, dgg, dh0 = fused_bwd_impl(q, k, v, g_gamma, states, do.astype(v.dtype), dht, cfg, h0 is not None)
-    return dq, dk, dv, dgg.astype(g_gamma.dtype), dh0
-
-
-_fused_path = jax.custom_vjp(_fused_path, nondiff_argnums=(0,))
-_fused_path.defvjp(_fused_path_fwd, _fused_path_bwd)
+_chunk_path = _differentiable(chunk_fwd_impl, chunk_bwd_impl)  # per-channel g [B,T,H,K]
+_fused_path = _differentiable(fused_fwd_impl, fused_bwd_impl)  # per-head g_gamma [H]
 
 
 def _run(q, k, v, g, g_gamma, h0, cfg, which):

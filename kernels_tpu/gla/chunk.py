@@ -41,8 +41,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .common import (NT_T, SQ, TN, Config, causal_mask, f32, forward_index_maps, iota, masked_exp, mm,
-                     with_static)
+from ..common import causal_mask, iota, masked_exp, state_pass
+from .common import NT_T, SQ, TN, Config, f32, forward_index_maps, mm, with_static
 
 
 def _cumsum(g, policy):
@@ -58,10 +58,7 @@ def _col_total(g, policy):
 
 def _diag_decay(bI):
     """[BC,BC,K]: exp(b_ic - b_jc) for j <= i, else 0 (exponent masked before exp)."""
-    BC = bI.shape[0]
-    # built as a [BC,BC,1] iota comparison: Mosaic cannot reshape a bool [BC,BC] mask to 3-D
-    mask = iota((BC, BC, 1), 1) <= iota((BC, BC, 1), 0)
-    return masked_exp(bI[:, None, :] - bI[None, :, :], mask)
+    return masked_exp(bI[:, None, :] - bI[None, :, :], causal_mask(bI.shape[0], trailing=1))
 
 
 def _block(ref, r0, n):
@@ -123,14 +120,14 @@ def _fwd_o_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, b_scr, *, cfg: Confi
     jax.lax.fori_loop(0, C // BC, row_block, 0)
 
 
-def chunk_fwd_impl(q, k, v, g, h0, cfg: Config):
-    """o [B,T,H,V] (q dtype), ht [B,H,K,V] f32, states S_n [B,NT,H,K,V] f32."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+def chunk_fwd_impl(q, k, v, g, h0, cfg: Config, emit_states: bool = True):
+    """o [B,T,H,V] (q dtype), ht [B,H,K,V] f32, states S_n [B,NT,H,K,V] f32.
+
+    The states are always computed (the output kernel reads them); ``emit_states``
+    is accepted so both paths share one signature."""
+    del emit_states
+    B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
     C = cfg.C
-    NT = T // C
-    BV = cfg.blocks.block_v_for(V)
-    NV = V // BV
 
     qk_map, v_map, state_map, states_map = forward_index_maps(NV)
 
@@ -141,16 +138,12 @@ def chunk_fwd_impl(q, k, v, g, h0, cfg: Config):
     if h0 is not None:
         in_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
         args.append(h0.astype(f32).reshape(B, H * K, V))
-    states, ht = pl.pallas_call(
+    states, ht = state_pass(
         with_static(_fwd_h_kernel, cfg=cfg, has_h0=h0 is not None),
-        grid=(B, H, NV, NT),
-        in_specs=in_specs,
+        grid=(B, H, NV, NT), in_specs=in_specs,
         out_specs=[pl.BlockSpec((SQ, SQ, K, BV), states_map), pl.BlockSpec((SQ, K, BV), state_map)],
         out_shape=[jax.ShapeDtypeStruct((B, NT, H * K, V), f32), jax.ShapeDtypeStruct((B, H * K, V), f32)],
-        scratch_shapes=[pltpu.VMEM((K, BV), f32)],
-        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "arbitrary"),
-        interpret=cfg.interpret,
-        name="gla_chunk_fwd_h",
+        state=(K, BV), interpret=cfg.interpret, name="gla_chunk_fwd_h",
     )(*args)
 
     o = pl.pallas_call(
@@ -260,12 +253,8 @@ def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref,
 
 def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
     """(dq, dk, dv) in input dtypes, dg [B,T,H,K] f32, dh0 [B,H,K,V] f32 or None."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
     C = cfg.C
-    NT = T // C
-    BV = cfg.blocks.block_v_for(V)
-    NV = V // BV
 
     def rev_qk_map(b, h, iv, t):
         del iv
@@ -294,16 +283,11 @@ def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
     if want_dh0:
         out_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
         out_shape.append(jax.ShapeDtypeStruct((B, H * K, V), f32))
-    outs = pl.pallas_call(
+    outs = state_pass(
         with_static(_bwd_dh_kernel, cfg=cfg, has_dht=dht is not None, want_dh0=want_dh0),
-        grid=(B, H, NV, NT),
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        scratch_shapes=[pltpu.VMEM((K, BV), f32)],
-        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "arbitrary"),
-        interpret=cfg.interpret,
-        name="gla_chunk_bwd_dh",
+        grid=(B, H, NV, NT), in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shape, state=(K, BV),
+        interpret=cfg.interpret, name="gla_chunk_bwd_dh",
     )(*args)
     dhs = outs[0]
     dh0 = outs[1].reshape(B, H, K, V) if want_dh0 else None

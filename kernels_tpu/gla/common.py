@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
+from kernels_tpu.common import LANES
 
 f32 = jnp.float32
-LANES = 128  # K and V must be multiples of this; also the K tile of the fused forward reduction
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 SQ = pl.squeezed  # a squeezed (size-1, dropped) block dimension
 
@@ -84,6 +83,13 @@ class Config:
     def C(self) -> int:
         return self.blocks.chunk_size
 
+    def dims(self, q, v):
+        """(B, T, H, K, V, NT, BV, NV) of padded q [B,T,H,K] and v [B,T,H,V]: NT chunks, NV V tiles of BV."""
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        BV = self.blocks.block_v_for(V)
+        return B, T, H, K, V, T // self.C, BV, V // BV
+
     def compiler_params(self, *semantics: str):
         """Grid dimension semantics; the sequential (time) axis is last and "arbitrary"."""
         return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
@@ -115,21 +121,6 @@ def forward_index_maps(NV: int):
 def mm(a, b, dims=NN, *, policy: mxu.Policy):
     """A dot of the recurrence, through the one precision policy (kernels_tpu.mxu.Policy)."""
     return policy.dot(a, b, dims)
-
-
-def iota(shape, dim):
-    return lax.broadcasted_iota(jnp.int32, shape, dim)
-
-
-def causal_mask(n: int):
-    """[n, n] bool, True where column j <= row i."""
-    return iota((n, n), 1) <= iota((n, n), 0)
-
-
-def masked_exp(x, mask):
-    """exp(x) where mask, else 0; the exponent is zeroed BEFORE exp so masked
-    entries never overflow (no 0 * inf = NaN, whatever the compiler fuses)."""
-    return jnp.where(mask, jnp.exp(jnp.where(mask, x, 0.0)), 0.0)
 
 
 def with_static(fn, **kw):

@@ -46,8 +46,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .common import (LANES, NT_T, SQ, TN, Config, causal_mask, f32, forward_index_maps, iota, masked_exp, mm,
-                     with_static)
+from ..common import LANES, causal_mask, iota, masked_exp, state_pass
+from .common import NT_T, SQ, TN, Config, f32, forward_index_maps, mm, with_static
 
 
 def _decays(gamma, C):
@@ -107,12 +107,8 @@ def _fused_fwd_kernel(gamma_ref, q_ref, k_ref, v_ref, *rest, cfg: Config, has_h0
 
 def fused_fwd_impl(q, k, v, g_gamma, h0, cfg: Config, emit_states: bool):
     """o [B,T,H,V] (q dtype), ht [B,H,K,V] f32, and (emit_states) S_n [B,NT,H,K,V] f32."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
     C = cfg.C
-    NT = T // C
-    BV = cfg.blocks.block_v_for(V)
-    NV = V // BV
 
     qk_map, v_map, state_map, states_map = forward_index_maps(NV)
 
@@ -132,16 +128,11 @@ def fused_fwd_impl(q, k, v, g_gamma, h0, cfg: Config, emit_states: bool):
         out_shape.append(jax.ShapeDtypeStruct((B, NT, H * K, V), f32))
         out_specs.append(pl.BlockSpec((SQ, SQ, K, BV), states_map))
     kernel = with_static(_fused_fwd_kernel, cfg=cfg, has_h0=h0 is not None, emit_states=emit_states)
-    outs = pl.pallas_call(
+    outs = state_pass(
         kernel,
-        grid=(B, H, NV, NT),
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        scratch_shapes=[pltpu.VMEM((K, BV), f32)],
-        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "arbitrary"),
-        interpret=cfg.interpret,
-        name="gla_fused_g_gamma_fwd",
+        grid=(B, H, NV, NT), in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shape, state=(K, BV),
+        interpret=cfg.interpret, name="gla_fused_g_gamma_fwd",
     )(*args)
     o = outs[0].reshape(B, T, H, V)
     ht = outs[1].reshape(B, H, K, V)
@@ -251,16 +242,12 @@ def fused_bwd_impl(q, k, v, g_gamma, states, do, dht, cfg: Config, want_dh0: boo
         out_shape.append(jax.ShapeDtypeStruct((B, H * K, V), f32))
         out_specs.append(pl.BlockSpec((SQ, K, V), state_map))
     kernel = with_static(_fused_bwd_kernel, cfg=cfg, has_dht=dht is not None, want_dh0=want_dh0)
-    outs = pl.pallas_call(
+    outs = state_pass(
         kernel,
-        grid=(B, H, NT),
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        scratch_shapes=[pltpu.VMEM((K, V), f32), pltpu.VMEM((1, K), f32)],
-        compiler_params=cfg.compiler_params("parallel", "parallel", "arbitrary"),
-        interpret=cfg.interpret,
-        name="gla_fused_g_gamma_bwd",
+        grid=(B, H, NT), in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shape, state=(K, V),
+        scratch=[pltpu.VMEM((1, K), f32)],
+        interpret=cfg.interpret, name="gla_fused_g_gamma_bwd",
     )(*args)
     dq = outs[0].reshape(B, T, H, K)
     dk = outs[1].reshape(B, T, H, K)

@@ -52,6 +52,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
+from kernels_tpu.common import causal_mask, iota, masked_exp, state_pass
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
@@ -92,12 +93,8 @@ def _dot(a, b, dims=NN, *, policy: mxu.Policy):
 
 def _diag_decay(G_i, strict: bool):
     """exp(G_r - G_s) on one diagonal sub-chunk, [bc, bc, K]; exponent masked before exp."""
-    bc = G_i.shape[0]
-    r = lax.broadcasted_iota(jnp.int32, (bc, bc, 1), 0)
-    s = lax.broadcasted_iota(jnp.int32, (bc, bc, 1), 1)
-    m = r > s if strict else r >= s
-    diff = G_i[:, None, :] - G_i[None, :, :]
-    return jnp.where(m, jnp.exp(jnp.where(m, diff, 0.0)), 0.0)
+    mask = causal_mask(G_i.shape[0], strict=strict, trailing=1)
+    return masked_exp(G_i[:, None, :] - G_i[None, :, :], mask)
 
 
 def _pair_scores(a, b, G, *, strict: bool, bc: int, policy: mxu.Policy):
@@ -165,8 +162,7 @@ def _unit_lower_inverse(L, *, policy: mxu.Policy):
     """(I + L)^{-1} for strictly lower-triangular L by forward substitution, one row per step:
     row r = e_r - L[r, :] @ Tm (rows >= r of Tm are still those of I, and L[r, s>=r] = 0)."""
     C = L.shape[0]
-    rid = lax.broadcasted_iota(jnp.int32, (C, C), 0)
-    cid = lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    rid, cid = iota((C, C), 0), iota((C, C), 1)
     eye = (rid == cid).astype(F32)
 
     def body(r, Tm):
@@ -248,12 +244,10 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
     dec_last = jnp.exp(G_last)  # [1, K]
     kdec = k * jnp.exp(G_last - G)
     qg = q * eG
-    rid = lax.broadcasted_iota(jnp.int32, (C, C), 0)
-    cid = lax.broadcasted_iota(jnp.int32, (C, C), 1)
 
     # o = scale qg S + Aqk dlt ;  S' = dec_last^T * S + kdec^T dlt
     d_dlt = _dot(Aqk, do, TN, policy=pol) + _dot(kdec, dS, policy=pol)  # Aqk^T do + kdec dS'
-    dAqk = jnp.where(rid >= cid, _dot(do, dlt, NT_T, policy=pol), 0.0)
+    dAqk = jnp.where(causal_mask(C), _dot(do, dlt, NT_T, policy=pol), 0.0)
     dqg = cfg.scale * _dot(do, S, NT_T, policy=pol)
     dkdec = _dot(dlt, dS, NT_T, policy=pol)
     # dlt = u - w S
@@ -265,7 +259,7 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
     dvb = _dot(Tm, d_dlt, TN, policy=pol)  # Tm^T du
     dkbg = _dot(Tm, dw, TN, policy=pol)  # Tm^T dw
     # Tm = (I + L)^{-1}  ->  dL = -Tm^T dTm Tm^T (strictly lower part)
-    dL = jnp.where(rid > cid, inverse_grad(Tm, dTm, policy=pol), 0.0)
+    dL = jnp.where(causal_mask(C, strict=True), inverse_grad(Tm, dTm, policy=pol), 0.0)
     # L = beta M
     dbeta = jnp.sum(dL * M, axis=1, keepdims=True)
     dM = beta * dL
@@ -281,7 +275,7 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
     dbeta = dbeta + jnp.sum(dvb * v, axis=1, keepdims=True) + jnp.sum(dkbg * k * eG, axis=1, keepdims=True)
     dG = k * (xk - yk) + q * xq - k * yq + dkbg * kbg + dqg * qg - dkdec * kdec
     dG_last = jnp.sum(dkdec * kdec, axis=0, keepdims=True) + dec_last * jnp.sum(S * dS, axis=1, keepdims=True).T
-    dG = dG + jnp.where(rid[:, :1] == C - 1, dG_last, 0.0)
+    dG = dG + jnp.where(iota((C, 1), 0) == C - 1, dG_last, 0.0)
 
     dq_ref[...] = dq
     dk_ref[...] = dk
@@ -317,10 +311,6 @@ def _rev_states_map(nt, b, h, i):
     return (b, h, nt - 1 - i, 0, 0)
 
 
-def _compiler_params():
-    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"))
-
-
 # ============================================================ pallas_call wrappers
 def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
     """Head-major padded inputs: q, k, G [B,H,T,K]; v [B,H,T,V]; beta [B,H,T,1]; h0 [B,H,K,V] or None.
@@ -335,17 +325,14 @@ def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
     sspec = pl.BlockSpec((None, None, K, V), _state_map)
     in_specs = [kspec, kspec, vspec, kspec, bspec] + ([sspec] if h0 is not None else [])
     args = (q, k, v, G, beta) + ((h0,) if h0 is not None else ())
-    o, hs, ht = pl.pallas_call(
+    o, hs, ht = state_pass(
         functools.partial(_fwd_kernel, cfg=cfg, has_h0=h0 is not None),
-        grid=(B, H, NT),
-        in_specs=in_specs,
+        grid=(B, H, NT), in_specs=in_specs,
         out_specs=[vspec, pl.BlockSpec((None, None, None, K, V), _states_map), sspec],
         out_shape=[jax.ShapeDtypeStruct((B, H, T, V), q.dtype),
                    jax.ShapeDtypeStruct((B, H, NT, K, V), F32),
                    jax.ShapeDtypeStruct((B, H, K, V), F32)],
-        scratch_shapes=[pltpu.VMEM((K, V), F32)],
-        compiler_params=_compiler_params(),
-        interpret=cfg.interpret,
+        state=(K, V), interpret=cfg.interpret, name="kda_fwd",
     )(*args)
     return o, hs, ht
 
@@ -362,17 +349,14 @@ def _bwd_impl(cfg: Config, q, k, v, G, beta, hs, do, dht):
     bspec = pl.BlockSpec((None, None, C, 1), rmap)
     sspec = pl.BlockSpec((None, None, K, V), _state_map)
     hspec = pl.BlockSpec((None, None, None, K, V), functools.partial(_rev_states_map, NT))
-    outs = pl.pallas_call(
+    outs = state_pass(
         functools.partial(_bwd_kernel, cfg=cfg),
-        grid=(B, H, NT),
-        in_specs=[kspec, kspec, vspec, kspec, bspec, hspec, vspec, sspec],
+        grid=(B, H, NT), in_specs=[kspec, kspec, vspec, kspec, bspec, hspec, vspec, sspec],
         out_specs=[kspec, kspec, vspec, kspec, bspec, sspec],
         out_shape=[jax.ShapeDtypeStruct((B, H, T, K), F32), jax.ShapeDtypeStruct((B, H, T, K), F32),
                    jax.ShapeDtypeStruct((B, H, T, V), F32), jax.ShapeDtypeStruct((B, H, T, K), F32),
                    jax.ShapeDtypeStruct((B, H, T, 1), F32), jax.ShapeDtypeStruct((B, H, K, V), F32)],
-        scratch_shapes=[pltpu.VMEM((K, V), F32)],
-        compiler_params=_compiler_params(),
-        interpret=cfg.interpret,
+        state=(K, V), interpret=cfg.interpret, name="kda_bwd",
     )(q, k, v, G, beta, hs, do, dht)
     return tuple(outs)
 
@@ -505,20 +489,27 @@ def _chunk_cumsum(g, C):
     return jnp.cumsum(g.reshape(B, H, T // C, C, K), axis=3).reshape(B, H, T, K)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 9))
-def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_items: tuple):
-    """Options, padding, layout and the custom-VJP core, jitted (cfg and options static)."""
-    opts = dict(opts_items)
-    T, out_dtype = q.shape[1], q.dtype
+def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: dict):
+    """Options applied, then the kernels' head-major padded operands (q, k, v, G, beta, h0); G is the
+    chunk-local cumulative gate."""
     C = cfg.blocks.chunk_size
     q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
     qh, kh, vh, gh = (_head_major(x, C) for x in (q, k, v, g))
-    bh = _head_major(beta[..., None], C)
-    G = _chunk_cumsum(gh, C)
     h0 = None if initial_state is None else initial_state.astype(F32)
-    o, ht = _kda(cfg, qh, kh, vh, G, bh, h0)
-    o = jnp.swapaxes(o, 1, 2)[:, :T].astype(out_dtype)
-    return o, ht
+    return qh, kh, vh, _chunk_cumsum(gh, C), _head_major(beta[..., None], C), h0
+
+
+def _public_o(o, like):
+    """Head-major padded o -> [B, T, H, V] in the dtype of ``like`` (q)."""
+    return jnp.swapaxes(o, 1, 2)[:, :like.shape[1]].astype(like.dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 9))
+def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_items: tuple):
+    """Options, padding, layout and the custom-VJP core, jitted (cfg and options static)."""
+    operands = _kernel_operands(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, dict(opts_items))
+    o, ht = _kda(cfg, *operands)
+    return _public_o(o, q), ht
 
 
 # ============================================================ public API
@@ -577,14 +568,9 @@ def chunk_kda_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final
 
 @functools.partial(jax.jit, static_argnums=(0, 9))
 def _fwd_only(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_items: tuple):
-    opts = dict(opts_items)
-    T, out_dtype = q.shape[1], q.dtype
-    C = cfg.blocks.chunk_size
-    q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
-    qh, kh, vh, gh = (_head_major(x, C) for x in (q, k, v, g))
-    h0 = None if initial_state is None else initial_state.astype(F32)
-    o, _, ht = _fwd_impl(cfg, qh, kh, vh, _chunk_cumsum(gh, C), _head_major(beta[..., None], C), h0)
-    return jnp.swapaxes(o, 1, 2)[:, :T].astype(out_dtype), ht
+    operands = _kernel_operands(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, dict(opts_items))
+    o, _, ht = _fwd_impl(cfg, *operands)
+    return _public_o(o, q), ht
 
 
 def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, chunk_size=64,

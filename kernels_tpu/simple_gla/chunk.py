@@ -35,8 +35,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
+from kernels_tpu.common import state_pass
 
-from .common import (F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, chunk_index_map,
+from .common import (split_refs, F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, chunk_index_map,
                      chunk_state_index_map, from_heads, gate_specs, make_config, mm, mm_f32,
                      prepare_gates, reverse_chunk_index_map, reverse_chunk_state_index_map, state_index_map,
                      to_heads, validate)
@@ -97,12 +98,7 @@ def _fwd_kernel(*refs, cfg: Config, policy: mxu.Policy, NS: int, has_h0: bool, e
     states_ref [NS, K, V] (H_c entering each chunk, for the backward);
     state_ref [K, V] f32 scratch carries the state along the sequential t axis.
     """
-    refs = list(refs)
-    q_ref, k_ref, v_ref = refs[:3]
-    del refs[:3]
-    n_gate = 2 if cfg.kernel_gate == "g" else 1
-    gate_refs = refs[:n_gate]
-    del refs[:n_gate]
+    (q_ref, k_ref, v_ref), gate_refs, refs = split_refs(refs, 3, cfg)
     h0_ref = refs.pop(0) if has_h0 else None
     o_ref = refs.pop(0) if emit_o else None
     ht_ref = refs.pop(0) if emit_ht else None
@@ -174,17 +170,11 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
         out_shape.append(jax.ShapeDtypeStruct((B, H, NT, K, V), F32))
     kernel = functools.partial(_fwd_kernel, cfg=cfg, policy=policy, NS=NS, has_h0=h0 is not None,
                                emit_o=emit_o, emit_ht=emit_ht, emit_states=emit_states)
-    outs = pl.pallas_call(
+    outs = state_pass(  # the state recurrence makes time sequential: the last, "arbitrary" axis
         kernel,
-        grid=(B, H, NT // NS),
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        scratch_shapes=[pltpu.VMEM((K, V), F32)],
-        # the state recurrence makes time sequential: it must be the last, "arbitrary" axis
-        compiler_params=cfg.compiler_params(PARALLEL, PARALLEL, ARBITRARY),
-        interpret=cfg.interpret,
-        name="simple_gla_fwd",
+        grid=(B, H, NT // NS), in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shape, state=(K, V),
+        interpret=cfg.interpret, name="simple_gla_fwd",
     )(*operands)
     outs = list(outs)
     o = outs.pop(0) if emit_o else None
@@ -202,12 +192,7 @@ def _chunk_bwd_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     dv_ref [BT, V], dg_ref [BT, 1] (per-token gate gradient, gated kernels only),
     dh0_ref [K, V]; dstate_ref [K, V] f32 scratch holds dH_{c+1}.
     """
-    refs = list(refs)
-    q_ref, k_ref, v_ref, do_ref = refs[:4]
-    del refs[:4]
-    n_gate = 2 if cfg.kernel_gate == "g" else 1
-    gate_refs = refs[:n_gate]
-    del refs[:n_gate]
+    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4, cfg)
     h_ref = refs.pop(0)
     dht_ref = refs.pop(0) if has_dht else None
     dq_ref, dk_ref, dv_ref = refs[:3]
@@ -278,17 +263,12 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     out_specs.append(state_spec)
     out_shape.append(jax.ShapeDtypeStruct((B, H, K, V), F32))
     kernel = functools.partial(_chunk_bwd_kernel, cfg=cfg, policy=policy, has_dht=dht is not None)
-    outs = list(pl.pallas_call(
-        kernel,
-        grid=(B, H, NT),
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        scratch_shapes=[pltpu.VMEM((K, V), F32)],
+    outs = list(state_pass(
         # dH flows from the last chunk to the first: sequential, last axis
-        compiler_params=cfg.compiler_params(PARALLEL, PARALLEL, ARBITRARY),
-        interpret=cfg.interpret,
-        name="chunk_simple_gla_bwd",
+        kernel,
+        grid=(B, H, NT), in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shape, state=(K, V),
+        interpret=cfg.interpret, name="chunk_simple_gla_bwd",
     )(*operands))
     dq, dk, dv = outs[:3]
     dg = outs[3] if with_dg else None
@@ -340,23 +320,29 @@ def backward(cfg: Config, q, k, v, g, g_gamma, h0, do, dht):
 
 
 # ============================================================ custom_vjp
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _chunk_simple_gla(cfg: Config, q, k, v, g, g_gamma, h0):
-    return forward(cfg, 1, q, k, v, g, g_gamma, h0)
+GRAD_NAMES = ("dq", "dk", "dv", "dg", "dg_gamma", "dh0")  # the gradients of (q, k, v, g, g_gamma, h0)
 
 
-def _chunk_simple_gla_fwd(cfg, q, k, v, g, g_gamma, h0):
-    return forward(cfg, 1, q, k, v, g, g_gamma, h0), (q, k, v, g, g_gamma, h0)
+def differentiable(steps, backward_fn):
+    """A variant as a ``jax.custom_vjp`` of ``(cfg, q, k, v, g, g_gamma, h0) -> (o, ht)``: the forward
+    runs ``steps(cfg)`` chunks per grid step; the backward is ``backward_fn(cfg, *inputs, do, dht)``."""
+
+    def primal(cfg: Config, q, k, v, g, g_gamma, h0):
+        return forward(cfg, steps(cfg), q, k, v, g, g_gamma, h0)
+
+    def fwd(cfg: Config, *inputs):
+        return primal(cfg, *inputs), inputs
+
+    def bwd(cfg: Config, inputs, cotangents):
+        grads = backward_fn(cfg, *inputs, *cotangents)
+        return tuple(grads[name] for name in GRAD_NAMES)
+
+    f = jax.custom_vjp(primal, nondiff_argnums=(0,))
+    f.defvjp(fwd, bwd)
+    return f
 
 
-def _chunk_simple_gla_bwd(cfg, residuals, cotangents):
-    q, k, v, g, g_gamma, h0 = residuals
-    do, dht = cotangents
-    grads = backward(cfg, q, k, v, g, g_gamma, h0, do, dht)
-    return grads["dq"], grads["dk"], grads["dv"], grads["dg"], grads["dg_gamma"], grads["dh0"]
-
-
-_chunk_simple_gla.defvjp(_chunk_simple_gla_fwd, _chunk_simple_gla_bwd)
+_chunk_simple_gla = differentiable(lambda cfg: 1, backward)
 
 
 # ============================================================ public API

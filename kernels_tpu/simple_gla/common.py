@@ -26,13 +26,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
+from kernels_tpu.common import LANES, causal_mask, masked_exp
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
 
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 
-LANES = 128  # TPU vreg lane width and MXU tile: K and V must be multiples of it
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 
@@ -83,13 +83,6 @@ def mm_f32(a, b, policy: mxu.Policy, dims=NN):
 
 
 # ------------------------------------------------------------ in-kernel maths
-def causal_mask(BT: int):
-    """``[BT, BT]`` bool, True on the causal (lower, incl. diagonal) triangle i >= j."""
-    i = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
-    j = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
-    return i >= j
-
-
 def causal_decay(b_col, b_row):
     """Intra-chunk decay matrix ``D[i, j] = exp(b_i - b_j) [i >= j]``, ``[BT, BT]`` f32.
 
@@ -97,8 +90,14 @@ def causal_decay(b_col, b_row):
     (ALiBi gamma=-0.7071 at BT=128 gives up to 89.8 > 88.7: exp overflows to
     inf), so the exponent is zeroed there BEFORE exp and the result masked after.
     """
-    causal = causal_mask(b_col.shape[0])
-    return jnp.where(causal, jnp.exp(jnp.where(causal, b_col - b_row, 0.0)), 0.0)
+    return masked_exp(b_col - b_row, causal_mask(b_col.shape[0]))
+
+
+def split_refs(refs, n_data: int, cfg: "Config"):
+    """A kernel's refs, in the order every simple_gla kernel takes them: ``n_data`` data refs,
+    then the gate's refs (two for ``g``, one for ``g_gamma``), then the rest (a list)."""
+    n_gate = 2 if cfg.kernel_gate == "g" else 1
+    return refs[:n_data], refs[n_data:n_data + n_gate], list(refs[n_data + n_gate:])
 
 
 def chunk_gates(gate_refs, *, gate: str, BT: int, T: int, chunk, step: int):

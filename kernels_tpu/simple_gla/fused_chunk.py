@@ -23,13 +23,13 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
+from kernels_tpu.common import state_pass
 
-from .chunk import (ARBITRARY, PARALLEL, _config, dh_chunk, dq_dk_dg_chunk, dv_chunk, finish_grads, forward,
-                    fwd_impl, padded_length)
-from .common import (F32, Config, causal_decay, chunk_gates, chunk_index_map, chunk_state_index_map,
+from .chunk import (PARALLEL, _config, dh_chunk, differentiable, dq_dk_dg_chunk, dv_chunk, finish_grads,
+                    forward, fwd_impl, padded_length)
+from .common import (split_refs, F32, Config, causal_decay, chunk_gates, chunk_index_map, chunk_state_index_map,
                      gate_specs, prepare_gates, reverse_chunk_index_map, reverse_chunk_state_index_map,
                      state_index_map, to_heads)
 
@@ -42,12 +42,7 @@ def _dv_dh_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     dv_ref [BT, V], dh_states_ref [K, V] (dH_{c+1}, read by pass 2), dh0_ref
     [K, V]; dstate_ref [K, V] f32 scratch carries dH along the reverse time axis.
     """
-    refs = list(refs)
-    q_ref, k_ref, do_ref = refs[:3]
-    del refs[:3]
-    n_gate = 2 if cfg.kernel_gate == "g" else 1
-    gate_refs = refs[:n_gate]
-    del refs[:n_gate]
+    (q_ref, k_ref, do_ref), gate_refs, refs = split_refs(refs, 3, cfg)
     dht_ref = refs.pop(0) if has_dht else None
     dv_ref, dh_states_ref, dh0_ref, dstate_ref = refs
 
@@ -79,12 +74,7 @@ def _dq_dk_kernel(*refs, cfg: Config, policy: mxu.Policy):
     q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c),
     dh_ref [K, V] (dH_{c+1}); outputs dq_ref, dk_ref [BT, K], dg_ref [BT, 1].
     """
-    refs = list(refs)
-    q_ref, k_ref, v_ref, do_ref = refs[:4]
-    del refs[:4]
-    n_gate = 2 if cfg.kernel_gate == "g" else 1
-    gate_refs = refs[:n_gate]
-    del refs[:n_gate]
+    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4, cfg)
     h_ref, dh_ref, dq_ref, dk_ref = refs[:4]
     with_dg = cfg.gate != "none"
     dg_ref = refs[4] if with_dg else None
@@ -120,17 +110,13 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     if dht is not None:
         in_specs.append(state_spec)
         operands.append(dht)
-    dv, dh_states, dh0 = pl.pallas_call(
+    dv, dh_states, dh0 = state_pass(
         functools.partial(_dv_dh_kernel, cfg=cfg, policy=policy, has_dht=dht is not None),
-        grid=(B, H, NT),
-        in_specs=in_specs,
+        grid=(B, H, NT), in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, None, BT, V), rev), rev_state_spec, state_spec],
         out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct((B, H, NT, K, V), F32),
                    jax.ShapeDtypeStruct((B, H, K, V), F32)],
-        scratch_shapes=[pltpu.VMEM((K, V), F32)],
-        compiler_params=cfg.compiler_params(PARALLEL, PARALLEL, ARBITRARY),
-        interpret=cfg.interpret,
-        name="fused_chunk_simple_gla_bwd_dv_dh",
+        state=(K, V), interpret=cfg.interpret, name="fused_chunk_simple_gla_bwd_dv_dh",
     )(*operands)
 
     # ---- pass 2: chunks independent given H_c and dH_{c+1}
@@ -173,23 +159,7 @@ def backward(cfg: Config, q, k, v, g, g_gamma, h0, do, dht):
 
 
 # ============================================================ custom_vjp
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused_chunk_simple_gla(cfg: Config, q, k, v, g, g_gamma, h0):
-    return forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, h0)
-
-
-def _fused_chunk_simple_gla_fwd(cfg, q, k, v, g, g_gamma, h0):
-    return forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, h0), (q, k, v, g, g_gamma, h0)
-
-
-def _fused_chunk_simple_gla_bwd(cfg, residuals, cotangents):
-    q, k, v, g, g_gamma, h0 = residuals
-    do, dht = cotangents
-    grads = backward(cfg, q, k, v, g, g_gamma, h0, do, dht)
-    return grads["dq"], grads["dk"], grads["dv"], grads["dg"], grads["dg_gamma"], grads["dh0"]
-
-
-_fused_chunk_simple_gla.defvjp(_fused_chunk_simple_gla_fwd, _fused_chunk_simple_gla_bwd)
+_fused_chunk_simple_gla = differentiable(lambda cfg: cfg.blocks.num_steps, backward)
 
 
 # ============================================================ public API
