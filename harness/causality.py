@@ -27,9 +27,9 @@ from cases.case import Case
 from cases.inputs import Inputs, inputs_sha256, make_inputs
 
 from .legs.base import Leg
-from .ops import get_op
 from .ops.base import OpDescriptor
-from .runner import _short_error
+from .reference_cache import ReferenceCache
+from .runner import Refusal, Runner
 from .status import Status
 
 CAUSALITY_REL_BOUND = 1e-6
@@ -73,30 +73,24 @@ def perturb_future(op: OpDescriptor, case: Case, inputs: Inputs, t0: int) -> Inp
     return Inputs(arrays, inputs_sha256(arrays))
 
 
-def check_case(leg: Leg, case: Case, t0: int | None = None) -> list[CausalityRow]:
-    op = get_op(case.op)
+def check_case(leg: Leg, case: Case, t0: int | None = None, runner: Runner | None = None) -> list[CausalityRow]:
+    """Run the case twice through the runner's own steps (validation, inputs, supports, preflight,
+    run) and compare ``o`` and ``dq`` up to ``t0``."""
+    runner = runner or Runner(leg, ReferenceCache(None))
     t0 = default_t0(case) if t0 is None else t0
-    mode = leg.environment().mode
+    mode = runner.provenance["mode"]
 
     def rows(status, reason, sha="", wall=0.0):
         return [CausalityRow(case.id, leg.name, n, t0, np.nan, np.nan, False, status, reason, mode, sha, wall)
                 for n in CHECKED]
 
-    try:
-        inputs = make_inputs(case, op.inputs(case))
-    except Exception as exc:  # noqa: BLE001 - an invalid case is a row, never an abort
-        return rows(Status.ERROR, f"invalid case: {_short_error(exc)}")
-    reason = leg.supports(op, case)
-    if reason:
-        return rows(Status.UNSUPPORTED, reason, inputs.sha256)
     start = time.perf_counter()
     try:
-        base = leg.run(op, case, inputs).tensors
-        moved = leg.run(op, case, perturb_future(op, case, inputs, t0)).tensors
-    except NotImplementedError as exc:
-        return rows(Status.UNSUPPORTED, _short_error(exc), inputs.sha256)
-    except Exception as exc:  # noqa: BLE001 - a failing case is a row, never an abort
-        return rows(Status.ERROR, _short_error(exc), inputs.sha256)
+        op, inputs = runner.prepare(case)
+        base = runner.execute(op, case, inputs)[0].tensors
+        moved = runner.execute(op, case, perturb_future(op, case, inputs, t0))[0].tensors
+    except Refusal as r:
+        return rows(r.status, r.reason, r.columns.get("input_sha256", ""))
     wall = time.perf_counter() - start
     out = []
     for name in CHECKED:
@@ -148,6 +142,7 @@ def run_causality(leg: Leg, cases: list[Case], progress: bool = True):
         from tqdm import tqdm
 
         iterator = tqdm(cases, desc=f"{leg.name} causality", unit="case", dynamic_ncols=True, disable=None)
+    runner = Runner(leg, ReferenceCache(None))
     for case in iterator:
-        rows.extend(dataclasses.asdict(r) for r in check_case(leg, case))
+        rows.extend(dataclasses.asdict(r) for r in check_case(leg, case, runner=runner))
     return pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(CausalityRow)])

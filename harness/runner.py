@@ -26,12 +26,11 @@ import time
 import traceback
 from typing import Callable, Iterable, Mapping
 
-import numpy as np
 
 from cases.case import Case
 from cases.inputs import Inputs, make_inputs
 
-from .legs.base import Leg
+from .legs.base import Leg, LegOutput
 from .metrics import compare, nonfinite_where_ref_finite
 from .ops import get_op
 from .ops.base import OpDescriptor
@@ -62,6 +61,14 @@ def _short_error(exc: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
     where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return (msg[:500] + ("..." if len(msg) > 500 else "")) + where
+
+
+class Refusal(Exception):
+    """A case stops before its comparison: every row of it gets ``status`` and ``reason`` (and ``columns``)."""
+
+    def __init__(self, op: OpDescriptor | None, status: str, reason: str, **columns):
+        super().__init__(reason)
+        self.op, self.status, self.reason, self.columns = op, status, reason, columns
 
 
 class Runner:
@@ -112,39 +119,52 @@ class Runner:
         return [self._row(case, name, dtype, status, reason=reason, **extra) for name, dtype in specs]
 
     # ------------------------------------------------------------------- run
-    def run_case(self, case: Case) -> list[dict]:
+    def prepare(self, case: Case):
+        """(op, inputs) of a valid case this leg supports; otherwise raises :class:`Refusal`."""
         op = None
         try:
             op = self.ops[case.op] if self.ops is not None else get_op(case.op)
             op.validate(case)
             inputs = make_inputs(case, op.inputs(case))
-        except Exception as exc:  # noqa: BLE001
-            return self._rows_for_all(op, case, Status.ERROR, f"invalid case: {_short_error(exc)}")
-        common = {"input_sha256": inputs.sha256}
+        except Exception as exc:  # noqa: BLE001 - an invalid case is rows, never an abort
+            raise Refusal(op, Status.ERROR, f"invalid case: {_short_error(exc)}") from None
         reason = self.leg.supports(op, case)
         if reason:
-            return self._rows_for_all(op, case, Status.UNSUPPORTED, reason, **common)
-        try:
-            golden = self.cache.get(op, case, inputs)
-        except Exception as exc:  # noqa: BLE001
-            return self._rows_for_all(op, case, Status.ERROR, f"reference failed: {_short_error(exc)}", **common)
+            raise Refusal(op, Status.UNSUPPORTED, reason, input_sha256=inputs.sha256)
+        return op, inputs
+
+    def execute(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[LegOutput, dict]:
+        """The leg's preflight, then its run: (output, row columns); otherwise raises :class:`Refusal`."""
+        common = {"input_sha256": inputs.sha256}
         try:
             problem, facts = self.leg.preflight(op, case, inputs)
         except Exception as exc:  # noqa: BLE001
             problem, facts = f"preflight failed: {_short_error(exc)}", {}
         common.update(facts)
         if problem:
-            return self._rows_for_all(op, case, Status.ERROR, problem, **common)
+            raise Refusal(op, Status.ERROR, problem, **common)
         t0 = time.perf_counter()
         try:
             out = self.leg.run(op, case, inputs)
         except NotImplementedError as exc:
             # the kernel's own validation: a valid case this leg does not implement
-            return self._rows_for_all(op, case, Status.UNSUPPORTED, _short_error(exc), **common)
-        except Exception as exc:  # noqa: BLE001
-            return self._rows_for_all(op, case, Status.ERROR, _short_error(exc), **common,
-                                      wall_s=time.perf_counter() - t0)
+            raise Refusal(op, Status.UNSUPPORTED, _short_error(exc), **common) from None
+        except Exception as exc:  # noqa: BLE001 - a failing case is rows, never an abort
+            raise Refusal(op, Status.ERROR, _short_error(exc), **common, wall_s=time.perf_counter() - t0) from None
         common["wall_s"] = time.perf_counter() - t0
+        return out, common
+
+    def run_case(self, case: Case) -> list[dict]:
+        try:
+            op, inputs = self.prepare(case)
+            try:
+                golden = self.cache.get(op, case, inputs)
+            except Exception as exc:  # noqa: BLE001
+                raise Refusal(op, Status.ERROR, f"reference failed: {_short_error(exc)}",
+                              input_sha256=inputs.sha256) from None
+            out, common = self.execute(op, case, inputs)
+        except Refusal as r:
+            return self._rows_for_all(r.op, case, r.status, r.reason, **r.columns)
         common["details"] = json.dumps(dict(out.details), sort_keys=True, default=str)
         common.update(out.columns)
         return [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common)

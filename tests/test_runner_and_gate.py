@@ -178,3 +178,17 @@ def test_reference_cache_on_disk(tmp_path):
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
         assert b[name].dtype == np.float64
+
+
+def test_gpu_leg_refuses_when_fla_may_leave_triton(monkeypatch):
+    """fla's backend dispatch must stay off: otherwise the GPU numbers are not fla's Triton kernels."""
+    from cases.suites import get_suite
+    from harness.legs.gpu import FLA_DISPATCH_ENV, GpuLeg
+    from harness.ops import get_op
+
+    case = next(c for c in get_suite("smoke") if c.op == "kda")
+    monkeypatch.setenv(FLA_DISPATCH_ENV, "0")
+    reason = GpuLeg().supports(get_op("kda"), case)
+    assert reason and reason.startswith(f"{FLA_DISPATCH_ENV}='0'")
+    monkeypatch.setenv(FLA_DISPATCH_ENV, "1")
+    assert GpuLeg().supports(get_op("kda"), case) is None

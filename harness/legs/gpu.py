@@ -14,6 +14,7 @@ Gradients come from ``torch.autograd.grad`` with the case's ``do`` (and
 from __future__ import annotations
 
 import os
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -46,6 +47,9 @@ def to_numpy(t) -> np.ndarray:
     return t.numpy()
 
 
+FLA_DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
+
+
 class GpuLeg(Leg):
     name = "gpu"
 
@@ -62,12 +66,23 @@ class GpuLeg(Leg):
         if self.native and dot_precision is not None:
             os.environ["TRITON_F32_DEFAULT"] = dot_precision  # read when kernels compile
         # fla may dispatch some ops (kda) to non-Triton backends; it reads this at import
-        os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+        imported_before, value_before = "fla" in sys.modules, os.environ.get(FLA_DISPATCH_ENV)
+        os.environ.setdefault(FLA_DISPATCH_ENV, "1")
+        self.dispatch_problem = None
+        if os.environ[FLA_DISPATCH_ENV] != "1":
+            self.dispatch_problem = (f"{FLA_DISPATCH_ENV}={os.environ[FLA_DISPATCH_ENV]!r}: fla may run an op on a "
+                                     f"non-Triton backend; the GPU leg measures fla's Triton kernels (set it to 1)")
+        elif imported_before and value_before != "1":
+            self.dispatch_problem = (f"fla was imported before {FLA_DISPATCH_ENV}=1 was set, so its backend "
+                                     "dispatch is active: run the GPU leg in a fresh process")
         if not self.native:
             # Triton decides interpreted vs compiled when a kernel is decorated:
             # this must happen before fla is first imported in the process.
             enable_interpreter_mode()
             import fla.ops  # noqa: F401 - load the kernels now so scoped emulation patches reach them
+
+    def supports(self, op: OpDescriptor, case: Case) -> str | None:
+        return self.dispatch_problem or super().supports(op, case)
 
     def _scope(self):
         from harness.emulation import pinned_autotune, triton_emulation

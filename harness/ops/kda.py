@@ -138,14 +138,7 @@ def gpu_forward(case: Case, t: dict) -> dict:
 
 
 def gpu_supports(case: Case) -> str | None:
-    if os.environ.get(FLA_DISPATCH_ENV) != "1":
-        return (f"set {FLA_DISPATCH_ENV}=1 before fla is imported: otherwise fla.ops.kda.chunk_kda may "
-                "dispatch to a non-Triton backend (flash_kda, tilelang)")
-    import sys
-
-    backends = sys.modules.get("fla.backends")
-    if backends is not None and not getattr(backends, "_DISPATCH_DISABLED", True):
-        return f"fla was imported before {FLA_DISPATCH_ENV}=1 was set; dispatch is still active"
+    """fla's own limits for chunk_kda (the GPU leg keeps fla on its Triton kernels: FLA_DISABLE_BACKEND_DISPATCH)."""
     if case.chunk_size not in (32, 64):
         return f"fla's chunk_kda supports chunk_size 32 or 64, got {case.chunk_size}"
     if case.K > 256:
