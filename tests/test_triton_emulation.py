@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.emulation import autotune, setup
 from harness.emulation import triton_interpreter as emu
 from harness.emulation.triton_interpreter import (bf16_bits_to_f32, f32_to_bf16_bits, pinned_autotune, round_to_tf32,
                                                   triton_emulation)
@@ -322,10 +323,10 @@ def _snapshot():
         "reduce": interp.ReduceOps,
         "scan": interp.ScanOps,
         "rewrite": vars(interp.InterpretedFunction)["rewrite"],
-        "runs": {cls: vars(cls).get("run") for cls in emu._autotuner_classes()},
+        "runs": {cls: vars(cls).get("run") for cls in autotune._autotuner_classes()},
         "knob": dict(vars(triton.knobs.language)),
         "env": os.environ.get("TRITON_F32_DEFAULT"),
-        "recorders": list(emu._RECORDERS),
+        "recorders": list(autotune._RECORDERS),
     }
 
 
@@ -387,7 +388,7 @@ def _rel_l2(x, ref):
 
 def _fla_interpreted():
     import fla.ops.utils.op as op
-    return emu._is_interpreted_kernel(op.exp) is True
+    return setup._is_interpreted_kernel(op.exp) is True
 
 
 @pytest.mark.slow

@@ -2,7 +2,11 @@
 
 ``triton_interpreter`` makes the Triton CPU interpreter (TRITON_INTERPRET=1)
 behave like an H100 for the numerics that matter to the parity harness; see
-its module docstring.
+its module docstring. It is assembled from one module per fix: ``setup``
+(interpreter mode, versions), ``bits`` (bf16/TF32 bit helpers), ``patcher``
+(reversible patches), ``autotune`` (pinned configs, used natively too),
+``loop_vars`` (tensor loop variables), ``numerics`` (bf16 rounding and dot
+numerics) and ``fla_gather`` (fla's gather-free path).
 """
 
 from .triton_interpreter import (  # noqa: F401
