@@ -148,11 +148,13 @@ class TpuLeg(Leg):
         import jax
 
         from harness.tpu_compile import versions
+        from kernels_tpu import mxu
 
         ctx = self.context()
         device = jax.devices()[0].device_kind if self.native else "cpu (Pallas TPU interpret mode)"
         settings = {"interpret": repr(ctx.interpret),
-                    "mxu_model": "bf16 passes per lax.Precision (kernels_tpu.mxu)" if ctx.mxu_model else "hardware"}
+                    "mxu_model": "bf16 passes per dot precision (kernels_tpu.mxu)" if ctx.mxu_model else "hardware",
+                    "dot_policy": {k: str(v) for k, v in mxu.F32_DOT_PRECISION.items()}}
         if not self.native:
             settings["compile_targets"] = ",".join(self.compile_targets)
         return Environment(mode="native" if self.native else "emulated", device=device, versions=versions(),
