@@ -1,10 +1,12 @@
-"""What every op's kernels share: the TPU tile constants, the causal masks, the safe masked exp and
-the sequential state pass.
+"""What every op's kernels share: the TPU tile constants, the validated block sizes, the causal masks,
+the safe masked exp and the sequential state pass.
 
 Dimension numbers and the precision policy live in :mod:`kernels_tpu.mxu`.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 from jax import lax
@@ -51,3 +53,48 @@ def state_pass(kernel, *, grid, in_specs, out_specs, out_shape, state, interpret
         scratch_shapes=[pltpu.VMEM(state, jnp.float32), *scratch],
         compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
         interpret=interpret, name=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """The tiling of every op's kernels, validated on construction.
+
+    - ``chunk_size`` (C, fla's BT): tokens per chunk, one grid step along time.
+      A multiple of ``sub_chunk``; other sizes are valid but not implemented
+      (NotImplementedError).
+    - ``sub_chunk`` (BC): rows per diagonal block of the per-channel decay
+      products (gla, kda), a multiple of 8 sublanes; 16 also keeps every chunk a
+      whole number of bf16 (16, 128) tiles, which simple_gla needs.
+    - ``block_v`` (BV): the V tile of gla's kernels, a multiple of ``LANES``.
+    - ``num_steps``: chunks per grid step of simple_gla's fused_chunk forward.
+    """
+
+    chunk_size: int = 64
+    sub_chunk: int = 16
+    block_v: int = LANES
+    num_steps: int = 1
+
+    def __post_init__(self):
+        for name in ("chunk_size", "sub_chunk", "block_v", "num_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        if self.sub_chunk % SUBLANES:
+            raise ValueError(f"sub_chunk={self.sub_chunk} must be a multiple of {SUBLANES} (TPU sublanes)")
+        if self.block_v % LANES:
+            raise ValueError(f"block_v={self.block_v} must be a multiple of {LANES} (lane width)")
+        if self.chunk_size % self.sub_chunk:
+            raise NotImplementedError(
+                f"the Pallas TPU kernels need chunk_size to be a multiple of {self.sub_chunk} (sub_chunk; one bf16 "
+                f"(16, 128) tile), got chunk_size={self.chunk_size}; use chunk_size=64 or 128")
+
+    def for_chunks(self, NT: int) -> "BlockSizes":
+        """``num_steps`` for ``NT`` chunks: the largest divisor of NT that is <= num_steps (1 always divides)."""
+        steps = min(self.num_steps, NT)
+        while NT % steps:
+            steps -= 1
+        return dataclasses.replace(self, num_steps=steps)
+
+    def block_v_for(self, V: int) -> int:
+        """The V tile for a given V: block_v when it divides V, else LANES."""
+        return self.block_v if V % self.block_v == 0 else LANES

@@ -18,51 +18,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import LANES
+from kernels_tpu.common import BlockSizes
 
 f32 = jnp.float32
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 SQ = pl.squeezed  # a squeezed (size-1, dropped) block dimension
 
 PATHS = ("auto", "fused", "chunk")
-
-
-@dataclass(frozen=True)
-class BlockSizes:
-    """Tiling of the GLA kernels; validates itself on construction.
-
-    - ``chunk_size`` (C): tokens per chunk (grid step along time), a multiple
-      of ``sub_chunk`` and of 8 (TPU sublanes).
-    - ``sub_chunk`` (BC): per-channel-gate intra-chunk sub-block (chunk path
-      only): diagonal BC x BC blocks use the exact masked ``[BC,BC,K]`` form,
-      off-diagonal blocks factor through a sub-block boundary (see chunk.py).
-    - ``block_v`` (BV): V tile of the forward kernels and of the chunk-path dh
-      kernel (parallel grid axis); a multiple of 128. The backward kernels that
-      reduce over V hold the whole V in one block.
-    K is always held whole in a block, so every contraction over K is a true
-    reduction inside one grid step (no K tiles can overwrite each other).
-    """
-
-    chunk_size: int = 64
-    sub_chunk: int = 16
-    block_v: int = 128
-
-    def __post_init__(self):
-        for name in ("chunk_size", "sub_chunk", "block_v"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
-        if self.sub_chunk % 8:
-            raise ValueError(f"{self.sub_chunk=} must be a multiple of 8 (TPU sublanes)")
-        if self.chunk_size % self.sub_chunk:
-            raise ValueError(f"{self.chunk_size=} must be a multiple of {self.sub_chunk=}; "
-                             f"use chunk_size in 16, 32, 64, 128, 256")
-        if self.block_v % LANES:
-            raise ValueError(f"{self.block_v=} must be a multiple of {LANES}")
-
-    def block_v_for(self, V: int) -> int:
-        """The V tile for a given V: block_v when it divides V, else 128."""
-        return self.block_v if V % self.block_v == 0 else LANES
 
 
 @dataclass(frozen=True)

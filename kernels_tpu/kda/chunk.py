@@ -52,7 +52,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import causal_mask, iota, masked_exp, state_pass
+from kernels_tpu.common import BlockSizes, causal_mask, iota, masked_exp, state_pass
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
@@ -61,15 +61,6 @@ L2NORM_EPS = 1e-6  # as fla l2norm_fwd (its eps when none is given)
 
 
 # ============================================================ configuration
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-    """Tiling. ``chunk_size`` (C, fla's BT) tokens per grid step; ``sub_chunk`` rows per
-    diagonal block of the pairwise-decay products (C must be a multiple of it)."""
-
-    chunk_size: int = 64
-    sub_chunk: int = 16
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Static configuration of one call (hashable: a ``custom_vjp`` nondiff argument)."""
@@ -415,11 +406,6 @@ def _validate(q, k, v, g, beta, scale, initial_state, blocks: BlockSizes, opts: 
     if scale is not None and not (isinstance(scale, (int, float)) and float(scale) == float(scale)
                                   and abs(float(scale)) != float("inf")):
         raise ValueError(f"scale must be a finite Python number or None; got {scale!r}")
-    C, bc = blocks.chunk_size, blocks.sub_chunk
-    if not isinstance(C, int) or C <= 0:
-        raise ValueError(f"chunk_size must be a positive int; got {C!r}")
-    if C % bc:
-        raise NotImplementedError(f"chunk_size={C} must be a multiple of sub_chunk={bc}: use chunk_size=64")
     if K % 128:
         raise NotImplementedError(f"{K=} must be a multiple of 128 (TPU lane width): zero-pad the key dim")
     if V % 128:

@@ -146,7 +146,7 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
     V = v.shape[-1]
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
-    NS = BlockSizes(BT, num_steps).for_chunks(NT).num_steps
+    NS = BlockSizes(chunk_size=BT, num_steps=num_steps).for_chunks(NT).num_steps
     policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
 
     def qkv_spec(X):

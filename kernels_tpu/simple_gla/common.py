@@ -26,7 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import LANES, causal_mask, masked_exp
+from kernels_tpu.common import LANES, BlockSizes, causal_mask, masked_exp
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
@@ -34,40 +34,6 @@ F32 = jnp.float32
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-
-
-# --------------------------------------------------------------- block sizes
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-    """Tiling of the time axis.
-
-    chunk_size: ``BT``, tokens per chunk (the sublane dim of every q/k/v/o
-      block, so a multiple of 16: one packed bf16 (16, 128) tile).
-    num_steps: chunks processed per grid step by the fused_chunk forward
-      (1 for the chunk kernels). See :meth:`for_chunks` for the fallback.
-    """
-
-    chunk_size: int = 64
-    num_steps: int = 1
-
-    def __post_init__(self):
-        chunk_size, num_steps = self.chunk_size, self.num_steps
-        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
-            raise ValueError(f"chunk_size must be a positive int, got {chunk_size=}")
-        if chunk_size % 16:
-            raise NotImplementedError(
-                f"the Pallas TPU kernels need chunk_size to be a multiple of 16 (one bf16 (16, 128) tile), "
-                f"got {chunk_size=}; use 64 or 128")
-        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps <= 0:
-            raise ValueError(f"num_steps must be a positive int, got {num_steps=}")
-
-    def for_chunks(self, NT: int) -> "BlockSizes":
-        """Fallback when ``NT`` is not divisible by ``num_steps``: the largest
-        divisor of ``NT`` that is ``<= num_steps`` (1 always divides)."""
-        steps = min(self.num_steps, NT)
-        while NT % steps:
-            steps -= 1
-        return dataclasses.replace(self, num_steps=steps)
 
 
 # ---------------------------------------------------------------- dots

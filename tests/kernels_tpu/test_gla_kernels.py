@@ -208,7 +208,7 @@ def _args(T=64, K=128, V=128, dtype=jnp.float32):
     (dict(), ValueError),  # no gate
     (dict(g_gamma=jnp.zeros((3,))), ValueError),  # wrong H
     (dict(g_gamma=jnp.zeros((2,)), g=jnp.zeros((1, 64, 2, 128))), ValueError),  # both gates
-    (dict(g_gamma=jnp.zeros((2,)), chunk_size=24), ValueError),  # not a multiple of 16
+    (dict(g_gamma=jnp.zeros((2,)), chunk_size=24), NotImplementedError),  # valid, not a multiple of 16
     (dict(g_gamma=jnp.zeros((2,)), initial_state=jnp.zeros((1, 2, 128, 64))), ValueError),
     (dict(g_gamma=jnp.zeros((2,)), path="fast"), ValueError),
     (dict(g=jnp.zeros((1, 64, 2, 128)), path="fused"), NotImplementedError),
@@ -234,7 +234,14 @@ def test_mixed_dtypes_rejected():
 
 
 def test_block_sizes_validate():
-    assert BlockSizes().chunk_size == 64
-    for bad in (dict(chunk_size=0), dict(chunk_size=40), dict(sub_chunk=12), dict(block_v=100)):
+    """One BlockSizes for every op (kernels_tpu.common): invalid values are ValueError, a valid chunk size
+    the kernels do not implement is NotImplementedError naming it."""
+    assert BlockSizes().chunk_size == 64 and BlockSizes().block_v_for(192) == 128
+    for bad in (dict(chunk_size=0), dict(chunk_size=True), dict(sub_chunk=12), dict(block_v=100), dict(num_steps=0)):
         with pytest.raises(ValueError):
             BlockSizes(**bad)
+    with pytest.raises(NotImplementedError, match="chunk_size=40"):
+        BlockSizes(chunk_size=40)
+    assert BlockSizes(num_steps=3).for_chunks(4).num_steps == 2
+
+
