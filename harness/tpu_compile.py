@@ -40,6 +40,8 @@ MEMORY_FIELDS = {  # column -> CompiledMemoryStats attribute (bytes, per chip)
     "mem_code_bytes": "generated_code_size_in_bytes",
 }
 ERROR_CHARS = 500
+COMPILE_MODE = "aot"
+"""compile.csv's ``mode``: compiled ahead of time by libtpu for a TPU topology; nothing ran on a TPU."""
 
 
 def prepare_environment() -> None:
@@ -164,7 +166,7 @@ def compile_for(fn, args, target: str) -> CompileResult:
 
 
 COMPILE_COLUMNS = [
-    "case_id", "op", "variant", "dtype", "target", "topology", "status", "reason", "compile_s", "error",
+    "case_id", "op", "variant", "dtype", "target", "topology", "mode", "status", "reason", "compile_s", "error",
     *MEMORY_FIELDS, "hbm_bytes", "program", "jax", "jaxlib", "libtpu", "input_sha256", "git_commit", "timestamp",
     "repro",
 ]
@@ -177,7 +179,7 @@ def case_rows(case, targets: tuple[str, ...], ops=None) -> list[dict]:
     from harness.ops import get_op
     from harness.runner import _short_error, git_commit
 
-    base = {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype,
+    base = {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype, "mode": COMPILE_MODE,
             "program": "forward + backward (jax.vjp of the TPU binding)", **versions(),
             "git_commit": git_commit(), "repro": f"parity compile --case '{case.id}' --target {','.join(targets)}"}
 

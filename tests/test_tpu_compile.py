@@ -85,7 +85,7 @@ def test_compile_verb_writes_compile_csv_and_fails_on_an_error(tmp_path, monkeyp
     assert main(["compile", "--case", case.id, "--target", "v5e,v7x", "--out", str(tmp_path),
                  "--no-progress"]) == 0
     df = pd.read_csv(tmp_path / "compile.csv")
-    assert list(df["target"]) == ["v5e", "v7x"] and set(df["status"]) == {"ok"}
+    assert list(df["target"]) == ["v5e", "v7x"] and set(df["status"]) == {"ok"} and set(df["mode"]) == {"aot"}
     assert {"compile_s", "error", "mem_temp_bytes", "hbm_bytes", "jax", "jaxlib", "libtpu"} <= set(df.columns)
     assert main(["compile", "--case", case.id, "--target", "v9", "--out", str(tmp_path)]) == 2
 
