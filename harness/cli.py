@@ -161,9 +161,14 @@ def cmd_compile(args) -> int:
         from tqdm import tqdm
 
         bar = tqdm(total=len(cases), desc="compile", unit="case", dynamic_ncols=True, disable=None)
+    from harness.legs.tpu import TpuLeg
+    from harness.reference_cache import ReferenceCache
+    from harness.runner import Runner
+
+    runner = Runner(TpuLeg(compile_targets=()), ReferenceCache(None))  # its steps up to the run, nothing more
     t0 = time.perf_counter()
     for case in cases:
-        rows.extend(case_rows(case, targets))
+        rows.extend(case_rows(case, targets, runner=runner))
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -26,7 +26,6 @@ import time
 import traceback
 from typing import Callable, Iterable, Mapping
 
-
 from cases.case import Case
 from cases.inputs import Inputs, make_inputs
 

@@ -121,6 +121,13 @@ class CompileResult:
         return self.status == Status.OK
 
     @property
+    def reason(self) -> str:
+        """The row reason: empty when ok, the kernels' refusal when unsupported, else what stops the build."""
+        if self.ok or self.status == Status.UNSUPPORTED:
+            return "" if self.ok else self.error
+        return f"does not compile for TPU {self.target}: {self.error}"
+
+    @property
     def hbm_bytes(self) -> int | None:
         """Arguments + outputs + temporaries - aliased bytes: the program's HBM footprint per chip."""
         m = self.memory or {}
@@ -172,42 +179,34 @@ COMPILE_COLUMNS = [
 ]
 
 
-def case_rows(case, targets: tuple[str, ...], ops=None) -> list[dict]:
-    """One row per target for one case: ``ok``, ``error`` or ``unsupported`` (with its reason)."""
-    from cases.inputs import make_inputs
-    from harness.legs.tpu import NATIVE, device_arrays, kernel_refusal, program
-    from harness.ops import get_op
-    from harness.runner import _short_error, git_commit
+def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dict]:
+    """One row per target for one case: ``ok``, ``error`` or ``unsupported`` (with its reason).
 
+    The case goes through the TPU leg's own runner steps (validation, inputs, supports) first;
+    ``runner`` (a ``Runner`` over a ``TpuLeg``) is built when not given.
+    """
+    from harness.legs.tpu import NATIVE, TpuLeg, device_arrays, program
+    from harness.reference_cache import ReferenceCache
+    from harness.runner import Refusal, Runner
+
+    runner = runner or Runner(TpuLeg(compile_targets=()), ReferenceCache(None), ops=ops)
     base = {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype, "mode": COMPILE_MODE,
             "program": "forward + backward (jax.vjp of the TPU binding)", **versions(),
-            "git_commit": git_commit(), "repro": f"parity compile --case '{case.id}' --target {','.join(targets)}"}
-
-    def rows(status, reason="", **extra):
-        return [{**base, "target": t, "topology": TARGETS[t], "status": status, "reason": reason, **extra}
-                for t in targets]
-
+            "git_commit": runner.provenance["git_commit"],
+            "repro": f"parity compile --case '{case.id}' --target {','.join(targets)}"}
     try:
-        op = ops[case.op] if ops is not None else get_op(case.op)
-        op.validate(case)
-        inputs = make_inputs(case, op.inputs(case))
-    except Exception as exc:  # noqa: BLE001
-        return rows(Status.ERROR, f"invalid case: {_short_error(exc)}")
+        op, inputs = runner.prepare(case)
+    except Refusal as r:
+        return [{**base, "target": t, "topology": TARGETS[t], "status": r.status, "reason": r.reason,
+                 "input_sha256": r.columns.get("input_sha256")} for t in targets]
     base["input_sha256"] = inputs.sha256
-    reason = (f"op {op.name!r} has no tpu binding" if op.tpu is None
-              else op.tpu.supports(case) or kernel_refusal(op, case))
-    if reason:
-        return rows(Status.UNSUPPORTED, reason)
     fn, arrays = program(op, case, NATIVE), device_arrays(inputs)
     out = []
     for target in targets:
         r = compile_for(fn, (arrays,), target)
-        row = {**base, "target": target, "topology": TARGETS[target], "status": r.status,
-               "reason": "" if r.ok else (r.error if r.status == Status.UNSUPPORTED else
-                                          f"does not compile for TPU {target}: {r.error}"),
-               "compile_s": r.seconds, "error": "" if r.ok else r.error, **(r.memory or {}),
-               "hbm_bytes": r.hbm_bytes}
-        out.append(row)
+        out.append({**base, "target": target, "topology": TARGETS[target], "status": r.status, "reason": r.reason,
+                    "compile_s": r.seconds, "error": "" if r.ok else r.error, **(r.memory or {}),
+                    "hbm_bytes": r.hbm_bytes})
     return out
 
 

@@ -173,7 +173,7 @@ class TpuLeg(Leg):
             if result.status == Status.UNSUPPORTED:
                 break  # the kernels refuse the case while tracing; the run raises it again as unsupported
             if not result.ok:
-                return f"does not compile for TPU {target}: {result.error}", {"compiled_for": ",".join(done)}
+                return result.reason, {"compiled_for": ",".join(done)}
             done.append(target)
         return None, {"compiled_for": ",".join(done)}
 
