@@ -89,7 +89,7 @@ class Case:
     K: int
     V: int
     dtype: str = "bfloat16"  # dtype of q, k, v, do and of the kernel's o, dq, dk, dv
-    gate: Gate = field(default_factory=Gate)
+    gate: Gate | None = field(default_factory=Gate)  # None for a gate-less op (e.g. fla's delta_rule)
     chunk_size: int = 64  # C: tokens per chunk
     h0: bool = False  # pass an initial state [B,H,K,V] (and compare dh0)
     final_state: bool = True  # output_final_state: return ht [B,H,K,V]
@@ -99,6 +99,8 @@ class Case:
     options: tuple[tuple[str, Any], ...] = ()  # op-specific options, sorted (name, value) pairs
 
     def __post_init__(self):
+        if self.gate is not None and not isinstance(self.gate, Gate):
+            raise ValueError(f"gate={self.gate!r} must be a Gate or None (a gate-less op)")
         if self.dtype not in DTYPES:
             raise ValueError(f"{self.dtype=} must be one of {tuple(DTYPES)}")
         for name in ("B", "T", "H", "K", "V", "chunk_size"):
@@ -126,7 +128,7 @@ class Case:
             f"{self.op}.{self.variant}",
             f"B{self.B}-T{self.T}-H{self.H}-K{self.K}-V{self.V}",
             DTYPES[self.dtype],
-            self.gate.label,
+            *([self.gate.label] if self.gate is not None else []),
             f"C{self.chunk_size}",
         ]
         flags = [name for name, on in (("h0", self.h0), ("dht", self.dht)) if on]

@@ -124,7 +124,7 @@ def causality_cases(cases: list[Case]) -> list[Case]:
     ones included) is checked; the first with K and V multiples of 128, so every leg runs it."""
     chosen: dict[tuple[str, str, str], Case] = {}
     for case in cases:
-        key = (case.op, case.variant, case.gate.kind)
+        key = (case.op, case.variant, case.gate and case.gate.kind)
         if key not in chosen or (chosen[key].K % 128 and not case.K % 128):
             chosen[key] = case
     return list(chosen.values())

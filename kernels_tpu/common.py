@@ -1,5 +1,5 @@
-"""What every op's kernels share: the TPU tile constants, the validated block sizes, the causal masks,
-the safe masked exp and the sequential state pass.
+"""What every op's kernels share: the TPU tile constants, the argument checks, the validated block sizes,
+the causal masks, the safe masked exp and the sequential state pass.
 
 Dimension numbers and the precision policy live in :mod:`kernels_tpu.mxu`.
 """
@@ -7,6 +7,8 @@ Dimension numbers and the precision policy live in :mod:`kernels_tpu.mxu`.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import jax.numpy as jnp
 from jax import lax
@@ -15,6 +17,81 @@ from jax.experimental.pallas import tpu as pltpu
 
 LANES = 128  # vreg lane width and MXU tile: K and V must be multiples of it
 SUBLANES = 8  # f32 rows per vreg: row offsets into VMEM blocks are multiples of it
+SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.float32))
+
+
+# ------------------------------------------------------------------ argument checks
+# Every op's public functions check their arguments from static shapes and dtypes, before
+# tracing, with these helpers: invalid input is a ValueError, valid input the kernels do not
+# implement is a NotImplementedError that says the fix. The messages are the same in every op.
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """The sizes of one call: batch, time, heads, key and value head dims."""
+
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+
+    def shape(self, layout: str) -> tuple:
+        """``layout`` as letters, e.g. ``"BTHK"`` -> ``(B, T, H, K)``."""
+        return tuple(getattr(self, axis) for axis in layout)
+
+
+def _shape_of(x):
+    return tuple(x.shape) if hasattr(x, "shape") and hasattr(x, "dtype") else None
+
+
+def expect(name: str, x, layout: str, dims: Dims, *, floating: bool = True) -> None:
+    """ValueError unless ``x`` (skipped when None) is an array of shape ``layout`` (letters of :class:`Dims`)."""
+    if x is None:
+        return
+    want = dims.shape(layout)
+    if _shape_of(x) != want:
+        got = _shape_of(x) if _shape_of(x) is not None else type(x).__name__
+        raise ValueError(f"{name} must be [{','.join(layout)}] = {want}, got {got}")
+    if floating and not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name} must be floating point, got {name}.dtype={x.dtype}")
+
+
+def check_qkv(q, k, v, *, initial_state=None, do=None, dht=None) -> Dims:
+    """q, k [B,T,H,K] and v [B,T,H,V]: one supported float dtype, K and V multiples of ``LANES``;
+    and, when given, the state and cotangents every op shares: initial_state and dht [B,H,K,V], do [B,T,H,V]."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if _shape_of(x) is None or len(x.shape) != 4:
+            raise ValueError(f"{name} must be a [B,T,H,*] array, got {_shape_of(x) or type(x).__name__}")
+    B, T, H, K = q.shape
+    dims = Dims(B, T, H, K, v.shape[-1])
+    if tuple(k.shape) != dims.shape("BTHK") or tuple(v.shape[:2]) != (B, T):
+        raise ValueError(f"need q, k [B,T,H,K] and v [B,T,H,V]: got {q.shape=} {k.shape=} {v.shape=}")
+    if v.shape[2] != H:
+        raise NotImplementedError(f"grouped value heads are not supported: v has {v.shape[2]} heads, q and k {H}; "
+                                  "repeat q and k to the value heads (jnp.repeat(q, HV // H, axis=2))")
+    if min(B, T, H, dims.K, dims.V) < 1:
+        raise ValueError(f"empty input: {q.shape=} {v.shape=}")
+    if not (q.dtype == k.dtype == v.dtype) or not jnp.issubdtype(q.dtype, jnp.floating):
+        raise ValueError(f"q, k, v must share one floating dtype: {q.dtype=} {k.dtype=} {v.dtype=}")
+    if jnp.dtype(q.dtype) not in SUPPORTED_DTYPES:
+        raise NotImplementedError(f"supported dtypes are bfloat16, float16, float32; got {q.dtype=}; cast the inputs")
+    for axis, n, fix in (("K", dims.K, f"q and k (pass scale={dims.K}**-0.5 explicitly)"), ("V", dims.V, "v")):
+        if n % LANES:
+            raise NotImplementedError(
+                f"{axis}={n} must be a multiple of {LANES} (TPU lane width): zero-pad {fix} along {axis} to "
+                f"{math.ceil(n / LANES) * LANES} (exact: padded channels contribute 0) and slice o back")
+    expect("initial_state", initial_state, "BHKV", dims)
+    expect("do", do, "BTHV", dims)
+    expect("dht", dht, "BHKV", dims)
+    return dims
+
+
+def resolve_scale(scale, K: int) -> float:
+    """``scale`` as a float: K**-0.5 when None, else a finite non-zero Python number (static)."""
+    if scale is None:
+        return float(K) ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale == 0:
+        raise ValueError(f"scale must be None or a finite non-zero Python number, got {scale=}")
+    return float(scale)
 
 
 def iota(shape, dim):
@@ -38,6 +115,42 @@ def masked_exp(x, mask):
     """exp(x) where mask, else 0. The exponent is zeroed BEFORE exp, so a masked
     entry never overflows (no 0 * inf = NaN, whatever the compiler fuses)."""
     return jnp.where(mask, jnp.exp(jnp.where(mask, x, 0.0)), 0.0)
+
+
+# ------------------------------------------------------------------ index maps
+# Every grid walks time along its LAST axis; an index map takes the grid indices and returns block
+# indices. The head-major layout [B, H, T, X] (simple_gla, kda; grid (B, H, NT)) has its maps here;
+# gla's token-major layout [B, T, H*X] has its own (kernels_tpu.gla.common.index_maps).
+def chunk_map(b, h, t):
+    """[B, H, T, X] tiles (C, X): chunk t of head (b, h)."""
+    return b, h, t, 0
+
+
+def chunk_states_map(b, h, t):
+    """[B, H, NT, K, V] per-chunk states, tiles (K, V)."""
+    return b, h, t, 0, 0
+
+
+def state_map(b, h, t):
+    """[B, H, K, V] one state per head, resident in VMEM across the time axis."""
+    del t
+    return b, h, 0, 0
+
+
+def reversed_in_time(index_map, NT: int):
+    """``index_map`` walking the chunks from last to first: grid step t visits chunk NT-1-t (backward passes)."""
+    def reverse(*grid):
+        return index_map(*grid[:-1], NT - 1 - grid[-1])
+    return reverse
+
+
+def start_state(state_ref, init_ref, step) -> None:
+    """At the first grid step along time the carried f32 state starts from ``init_ref``
+    (h0 forward, dht backward), or from zero when there is none (``init_ref`` None)."""
+    @pl.when(step == 0)
+    def _start():
+        state_ref[...] = (jnp.zeros(state_ref.shape, jnp.float32) if init_ref is None
+                          else init_ref[...].astype(jnp.float32))
 
 
 def state_pass(kernel, *, grid, in_specs, out_specs, out_shape, state, interpret, name, scratch=()):

@@ -85,12 +85,9 @@ def _check(q, k, v, g, beta, initial_state, A_log, dt_bias, opts, chunk_size, me
             raise ValueError(f"A_log must have shape [H] = ({H},), got {np.shape(A_log)}")
         if dt_bias is not None and np.shape(dt_bias) != (H * K,):
             raise ValueError(f"dt_bias must have shape [H*K] = ({H * K},), got {np.shape(dt_bias)}")
-        if opts["safe_gate"]:
-            lb = opts["lower_bound"]
-            if lb is None or not (-5 <= lb < 0):
-                raise ValueError(f"safe_gate with use_gate_in_kernel needs lower_bound in [-5, 0), got {lb}")
-    if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
-        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
+    # fla's rules on the option combination (safe_gate's lower_bound range, allow_neg_eigval only with the
+    # beta sigmoid) are the kernels' rules, written once in kernels_tpu.kda.check_options: the float64
+    # maths here is defined without them, and safe_gate only chooses kernel numerics.
 
 
 # ------------------------------------------------------------------ options

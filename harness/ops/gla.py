@@ -46,8 +46,8 @@ def tpu_path(case: Case) -> str:
 def validate(case: Case) -> None:
     if case.variant not in VARIANTS:
         raise ValueError(f"gla {case.variant=} must be one of {VARIANTS}")
-    if case.gate.kind not in ("g", "g_gamma"):
-        raise ValueError(f"gla takes a g or g_gamma gate, got {case.gate.kind=}")
+    if case.gate is None or case.gate.kind not in ("g", "g_gamma"):
+        raise ValueError(f"gla takes a g or g_gamma gate, got {case.gate}")
     unknown = set(case.opt) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown gla options {sorted(unknown)}; known: {sorted(OPTIONS)}")

@@ -16,7 +16,7 @@ Case options (``Case.options``), each passed to every leg under fla's keyword of
 - ``lower_bound`` (float): fla's in-kernel gate ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))``;
   only meaningful with ``use_gate_in_kernel`` (fla ignores it otherwise, so it is refused).
 - ``safe_gate`` (bool): fla's bounded-gate fast path (numerics only, same function); with
-  ``use_gate_in_kernel`` fla requires ``lower_bound`` in [-5, 0).
+  ``use_gate_in_kernel`` fla requires ``lower_bound`` in [-5, 0) (``kernels_tpu.kda.check_options``).
 - ``use_beta_sigmoid_in_kernel`` (bool): ``beta`` is drawn as logits N(0,1) and passed through
   a sigmoid in the op (otherwise drawn as sigmoid(N(0,1))); ``allow_neg_eigval`` (bool) doubles it.
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 from cases.case import Case
+from kernels_tpu.kda import check_options
 from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_normal
 
 from .base import LegBinding, OpDescriptor, forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs
@@ -80,8 +81,8 @@ def tensors(case: Case):
 def validate(case: Case) -> None:
     if case.variant not in VARIANTS:
         raise ValueError(f"kda {case.variant=} must be one of {VARIANTS}")
-    if case.gate.kind != "g" or case.gate.law != "logsigmoid":
-        raise ValueError(f"kda takes a per-token g gate [B,T,H,K] (Gate(kind='g')), got {case.gate.label}")
+    if case.gate is None or case.gate.kind != "g" or case.gate.law != "logsigmoid":
+        raise ValueError(f"kda takes a per-token g gate [B,T,H,K] (Gate(kind='g')), got {case.gate}")
     unknown = set(case.opt) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown kda options {sorted(unknown)}; known: {OPTIONS}")
@@ -96,10 +97,7 @@ def validate(case: Case) -> None:
         if not opts["use_gate_in_kernel"]:
             raise ValueError("lower_bound acts only with use_gate_in_kernel=True (fla ignores it otherwise); "
                              "bound a pre-computed gate with Gate(lower_bound=...)")
-    if opts["safe_gate"] and opts["use_gate_in_kernel"] and (lb is None or not -5 <= lb < 0):
-        raise ValueError(f"safe_gate with use_gate_in_kernel needs lower_bound in [-5, 0), got {lb}")
-    if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
-        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
+    check_options(opts)  # fla's option rules, as the TPU kernels write them
     if gate_in_kernel(case) and case.gate.lower_bound is not None:
         raise ValueError("with use_gate_in_kernel g is the raw gate input: use the lower_bound option, "
                          "not Gate(lower_bound=...)")

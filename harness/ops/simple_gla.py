@@ -24,8 +24,8 @@ def inputs(case: Case) -> list[InputSpec]:
 def validate(case: Case) -> None:
     if case.variant not in VARIANTS:
         raise ValueError(f"simple_gla {case.variant=} must be one of {VARIANTS}")
-    if case.gate.kind not in ("g", "g_gamma"):
-        raise ValueError(f"simple_gla takes a g or g_gamma gate, got {case.gate.kind=}")
+    if case.gate is None or case.gate.kind not in ("g", "g_gamma"):
+        raise ValueError(f"simple_gla takes a g or g_gamma gate, got {case.gate}")
 
 
 # ----------------------------------------------------------------- bindings

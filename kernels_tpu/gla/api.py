@@ -28,17 +28,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .chunk import chunk_bwd_impl, chunk_fwd_impl
 from .. import mxu
 from ..interpret import resolve_interpret, resolve_mxu_model
-from ..common import LANES
+from ..common import check_qkv, expect, resolve_scale
 from .common import PATHS, BlockSizes, Config
 from .fused import fused_bwd_impl, fused_fwd_impl
-
-_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-
 
 # ------------------------------------------------------------------ dispatch
 def gla_dispatch(g, g_gamma, path: str = "auto", *, ragged_with_state: bool = False) -> str:
@@ -62,44 +58,15 @@ def gla_dispatch(g, g_gamma, path: str = "auto", *, ragged_with_state: bool = Fa
 def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, output_final_state,
               do=None, dht=None):
     """All checks before tracing. Invalid -> ValueError; valid but unsupported -> NotImplementedError."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if getattr(x, "ndim", None) != 4:
-            raise ValueError(f"{name} must be [B,T,H,*], got shape {getattr(x, 'shape', None)}")
-    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"need q,k [B,T,H,K] and v [B,T,H,V]: got {q.shape=} {k.shape=} {v.shape=}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
-        raise ValueError(f"q, k, v must share one dtype of float32/bfloat16/float16: {q.dtype=} {k.dtype=} "
-                         f"{v.dtype=}")
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
     blocks = BlockSizes(chunk_size=chunk_size)  # validates chunk_size
     which = gla_dispatch(g, g_gamma, path,
-                         ragged_with_state=bool(T % chunk_size) and (output_final_state or dht is not None))
-    if g is not None and g.shape != (B, T, H, K):
-        raise ValueError(f"{g.shape=} must be [B,T,H,K] = {(B, T, H, K)}")
-    if g_gamma is not None and g_gamma.shape != (H,):
-        raise ValueError(f"{g_gamma.shape=} must be [H] = {(H,)}")
-    for name, x in (("g", g), ("g_gamma", g_gamma)):
-        if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"{name} must be floating (float32 log decay), got {x.dtype}")
-    if initial_state is not None and initial_state.shape != (B, H, K, V):
-        raise ValueError(f"{initial_state.shape=} must be [B,H,K,V] = {(B, H, K, V)}")
-    if do is not None and do.shape != (B, T, H, V):
-        raise ValueError(f"{do.shape=} must be [B,T,H,V] = {(B, T, H, V)}")
-    if dht is not None and dht.shape != (B, H, K, V):
-        raise ValueError(f"{dht.shape=} must be [B,H,K,V] = {(B, H, K, V)}")
-    if scale is not None and not (isinstance(scale, (int, float, np.floating)) and np.isfinite(scale)):
-        raise ValueError(f"{scale=} must be a finite Python float (static)")
-    if min(B, T, H, K, V) < 1:
-        raise ValueError(f"empty shape {q.shape=} {v.shape=}")
-    if K % LANES:
-        raise NotImplementedError(f"{K=} must be a multiple of {LANES}: zero-pad q and k along K to the "
-                                  f"next multiple of {LANES} (exact: padded channels contribute 0)")
-    if V % LANES:
-        raise NotImplementedError(f"{V=} must be a multiple of {LANES}: zero-pad v along V to the next "
-                                  f"multiple of {LANES} and slice o[..., :V]")
-    if which == "fused" and T % chunk_size and (output_final_state or dht is not None):
-        raise NotImplementedError(f"{T=} is not a multiple of {chunk_size=}, and the fused g_gamma path "
+                         ragged_with_state=bool(dims.T % chunk_size) and (output_final_state or dht is not None))
+    expect("g", g, "BTHK", dims)
+    expect("g_gamma", g_gamma, "H", dims)
+    resolve_scale(scale, dims.K)
+    if which == "fused" and dims.T % chunk_size and (output_final_state or dht is not None):
+        raise NotImplementedError(f"T={dims.T} is not a multiple of {chunk_size=}, and the fused g_gamma path "
                                   f"cannot pad T exactly when the final state is used: pass T a multiple "
                                   f"of chunk_size, or path='chunk'")
     return which, blocks
@@ -107,7 +74,7 @@ def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, outpu
 
 def _config(q, scale, blocks, interpret, mxu_model) -> Config:
     interp = resolve_interpret(interpret)
-    return Config(scale=float(q.shape[-1] ** -0.5 if scale is None else scale), blocks=blocks,
+    return Config(scale=resolve_scale(scale, q.shape[-1]), blocks=blocks,
                   interpret=interp, mxu_model=resolve_mxu_model(mxu_model, interp), dtype=jnp.dtype(q.dtype).name)
 
 

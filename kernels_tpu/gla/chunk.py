@@ -41,8 +41,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ..common import causal_mask, iota, masked_exp, state_pass
-from .common import NT_T, SQ, TN, Config, f32, forward_index_maps, mm, with_static
+from ..common import causal_mask, iota, masked_exp, start_state, state_pass
+from .common import NT_T, SQ, TN, Config, f32, index_maps, mm, with_static
 
 
 def _cumsum(g, policy):
@@ -79,9 +79,7 @@ def _fwd_h_kernel(k_ref, v_ref, g_ref, *rest, cfg: Config, has_h0: bool):
     i_t = pl.program_id(3)
     md = cfg.policy
 
-    @pl.when(i_t == 0)
-    def _init():
-        s_scr[...] = h0_ref[...].astype(f32) if has_h0 else jnp.zeros(s_scr.shape, f32)
+    start_state(s_scr, h0_ref, i_t)
 
     h_ref[...] = s_scr[...]  # state before chunk n
     g = g_ref[...].astype(f32)
@@ -129,7 +127,7 @@ def chunk_fwd_impl(q, k, v, g, h0, cfg: Config, emit_states: bool = True):
     B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
     C = cfg.C
 
-    qk_map, v_map, state_map, states_map = forward_index_maps(NV)
+    qk_map, v_map, state_map, states_map = index_maps(NV)
 
     q3, k3, g3, v3 = q.reshape(B, T, H * K), k.reshape(B, T, H * K), g.reshape(B, T, H * K), v.reshape(B, T, H * V)
     in_specs = [pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, BV), v_map),
@@ -172,9 +170,7 @@ def _bwd_dh_kernel(q_ref, g_ref, do_ref, *rest, cfg: Config, has_dht: bool, want
     i_t = pl.program_id(3)
     md = cfg.policy
 
-    @pl.when(i_t == 0)  # last chunk first
-    def _init():
-        dh_scr[...] = dht_ref[...] if has_dht else jnp.zeros(dh_scr.shape, f32)
+    start_state(dh_scr, dht_ref, i_t)  # the last chunk first
 
     dh_ref[...] = dh_scr[...]  # gradient of the state after chunk n
     g = g_ref[...].astype(f32)
@@ -256,20 +252,7 @@ def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
     B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
     C = cfg.C
 
-    def rev_qk_map(b, h, iv, t):
-        del iv
-        return (b, NT - 1 - t, h)
-
-    def rev_v_map(b, h, iv, t):
-        return (b, NT - 1 - t, h * NV + iv)
-
-    def rev_states_map(b, h, iv, t):
-        return (b, NT - 1 - t, h, iv)
-
-    def state_map(b, h, iv, t):
-        del t
-        return (b, h, iv)
-
+    rev_qk_map, rev_v_map, state_map, rev_states_map = index_maps(NV, reverse_NT=NT)
     q3, k3, g3 = q.reshape(B, T, H * K), k.reshape(B, T, H * K), g.reshape(B, T, H * K)
     v3, do3 = v.reshape(B, T, H * V), do.reshape(B, T, H * V)
     in_specs = [pl.BlockSpec((SQ, C, K), rev_qk_map), pl.BlockSpec((SQ, C, K), rev_qk_map),
@@ -292,24 +275,19 @@ def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
     dhs = outs[0]
     dh0 = outs[1].reshape(B, H, K, V) if want_dh0 else None
 
-    def qk_map(b, h, t):
-        return (b, t, h)
-
-    def states_map(b, h, t):
-        return (b, t, h, 0)
-
+    qk_map, _, _, states_map = index_maps(1)  # whole V per block: grid (B, H, 1, NT), all parallel
     kspec, vspec = pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, V), qk_map)
     sspec = pl.BlockSpec((SQ, SQ, K, V), states_map)
     dq, dk, dv, dg = pl.pallas_call(
         with_static(_bwd_dqkvg_kernel, cfg=cfg),
-        grid=(B, H, NT),
+        grid=(B, H, 1, NT),
         in_specs=[kspec, kspec, vspec, kspec, vspec, sspec, sspec],
         out_specs=[kspec, kspec, vspec, kspec],
         out_shape=[jax.ShapeDtypeStruct((B, T, H * K), q.dtype), jax.ShapeDtypeStruct((B, T, H * K), k.dtype),
                    jax.ShapeDtypeStruct((B, T, H * V), v.dtype), jax.ShapeDtypeStruct((B, T, H * K), f32)],
         scratch_shapes=[pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32),
                         pltpu.VMEM((C, V), f32)],
-        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel"),
+        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "parallel"),
         interpret=cfg.interpret,
         name="gla_chunk_bwd_dqkvg",
     )(q3, k3, v3, g3, do3, states.reshape(B, NT, H * K, V), dhs)

@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import BlockSizes
+from kernels_tpu.common import BlockSizes, reversed_in_time
 
 f32 = jnp.float32
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
@@ -58,10 +58,11 @@ class Config:
 
 
 # ------------------------------------------------------------- index maps
-def forward_index_maps(NV: int):
-    """Index maps of the forward grids (B, H, NV, NT), time last: q/k/g blocks
-    [1, C, K] (all of K), v/o blocks [1, C, BV] (V tile ``iv`` of NV), the state
-    [1, K, BV] (fixed across time: VMEM-resident carry), per-chunk states."""
+def index_maps(NV: int, reverse_NT: int | None = None):
+    """Index maps of gla's grids (B, H, NV, NT), time last, over the token-major layout [B, T, H*X]:
+    q/k/g blocks [1, C, K] (all of K), v/o blocks [1, C, BV] (V tile ``iv`` of NV), the state
+    [1, K, BV] (fixed across time: VMEM-resident carry), per-chunk states [1, 1, K, BV].
+    With ``reverse_NT`` the chunks are walked from last to first (the backward passes)."""
     def qk_map(b, h, iv, t):
         del iv
         return (b, t, h)
@@ -76,6 +77,8 @@ def forward_index_maps(NV: int):
     def states_map(b, h, iv, t):
         return (b, t, h, iv)
 
+    if reverse_NT is not None:
+        qk_map, v_map, states_map = (reversed_in_time(m, reverse_NT) for m in (qk_map, v_map, states_map))
     return qk_map, v_map, state_map, states_map
 
 

@@ -46,8 +46,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ..common import LANES, causal_mask, iota, masked_exp, state_pass
-from .common import NT_T, SQ, TN, Config, f32, forward_index_maps, mm, with_static
+from ..common import LANES, causal_mask, iota, masked_exp, start_state, state_pass
+from .common import NT_T, SQ, TN, Config, f32, index_maps, mm, with_static
 
 
 def _decays(gamma, C):
@@ -83,9 +83,7 @@ def _fused_fwd_kernel(gamma_ref, q_ref, k_ref, v_ref, *rest, cfg: Config, has_h0
     C, K = q_ref.shape
     md = cfg.policy
 
-    @pl.when(i_t == 0)
-    def _init():
-        s_scr[...] = h0_ref[...].astype(f32) if has_h0 else jnp.zeros(s_scr.shape, f32)
+    start_state(s_scr, h0_ref, i_t)
 
     if emit_states:
         h_ref[...] = s_scr[...]  # state before this chunk, residual for the backward
@@ -110,7 +108,7 @@ def fused_fwd_impl(q, k, v, g_gamma, h0, cfg: Config, emit_states: bool):
     B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
     C = cfg.C
 
-    qk_map, v_map, state_map, states_map = forward_index_maps(NV)
+    qk_map, v_map, state_map, states_map = index_maps(NV)
 
     in_specs = [
         pl.BlockSpec(memory_space=pltpu.SMEM),  # g_gamma [H]
@@ -149,15 +147,13 @@ def _fused_bwd_kernel(gamma_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg:
     rest = rest[4:]
     dh0_ref = rest.pop(0) if want_dh0 else None
     dh_scr, acc_scr = rest
-    i_h, i_t = pl.program_id(1), pl.program_id(2)
+    i_h, i_t = pl.program_id(1), pl.program_id(3)
     C, K = q_ref.shape
     V = v_ref.shape[-1]
     md, scale = cfg.policy, cfg.scale
 
-    @pl.when(i_t == 0)  # the last chunk: dH starts from dht
-    def _init():
-        dh_scr[...] = dht_ref[...] if has_dht else jnp.zeros(dh_scr.shape, f32)
-        acc_scr[...] = jnp.zeros(acc_scr.shape, f32)
+    start_state(dh_scr, dht_ref, i_t)  # the last chunk first: dH starts from dht
+    start_state(acc_scr, None, i_t)  # and the dg_gamma accumulator from 0
 
     gamma = gamma_ref[i_h]
     e_q, e_k, D, e_C = _decays(gamma, C)
@@ -193,7 +189,7 @@ def _fused_bwd_kernel(gamma_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg:
 
     dh_scr[...] = e_C * dH + scale * mm(q.astype(f32) * e_q, do, TN, policy=md)
 
-    @pl.when(i_t == pl.num_programs(2) - 1)  # chunk 0 done
+    @pl.when(i_t == pl.num_programs(3) - 1)  # chunk 0 done
     def _final():
         dgg_ref[...] = acc_scr[...]
         if want_dh0:
@@ -207,18 +203,10 @@ def fused_bwd_impl(q, k, v, g_gamma, states, do, dht, cfg: Config, want_dh0: boo
     C = cfg.C
     NT = T // C
 
-    def rev_map(b, h, t):  # chunk NT-1-t: the reverse walk through the index map
-        return (b, NT - 1 - t, h)
+    rev_map, _, state_map, rev_state_map = index_maps(1, reverse_NT=NT)  # whole V: grid (B, H, 1, NT)
 
-    def rev_state_map(b, h, t):
-        return (b, NT - 1 - t, h, 0)
-
-    def state_map(b, h, t):
-        del t
-        return (b, h, 0)
-
-    def acc_map(b, h, t):
-        del t
+    def acc_map(b, h, iv, t):
+        del iv, t
         return (b, h, 0, 0)
 
     in_specs = [
@@ -244,7 +232,7 @@ def fused_bwd_impl(q, k, v, g_gamma, states, do, dht, cfg: Config, want_dh0: boo
     kernel = with_static(_fused_bwd_kernel, cfg=cfg, has_dht=dht is not None, want_dh0=want_dh0)
     outs = state_pass(
         kernel,
-        grid=(B, H, NT), in_specs=in_specs, out_specs=out_specs,
+        grid=(B, H, 1, NT), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape, state=(K, V),
         scratch=[pltpu.VMEM((1, K), f32)],
         interpret=cfg.interpret, name="gla_fused_g_gamma_bwd",

@@ -49,10 +49,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import BlockSizes, causal_mask, iota, masked_exp, state_pass
+from kernels_tpu.common import (BlockSizes, causal_mask, check_qkv, chunk_map, chunk_states_map, expect, iota, masked_exp,
+                                resolve_scale, reversed_in_time, start_state, state_map, state_pass)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
@@ -194,9 +194,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, *refs, cfg: Config, has_h0
     pol = cfg.policy
     C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
 
-    @pl.when(n == 0)
-    def _init_state():
-        S_scr[...] = _load(h0_ref) if has_h0 else jnp.zeros(S_scr.shape, F32)
+    start_state(S_scr, h0_ref, n)
 
     q, k, v, G, beta = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref))
     S = S_scr[...]
@@ -222,9 +220,7 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
     C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
     pairs = dict(bc=bc, policy=pol)
 
-    @pl.when(i == 0)
-    def _init_dstate():
-        dS_scr[...] = _load(dht_ref)
+    start_state(dS_scr, dht_ref, i)
 
     q, k, v, G, beta, do = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref, do_ref))
     S = hs_ref[...]
@@ -280,28 +276,6 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
         dh0_ref[...] = dS_prev
 
 
-# ============================================================ index maps
-def _chunk_map(b, h, n):
-    return (b, h, n, 0)
-
-
-def _rev_chunk_map(nt, b, h, i):
-    return (b, h, nt - 1 - i, 0)
-
-
-def _state_map(b, h, n):
-    del n
-    return (b, h, 0, 0)
-
-
-def _states_map(b, h, n):
-    return (b, h, n, 0, 0)
-
-
-def _rev_states_map(nt, b, h, i):
-    return (b, h, nt - 1 - i, 0, 0)
-
-
 # ============================================================ pallas_call wrappers
 def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
     """Head-major padded inputs: q, k, G [B,H,T,K]; v [B,H,T,V]; beta [B,H,T,1]; h0 [B,H,K,V] or None.
@@ -310,16 +284,16 @@ def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
     V = v.shape[-1]
     C = cfg.blocks.chunk_size
     NT = T // C
-    kspec = pl.BlockSpec((None, None, C, K), _chunk_map)
-    vspec = pl.BlockSpec((None, None, C, V), _chunk_map)
-    bspec = pl.BlockSpec((None, None, C, 1), _chunk_map)
-    sspec = pl.BlockSpec((None, None, K, V), _state_map)
+    kspec = pl.BlockSpec((None, None, C, K), chunk_map)
+    vspec = pl.BlockSpec((None, None, C, V), chunk_map)
+    bspec = pl.BlockSpec((None, None, C, 1), chunk_map)
+    sspec = pl.BlockSpec((None, None, K, V), state_map)
     in_specs = [kspec, kspec, vspec, kspec, bspec] + ([sspec] if h0 is not None else [])
     args = (q, k, v, G, beta) + ((h0,) if h0 is not None else ())
     o, hs, ht = state_pass(
         functools.partial(_fwd_kernel, cfg=cfg, has_h0=h0 is not None),
         grid=(B, H, NT), in_specs=in_specs,
-        out_specs=[vspec, pl.BlockSpec((None, None, None, K, V), _states_map), sspec],
+        out_specs=[vspec, pl.BlockSpec((None, None, None, K, V), chunk_states_map), sspec],
         out_shape=[jax.ShapeDtypeStruct((B, H, T, V), q.dtype),
                    jax.ShapeDtypeStruct((B, H, NT, K, V), F32),
                    jax.ShapeDtypeStruct((B, H, K, V), F32)],
@@ -334,12 +308,12 @@ def _bwd_impl(cfg: Config, q, k, v, G, beta, hs, do, dht):
     V = v.shape[-1]
     C = cfg.blocks.chunk_size
     NT = T // C
-    rmap = functools.partial(_rev_chunk_map, NT)
+    rmap = reversed_in_time(chunk_map, NT)
     kspec = pl.BlockSpec((None, None, C, K), rmap)
     vspec = pl.BlockSpec((None, None, C, V), rmap)
     bspec = pl.BlockSpec((None, None, C, 1), rmap)
-    sspec = pl.BlockSpec((None, None, K, V), _state_map)
-    hspec = pl.BlockSpec((None, None, None, K, V), functools.partial(_rev_states_map, NT))
+    sspec = pl.BlockSpec((None, None, K, V), state_map)
+    hspec = pl.BlockSpec((None, None, None, K, V), reversed_in_time(chunk_states_map, NT))
     outs = state_pass(
         functools.partial(_bwd_kernel, cfg=cfg),
         grid=(B, H, NT), in_specs=[kspec, kspec, vspec, kspec, bspec, hspec, vspec, sspec],
@@ -377,62 +351,42 @@ _kda.defvjp(_core_fwd, _core_bwd)
 
 
 # ============================================================ validation and options
-def _is_float(x) -> bool:
-    return jnp.issubdtype(jnp.result_type(x), jnp.floating)
-
-
-def _validate(q, k, v, g, beta, scale, initial_state, blocks: BlockSizes, opts: dict, A_log, dt_bias,
-              interpret, mxu_model):
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if not hasattr(x, "shape") or not _is_float(x):
-            raise ValueError(f"{name} must be a floating-point array, got {type(x).__name__}")
-    if q.ndim != 4 or k.shape != q.shape:
-        raise ValueError(f"q and k must be [B,T,H,K] with equal shapes; got {q.shape=}, {k.shape=}")
-    B, T, H, K = q.shape
-    if v.ndim != 4 or v.shape[:2] != (B, T):
-        raise ValueError(f"v must be [B,T,H,V] = [{B},{T},{H},V]; got {v.shape=}")
-    if v.shape[2] != H:
-        raise NotImplementedError(f"grouped value heads are not supported: {v.shape[2]=} != {H=}; "
-                                  "repeat q and k to the value heads (jnp.repeat(q, HV // H, axis=2))")
-    V = v.shape[3]
-    if g.shape != (B, T, H, K):
-        raise ValueError(f"g must be [B,T,H,K] = {(B, T, H, K)}; got {g.shape=}")
-    if beta.shape != (B, T, H):
-        raise ValueError(f"beta must be [B,T,H] = {(B, T, H)}; got {beta.shape=}")
-    if T == 0 or B == 0 or H == 0:
-        raise ValueError(f"empty input: {q.shape=}")
-    if initial_state is not None and tuple(initial_state.shape) != (B, H, K, V):
-        raise ValueError(f"initial_state must be [B,H,K,V] = {(B, H, K, V)}; got {initial_state.shape}")
-    if scale is not None and not (isinstance(scale, (int, float)) and float(scale) == float(scale)
-                                  and abs(float(scale)) != float("inf")):
-        raise ValueError(f"scale must be a finite Python number or None; got {scale!r}")
-    if K % 128:
-        raise NotImplementedError(f"{K=} must be a multiple of 128 (TPU lane width): zero-pad the key dim")
-    if V % 128:
-        raise NotImplementedError(f"{V=} must be a multiple of 128 (TPU lane width): zero-pad the value dim")
+def _validate(q, k, v, g, beta, scale, initial_state, opts: dict, A_log, dt_bias, *, do=None, dht=None):
+    """All checks before tracing. Invalid -> ValueError; valid but unsupported -> NotImplementedError."""
+    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
+    expect("g", g, "BTHK", dims)
+    expect("beta", beta, "BTH", dims)
+    resolve_scale(scale, dims.K)
     if opts["use_gate_in_kernel"]:
         if A_log is None and opts["lower_bound"] is None:
             raise ValueError("A_log must be given when use_gate_in_kernel=True and lower_bound is None")
-        if A_log is not None and tuple(A_log.shape) != (H,):
-            raise ValueError(f"A_log must be [H] = ({H},); got {A_log.shape}")
-        if dt_bias is not None and tuple(dt_bias.shape) != (H * K,):
-            raise ValueError(f"dt_bias must be [H*K] = ({H * K},); got {dt_bias.shape}")
-        if opts["safe_gate"]:
-            lb = opts["lower_bound"]
-            if lb is None or not (-5 <= lb < 0):
-                raise ValueError(f"safe_gate with use_gate_in_kernel needs lower_bound in [-5, 0); got {lb}")
-    if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
+        expect("A_log", A_log, "H", dims)
+        if dt_bias is not None and tuple(dt_bias.shape) != (dims.H * dims.K,):
+            raise ValueError(f"dt_bias must be [H*K] = ({dims.H * dims.K},), got {tuple(dt_bias.shape)}")
+    check_options(opts)
+
+
+SAFE_GATE_LOWER_BOUND = (-5.0, 0.0)  # fla's safe_gate: lower_bound in [-5, 0) bounds every chunk's decay
+
+
+def check_options(opts: dict) -> None:
+    """fla's rules on ``chunk_kda``'s option combination, from the options alone (ValueError).
+
+    The float64 reference computes the same function without them (``safe_gate`` only picks
+    kernel numerics); the op descriptor asks this check when it validates a case.
+    """
+    lo, hi = SAFE_GATE_LOWER_BOUND
+    lb = opts.get("lower_bound")
+    if opts.get("safe_gate") and opts.get("use_gate_in_kernel") and (lb is None or not lo <= lb < hi):
+        raise ValueError(f"safe_gate with use_gate_in_kernel needs lower_bound in [{lo:g}, {hi:g}), got {lb}")
+    if opts.get("allow_neg_eigval") and not opts.get("use_beta_sigmoid_in_kernel"):
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
-    if not (interpret is None or isinstance(interpret, (bool, pltpu.InterpretParams))):
-        raise ValueError(f"interpret must be None, a bool or a pltpu.InterpretParams; got {interpret!r}")
-    if mxu_model is not None and not isinstance(mxu_model, bool):
-        raise ValueError(f"mxu_model must be None or a bool; got {mxu_model!r}")
 
 
 def _make_config(K, scale, chunk_size, interpret, mxu_model, dtype) -> Config:
     interpret = resolve_interpret(interpret)
     mxu_model = resolve_mxu_model(mxu_model, interpret)
-    scale = K ** -0.5 if scale is None else float(scale)
+    scale = resolve_scale(scale, K)
     return Config(scale=scale, blocks=BlockSizes(chunk_size=chunk_size), interpret=interpret,
                   mxu_model=mxu_model, dtype=jnp.dtype(dtype).name)
 
@@ -499,7 +453,8 @@ def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_item
 
 
 # ============================================================ public API
-def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, options):
+def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, options, **grads):
+    """Validated config and options; ``grads`` are the backward's cotangents (do, dht) to check too."""
     opts = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
                 allow_neg_eigval=False, safe_gate=False, lower_bound=None, A_log=None, dt_bias=None)
     unknown = set(options) - set(opts)
@@ -507,8 +462,7 @@ def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_mo
         raise TypeError(f"chunk_kda got unknown options {sorted(unknown)}")
     opts.update(options)
     A_log, dt_bias = opts.pop("A_log"), opts.pop("dt_bias")
-    blocks = BlockSizes(chunk_size=chunk_size)
-    _validate(q, k, v, g, beta, scale, initial_state, blocks, opts, A_log, dt_bias, interpret, mxu_model)
+    _validate(q, k, v, g, beta, scale, initial_state, opts, A_log, dt_bias, **grads)
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
     cfg = _make_config(q.shape[-1], scale, chunk_size, interpret, mxu_model, q.dtype)
@@ -568,13 +522,9 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
     dh0 is None without initial_state, dA_log / ddt_bias None unless use_gate_in_kernel and given.
     """
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
-                                       mxu_model, options)
+                                       mxu_model, options, do=do, dht=dht)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    if tuple(do.shape) != (B, T, H, V):
-        raise ValueError(f"do must be [B,T,H,V] = {(B, T, H, V)}; got {do.shape}")
-    if dht is not None and tuple(dht.shape) != (B, H, K, V):
-        raise ValueError(f"dht must be [B,H,K,V] = {(B, H, K, V)}; got {dht.shape}")
     primals = dict(q=q, k=k, v=v, g=g, beta=beta, h0=initial_state, A_log=A_log, dt_bias=dt_bias)
     primals = {n: x for n, x in primals.items() if x is not None}
 

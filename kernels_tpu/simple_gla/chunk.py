@@ -35,12 +35,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import state_pass
+from kernels_tpu.common import chunk_map, chunk_states_map, reversed_in_time, start_state, state_map, state_pass
 
-from .common import (split_refs, F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, chunk_index_map,
-                     chunk_state_index_map, from_heads, gate_specs, make_config, mm, mm_f32,
-                     prepare_gates, reverse_chunk_index_map, reverse_chunk_state_index_map, state_index_map,
-                     to_heads, validate)
+from .common import (F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, from_heads, gate_specs, make_config,
+                     mm, mm_f32, prepare_gates, split_refs, to_heads, validate)
 
 # grid axis semantics (jax 0.10: pltpu.GridDimensionSemantics members)
 PARALLEL, ARBITRARY = pltpu.PARALLEL, pltpu.ARBITRARY
@@ -108,9 +106,7 @@ def _fwd_kernel(*refs, cfg: Config, policy: mxu.Policy, NS: int, has_h0: bool, e
     BT, scale = cfg.blocks.chunk_size, cfg.scale
     i_t = pl.program_id(2)
 
-    @pl.when(i_t == 0)
-    def _init_state():
-        state_ref[...] = h0_ref[...].astype(F32) if has_h0 else jnp.zeros(state_ref.shape, F32)
+    start_state(state_ref, h0_ref, i_t)
 
     for step in range(NS):  # static unroll over the chunks of this grid step
         rows = pl.ds(step * BT, BT)
@@ -150,9 +146,9 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
     policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
 
     def qkv_spec(X):
-        return pl.BlockSpec((None, None, NS * BT, X), chunk_index_map)
+        return pl.BlockSpec((None, None, NS * BT, X), chunk_map)
 
-    state_spec = pl.BlockSpec((None, None, K, V), state_index_map)
+    state_spec = pl.BlockSpec((None, None, K, V), state_map)
     in_specs = [qkv_spec(K), qkv_spec(K), qkv_spec(V), *gate_specs(cfg.kernel_gate, BT, NS)]
     operands = [q, k, v, *gates]
     if h0 is not None:
@@ -166,7 +162,7 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
         out_specs.append(state_spec)
         out_shape.append(jax.ShapeDtypeStruct((B, H, K, V), F32))
     if emit_states:
-        out_specs.append(pl.BlockSpec((None, None, NS, K, V), chunk_state_index_map))
+        out_specs.append(pl.BlockSpec((None, None, NS, K, V), chunk_states_map))
         out_shape.append(jax.ShapeDtypeStruct((B, H, NT, K, V), F32))
     kernel = functools.partial(_fwd_kernel, cfg=cfg, policy=policy, NS=NS, has_h0=h0 is not None,
                                emit_o=emit_o, emit_ht=emit_ht, emit_states=emit_states)
@@ -205,9 +201,7 @@ def _chunk_bwd_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     i_t = pl.program_id(2)
     chunk = pl.num_programs(2) - 1 - i_t
 
-    @pl.when(i_t == 0)
-    def _init_dstate():
-        dstate_ref[...] = dht_ref[...].astype(F32) if has_dht else jnp.zeros(dstate_ref.shape, F32)
+    start_state(dstate_ref, dht_ref, i_t)
 
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=chunk, step=0)
@@ -240,15 +234,15 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
     policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
-    rev = reverse_chunk_index_map(NT)
+    rev = reversed_in_time(chunk_map, NT)
 
     def qkv_spec(X):
         return pl.BlockSpec((None, None, BT, X), rev)
 
-    state_spec = pl.BlockSpec((None, None, K, V), state_index_map)
+    state_spec = pl.BlockSpec((None, None, K, V), state_map)
     in_specs = [qkv_spec(K), qkv_spec(K), qkv_spec(V), qkv_spec(V),
                 *gate_specs(cfg.kernel_gate, BT, 1, reverse_NT=NT),
-                pl.BlockSpec((None, None, None, K, V), reverse_chunk_state_index_map(NT))]
+                pl.BlockSpec((None, None, None, K, V), reversed_in_time(chunk_states_map, NT))]
     operands = [q, k, v, do, *gates, states]
     if dht is not None:
         in_specs.append(state_spec)

@@ -17,7 +17,6 @@ synthetic per-token tensor. Every exponent the kernels evaluate is ``<= 0``:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -26,14 +25,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import LANES, BlockSizes, causal_mask, masked_exp
+from kernels_tpu.common import (BlockSizes, causal_mask, check_qkv, chunk_map, chunk_states_map, expect, masked_exp,
+                                resolve_scale, reversed_in_time)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
 
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 
-SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 
 # ---------------------------------------------------------------- dots
@@ -90,52 +89,15 @@ def chunk_gates(gate_refs, *, gate: str, BT: int, T: int, chunk, step: int):
     return b_col, b_row, b_row[:, BT - 1:BT]
 
 
-# ------------------------------------------------------- named index maps
-def chunk_index_map(b, h, t):
-    """[B, H, Tp, X] tiles (NS*BT, X): chunk group t of head (b, h)."""
-    return b, h, t, 0
-
-
-def reverse_chunk_index_map(NT: int):
-    """The same tiles walked from the last chunk to the first (reverse time)."""
-    def index_map(b, h, t):
-        return b, h, NT - 1 - t, 0
-    return index_map
-
-
-def chunk_state_index_map(b, h, t):
-    """[B, H, NT, K, V] per-chunk states, tiles (NS, K, V)."""
-    return b, h, t, 0, 0
-
-
-def reverse_chunk_state_index_map(NT: int):
-    def index_map(b, h, t):
-        return b, h, NT - 1 - t, 0, 0
-    return index_map
-
-
-def state_index_map(b, h, t):
-    """[B, H, K, V] one state per head, resident across the time axis."""
-    del t
-    return b, h, 0, 0
-
-
 def gate_specs(gate: str, BT: int, NS: int, reverse_NT: int | None = None):
     """BlockSpecs of the gate inputs (see :func:`chunk_gates`)."""
     if gate == "g_gamma":
         return [pl.BlockSpec(memory_space=pltpu.SMEM)]
-    if reverse_NT is None:
-        col_map, row_map = chunk_index_map, chunk_state_index_map
-    else:
-        col_map = reverse_chunk_index_map(reverse_NT)
-        row_map = reverse_chunk_state_index_map(reverse_NT)
-
-    def grow_index_map(b, h, t):
-        b, h, t, _, _ = row_map(b, h, t)
-        return b, h, t, 0, 0
-
+    col_map, row_map = chunk_map, chunk_states_map  # b as a column [NS*BT, 1] and as rows [NS, 1, BT]
+    if reverse_NT is not None:
+        col_map, row_map = reversed_in_time(col_map, reverse_NT), reversed_in_time(row_map, reverse_NT)
     return [pl.BlockSpec((None, None, NS * BT, 1), col_map),
-            pl.BlockSpec((None, None, NS, 1, BT), grow_index_map)]
+            pl.BlockSpec((None, None, NS, 1, BT), row_map)]
 
 
 # ------------------------------------------------------------ config, layout
@@ -192,63 +154,19 @@ def prepare_gates(cfg: Config, g, g_gamma, H: int, NT: int):
 
 
 # ---------------------------------------------------------------- validation
-def _is_array(x) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
 def validate(q, k, v, g, g_gamma, scale, initial_state, blocks: BlockSizes, *, do=None, dht=None) -> float:
-    """Checks every argument from static shapes/dtypes only (before any tracing).
+    """Checks every argument from static shapes/dtypes only (before any tracing); returns the resolved scale.
 
-    Returns the resolved scale. Raises ValueError for invalid input and
-    NotImplementedError for valid input these TPU kernels do not support.
+    ValueError for invalid input, NotImplementedError for valid input these kernels do not support.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not _is_array(x) or len(x.shape) != 4:
-            raise ValueError(f"{name} must be a [B, T, H, X] array, got {getattr(x, 'shape', type(x))!r}")
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    if tuple(k.shape) != (B, T, H, K):
-        raise ValueError(f"k must have q's shape [B, T, H, K]: {k.shape=} vs {q.shape=}")
-    if tuple(v.shape[:3]) != (B, T, H):
-        raise ValueError(f"v must be [B, T, H, V] with q's B, T, H: {v.shape=} vs {q.shape=}")
-    if min(B, T, H, K, V) <= 0:
-        raise ValueError(f"empty input: {q.shape=} {v.shape=}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype: {q.dtype=} {k.dtype=} {v.dtype=}")
-    if not jnp.issubdtype(q.dtype, jnp.floating):
-        raise ValueError(f"q, k, v must be floating point, got {q.dtype=}")
-    if jnp.dtype(q.dtype) not in SUPPORTED_DTYPES:
-        raise NotImplementedError(f"supported dtypes are bfloat16, float16, float32; got {q.dtype=}; cast the inputs")
-    for name, n in (("K", K), ("V", V)):
-        if n % LANES:
-            raise NotImplementedError(
-                f"the simple_gla Pallas TPU kernels need K and V to be multiples of {LANES} (lane width), got "
-                f"{name}={n}; zero-pad the head dim to {math.ceil(n / LANES) * LANES} (exact for q/k/v; "
-                f"pass scale={n}**-0.5 explicitly when padding K, and slice o back when padding V)")
+    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
     if g is not None and g_gamma is not None:
-        raise ValueError("pass exactly one of g (per-token gate [B, T, H]) and g_gamma (per-head [H]), not both")
-    if g is not None:
-        if not _is_array(g) or tuple(g.shape) != (B, T, H):
-            raise ValueError(f"g must be [B, T, H] = {(B, T, H)}, got {getattr(g, 'shape', type(g))!r}")
-        if not jnp.issubdtype(g.dtype, jnp.floating):
-            raise ValueError(f"g must be floating point, got {g.dtype=}")
-    if g_gamma is not None:
-        if not _is_array(g_gamma) or tuple(g_gamma.shape) != (H,):
-            raise ValueError(f"g_gamma must be [H] = {(H,)}, got {getattr(g_gamma, 'shape', type(g_gamma))!r}")
-        if not jnp.issubdtype(g_gamma.dtype, jnp.floating):
-            raise ValueError(f"g_gamma must be floating point, got {g_gamma.dtype=}")
-    for name, x in (("initial_state", initial_state), ("dht", dht)):
-        if x is not None and (not _is_array(x) or tuple(x.shape) != (B, H, K, V)):
-            raise ValueError(f"{name} must be [B, H, K, V] = {(B, H, K, V)}, got {getattr(x, 'shape', type(x))!r}")
-    if do is not None and (not _is_array(do) or tuple(do.shape) != (B, T, H, V)):
-        raise ValueError(f"do must be [B, T, H, V] = {(B, T, H, V)}, got {getattr(do, 'shape', type(do))!r}")
+        raise ValueError("pass exactly one of g (per-token gate [B,T,H]) and g_gamma (per-head [H]), not both")
+    expect("g", g, "BTH", dims)
+    expect("g_gamma", g_gamma, "H", dims)
     if not isinstance(blocks, BlockSizes):
         raise ValueError(f"internal: {blocks=} must be a BlockSizes")
-    if scale is None:
-        return float(K) ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale == 0:
-        raise ValueError(f"scale must be a finite non-zero Python number, got {scale=}")
-    return float(scale)
+    return resolve_scale(scale, dims.K)
 
 
 def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model):

@@ -21,17 +21,14 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels_tpu import mxu
-from kernels_tpu.common import state_pass
+from kernels_tpu.common import chunk_map, chunk_states_map, reversed_in_time, start_state, state_map, state_pass
 
 from .chunk import (PARALLEL, _config, dh_chunk, differentiable, dq_dk_dg_chunk, dv_chunk, finish_grads,
                     forward, fwd_impl, padded_length)
-from .common import (split_refs, F32, Config, causal_decay, chunk_gates, chunk_index_map, chunk_state_index_map,
-                     gate_specs, prepare_gates, reverse_chunk_index_map, reverse_chunk_state_index_map,
-                     state_index_map, to_heads)
+from .common import (split_refs, F32, Config, causal_decay, chunk_gates, gate_specs, prepare_gates, to_heads)
 
 
 # ============================================================ pass 1: dv + dh
@@ -50,9 +47,7 @@ def _dv_dh_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     i_t = pl.program_id(2)
     chunk = pl.num_programs(2) - 1 - i_t
 
-    @pl.when(i_t == 0)
-    def _init_dstate():
-        dstate_ref[...] = dht_ref[...].astype(F32) if has_dht else jnp.zeros(dstate_ref.shape, F32)
+    start_state(dstate_ref, dht_ref, i_t)
 
     q, k, do = q_ref[...], k_ref[...], do_ref[...]
     b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=chunk, step=0)
@@ -98,12 +93,12 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
     policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
-    state_spec = pl.BlockSpec((None, None, K, V), state_index_map)
+    state_spec = pl.BlockSpec((None, None, K, V), state_map)
     with_dg = cfg.gate != "none"
 
     # ---- pass 1: reverse time, sequential
-    rev = reverse_chunk_index_map(NT)
-    rev_state_spec = pl.BlockSpec((None, None, None, K, V), reverse_chunk_state_index_map(NT))
+    rev = reversed_in_time(chunk_map, NT)
+    rev_state_spec = pl.BlockSpec((None, None, None, K, V), reversed_in_time(chunk_states_map, NT))
     in_specs = [pl.BlockSpec((None, None, BT, K), rev), pl.BlockSpec((None, None, BT, K), rev),
                 pl.BlockSpec((None, None, BT, V), rev), *gate_specs(cfg.kernel_gate, BT, 1, reverse_NT=NT)]
     operands = [q, k, do, *gates]
@@ -121,9 +116,9 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
 
     # ---- pass 2: chunks independent given H_c and dH_{c+1}
     def qkv_spec(X):
-        return pl.BlockSpec((None, None, BT, X), chunk_index_map)
+        return pl.BlockSpec((None, None, BT, X), chunk_map)
 
-    chunk_state_spec = pl.BlockSpec((None, None, None, K, V), chunk_state_index_map)
+    chunk_state_spec = pl.BlockSpec((None, None, None, K, V), chunk_states_map)
     out_specs = [qkv_spec(K), qkv_spec(K)]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)]
     if with_dg:

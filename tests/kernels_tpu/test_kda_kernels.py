@@ -208,7 +208,7 @@ def _args(T=64, H=1, k=K, v=V, dtype=np.float32):
 @pytest.mark.parametrize("change, exc, match", [
     (dict(beta=np.zeros((1, 64, 2), np.float32)), ValueError, "beta must be"),
     (dict(g=np.zeros((1, 64, 1, 64), np.float32)), ValueError, "g must be"),
-    (dict(k=np.zeros((1, 32, 1, K), np.float32)), ValueError, "q and k"),
+    (dict(k=np.zeros((1, 32, 1, K), np.float32)), ValueError, "need q, k"),
     (dict(initial_state=np.zeros((1, 1, K, 64), np.float32)), ValueError, "initial_state"),
     (dict(interpret="yes"), ValueError, "interpret"),
     (dict(use_gate_in_kernel=True), ValueError, "A_log"),

@@ -354,7 +354,7 @@ def test_invalid_inputs_raise_value_error():
         chunk_simple_gla(q, q, q, g=_spec(1, 128, 3, dtype=jnp.float32), interpret=True)
     with pytest.raises(ValueError, match="initial_state"):
         chunk_simple_gla(q, q, q, initial_state=_spec(1, 2, 128, 64, dtype=jnp.float32), interpret=True)
-    with pytest.raises(ValueError, match="share a dtype"):
+    with pytest.raises(ValueError, match="share one floating dtype"):
         chunk_simple_gla(q, _spec(1, 128, 2, 128, dtype=jnp.float32), q, interpret=True)
     with pytest.raises(ValueError, match="chunk_size"):
         chunk_simple_gla(q, q, q, chunk_size=0, interpret=True)
