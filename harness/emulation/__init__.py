@@ -5,7 +5,8 @@ behave like an H100 for the numerics that matter to the parity harness; see
 its module docstring. It is assembled from one module per fix: ``setup``
 (interpreter mode, versions), ``bits`` (bf16/TF32 bit helpers), ``patcher``
 (reversible patches), ``autotune`` (pinned configs, used natively too),
-``loop_vars`` (tensor loop variables), ``numerics`` (bf16 rounding and dot
+``loop_vars`` (tensor loop variables), ``handles`` (float values in and out
+of interpreter tensors), ``bf16_arith`` (bf16 rounding), ``dots`` (tl.dot
 numerics) and ``fla_gather`` (fla's gather-free path).
 """
 

@@ -95,10 +95,11 @@ import os
 from typing import Iterator, Optional
 
 from .autotune import LOCK, AutotuneRecord, AutotuneRule, EmulationSession, _install_autotune_pin, pinned_autotune
+from .bf16_arith import _install_bf16_arithmetic
 from .bits import bf16_bits_to_f32, f32_to_bf16_bits, round_to_tf32
+from .dots import _install_dot_numerics
 from .fla_gather import _install_fla_gather_fallback
 from .loop_vars import _install_induction_vars
-from .numerics import _install_numerics
 from .patcher import MISSING, Patcher
 from .setup import enable_interpreter_mode, interpreter_mode_enabled, native_cuda_available, triton_versions
 
@@ -172,9 +173,11 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
                 _install_autotune_pin(patcher, autotune_rule, session._recorder)
             if loop_tensors:
                 _install_induction_vars(patcher)
-            _install_numerics(patcher, bf16=bf16, dots=dots,
-                              force_dot_precision=dot_precision if force_dot_precision else None,
-                              tf32_rounding=tf32_rounding)
+            if bf16:
+                _install_bf16_arithmetic(patcher)
+            if dots:
+                _install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
+                                      tf32_rounding=tf32_rounding)
             session.settings["fla_gather_disabled_in"] = _install_fla_gather_fallback(patcher)
             if dot_precision is not None:
                 # core.dot resolves input_precision=None from this knob at every
