@@ -1,7 +1,8 @@
 """``parity``: list cases, run legs, gate result files, or do it all.
 
 Exit codes: 0 pass; 1 a parity or bound violation (or an error row); 2 usage
-or input error (bad arguments, unreadable or stale result files).
+or input error (bad arguments, unwritable paths, unreadable, malformed or stale
+result files); 130 interrupted (the finished cases are kept: see --resume).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from harness.status import CAUSALITY_FAILING, FAILING, Status
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # Ctrl-C, as the shell reports it
 DEFAULT_OUT = Path("reports") / "runs"
 
 
@@ -49,26 +51,79 @@ def _leg_options(args, name: str) -> dict:
     return {"compile_targets": parse_targets(args.tpu_targets, LEG_DEFAULT_TARGETS)}
 
 
-def _result_name(leg: str, args) -> str:
-    tag = f".{args.tag}" if getattr(args, "tag", None) else ""
+def _result_name(leg: str, args, cases) -> str:
+    """``<leg>[.<tag>][.<selection>][.shard-i-of-n].csv``. A run of part of a suite (--case, --op) names its
+    selection, so it can never replace the suite's own result file: ``.op-gla``, ``.cases-<sha256[:8]>``."""
+    import hashlib
+
+    parts = [leg] + ([args.tag] if getattr(args, "tag", None) else [])
+    if getattr(args, "case", None):
+        ids = "\n".join(sorted(c.id for c in cases))
+        parts.append(f"cases-{hashlib.sha256(ids.encode()).hexdigest()[:8]}")
+    elif getattr(args, "op", None):
+        parts.append("op-" + "+".join(sorted(set(args.op))))
     if getattr(args, "shard", None):
         i, n = args.shard.split("/")
-        return f"{leg}{tag}.shard-{i}-of-{n}.csv"
-    return f"{leg}{tag}.csv"
+        parts.append(f"shard-{i}-of-{n}")
+    return ".".join(parts) + ".csv"
+
+
+def _out_dir(path) -> Path:
+    """The output directory, made and proven writable before any work (a bad --out must not cost a run)."""
+    import tempfile
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {path} is not a writable directory ({exc.strerror or exc})") from None
+    return path
+
+
+def _step_summary() -> None:
+    """``$GITHUB_STEP_SUMMARY``, when set, must be a file the gate can append to: checked before any work."""
+    import os
+
+    value = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not value:
+        return
+    path = Path(value)
+    if path.is_dir() or (path.exists() and not os.access(path, os.W_OK)) or \
+            (not path.exists() and not os.access(path.parent if str(path.parent) else ".", os.W_OK)):
+        raise UsageError(f"$GITHUB_STEP_SUMMARY={value} is not a file the gate can append to")
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a leg: its finished cases are kept in the partial file."""
 
 
 def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
     from harness.legs import make_leg
-    from harness.reports import rows_to_frame, summarize, write_csv
+    from harness.reports import summarize
+    from harness.result_file import ResultFile
     from harness.runner import Runner
 
     leg = make_leg(name, **_leg_options(args, name))
-    runner = Runner(leg, cache, suite=getattr(args, "suite", "") or "")
+    suite = "" if args.case else (getattr(args, "suite", "") or "")
+    runner = Runner(leg, cache, suite=suite)
+    path = Path(args.out) / _result_name(name, args, cases)
     t0 = time.perf_counter()
-    rows = runner.run(cases, progress=not args.no_progress)
-    df = rows_to_frame(rows)
-    path = write_csv(df, Path(args.out) / _result_name(name, args))
-    print(f"{name}: {len(cases)} cases in {time.perf_counter() - t0:.1f} s "
+    with ResultFile(path, runner.provenance, force=args.force, resume=args.resume) as out:
+        todo = [c for c in cases if c.id not in out.done]
+        if out.done:
+            print(f"{name}: resuming {out.partial}: {len(cases) - len(todo)} of {len(cases)} cases already done")
+        try:
+            runner.run(todo, progress=not args.no_progress, on_case=lambda case, rows: out.append(rows))
+        except KeyboardInterrupt:
+            raise Interrupted(f"{name} leg interrupted; the finished cases are kept in {out.partial}. Continue "
+                              f"with the same command plus --resume (the gate fails that file as incomplete "
+                              f"unless given --allow-missing)") from None
+        df = out.finish()
+    print(f"{name}: {len(todo)} cases in {time.perf_counter() - t0:.1f} s "
           f"({runner.provenance['mode']}, {runner.provenance['device']}) -> {path}")
     print(f"  rows: {summarize(df)}")
     return path, df
@@ -131,20 +186,31 @@ def cmd_run(args) -> int:
     from harness.reference_cache import ReferenceCache
 
     cases = _select_cases(args)
+    _out_dir(args.out)
     cache = ReferenceCache(None if args.no_ref_cache else "default")
     _, df = _run_leg(args.backend, args, cases, cache)
     return EXIT_FAIL if _failing(df) else EXIT_PASS
 
 
 def cmd_causality(args) -> int:
-    df = _run_causality(args.backend, args, _select_cases(args))
+    cases = _select_cases(args)
+    _out_dir(args.out)
+    df = _run_causality(args.backend, args, cases)
     return EXIT_FAIL if df["status"].isin(CAUSALITY_FAILING).any() else EXIT_PASS
+
+
+def _gate_options(args) -> dict:
+    return {"allow_missing": args.allow_missing, "baseline_leg": args.baseline_leg,
+            "candidate_leg": args.candidate_leg}
 
 
 def cmd_gate(args) -> int:
     from harness.gate import gate_files
 
-    return _report_gate(gate_files(Path(args.gpu_csv), Path(args.tpu_csv), _policy(args)), Path(args.out))
+    policy = _policy(args)
+    out = _out_dir(args.out)
+    _step_summary()
+    return _report_gate(gate_files(Path(args.gpu_csv), Path(args.tpu_csv), policy, **_gate_options(args)), out)
 
 
 def cmd_compile(args) -> int:
@@ -153,6 +219,7 @@ def cmd_compile(args) -> int:
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
     cases = _select_cases(args)
+    _out_dir(args.out)
     v = versions()
     print(f"compile: {len(cases)} cases x {', '.join(targets)} with jax {v['jax']}, libtpu {v['libtpu']}")
     rows = []
@@ -193,8 +260,17 @@ def cmd_compile(args) -> int:
 def cmd_merge(args) -> int:
     from harness.reports import merge_results, write_csv
 
-    df = merge_results([Path(p) for p in args.inputs])
-    print(f"merged {len(args.inputs)} files, {len(df)} rows -> {write_csv(df, Path(args.output))}")
+    output, inputs = Path(args.output), [Path(p) for p in args.inputs]
+    for p in inputs:
+        if p.resolve() == output.resolve() or (output.exists() and p.exists() and p.samefile(output)):
+            raise UsageError(f"-o {output} is one of the inputs; merge never overwrites an input")
+    if output.is_dir():
+        raise UsageError(f"-o {output} is a directory; name the merged CSV")
+    if output.exists() and not args.force:
+        raise UsageError(f"-o {output} exists; pass --force to overwrite it")
+    _out_dir(output.parent)
+    df = merge_results(inputs, allow_mixed=args.allow_mixed)
+    print(f"merged {len(inputs)} files, {len(df)} rows -> {write_csv(df, output)}")
     return EXIT_PASS
 
 
@@ -216,6 +292,8 @@ def cmd_all(args) -> int:
 
     cases = _select_cases(args)
     policy = _policy(args)
+    out = _out_dir(args.out)
+    _step_summary()
     cache = ReferenceCache(None if args.no_ref_cache else "default")
     frames, status = {}, EXIT_PASS
     for name, why_not in available_legs().items():
@@ -230,7 +308,7 @@ def cmd_all(args) -> int:
             if causal["status"].isin(CAUSALITY_FAILING).any():
                 status = EXIT_FAIL
     if "gpu" in frames and "tpu" in frames:
-        gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy), Path(args.out))
+        gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy, **_gate_options(args)), out)
         status = max(status, gate_status)
     else:
         print("gate: skipped, it needs both the gpu and the tpu legs")
@@ -251,6 +329,10 @@ def _add_selection(p, shard=True):
 def _add_run_options(p):
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--tag", help="insert a tag in result file names, e.g. gpu.<tag>.csv")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its <leg>.partial.csv, skipping the cases it has")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite a result file of another suite, or discard an interrupted run's partial file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-ref-cache", action="store_true", help="do not read or write the on-disk reference cache")
     p.add_argument("--ref-method", default="recurrent", choices=("recurrent", "chunk"),
@@ -263,6 +345,15 @@ def _add_run_options(p):
     p.add_argument("--dot-precision", default=None, choices=("tf32", "tf32x3", "ieee"),
                    help="GPU leg: TRITON_F32_DEFAULT for f32 tl.dot without an explicit input_precision "
                         "(default: the environment's, else tf32 as on an H100)")
+
+
+def _add_gate_options(p):
+    p.add_argument("--allow-missing", action="store_true",
+                   help="a (case, tensor) in one file only is counted and shown, not failed (a deliberate subset)")
+    p.add_argument("--baseline-leg", default="gpu", choices=("ref", "gpu", "tpu"),
+                   help="the leg the baseline file must come from (default gpu)")
+    p.add_argument("--candidate-leg", default="tpu", choices=("ref", "gpu", "tpu"),
+                   help="the leg the candidate file must come from (default tpu)")
 
 
 def _add_policy(p):
@@ -298,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("tpu_csv", help="candidate result file (the TPU leg)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="where parity.csv and parity.md go")
     _add_policy(p)
+    _add_gate_options(p)
     p.set_defaults(fn=cmd_gate)
 
     p = sub.add_parser("compile", help="compile every TPU case (forward and backward) for real TPU targets "
@@ -310,14 +402,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_compile)
 
     p = sub.add_parser("merge", help="merge shard result files of one leg into one CSV")
-    p.add_argument("output", help="merged CSV to write")
+    p.add_argument("-o", "--output", required=True, help="merged CSV to write (never one of the inputs)")
     p.add_argument("inputs", nargs="+", help="shard CSVs")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="merge files of different suites, commits, modes or devices")
     p.set_defaults(fn=cmd_merge)
 
     p = sub.add_parser("all", help="run every leg this machine can run (emulated without hardware), then gate")
     _add_selection(p, shard=False)
     _add_run_options(p)
     _add_policy(p)
+    _add_gate_options(p)
     p.add_argument("--no-causality", action="store_true",
                    help="skip the causality check (one case per op and variant, every leg)")
     p.set_defaults(fn=cmd_all)
@@ -334,8 +430,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.fn(args)
+    except Interrupted as exc:
+        print(f"parity: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (UsageError, ReportError, ValueError) as exc:
         print(f"parity: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # a path the checks above could not foresee (disk full, permissions changed)
+        print(f"parity: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -1,38 +1,52 @@
-"""The gate: join a GPU and a TPU result file and apply ε_TPU ≤ ε_GPU.
+"""The gate: join a baseline (GPU) and a candidate (TPU) result file and apply ε_TPU ≤ ε_GPU.
 
-Files are joined on (case_id, tensor). Rows of the same case must carry the
-same ``input_sha256`` in both files; otherwise the baseline is stale and the
-gate refuses (:class:`GateInputError`, exit 2) naming the cases.
+It fails closed. Before judging, the files must be fit to compare, else
+:class:`GateInputError` (exit 2) says why:
+
+- each file passes :func:`harness.reports.check_results` (known statuses,
+  numeric non-negative metrics, a sha256 on every measured row, ...);
+- the baseline comes from the ``gpu`` leg and the candidate from the ``tpu``
+  leg (their ``leg`` column and the package their ``versions`` name), unless
+  other legs are asked for explicitly; one file is never compared with itself;
+- every (case, tensor) in both files was run on the same inputs
+  (``input_sha256``), row by row.
 
 Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
 
 ================= ==========================================================
 ``pass``/``fail`` gated metric: ``eps_tpu <= eps_gpu*(1+margin)+floor``
 ``info``          a metric reported but not gated by the policy
-``fail``          TPU row ``error``, ``nonfinite`` or ``bound``; or the TPU
-                  gives no tensor the GPU gives
-``bounds_only``   no GPU number (``not_provided``, ``unsupported``, ``error``
-                  or out of bounds); the TPU passed its absolute bound
+``fail``          TPU row ``error``, ``nonfinite`` or ``bound``; the TPU
+                  gives no tensor the GPU gives; the GPU row is an ``error``
+                  (a broken baseline measures nothing); or the (case, tensor)
+                  is in one file only
+``missing``       in one file only, with ``allow_missing`` (a deliberate
+                  subset): counted and shown, not failed
+``bounds_only``   no GPU number (``not_provided``, ``unsupported`` or out of
+                  bounds); the TPU passed its absolute bound
 ``unsupported``   the TPU leg cannot run the case (with its reason)
 ``not_provided``  neither leg gives the tensor
-``missing``       the (case, tensor) is in one file only
 ================= ==========================================================
 
+A gate that compares no gated metric at all fails (a ``coverage`` row, unless
+it already fails for another reason).
 Only ``fail`` makes the gate fail. Every failure is collected; the caller
 exits once.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from .legs import LEG_VERSION_KEYS
 from .metrics import METRICS
 from .policy import Policy
-from .reports import KEY, ReportError, read_results
+from .reports import KEY, ReportError, check_results, read_results
 from .status import FAILING, Status
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "allowed", "verdict", "reason",
@@ -49,6 +63,8 @@ class GateResult:
     policy: Policy
     gpu: pd.DataFrame
     tpu: pd.DataFrame
+    baseline_leg: str = "gpu"
+    candidate_leg: str = "tpu"
 
     @property
     def failures(self) -> pd.DataFrame:
@@ -59,11 +75,29 @@ class GateResult:
         return self.failures.empty
 
 
+def check_legs(df: pd.DataFrame, leg: str, role: str, name: str) -> None:
+    """The rows of ``df`` (the ``role`` file, called ``name``) come from ``leg``: their ``leg`` column says so
+    and their ``versions`` name the leg's package (:data:`harness.legs.LEG_VERSION_KEYS`)."""
+    found = sorted(df["leg"].dropna().unique())
+    if found and found != [leg]:
+        raise GateInputError(f"{name}: the {role} must come from the {leg} leg, its rows are from {found[0]}; "
+                             f"to compare other legs say so (--{role}-leg {found[0]})")
+    key = LEG_VERSION_KEYS[leg]
+    versions = df["versions"] if "versions" in df.columns else pd.Series([None] * len(df), index=df.index)
+    for i, text in versions.items():
+        try:
+            named = key in json.loads(text)
+        except (TypeError, ValueError):
+            named = False
+        if not named:
+            raise GateInputError(f"{name}:{int(i) + 2}: column 'versions' names no {key}, so this row was not "
+                                 f"made by the {leg} leg it claims")
+
+
 def _check_hashes(gpu: pd.DataFrame, tpu: pd.DataFrame) -> None:
-    g = gpu.dropna(subset=["input_sha256"]).groupby("case_id")["input_sha256"].first()
-    t = tpu.dropna(subset=["input_sha256"]).groupby("case_id")["input_sha256"].first()
-    both = g.index.intersection(t.index)
-    stale = sorted(c for c in both if g[c] != t[c])
+    both = gpu[KEY + ["input_sha256"]].merge(tpu[KEY + ["input_sha256"]], on=KEY, suffixes=("_gpu", "_tpu"))
+    both = both.dropna(subset=["input_sha256_gpu", "input_sha256_tpu"])  # error rows of invalid cases
+    stale = sorted(set(both.loc[both["input_sha256_gpu"] != both["input_sha256_tpu"], "case_id"]))
     if stale:
         listed = "\n  ".join(stale[:20]) + ("\n  ..." if len(stale) > 20 else "")
         raise GateInputError(
@@ -77,7 +111,7 @@ def _ratio(eps_tpu: float, eps_gpu: float) -> float:
     return eps_tpu / eps_gpu
 
 
-def _judge(key, g, t, policy: Policy) -> list[dict]:
+def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
     case_id, tensor = key
     base = {"case_id": case_id, "tensor": tensor,
             "gpu_status": None if g is None else g["status"], "tpu_status": None if t is None else t["status"],
@@ -89,13 +123,12 @@ def _judge(key, g, t, policy: Policy) -> list[dict]:
     def status_row(verdict, reason):
         return [{**base, "metric": "status", "verdict": verdict, "reason": reason}]
 
-    if t is None:
-        return status_row("missing", "no TPU row for this case and tensor")
-    if g is None:
-        g_status = "missing"
-    else:
-        g_status = g["status"]
-    t_status = t["status"]
+    if t is None or g is None:
+        where = "candidate (TPU)" if t is None else "baseline (GPU)"
+        if allow_missing:
+            return status_row("missing", f"not in the {where} file (allowed: --allow-missing)")
+        return status_row("fail", f"not in the {where} file; pass --allow-missing to gate a deliberate subset")
+    g_status, t_status = g["status"], t["status"]
     if t_status in FAILING:
         return status_row("fail", f"TPU {t_status}: {t['reason']}")
     if t_status == Status.UNSUPPORTED:
@@ -105,9 +138,11 @@ def _judge(key, g, t, policy: Policy) -> list[dict]:
             return status_row("fail", "the TPU leg gives no such tensor but the GPU leg does")
         return status_row("not_provided", "neither leg gives this tensor")
     # the TPU has numbers within its bound
+    if g_status == Status.ERROR:
+        return status_row("fail", f"the GPU baseline errored, so nothing is measured: {g['reason']}")
     if g_status != Status.OK:
-        why = "no GPU row" if g is None else f"GPU {g_status}: {g['reason']}"
-        return status_row("bounds_only", f"TPU within its absolute bound; no GPU baseline ({why})")
+        return status_row("bounds_only", f"TPU within its absolute bound; no GPU number (GPU {g_status}: "
+                                         f"{g['reason']})")
     rows = []
     for metric in METRICS:
         eps_g, eps_t = float(g[metric]), float(t[metric])
@@ -124,23 +159,35 @@ def _judge(key, g, t, policy: Policy) -> list[dict]:
     return rows
 
 
-def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy) -> GateResult:
+def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_missing: bool = False,
+               baseline_leg: str = "gpu", candidate_leg: str = "tpu", names: tuple[str, str] = ("baseline",
+                                                                                             "candidate")) -> GateResult:
+    """Judge ``tpu`` (the candidate) against ``gpu`` (the baseline); see the module docstring."""
+    gpu, tpu = check_results(gpu, names[0]), check_results(tpu, names[1])
+    check_legs(gpu, baseline_leg, "baseline", names[0])
+    check_legs(tpu, candidate_leg, "candidate", names[1])
     _check_hashes(gpu, tpu)
     g_rows = {tuple(k): r for k, r in zip(gpu[KEY].itertuples(index=False), gpu.to_dict("records"))}
     t_rows = {tuple(k): r for k, r in zip(tpu[KEY].itertuples(index=False), tpu.to_dict("records"))}
     keys = list(t_rows) + [k for k in g_rows if k not in t_rows]
     rows = []
     for key in keys:
-        rows.extend(_judge(key, g_rows.get(key), t_rows.get(key), policy))
-    parity = pd.DataFrame(rows)
-    for col in PARITY_COLUMNS:
-        if col not in parity.columns:
-            parity[col] = pd.NA
-    return GateResult(parity[PARITY_COLUMNS], policy, gpu, tpu)
+        rows.extend(_judge(key, g_rows.get(key), t_rows.get(key), policy, allow_missing))
+    parity = pd.DataFrame(rows, columns=PARITY_COLUMNS)
+    gated = parity["metric"].isin(policy.metrics) & parity["verdict"].isin(["pass", "fail"])
+    if not gated.any() and not (parity["verdict"] == "fail").any():  # nothing failed, but nothing was measured
+        parity = pd.concat([parity, pd.DataFrame([{
+            "case_id": "*", "tensor": "*", "metric": "coverage", "verdict": "fail",
+            "reason": f"no gated metric was compared ({len(keys)} (case, tensor) keys, none with numbers in both "
+                      f"files): the gate measured nothing"}], columns=PARITY_COLUMNS)], ignore_index=True)
+    return GateResult(parity[PARITY_COLUMNS], policy, gpu, tpu, baseline_leg, candidate_leg)
 
 
-def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy) -> GateResult:
-    return apply_gate(read_results(gpu_csv), read_results(tpu_csv), policy)
+def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, **options) -> GateResult:
+    """Read and check both files (one file is never compared with itself), then :func:`apply_gate`."""
+    gpu_csv, tpu_csv = Path(gpu_csv), Path(tpu_csv)
+    if gpu_csv.exists() and tpu_csv.exists() and gpu_csv.samefile(tpu_csv):
+        raise GateInputError(f"{gpu_csv} is given as both the baseline and the candidate")
+    return apply_gate(read_results(gpu_csv), read_results(tpu_csv), policy, names=(str(gpu_csv), str(tpu_csv)),
+                      **options)
 
-
-# ---------------------------------------------------------------- rendering

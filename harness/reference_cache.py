@@ -1,17 +1,28 @@
-"""The float64 golden results, cached by input hash.
+"""The float64 golden results, cached by input hash, and verified on every load.
 
 References are deterministic but not cheap, and every leg of a run needs the
 same one. Results are kept in memory for the run and, unless disabled, on disk
 as ``.npz`` under ``$PARITY_CACHE_DIR`` (default ``~/.cache/linear-attn-parity``).
 The key covers the case id, the sha256 of the input bytes and the sha256 of
-the reference sources, so editing a reference never serves a stale result.
+the sources a golden depends on (references, op descriptors, case model), so
+editing one never serves a stale result.
+
+An entry holds the reference's arrays plus ``__meta__`` (JSON bytes): the
+format version, the key, each tensor's dtype and shape, and a sha256 over
+every array's name, dtype, shape and bytes. A file is used only when all of
+it checks out, every tensor is float64 and every compared tensor of the case
+is present; anything else (unreadable, truncated, tampered, older format) is
+recomputed and atomically replaced with a :class:`ReferenceCacheWarning`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +32,21 @@ from cases.inputs import Inputs
 
 from .ops.base import OpDescriptor
 
-_REFERENCES_DIR = Path(__file__).resolve().parent.parent / "references"
+_ROOT = Path(__file__).resolve().parent.parent
+# what a golden result depends on besides its inputs: the references, and the descriptors that call them
+_SOURCES = ("references/*.py", "harness/ops/*.py", "cases/*.py")
+FORMAT = 2  # 1 was the bare npz without metadata
+_META = "__meta__"
+
+
+class ReferenceCacheWarning(UserWarning):
+    """A cache file was not used: it is recomputed and replaced."""
 
 
 def _references_fingerprint() -> str:
     h = hashlib.sha256()
-    for path in sorted(_REFERENCES_DIR.glob("*.py")):
-        h.update(path.name.encode())
+    for path in sorted(p for pattern in _SOURCES for p in _ROOT.glob(pattern)):
+        h.update(str(path.relative_to(_ROOT)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
@@ -37,6 +56,55 @@ def default_cache_dir() -> Path | None:
     if value == "":
         return None  # explicitly disabled
     return Path(value) if value else Path.home() / ".cache" / "linear-attn-parity"
+
+
+def _checksum(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = arrays[name]
+        # name, dtype and shape are hashed too: the same bytes read as float32, or reshaped, must not match
+        h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _describe(a: np.ndarray) -> dict:
+    return {"dtype": str(a.dtype), "shape": list(a.shape)}
+
+
+def _metadata(key: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    meta = {"format": FORMAT, "key": key, "tensors": {n: _describe(a) for n, a in arrays.items()},
+            "sha256": _checksum(arrays)}
+    return np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)  # no pickle needed to read
+
+
+def _problem(arrays: dict[str, np.ndarray], key: str, expected: list[str]) -> str | None:
+    """What is wrong with a loaded entry (``arrays`` with its ``__meta__``), or None when it can be used."""
+    raw = arrays.pop(_META, None)
+    if raw is None:
+        return "it has no metadata (an older cache format)"
+    try:
+        meta = json.loads(raw.tobytes().decode())
+        version, stored_key, tensors, checksum = meta["format"], meta["key"], meta["tensors"], meta["sha256"]
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"its metadata is unreadable ({type(exc).__name__})"
+    if version != FORMAT:
+        return f"it has cache format {version!r}, not {FORMAT}"
+    if stored_key != key:
+        return "its metadata names another key"
+    if not isinstance(tensors, dict) or set(arrays) != set(tensors):
+        return f"it holds tensors {sorted(arrays)}, its metadata lists {sorted(tensors)}"
+    missing = [n for n in expected if n not in arrays]
+    if missing:
+        return f"it lacks the compared tensor(s) {missing}"
+    for name, a in arrays.items():
+        if a.dtype != np.float64:
+            return f"its {name} is {a.dtype}, not float64"
+        if _describe(a) != tensors[name]:
+            return f"its {name} is {_describe(a)}, its metadata says {tensors[name]}"
+    if _checksum(arrays) != checksum:
+        return "its checksum does not match its values"
+    return None
 
 
 class ReferenceCache:
@@ -55,42 +123,67 @@ class ReferenceCache:
         if key in self._memory:
             self.hits += 1
             return self._memory[key]
-        result = self._load(key)
+        expected = op.tensor_names(case)
+        result = self._load(key, expected)
         if result is None:
             self.misses += 1
-            raw = op.reference(case, inputs.as_float64())
-            result = {name: np.asarray(a) for name, a in raw.items() if a is not None}
-            for name, a in result.items():
-                if a.dtype != np.float64:
-                    raise TypeError(f"reference of {op.name} returned {name} as {a.dtype}, not float64")
+            result = self._compute(op, case, inputs, expected)
             self._store(key, result)
         else:
             self.hits += 1
+        for a in result.values():
+            a.flags.writeable = False  # every leg shares this golden: an in-place edit must not move it
         self._memory[key] = result
+        return result
+
+    @staticmethod
+    def _compute(op: OpDescriptor, case: Case, inputs: Inputs, expected: list[str]) -> dict[str, np.ndarray]:
+        raw = op.reference(case, inputs.as_float64())
+        result = {name: np.asarray(a) for name, a in raw.items() if a is not None}
+        missing = [n for n in expected if n not in result]
+        if missing:
+            # otherwise the comparison would fail later with a bare KeyError, or not at all for a leg without it
+            raise ValueError(f"reference of {op.name} returned no {missing} for {case.id}; "
+                             f"it must return every tensor of op.tensors(case)")
+        for name, a in result.items():
+            if a.dtype != np.float64:
+                raise TypeError(f"reference of {op.name} returned {name} as {a.dtype}, not float64")
         return result
 
     def _path(self, key: str) -> Path | None:
         return None if self.directory is None else self.directory / f"{key}.npz"
 
-    def _load(self, key: str):
+    def _load(self, key: str, expected: list[str]) -> dict[str, np.ndarray] | None:
         path = self._path(key)
-        if path is None or not path.exists():
+        if path is None:
             return None
         try:
-            with np.load(path) as data:
-                return {name: data[name] for name in data.files}
-        except (OSError, ValueError):
-            return None  # a torn or foreign file: recompute
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {name: data[name] for name in data.files}
+            problem = _problem(arrays, key, expected)
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # no entry yet
+        except Exception as exc:  # noqa: BLE001 - BadZipFile, zlib.error, EOFError...: any torn file is recomputed
+            problem = f"it is unreadable ({type(exc).__name__}: {' '.join(str(exc).split())})"
+        if problem is None:
+            return arrays
+        warnings.warn(f"reference cache: not using {path}: {problem}; recomputing and replacing it",
+                      ReferenceCacheWarning, stacklevel=3)
+        return None
 
     def _store(self, key: str, result: dict[str, np.ndarray]) -> None:
         path = self._path(key)
         if path is None:
             return
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **result)
-            os.replace(tmp, path)
+                np.savez(f, **result, **{_META: _metadata(key, result)})
+            os.replace(tmp, path)  # readers see the old file or the whole new one, never a torn one
         except OSError:
-            pass  # the cache is an optimisation; a read-only home must not fail a run
+            # the cache is an optimisation; a read-only home must not fail a run
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)

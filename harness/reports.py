@@ -12,13 +12,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+import numpy as np
 import pandas as pd
 
+from .legs import LEG_NAMES
+from .legs.base import MODES
 from .metrics import METRICS
+from .status import Status
 
 if TYPE_CHECKING:
     from .gate import GateResult
@@ -71,30 +76,107 @@ def write_csv(df: pd.DataFrame, path: Path) -> Path:
     return Path(path)
 
 
-def read_results(path: Path) -> pd.DataFrame:
+REQUIRED_COLUMNS = ["case_id", "tensor", "leg", "status", "reason", "input_sha256", "mode", *METRICS]
+"""Columns a result file must have for the gate to judge it."""
+
+RESULT_STATUSES = (Status.OK, Status.BOUND, Status.NONFINITE, Status.NOT_PROVIDED, Status.UNSUPPORTED,
+                   Status.ERROR)
+_MEASURED = (Status.OK, Status.BOUND)  # statuses whose metrics must be finite numbers >= 0
+_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def _where(path: Path, index, column: str) -> str:
+    """``file:line: column 'c'`` of a data row (line 1 is the header; fields hold no newlines)."""
+    return f"{path}:{int(index) + 2}: column {column!r}"
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
     path = Path(path)
+    if path.is_dir():
+        raise ReportError(f"{path} is a directory, not a result CSV")
     if not path.exists():
         raise ReportError(f"result file {str(path)!r} does not exist")
     try:
-        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: not a result CSV ({exc})") from None
-    missing = [c for c in ("case_id", "tensor", "leg", "status", "input_sha256", "mode", *METRICS)
-               if c not in df.columns]
+        return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"input_sha256": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        raise ReportError(f"{path}: not a result CSV ({str(exc).splitlines()[0]})") from None
+
+
+def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Every rule a result file must meet, row by row; the first violation is a :class:`ReportError`
+    naming the file, the line and the column. Returns ``df`` with the metric columns as floats."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise ReportError(f"{path}: not a parity result file, missing columns {missing}")
+    for column in ("case_id", "tensor"):
+        blank = df[df[column].isna()]
+        if len(blank):
+            raise ReportError(f"{_where(path, blank.index[0], column)}: empty")
+    for column, allowed in (("status", RESULT_STATUSES), ("leg", LEG_NAMES), ("mode", MODES)):
+        bad = df[~df[column].isin(allowed)]
+        if len(bad):
+            raise ReportError(f"{_where(path, bad.index[0], column)}: unknown value {bad[column].iloc[0]!r}; "
+                              f"one of {', '.join(allowed)}")
+    df = df.copy()
+    for metric in METRICS:
+        values = pd.to_numeric(df[metric], errors="coerce")
+        text = df[metric].notna() & values.isna()
+        if text.any():
+            i = text[text].index[0]
+            raise ReportError(f"{_where(path, i, metric)}: {df.at[i, metric]!r} is not a number")
+        negative = values < 0
+        if negative.any():
+            i = negative[negative].index[0]
+            raise ReportError(f"{_where(path, i, metric)}: {values[i]!r} is negative; an error is >= 0")
+        unmeasured = df["status"].isin(_MEASURED) & ~np.isfinite(values.astype(float))
+        if unmeasured.any():
+            i = unmeasured[unmeasured].index[0]
+            raise ReportError(f"{_where(path, i, metric)}: a {df.at[i, 'status']} row needs a finite value, "
+                              f"got {df.at[i, metric]!r}")
+        df[metric] = values.astype(float)
+    hashes = df["input_sha256"].astype("string")
+    needs = df["status"] != Status.ERROR  # an invalid case errors before its inputs exist
+    bad = (hashes.notna() | needs) & ~hashes.fillna("").str.fullmatch(_HASH)
+    if bad.any():
+        i = bad[bad].index[0]
+        raise ReportError(f"{_where(path, i, 'input_sha256')}: {df.at[i, 'input_sha256']!r} is not a sha256 "
+                          f"(64 hex digits); only an error row may leave it blank")
+    per_case = df.dropna(subset=["input_sha256"]).groupby("case_id")["input_sha256"].nunique()
+    if (per_case > 1).any():
+        case = per_case[per_case > 1].index[0]
+        lines = [int(i) + 2 for i in df.index[df["case_id"] == case]]
+        raise ReportError(f"{path}: the rows of case {case} (lines {lines}) disagree on input_sha256")
     dupes = df[df.duplicated(KEY, keep=False)]
     if len(dupes):
         raise ReportError(f"{path}: duplicate (case, tensor) rows, e.g. {dupes.iloc[0]['case_id']} / "
-                          f"{dupes.iloc[0]['tensor']}; merge shards with `parity merge`")
-    legs = sorted(df["leg"].dropna().unique())
+                          f"{dupes.iloc[0]['tensor']} (lines {[int(i) + 2 for i in dupes.index[:2]]}); "
+                          f"merge shards with `parity merge`")
+    legs = sorted(df["leg"].unique())
     if len(legs) > 1:
         raise ReportError(f"{path}: rows from several legs {legs}; a result file holds one leg")
     return df
 
 
-def merge_results(paths: Iterable[Path]) -> pd.DataFrame:
-    """Concatenate shard files of one leg; refuses overlapping (case, tensor) rows."""
+def read_results(path: Path) -> pd.DataFrame:
+    """A result CSV, checked by :func:`check_results` (ReportError, exit 2, on any violation)."""
+    return check_results(_read_csv(path), Path(path))
+
+
+def mixed_provenance(df: pd.DataFrame) -> dict[str, list]:
+    """Provenance columns whose rows disagree (suite, commit, mode, device), with their values."""
+    out = {}
+    for column in ("suite", "git_commit", "mode", "device"):
+        if column in df.columns:
+            values = sorted(str(v) for v in df[column].dropna().unique())
+            if len(values) > 1:
+                out[column] = values
+    return out
+
+
+def merge_results(paths: Iterable[Path], allow_mixed: bool = False) -> pd.DataFrame:
+    """Concatenate shard files of one leg; refuses overlapping (case, tensor) rows, and rows of
+    different suites, commits, modes or devices unless ``allow_mixed``."""
+    paths = list(paths)
     frames = [read_results(p) for p in paths]
     if not frames:
         raise ReportError("no result files to merge")
@@ -105,6 +187,10 @@ def merge_results(paths: Iterable[Path]) -> pd.DataFrame:
     legs = sorted(df["leg"].dropna().unique())
     if len(legs) > 1:
         raise ReportError(f"cannot merge files of different legs {legs}")
+    mixed = mixed_provenance(df)
+    if mixed and not allow_mixed:
+        what = "; ".join(f"{c}: {', '.join(v)}" for c, v in mixed.items())
+        raise ReportError(f"the files were made by different runs ({what}); pass --allow-mixed to merge them anyway")
     return df.sort_values(KEY, kind="stable").reset_index(drop=True)
 
 
@@ -133,13 +219,24 @@ def _cost(x) -> str:
 
 
 def _provenance(df: pd.DataFrame) -> str:
+    """Mode, device, versions and commit of a file's rows; every distinct value, and **mixed** when they differ."""
     if df.empty:
         return "no rows"
-    r = df.iloc[0]
-    modes = sorted(df["mode"].dropna().unique())
-    versions = json.loads(r["versions"]) if isinstance(r.get("versions"), str) else {}
-    vtext = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
-    return f"mode **{'/'.join(modes)}** on {r.get('device', '')}; {vtext}; commit {r.get('git_commit', '')}"
+
+    def values(column):
+        return sorted(str(v) for v in df[column].dropna().unique()) if column in df.columns else []
+
+    versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(json.loads(text).items()))
+                       for text in values("versions")})
+    parts = [f"mode **{'/'.join(values('mode'))}** on {' / '.join(values('device'))}",
+             " / ".join(versions), f"commit {' / '.join(values('git_commit'))}"]
+    mixed = mixed_provenance(df)
+    if len(versions) > 1:
+        mixed["versions"] = versions
+    text = "; ".join(p for p in parts if p)
+    if mixed:
+        text += f" (**mixed**: the rows differ in {', '.join(mixed)})"
+    return text
 
 
 def compiled_note(tpu: pd.DataFrame) -> str:
@@ -167,9 +264,16 @@ def markdown(result: GateResult) -> str:
         "",
         f"Rule: {result.policy.describe()}.",
         "",
-        f"- GPU: {_provenance(result.gpu)}",
-        f"- TPU: {_provenance(result.tpu)}",
+        f"- baseline ({result.baseline_leg}): {_provenance(result.gpu)}",
+        f"- candidate ({result.candidate_leg}): {_provenance(result.tpu)}",
     ]
+    if (result.baseline_leg, result.candidate_leg) != ("gpu", "tpu"):
+        lines += ["", f"> **Not the GPU-vs-TPU gate**: the baseline is the {result.baseline_leg} leg and the "
+                      f"candidate the {result.candidate_leg} leg, as asked (--baseline-leg/--candidate-leg)."]
+    missing = int((p["verdict"] == "missing").sum())
+    if missing:
+        lines += ["", f"> **{missing} (case, tensor) row(s) are in one file only** and were allowed "
+                      f"(--allow-missing): this gate covers a subset."]
     if emulated:
         lines += ["", "> Emulated rows ran on CPU (Triton interpreter / Pallas interpret mode with the MXU model); "
                       "they are not hardware numbers."]

@@ -38,7 +38,7 @@ def _with_tpu_forward(op_name, forward):
 def _gate(case, faulty_ops, cache):
     baseline = rows_to_frame(Runner(RefLeg(method="chunk", compute_dtype="float32"), cache).run_case(case))
     rows = Runner(TpuLeg(), cache, ops=faulty_ops).run_case(case)
-    return rows, apply_gate(baseline, rows_to_frame(rows), Policy())
+    return rows, apply_gate(baseline, rows_to_frame(rows), Policy(), baseline_leg="ref")
 
 
 def test_masked_exp_after_exp_gives_nan_and_fails_the_gate(cache, inject):

@@ -8,8 +8,8 @@ pytest_plugins = ["pytester"]
 
 INLINE = '''
 def test_case(parity_case, parity_results):
-    parity_results.add("ref", [{"case_id": parity_case.id, "tensor": "o", "leg": "ref", "status": "ok",
-                                "input_sha256": "x", "mode": "native"}])
+    parity_results.add("ref", [{"case_id": parity_case.id, "tensor": "o", "leg": "ref", "status": "unsupported",
+                                "reason": "a row without numbers", "input_sha256": "a" * 64, "mode": "native"}])
 '''
 
 

@@ -10,6 +10,7 @@ from cases.case import Case, Gate
 from cases.inputs import make_inputs
 from harness.cli import main
 from harness.gate import GateInputError, apply_gate
+from harness.legs import LEG_VERSION_KEYS
 from harness.legs.base import Environment, Leg, LegOutput
 from harness.ops import get_op
 from harness.policy import Policy
@@ -29,7 +30,7 @@ class FakeLeg(Leg):
         self.cache = ReferenceCache(None)
 
     def environment(self):
-        return Environment(mode="emulated", device="fake", versions={"fake": "1"})
+        return Environment(mode="emulated", device="fake", versions={LEG_VERSION_KEYS[self.name]: "fake"})
 
     def supports(self, op, case):
         return self.unsupported
@@ -120,9 +121,13 @@ def test_gate_unsupported_and_missing():
     gpu = _frame("gpu")
     tpu = _frame("tpu", unsupported="TPU kernels need K and V to be multiples of 128")
     res = apply_gate(gpu, tpu, Policy())
-    assert set(res.parity["verdict"]) == {"unsupported"} and res.passed
+    # every row unsupported: nothing was compared, and a gate that measured nothing fails
+    assert set(res.parity["verdict"]) == {"unsupported", "fail"} and not res.passed
+    assert list(res.failures["metric"]) == ["coverage"]
     res = apply_gate(gpu, tpu.iloc[:0], Policy())
-    assert set(res.parity["verdict"]) == {"missing"}
+    assert not res.passed and "not in the candidate" in res.failures["reason"].iloc[0]
+    res = apply_gate(gpu, tpu.iloc[:0], Policy(), allow_missing=True)
+    assert set(res.parity["verdict"]) == {"missing", "fail"}  # still nothing compared
 
 
 def test_cli_gate_exit_codes(tmp_path):

@@ -127,7 +127,7 @@ def test_a_kernel_that_does_not_compile_is_an_error_row_and_fails_the_gate():
     bad = Runner(TpuLeg(), cache, ops=faulty).run_case(CASE)
     assert {r["status"] for r in bad} == {"error"}
     assert all(r["reason"].startswith("does not compile for TPU v6e: MosaicError") for r in bad), bad[0]["reason"]
-    result = apply_gate(rows_to_frame(good), rows_to_frame(bad), Policy())
+    result = apply_gate(rows_to_frame(good), rows_to_frame(bad), Policy(), baseline_leg="tpu")
     assert not result.passed and set(result.failures["tensor"]) == set(op.tensor_names(CASE))
 
 

@@ -1,0 +1,119 @@
+"""Writing one leg's result file without ever losing or clobbering a result.
+
+- **Locked.** A run holds an exclusive lock (``.<name>.lock`` beside the file, ``flock``) from start
+  to end; a second run into the same file stops at once with a one-line error instead of racing it.
+  The kernel drops the lock when the process ends, however it ends.
+- **Kept as it goes.** Each case's rows are appended to ``<stem>.partial.csv`` (and fsync'd) as soon
+  as the case is done. The finished run writes the result file atomically and removes the partial
+  one. An interrupted run (Ctrl-C, a crash, a killed CI job) leaves the partial file: a readable
+  result file of the cases done so far, which the gate fails as incomplete unless told
+  ``--allow-missing``, and which ``--resume`` continues.
+- **Never clobbered.** An existing result file of another suite or leg, a file that is not a result
+  file, or a partial file of an interrupted run is not overwritten without ``--force``. Re-running
+  the same suite and leg replaces its own earlier result: that is what a re-run is for.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from .reports import ReportError, read_results, rows_to_frame, write_csv
+
+_RESUME_MUST_MATCH = ("leg", "mode", "suite", "git_commit")
+
+
+class ResultFile:
+    """``with ResultFile(path, provenance, ...) as out:`` then ``out.append(rows)`` per case and
+    ``out.finish()``; ``out.done`` holds the case ids a resumed run already has."""
+
+    def __init__(self, path: Path, provenance: dict, *, force: bool = False, resume: bool = False):
+        self.path = Path(path)
+        self.partial = self.path.with_name(f"{self.path.stem}.partial.csv")
+        self.lock_path = self.path.with_name(f".{self.path.name}.lock")
+        self.provenance, self.force, self.resume = provenance, force, resume
+        self.done: set[str] = set()
+        self._lock = None
+
+    # ------------------------------------------------------------ checks
+    def __enter__(self) -> "ResultFile":
+        self._lock = open(self.lock_path, "a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise ReportError(f"another parity run is writing {self.path} right now (it holds {self.lock_path}); "
+                              f"wait for it, or write elsewhere with --out or --tag") from None
+        try:
+            self._check_target()
+            self._check_partial()
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the descriptor drops the flock
+            self._lock = None
+
+    def _check_target(self) -> None:
+        if self.force or not self.path.exists():
+            return
+        try:
+            old = read_results(self.path)
+        except ReportError as exc:
+            raise ReportError(f"{self.path} exists and is not a result file this run may replace ({exc}); "
+                              f"pass --force to overwrite it") from None
+        for column in ("leg", "suite"):
+            theirs = sorted(str(v) for v in old[column].dropna().unique()) if column in old.columns else []
+            ours = str(self.provenance.get(column) or "")
+            if theirs and theirs != [ours]:
+                raise ReportError(f"{self.path} holds a result of {column} {', '.join(theirs)}, this run is "
+                                  f"{column} {ours or '(none)'}; pass --force to overwrite it, or write elsewhere "
+                                  f"with --out or --tag")
+
+    def _check_partial(self) -> None:
+        if not self.partial.exists():
+            if self.resume:
+                raise ReportError(f"nothing to resume: {self.partial} does not exist")
+            return
+        if self.force and not self.resume:
+            self.partial.unlink()
+            return
+        if not self.resume:
+            raise ReportError(f"{self.partial} holds the rows of an interrupted run: pass --resume to continue it, "
+                              f"or --force to discard it")
+        rows = read_results(self.partial)
+        for column in _RESUME_MUST_MATCH:
+            theirs = sorted(str(v) for v in rows[column].dropna().unique()) if column in rows.columns else []
+            ours = str(self.provenance.get(column) or "")
+            if theirs and theirs != [ours]:
+                raise ReportError(f"cannot resume {self.partial}: it was made with {column} {', '.join(theirs)}, "
+                                  f"this run has {ours or '(none)'}; pass --force to start over")
+        self.done = set(rows["case_id"])
+
+    # ------------------------------------------------------------ writing
+    def append(self, rows: list[dict]) -> None:
+        """One case's rows, appended and flushed to disk before the next case starts."""
+        new = not self.partial.exists()
+        text = rows_to_frame(rows).to_csv(index=False, header=new)
+        with open(self.partial, "a", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def finish(self) -> pd.DataFrame:
+        """All rows (resumed ones included) as the result file, written atomically; the partial file goes."""
+        if not self.partial.exists():
+            raise ReportError("the run produced no rows")
+        df = read_results(self.partial)
+        write_csv(df, self.path)
+        self.partial.unlink()
+        return df
