@@ -127,7 +127,7 @@ def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
         negative = values < 0
         if negative.any():
             i = negative[negative].index[0]
-            raise ReportError(f"{_where(path, i, metric)}: {values[i]!r} is negative; an error is >= 0")
+            raise ReportError(f"{_where(path, i, metric)}: {float(values[i])!r} is negative; an error is >= 0")
         unmeasured = df["status"].isin(_MEASURED) & ~np.isfinite(values.astype(float))
         if unmeasured.any():
             i = unmeasured[unmeasured].index[0]

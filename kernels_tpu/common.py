@@ -1,5 +1,6 @@
-"""What every op's kernels share: the TPU tile constants, the argument checks, the validated block sizes,
-the causal masks, the safe masked exp and the sequential state pass.
+"""What every op's kernels share: the TPU tile constants, the kernels' limits on top of the op contract
+(:mod:`op_contract`), the validated block sizes, the causal masks, the safe masked exp and the sequential
+state pass.
 
 Dimension numbers and the precision policy live in :mod:`kernels_tpu.mxu`.
 """
@@ -8,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from op_contract import Dims, positive_int
 
 LANES = 128  # vreg lane width and MXU tile: K and V must be multiples of it
 SUBLANES = 8  # f32 rows per vreg: row offsets into VMEM blocks are multiples of it
@@ -21,57 +23,13 @@ SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.f
 
 
 # ------------------------------------------------------------------ argument checks
-# Every op's public functions check their arguments from static shapes and dtypes, before
-# tracing, with these helpers: invalid input is a ValueError, valid input the kernels do not
-# implement is a NotImplementedError that says the fix. The messages are the same in every op.
-@dataclasses.dataclass(frozen=True)
-class Dims:
-    """The sizes of one call: batch, time, heads, key and value head dims."""
-
-    B: int
-    T: int
-    H: int
-    K: int
-    V: int
-
-    def shape(self, layout: str) -> tuple:
-        """``layout`` as letters, e.g. ``"BTHK"`` -> ``(B, T, H, K)``."""
-        return tuple(getattr(self, axis) for axis in layout)
-
-
-def _shape_of(x):
-    return tuple(x.shape) if hasattr(x, "shape") and hasattr(x, "dtype") else None
-
-
-def expect(name: str, x, layout: str, dims: Dims, *, floating: bool = True) -> None:
-    """ValueError unless ``x`` (skipped when None) is an array of shape ``layout`` (letters of :class:`Dims`)."""
-    if x is None:
-        return
-    want = dims.shape(layout)
-    if _shape_of(x) != want:
-        got = _shape_of(x) if _shape_of(x) is not None else type(x).__name__
-        raise ValueError(f"{name} must be [{','.join(layout)}] = {want}, got {got}")
-    if floating and not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"{name} must be floating point, got {name}.dtype={x.dtype}")
-
-
-def check_qkv(q, k, v, *, initial_state=None, do=None, dht=None) -> Dims:
-    """q, k [B,T,H,K] and v [B,T,H,V]: one supported float dtype, K and V multiples of ``LANES``;
-    and, when given, the state and cotangents every op shares: initial_state and dht [B,H,K,V], do [B,T,H,V]."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if _shape_of(x) is None or len(x.shape) != 4:
-            raise ValueError(f"{name} must be a [B,T,H,*] array, got {_shape_of(x) or type(x).__name__}")
-    B, T, H, K = q.shape
-    dims = Dims(B, T, H, K, v.shape[-1])
-    if tuple(k.shape) != dims.shape("BTHK") or tuple(v.shape[:2]) != (B, T):
-        raise ValueError(f"need q, k [B,T,H,K] and v [B,T,H,V]: got {q.shape=} {k.shape=} {v.shape=}")
-    if v.shape[2] != H:
-        raise NotImplementedError(f"grouped value heads are not supported: v has {v.shape[2]} heads, q and k {H}; "
-                                  "repeat q and k to the value heads (jnp.repeat(q, HV // H, axis=2))")
-    if min(B, T, H, dims.K, dims.V) < 1:
-        raise ValueError(f"empty input: {q.shape=} {v.shape=}")
-    if not (q.dtype == k.dtype == v.dtype) or not jnp.issubdtype(q.dtype, jnp.floating):
-        raise ValueError(f"q, k, v must share one floating dtype: {q.dtype=} {k.dtype=} {v.dtype=}")
+# Every op's public functions first check the op contract (the package ``contract``, shared with the
+# float64 references: invalid input is a ValueError, the same message in both), then the kernels'
+# own limits with :func:`check_limits` and :class:`BlockSizes`: valid input the kernels do not
+# implement is a NotImplementedError that says the fix. All from static shapes and dtypes, before
+# tracing; only a concrete gate's sign needs its values (a traced gate is not checked).
+def check_limits(q, dims: Dims) -> None:
+    """NotImplementedError unless q's dtype is one of ``SUPPORTED_DTYPES`` and K, V are multiples of ``LANES``."""
     if jnp.dtype(q.dtype) not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"supported dtypes are bfloat16, float16, float32; got {q.dtype=}; cast the inputs")
     for axis, n, fix in (("K", dims.K, f"q and k (pass scale={dims.K}**-0.5 explicitly)"), ("V", dims.V, "v")):
@@ -79,19 +37,6 @@ def check_qkv(q, k, v, *, initial_state=None, do=None, dht=None) -> Dims:
             raise NotImplementedError(
                 f"{axis}={n} must be a multiple of {LANES} (TPU lane width): zero-pad {fix} along {axis} to "
                 f"{math.ceil(n / LANES) * LANES} (exact: padded channels contribute 0) and slice o back")
-    expect("initial_state", initial_state, "BHKV", dims)
-    expect("do", do, "BTHV", dims)
-    expect("dht", dht, "BHKV", dims)
-    return dims
-
-
-def resolve_scale(scale, K: int) -> float:
-    """``scale`` as a float: K**-0.5 when None, else a finite non-zero Python number (static)."""
-    if scale is None:
-        return float(K) ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale == 0:
-        raise ValueError(f"scale must be None or a finite non-zero Python number, got {scale=}")
-    return float(scale)
 
 
 def iota(shape, dim):
@@ -189,9 +134,7 @@ class BlockSizes:
 
     def __post_init__(self):
         for name in ("chunk_size", "sub_chunk", "block_v", "num_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+            positive_int(name, getattr(self, name))
         if self.sub_chunk % SUBLANES:
             raise ValueError(f"sub_chunk={self.sub_chunk} must be a multiple of {SUBLANES} (TPU sublanes)")
         if self.block_v % LANES:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -122,7 +122,6 @@ def policy_for(dtype, mxu_model: bool) -> Policy:
 
 
 # ------------------------------------------------------------ modeled MXU work
-@dataclass
 class MxuTally:
     """Modeled MXU work of the dots executed while the tally is active, per phase.
 
@@ -132,9 +131,10 @@ class MxuTally:
     only in interpret mode with the MXU model: a model of the work, not a timing.
     """
 
-    macs: dict = field(default_factory=dict)
-    pass_macs: dict = field(default_factory=dict)
-    phase: str = "forward"
+    def __init__(self, phase: str = "forward"):
+        self.macs: dict[str, int] = {}
+        self.pass_macs: dict[str, int] = {}
+        self.phase = phase
 
     def add(self, macs: int, passes: int) -> None:
         self.macs[self.phase] = self.macs.get(self.phase, 0) + macs

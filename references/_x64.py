@@ -24,6 +24,11 @@ def float64_cpu(enable: bool = True) -> Iterator[None]:
         yield
 
 
+def as_arrays(*xs) -> list:
+    """Each input as a numpy array as given (no cast, so the contract sees its dtype); None stays None."""
+    return [None if x is None else np.asarray(x) for x in xs]
+
+
 def to_jax(x, dtype: str):
     """Upcast an input (any float numpy dtype, bf16 included) to ``dtype`` exactly."""
     if x is None:

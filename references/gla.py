@@ -30,7 +30,9 @@ Two formulations check each other:
 Everything runs in float64 without global side effects: inside
 ``jax.enable_x64(True)`` and ``jax.default_device(cpu)`` contexts, with every
 einsum at ``Precision.HIGHEST``. Inputs are numpy arrays of any float dtype
-(ml_dtypes bfloat16 included); results are float64 numpy arrays.
+(ml_dtypes bfloat16 included), checked against the op contract (:mod:`op_contract`:
+shapes, float dtypes, chunk_size, scale, gates <= 0; the same errors as the
+kernels); results are float64 numpy arrays.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._x64 import COMPUTE_DTYPES, check_compute_dtype, float64_cpu
+from op_contract import check_gla
+
+from ._x64 import COMPUTE_DTYPES, as_arrays, check_compute_dtype, float64_cpu
 
 HIGHEST = lax.Precision.HIGHEST
 METHODS = ("chunk", "recurrent")
@@ -56,28 +60,15 @@ def _f64(x):
     return None if x is None else np.asarray(x).astype(np.float64)
 
 
-def _validate(q, k, v, g, g_gamma, initial_state, method, chunk_size, do=None, dht=None, compute_dtype="float64"):
+def _validate(q, k, v, g, g_gamma, initial_state, scale, method, chunk_size, do=None, dht=None,
+              compute_dtype="float64") -> float:
+    """The op contract (:func:`op_contract.check_gla`) on the inputs as given (before any cast), plus the
+    reference's own arguments; returns the resolved scale."""
     check_compute_dtype(compute_dtype)
-    if q.ndim != 4 or k.shape != q.shape or v.ndim != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"need q,k [B,T,H,K] and v [B,T,H,V]: got {q.shape=} {k.shape=} {v.shape=}")
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    if (g is None) == (g_gamma is None):
-        raise ValueError("pass exactly one of g [B,T,H,K] and g_gamma [H]")
-    if g is not None and g.shape != (B, T, H, K):
-        raise ValueError(f"{g.shape=} must be {(B, T, H, K)}")
-    if g_gamma is not None and g_gamma.shape != (H,):
-        raise ValueError(f"{g_gamma.shape=} must be {(H,)}")
-    if initial_state is not None and initial_state.shape != (B, H, K, V):
-        raise ValueError(f"{initial_state.shape=} must be {(B, H, K, V)}")
-    if do is not None and do.shape != (B, T, H, V):
-        raise ValueError(f"{do.shape=} must be {(B, T, H, V)}")
-    if dht is not None and dht.shape != (B, H, K, V):
-        raise ValueError(f"{dht.shape=} must be {(B, H, K, V)}")
     if method not in METHODS:
         raise ValueError(f"{method=} must be one of {METHODS}")
-    if not (isinstance(chunk_size, int) and chunk_size > 0):
-        raise ValueError(f"{chunk_size=} must be a positive int")
+    q, k, v, g, g_gamma, initial_state, do, dht = as_arrays(q, k, v, g, g_gamma, initial_state, do, dht)
+    return check_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht)[1]
 
 
 def _gate(g, g_gamma, shape):
@@ -164,9 +155,8 @@ def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, out
     ``compute_dtype="float32"`` runs the same maths in float32 (results still
     returned as float64 arrays): only to exercise a harness gate, never a golden.
     """
+    scale = _validate(q, k, v, g, g_gamma, initial_state, scale, method, chunk_size, compute_dtype=compute_dtype)
     q, k, v, g, g_gamma, h0 = map(_f64, (q, k, v, g, g_gamma, initial_state))
-    _validate(q, k, v, g, g_gamma, h0, method, chunk_size, compute_dtype=compute_dtype)
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     with float64_cpu(compute_dtype == "float64"):
         o, ht = _forward(*map(lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype)),
                               (q, k, v, g, g_gamma, h0)), scale, method, chunk_size)
@@ -183,9 +173,9 @@ def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initi
     ``None`` where not applicable (``dg`` without g, ``dg_gamma`` without
     g_gamma, ``dh0`` without initial_state).
     """
+    scale = _validate(q, k, v, g, g_gamma, initial_state, scale, method, chunk_size, do=do, dht=dht,
+                      compute_dtype=compute_dtype)
     q, k, v, do, dht, g, g_gamma, h0 = map(_f64, (q, k, v, do, dht, g, g_gamma, initial_state))
-    _validate(q, k, v, g, g_gamma, h0, method, chunk_size, do=do, dht=dht, compute_dtype=compute_dtype)
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     B, T, H, K = q.shape
     V = v.shape[-1]
     with float64_cpu(compute_dtype == "float64"):

@@ -33,20 +33,22 @@ the delta-rule state pass and the output). Both run chunk by chunk under ``jax.c
 so the backward (``jax.vjp``) keeps only the ``NT`` chunk-start states.
 
 All work runs inside ``jax.enable_x64(True)`` on the CPU device with HIGHEST matmul precision;
-nothing is set globally. Inputs may be numpy arrays of any float dtype (bfloat16 included);
-they are upcast exactly to float64. Results are float64 numpy arrays (checked).
+nothing is set globally. Inputs may be numpy arrays of any float dtype (bfloat16 included),
+checked against the op contract (:mod:`op_contract`: shapes, float dtypes, chunk_size, scale,
+``g <= 0`` unless ``use_gate_in_kernel``; the same errors as the kernels); they are upcast exactly
+to float64. Results are float64 numpy arrays (checked).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._x64 import COMPUTE_DTYPES, check_compute_dtype, float64_cpu, to_jax, to_numpy
+from op_contract import check_kda, kda_options
+
+from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
 L2NORM_EPS = 1e-6
 METHODS = ("chunk", "recurrent")
@@ -58,36 +60,6 @@ __all__ = ["chunk_kda", "chunk_kda_bwd", "preprocess", "METHODS", "L2NORM_EPS"]
 def _to_np(x, dtype: str) -> np.ndarray:
     """Checked to be in the compute dtype, then returned as float64."""
     return to_numpy(x, dtype).astype(np.float64)
-
-
-# ------------------------------------------------------------------ validation
-def _check(q, k, v, g, beta, initial_state, A_log, dt_bias, opts, chunk_size, method):
-    if method not in METHODS:
-        raise ValueError(f"{method=} must be one of {METHODS}")
-    if q.ndim != 4 or q.shape != k.shape:
-        raise ValueError(f"q and k must be [B,T,H,K] with equal shapes, got {q.shape=} {k.shape=}")
-    B, T, H, K = q.shape
-    if v.ndim != 4 or v.shape[:3] != (B, T, H):
-        raise ValueError(f"v must be [B,T,H,V] = [{B},{T},{H},V], got {v.shape=}")
-    if g.shape != (B, T, H, K):
-        raise ValueError(f"g must be [B,T,H,K] = {(B, T, H, K)}, got {g.shape=}")
-    if beta.shape != (B, T, H):
-        raise ValueError(f"beta must be [B,T,H] = {(B, T, H)}, got {beta.shape=}")
-    V = v.shape[-1]
-    if initial_state is not None and initial_state.shape != (B, H, K, V):
-        raise ValueError(f"initial_state must be [B,H,K,V] = {(B, H, K, V)}, got {initial_state.shape}")
-    if not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"{chunk_size=} must be a positive int")
-    if opts["use_gate_in_kernel"]:
-        if A_log is None and opts["lower_bound"] is None:
-            raise ValueError("A_log must be given when use_gate_in_kernel=True and lower_bound is None")
-        if A_log is not None and np.shape(A_log) != (H,):
-            raise ValueError(f"A_log must have shape [H] = ({H},), got {np.shape(A_log)}")
-        if dt_bias is not None and np.shape(dt_bias) != (H * K,):
-            raise ValueError(f"dt_bias must have shape [H*K] = ({H * K},), got {np.shape(dt_bias)}")
-    # fla's rules on the option combination (safe_gate's lower_bound range, allow_neg_eigval only with the
-    # beta sigmoid) are the kernels' rules, written once in kernels_tpu.kda.check_options: the float64
-    # maths here is defined without them, and safe_gate only chooses kernel numerics.
 
 
 # ------------------------------------------------------------------ options
@@ -193,27 +165,23 @@ def _core(q, k, v, g, beta, h0, scale, chunk_size, method):
     return _from_chunks(o)[:, :T], ht
 
 
-def _options(kw) -> dict[str, Any]:
-    opts = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
-                allow_neg_eigval=False, safe_gate=False, lower_bound=None)
-    unknown = set(kw) - set(opts)
-    if unknown:
-        raise TypeError(f"unknown options {sorted(unknown)}")
-    opts.update(kw)
-    return opts
-
-
-def _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw, compute_dtype):
+def _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw, compute_dtype, do=None,
+           dht=None):
+    """The op contract (:func:`op_contract.check_kda`) on the inputs as given, plus the reference's own arguments."""
     check_compute_dtype(compute_dtype)
-    opts = _options(kw)
-    arrs = [np.asarray(x) for x in (q, k, v, g, beta)]
-    _check(*arrs, None if initial_state is None else np.asarray(initial_state), A_log, dt_bias, opts,
-           chunk_size, method)
-    K = arrs[0].shape[-1]
-    scale = K ** -0.5 if scale is None else float(scale)
+    if method not in METHODS:
+        raise ValueError(f"{method=} must be one of {METHODS}")
+    opts = kda_options(kw)
+    q, k, v, g, beta, initial_state, A_log, dt_bias, do, dht = as_arrays(q, k, v, g, beta, initial_state, A_log,
+                                                                         dt_bias, do, dht)
+    _, scale = check_kda(q, k, v, g, beta, scale, initial_state, chunk_size, opts=opts, A_log=A_log,
+                         dt_bias=dt_bias, do=do, dht=dht)
+    # fla's rules on the option combination (safe_gate's lower_bound range, allow_neg_eigval only with the
+    # beta sigmoid) are the kernels' rules, written once in kernels_tpu.kda.check_options: the float64
+    # maths here is defined without them, and safe_gate only chooses kernel numerics.
     if not use_gate(opts):
         A_log = dt_bias = None  # ignored by fla without the in-kernel gate
-    return arrs, opts, scale, A_log, dt_bias
+    return [q, k, v, g, beta], opts, scale, A_log, dt_bias
 
 
 def use_gate(opts) -> bool:
@@ -254,7 +222,7 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
     parameter is given.
     """
     arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
-                                               chunk_size, method, options, compute_dtype)
+                                               chunk_size, method, options, compute_dtype, do, dht)
     cd = compute_dtype
     with float64_cpu(cd == "float64"):
         primals = dict(zip(("q", "k", "v", "g", "beta"), (to_jax(x, cd) for x in arrs)))
@@ -262,13 +230,9 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
             if x is not None:
                 primals[name] = to_jax(x, cd)
         do64 = to_jax(do, cd)
-        if do64.shape != primals["v"].shape:
-            raise ValueError(f"do must have the shape of o {primals['v'].shape}, got {do64.shape}")
         B, T, H, K = primals["q"].shape
         V = primals["v"].shape[-1]
         dht64 = jnp.zeros((B, H, K, V), cd) if dht is None else to_jax(dht, cd)
-        if dht64.shape != (B, H, K, V):
-            raise ValueError(f"dht must be [B,H,K,V] = {(B, H, K, V)}, got {dht64.shape}")
 
         def loss_fn(p):
             q_, k_, g_, b_ = preprocess(p["q"], p["k"], p["g"], p["beta"], p.get("A_log"), p.get("dt_bias"),

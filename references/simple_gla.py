@@ -23,9 +23,11 @@ Two formulations check each other (tests hold them to 1e-12 relative):
   the sequential scan, so the backward (``jax.vjp``) keeps NT states, never T.
 
 Public functions mirror fla's names and [B,T,H,*] layout and take numpy arrays
-of any float dtype (bfloat16 included); they upcast exactly and return float64
-numpy arrays. ``compute_dtype="float32"`` runs the same maths in float32: the
-reference leg uses it to show the gate working before other legs exist.
+of any float dtype (bfloat16 included); they check them against the op contract
+(:mod:`op_contract`: shapes, float dtypes, chunk_size, scale, gates <= 0, the same
+errors as the kernels), upcast exactly and return float64 numpy arrays.
+``compute_dtype="float32"`` runs the same maths in float32: the reference leg
+uses it to show the gate working before other legs exist.
 """
 
 from __future__ import annotations
@@ -37,24 +39,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._x64 import check_compute_dtype, float64_cpu, to_jax, to_numpy
+from op_contract import check_simple_gla
+
+from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
 __all__ = ["chunk_simple_gla", "chunk_simple_gla_bwd", "naive_recurrent_simple_gla"]
-
-
-def _validate(q, k, v, g, g_gamma, initial_state):
-    if q.ndim != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"expected q, k [B,T,H,K] and v [B,T,H,V]; got {q.shape=}, {k.shape=}, {v.shape=}")
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    if g is not None and g_gamma is not None:
-        raise ValueError("pass either g [B,T,H] or g_gamma [H], not both")
-    if g is not None and g.shape != (B, T, H):
-        raise ValueError(f"{g.shape=} must be [B,T,H]={(B, T, H)}")
-    if g_gamma is not None and g_gamma.shape != (H,):
-        raise ValueError(f"{g_gamma.shape=} must be [H]={(H,)}")
-    if initial_state is not None and initial_state.shape != (B, H, K, V):
-        raise ValueError(f"{initial_state.shape=} must be [B,H,K,V]={(B, H, K, V)}")
 
 
 def _log_decay(g, g_gamma, B, T, H, dtype):
@@ -139,12 +128,12 @@ def _backward(primals, d_o, d_ht, scale, method, chunk_size):
     return vjp((d_o, d_ht))[0]
 
 
-def _prepare(q, k, v, g, g_gamma, initial_state, scale, compute_dtype):
+def _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype, do=None, dht=None):
+    """The inputs as numpy arrays, checked against the op contract (:mod:`op_contract`); the resolved scale."""
     check_compute_dtype(compute_dtype)
-    arrays = [None if a is None else np.asarray(a) for a in (q, k, v, g, g_gamma, initial_state)]
-    _validate(*arrays[:3], arrays[3], arrays[4], arrays[5])
-    scale = arrays[0].shape[-1] ** -0.5 if scale is None else float(scale)
-    return arrays, scale
+    q, k, v, g, g_gamma, initial_state, do, dht = as_arrays(q, k, v, g, g_gamma, initial_state, do, dht)
+    _, scale = check_simple_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht)
+    return [q, k, v, g, g_gamma, initial_state], scale
 
 
 # ----------------------------------------------------------------- public
@@ -156,7 +145,7 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     [B,T,H,V]; g [B,T,H] or g_gamma [H] (log decays); scale defaults to K**-0.5;
     initial_state [B,H,K,V].
     """
-    arrays, scale = _prepare(q, k, v, g, g_gamma, initial_state, scale, compute_dtype)
+    arrays, scale = _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype)
     with float64_cpu(compute_dtype == "float64"):
         q, k, v, g, g_gamma, h0 = (to_jax(a, compute_dtype) for a in arrays)
         o, ht = _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size)
@@ -171,7 +160,7 @@ def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None
     ``dg`` is None unless g is given, ``dg_gamma`` unless g_gamma is given,
     ``dh0`` unless initial_state is given. All arrays are float64 numpy.
     """
-    arrays, scale = _prepare(q, k, v, g, g_gamma, initial_state, scale, compute_dtype)
+    arrays, scale = _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype, do, dht)
     B, T, H, K = arrays[0].shape
     V = arrays[2].shape[-1]
     with float64_cpu(compute_dtype == "float64"):

@@ -4,7 +4,7 @@ from cases.case import Case, Gate
 from cases.inputs import make_inputs
 from cases.suites import get_suite
 from harness.causality import causality_cases, check_case, default_t0, perturb_future
-from harness.legs.base import Environment, Leg, LegOutput
+from harness.legs.base import LegOutput
 from harness.legs.ref import RefLeg
 from harness.ops import get_op
 

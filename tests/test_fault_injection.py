@@ -18,7 +18,6 @@ from harness.gate import apply_gate
 from harness.legs.ref import RefLeg
 from harness.legs.tpu import TpuLeg
 from harness.ops import get_op
-from harness.ops.base import LegBinding
 from harness.policy import Policy
 from harness.reference_cache import ReferenceCache
 from harness.reports import rows_to_frame

@@ -123,5 +123,5 @@ def test_reference_validates():
     q, k, v, do, g, gamma, *_ = _inputs(rng)
     with pytest.raises(ValueError, match="not both"):
         chunk_simple_gla(q, k, v, g=g, g_gamma=gamma)
-    with pytest.raises(ValueError, match="g.shape"):
+    with pytest.raises(ValueError, match="g must be"):
         chunk_simple_gla(q, k, v, g=g[:, :, :1])

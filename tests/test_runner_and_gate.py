@@ -1,6 +1,5 @@
 """Rows for every outcome, and the gate's verdicts, on a tiny simple_gla case with fake legs."""
 
-import math
 
 import numpy as np
 import pandas as pd

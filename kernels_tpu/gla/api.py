@@ -20,8 +20,10 @@ constant gate keeps decaying over padded tokens, so there padding is only
 exact without a final state (``output_final_state=False``, no dht).
 
 Gates are log decays (``g <= 0``, ``g_gamma <= 0``): the overflow-safety
-argument (every exponent <= 0) relies on it. A positive gate is computed with
-the same formulas, but its exponentials can overflow at large chunk sizes.
+argument (every exponent <= 0) relies on it. A concrete positive gate is a
+ValueError (:mod:`op_contract`); a gate traced inside jit/vjp cannot be inspected
+and is not checked (it is computed with the same formulas, whose exponentials
+can then overflow).
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from op_contract import check_gate_choice, check_gla
+
 from .chunk import chunk_bwd_impl, chunk_fwd_impl
 from .. import mxu
 from ..interpret import resolve_interpret, resolve_mxu_model
-from ..common import check_qkv, expect, resolve_scale
+from ..common import check_limits
 from .common import PATHS, BlockSizes, Config
 from .fused import fused_bwd_impl, fused_fwd_impl
 
@@ -46,8 +50,7 @@ def gla_dispatch(g, g_gamma, path: str = "auto", *, ragged_with_state: bool = Fa
     """
     if path not in PATHS:
         raise ValueError(f"{path=} must be one of {PATHS}")
-    if (g is None) == (g_gamma is None):
-        raise ValueError("pass exactly one of g [B,T,H,K] (per-channel log decay) and g_gamma [H]")
+    check_gate_choice(g, g_gamma, "BTHK", required=True)
     if path == "auto":
         return "fused" if g_gamma is not None and not ragged_with_state else "chunk"
     if path == "fused" and g is not None:
@@ -57,24 +60,23 @@ def gla_dispatch(g, g_gamma, path: str = "auto", *, ragged_with_state: bool = Fa
 
 def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, output_final_state,
               do=None, dht=None):
-    """All checks before tracing. Invalid -> ValueError; valid but unsupported -> NotImplementedError."""
-    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
-    blocks = BlockSizes(chunk_size=chunk_size)  # validates chunk_size
+    """All checks before tracing: the op contract (:func:`op_contract.check_gla`, ValueError), then the
+    kernels' limits (NotImplementedError). Returns the path, the blocks and the resolved scale."""
+    dims, scale = check_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht)
+    check_limits(q, dims)
+    blocks = BlockSizes(chunk_size=chunk_size)
     which = gla_dispatch(g, g_gamma, path,
                          ragged_with_state=bool(dims.T % chunk_size) and (output_final_state or dht is not None))
-    expect("g", g, "BTHK", dims)
-    expect("g_gamma", g_gamma, "H", dims)
-    resolve_scale(scale, dims.K)
     if which == "fused" and dims.T % chunk_size and (output_final_state or dht is not None):
         raise NotImplementedError(f"T={dims.T} is not a multiple of {chunk_size=}, and the fused g_gamma path "
                                   f"cannot pad T exactly when the final state is used: pass T a multiple "
                                   f"of chunk_size, or path='chunk'")
-    return which, blocks
+    return which, blocks, scale
 
 
 def _config(q, scale, blocks, interpret, mxu_model) -> Config:
     interp = resolve_interpret(interpret)
-    return Config(scale=resolve_scale(scale, q.shape[-1]), blocks=blocks,
+    return Config(scale=scale, blocks=blocks,
                   interpret=interp, mxu_model=resolve_mxu_model(mxu_model, interp), dtype=jnp.dtype(q.dtype).name)
 
 
@@ -135,7 +137,8 @@ def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, out
 
     Args:
       q, k: [B,T,H,K]; v: [B,T,H,V]; one dtype of float32/bfloat16/float16.
-      g: [B,T,H,K] per-channel log decay (float32), or g_gamma: [H] per-head constant log decay.
+      g: [B,T,H,K] per-channel log decay (float32), or g_gamma: [H] per-head constant log decay;
+        both <= 0 (a concrete positive gate is a ValueError, a traced one is not checked).
       scale: static float, K**-0.5 when None.
       initial_state: [B,H,K,V] (cast to float32).
       output_final_state: return ht [B,H,K,V] float32, else None.
@@ -147,8 +150,8 @@ def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, out
 
     Returns: (o [B,T,H,V] in q's dtype, ht [B,H,K,V] float32 or None).
     """
-    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path,
-                              output_final_state)
+    which, blocks, scale = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path,
+                                     output_final_state)
     cfg = _config(q, scale, blocks, interpret, mxu_model)
     o, ht = _run(q, k, v, g, g_gamma, initial_state, cfg, which)
     return o, (ht if output_final_state else None)
@@ -157,8 +160,8 @@ def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, out
 def chunk_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
                   chunk_size=64, interpret=None, mxu_model=None, path="auto"):
     """The forward kernels alone (no custom_vjp): (o, ht or None). Same arguments as chunk_gla."""
-    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path,
-                              output_final_state)
+    which, blocks, scale = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path,
+                                     output_final_state)
     cfg = _config(q, scale, blocks, interpret, mxu_model)
     B, T, H, K = q.shape
     pad = -T % cfg.C
@@ -181,8 +184,8 @@ def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initi
     [B,T,H,K] float32 (g gate) or None, dg_gamma [H] float32 (g_gamma gate) or
     None, dh0 [B,H,K,V] float32 (with initial_state) or None.
     """
-    which, blocks = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, False,
-                              do=do, dht=dht)
+    which, blocks, scale = _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, False,
+                                     do=do, dht=dht)
     cfg = _config(q, scale, blocks, interpret, mxu_model)
     B, T, H, K = q.shape
     pad = -T % cfg.C

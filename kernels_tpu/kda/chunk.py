@@ -50,9 +50,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from op_contract import check_kda, kda_options
 from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, causal_mask, check_qkv, chunk_map, chunk_states_map, expect, iota, masked_exp,
-                                resolve_scale, reversed_in_time, start_state, state_map, state_pass)
+from kernels_tpu.common import (BlockSizes, causal_mask, check_limits, chunk_map, chunk_states_map, iota, masked_exp,
+                                reversed_in_time, start_state, state_map, state_pass)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
@@ -351,19 +352,15 @@ _kda.defvjp(_core_fwd, _core_bwd)
 
 
 # ============================================================ validation and options
-def _validate(q, k, v, g, beta, scale, initial_state, opts: dict, A_log, dt_bias, *, do=None, dht=None):
-    """All checks before tracing. Invalid -> ValueError; valid but unsupported -> NotImplementedError."""
-    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
-    expect("g", g, "BTHK", dims)
-    expect("beta", beta, "BTH", dims)
-    resolve_scale(scale, dims.K)
-    if opts["use_gate_in_kernel"]:
-        if A_log is None and opts["lower_bound"] is None:
-            raise ValueError("A_log must be given when use_gate_in_kernel=True and lower_bound is None")
-        expect("A_log", A_log, "H", dims)
-        if dt_bias is not None and tuple(dt_bias.shape) != (dims.H * dims.K,):
-            raise ValueError(f"dt_bias must be [H*K] = ({dims.H * dims.K},), got {tuple(dt_bias.shape)}")
+def _validate(q, k, v, g, beta, scale, initial_state, chunk_size, opts: dict, A_log, dt_bias, *, do=None,
+              dht=None) -> float:
+    """All checks before tracing: the op contract (:func:`op_contract.check_kda`, ValueError), fla's option
+    rules (ValueError), then the kernels' limits (NotImplementedError). Returns the resolved scale."""
+    dims, scale = check_kda(q, k, v, g, beta, scale, initial_state, chunk_size, opts=opts, A_log=A_log,
+                            dt_bias=dt_bias, do=do, dht=dht)
     check_options(opts)
+    check_limits(q, dims)
+    return scale
 
 
 SAFE_GATE_LOWER_BOUND = (-5.0, 0.0)  # fla's safe_gate: lower_bound in [-5, 0) bounds every chunk's decay
@@ -383,10 +380,9 @@ def check_options(opts: dict) -> None:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
 
 
-def _make_config(K, scale, chunk_size, interpret, mxu_model, dtype) -> Config:
+def _make_config(scale, chunk_size, interpret, mxu_model, dtype) -> Config:
     interpret = resolve_interpret(interpret)
     mxu_model = resolve_mxu_model(mxu_model, interpret)
-    scale = resolve_scale(scale, K)
     return Config(scale=scale, blocks=BlockSizes(chunk_size=chunk_size), interpret=interpret,
                   mxu_model=mxu_model, dtype=jnp.dtype(dtype).name)
 
@@ -455,17 +451,13 @@ def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_item
 # ============================================================ public API
 def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, options, **grads):
     """Validated config and options; ``grads`` are the backward's cotangents (do, dht) to check too."""
-    opts = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
-                allow_neg_eigval=False, safe_gate=False, lower_bound=None, A_log=None, dt_bias=None)
-    unknown = set(options) - set(opts)
-    if unknown:
-        raise TypeError(f"chunk_kda got unknown options {sorted(unknown)}")
-    opts.update(options)
-    A_log, dt_bias = opts.pop("A_log"), opts.pop("dt_bias")
-    _validate(q, k, v, g, beta, scale, initial_state, opts, A_log, dt_bias, **grads)
+    options = dict(options)
+    A_log, dt_bias = options.pop("A_log", None), options.pop("dt_bias", None)
+    opts = kda_options(options)
+    scale = _validate(q, k, v, g, beta, scale, initial_state, chunk_size, opts, A_log, dt_bias, **grads)
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
-    cfg = _make_config(q.shape[-1], scale, chunk_size, interpret, mxu_model, q.dtype)
+    cfg = _make_config(scale, chunk_size, interpret, mxu_model, q.dtype)
     return cfg, tuple(sorted(opts.items())), A_log, dt_bias
 
 
@@ -475,7 +467,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
     Args:
       q, k: [B, T, H, K]; v: [B, T, H, V] (bf16, fp16 or fp32); K, V multiples of 128.
-      g: [B, T, H, K] log decay (<= 0), or the raw gate input with ``use_gate_in_kernel``.
+      g: [B, T, H, K] log decay (<= 0: a concrete positive g is a ValueError, a traced one is not
+        checked), or the raw gate input (any sign) with ``use_gate_in_kernel``.
       beta: [B, T, H] (or raw logits with ``use_beta_sigmoid_in_kernel``).
       scale: K**-0.5 when None.
       initial_state: [B, H, K, V] float32, optional.

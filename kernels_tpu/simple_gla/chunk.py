@@ -342,8 +342,8 @@ _chunk_simple_gla = differentiable(lambda cfg: 1, backward)
 # ============================================================ public API
 def _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
             *, do=None, dht=None, num_steps=1):
-    blocks = BlockSizes(chunk_size=chunk_size, num_steps=num_steps)
-    scale = validate(q, k, v, g, g_gamma, scale, initial_state, blocks, do=do, dht=dht)
+    scale, blocks = validate(q, k, v, g, g_gamma, scale, initial_state, chunk_size, num_steps=num_steps, do=do,
+                             dht=dht)
     return make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model)
 
 
@@ -354,7 +354,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     Args:
       q, k: [B, T, H, K]; v: [B, T, H, V]; bf16, fp16 or fp32 (one dtype); K, V multiples of 128.
       g: [B, T, H] per-token log decay (<= 0), or g_gamma: [H] per-head log decay
-        (<= 0); at most one (neither: no decay).
+        (<= 0); at most one (neither: no decay). A concrete positive gate is a ValueError
+        (op_contract.check_log_decay); a gate traced inside jit/vjp is not checked.
       scale: K**-0.5 when None.
       initial_state: [B, H, K, V] float32 h0, optional.
       output_final_state: also return ht = S_T [B, H, K, V] float32.

@@ -6,9 +6,10 @@ NT * BT`` padded length. The public layout is fla's ``[B, T, H, K]``; inside
 the kernels everything is head-major ``[B, H, Tp, K]`` so every block is a
 ``(BT, K)`` tile whose last two dims are (8, 128)-aligned.
 
-Gates. ``g_t <= 0`` is a log decay. Within chunk ``c`` the kernels use the
-chunk-local cumulative gate ``b_i = g_{cBT} + ... + g_{cBT+i}`` (so ``b <= 0``
-and non-increasing), and ``b_last = b_{BT-1}``. For ``g_gamma`` this is
+Gates. ``g_t <= 0`` is a log decay (a concrete positive gate is a ValueError,
+see :mod:`op_contract`). Within chunk ``c`` the kernels use the chunk-local
+cumulative gate ``b_i = g_{cBT} + ... + g_{cBT+i}`` (so ``b <= 0`` and
+non-increasing), and ``b_last = b_{BT-1}``. For ``g_gamma`` this is
 ``b_i = gamma * (i + 1)``, computed in the kernel from an iota, never from a
 synthetic per-token tensor. Every exponent the kernels evaluate is ``<= 0``:
 ``b_i``, ``b_last - b_j`` and, on the causal triangle only, ``b_i - b_j``.
@@ -24,9 +25,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from op_contract import check_simple_gla
 from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, causal_mask, check_qkv, chunk_map, chunk_states_map, expect, masked_exp,
-                                resolve_scale, reversed_in_time)
+from kernels_tpu.common import (BlockSizes, causal_mask, check_limits, chunk_map, chunk_states_map, masked_exp,
+                                reversed_in_time)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 
 F32 = jnp.float32
@@ -154,19 +156,13 @@ def prepare_gates(cfg: Config, g, g_gamma, H: int, NT: int):
 
 
 # ---------------------------------------------------------------- validation
-def validate(q, k, v, g, g_gamma, scale, initial_state, blocks: BlockSizes, *, do=None, dht=None) -> float:
-    """Checks every argument from static shapes/dtypes only (before any tracing); returns the resolved scale.
-
-    ValueError for invalid input, NotImplementedError for valid input these kernels do not support.
-    """
-    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
-    if g is not None and g_gamma is not None:
-        raise ValueError("pass exactly one of g (per-token gate [B,T,H]) and g_gamma (per-head [H]), not both")
-    expect("g", g, "BTH", dims)
-    expect("g_gamma", g_gamma, "H", dims)
-    if not isinstance(blocks, BlockSizes):
-        raise ValueError(f"internal: {blocks=} must be a BlockSizes")
-    return resolve_scale(scale, dims.K)
+def validate(q, k, v, g, g_gamma, scale, initial_state, chunk_size, *, num_steps: int = 1, do=None,
+             dht=None) -> tuple[float, BlockSizes]:
+    """Checks every argument before any tracing: the op contract (:func:`op_contract.check_simple_gla`,
+    ValueError), then the kernels' limits (NotImplementedError). Returns the resolved scale and the blocks."""
+    dims, scale = check_simple_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht)
+    check_limits(q, dims)
+    return scale, BlockSizes(chunk_size=chunk_size, num_steps=num_steps)
 
 
 def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model):

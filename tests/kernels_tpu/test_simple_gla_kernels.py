@@ -348,7 +348,7 @@ def test_invalid_inputs_raise_value_error():
     q = _spec(1, 128, 2, 128)
     g = _spec(1, 128, 2, dtype=jnp.float32)
     gg = _spec(2, dtype=jnp.float32)
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(ValueError, match="not both"):
         chunk_simple_gla(q, q, q, g=g, g_gamma=gg, interpret=True)
     with pytest.raises(ValueError, match="g must be"):
         chunk_simple_gla(q, q, q, g=_spec(1, 128, 3, dtype=jnp.float32), interpret=True)

@@ -1,0 +1,26 @@
+"""The op contract: what a valid call of simple_gla, gla and kda is, checked once for every implementation.
+
+The float64 references (``references``) and the Pallas TPU kernels (``kernels_tpu``) are independent
+implementations and never import each other; both validate their arguments with this package before
+computing (the kernels before tracing), so the same bad input raises the same exception with the same
+message in both. Invalid input is a ValueError that names the value and says the fix:
+
+- q, k [B,T,H,K] and v [B,T,H,V], one floating dtype (int and bool arrays are invalid), none empty;
+  the gate, beta, initial_state, do and dht at their op's shapes, floating;
+- ``chunk_size`` a positive int (bool is not); ``scale`` None (K**-0.5) or a finite non-zero number;
+- gates are log decays: ``g`` and ``g_gamma`` must be <= 0 (0 is decay 1; kda's raw in-kernel gate
+  input, ``use_gate_in_kernel=True``, may have any sign). Values are checked when they are known
+  (numpy arrays, concrete jax arrays); a gate traced inside jit/vjp is not checked.
+
+What an implementation does not implement for valid input (the kernels' K, V lane multiples, dtypes,
+chunk sizes; grouped value heads everywhere) is its NotImplementedError, raised after these checks.
+Only numpy and jax.numpy are used here (no Pallas).
+"""
+
+from .checks import (Dims, check_chunk_size, check_floating, check_log_decay, check_qkv, concrete_max, described,
+                     expect, positive_int, resolve_scale, shape_of)
+from .ops import KDA_OPTIONS, check_gate_choice, check_gla, check_kda, check_simple_gla, kda_options
+
+__all__ = ["Dims", "KDA_OPTIONS", "check_chunk_size", "check_floating", "check_gate_choice", "check_gla",
+           "check_kda", "check_log_decay", "check_qkv", "check_simple_gla", "concrete_max", "described", "expect",
+           "kda_options", "positive_int", "resolve_scale", "shape_of"]

@@ -1,0 +1,93 @@
+"""Each op's argument contract, written once: simple_gla, gla and kda.
+
+``check_<op>`` validates one call from its arguments (shapes, dtypes, gates, chunk_size, scale)
+and returns ``(dims, scale)`` with the scale resolved. The references call it before computing,
+the kernels before tracing and before their own limits (K, V lane multiples, dtypes, block sizes:
+NotImplementedError). Gradients' cotangents ``do``/``dht`` are checked when given.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .checks import (Dims, check_chunk_size, check_floating, check_log_decay, check_qkv, described, expect,
+                     resolve_scale, shape_of)
+
+
+def check_gate_choice(g, g_gamma, g_layout: str, *, required: bool) -> None:
+    """``g`` (per-token log decay, shape ``g_layout``) or ``g_gamma`` [H]: never both; one of them
+    when ``required`` (else neither means no decay). Only which one is present is looked at."""
+    per_token = "per-channel" if g_layout.endswith("K") else "per-token"
+    gates = f"g [{','.join(g_layout)}] ({per_token} log decay) and g_gamma [H] (per-head log decay)"
+    if required and (g is None) == (g_gamma is None):
+        raise ValueError(f"pass exactly one of {gates}")
+    if g is not None and g_gamma is not None:
+        raise ValueError(f"pass at most one of {gates}, not both")
+
+
+def _check_gated(g_layout: str, required: bool, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do,
+                 dht) -> tuple[Dims, float]:
+    """The contract of a gated op (simple_gla, gla): ``g`` of shape ``g_layout`` or ``g_gamma`` [H], <= 0."""
+    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
+    check_gate_choice(g, g_gamma, g_layout, required=required)
+    expect("g", g, g_layout, dims)
+    expect("g_gamma", g_gamma, "H", dims)
+    check_log_decay("g", g)
+    check_log_decay("g_gamma", g_gamma)
+    check_chunk_size(chunk_size)
+    return dims, resolve_scale(scale, dims.K)
+
+
+def check_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64, *,
+                     do=None, dht=None) -> tuple[Dims, float]:
+    """simple_gla: g [B,T,H] or g_gamma [H] (at most one; neither is no decay), both <= 0."""
+    return _check_gated("BTH", False, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do, dht)
+
+
+def check_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64, *,
+              do=None, dht=None) -> tuple[Dims, float]:
+    """gla: exactly one of g [B,T,H,K] and g_gamma [H], <= 0."""
+    return _check_gated("BTHK", True, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do, dht)
+
+
+KDA_OPTIONS = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                   allow_neg_eigval=False, safe_gate=False, lower_bound=None)
+"""fla's ``chunk_kda`` options and their defaults."""
+
+
+def kda_options(options: Mapping) -> dict:
+    """``options`` over :data:`KDA_OPTIONS`; an unknown name is a TypeError (as an unknown keyword)."""
+    unknown = set(options) - set(KDA_OPTIONS)
+    if unknown:
+        raise TypeError(f"chunk_kda got unknown options {sorted(unknown)}")
+    return {**KDA_OPTIONS, **options}
+
+
+def check_kda(q, k, v, g, beta, scale=None, initial_state=None, chunk_size=64, *, opts: Mapping | None = None,
+              A_log=None, dt_bias=None, do=None, dht=None) -> tuple[Dims, float]:
+    """kda: g [B,T,H,K], beta [B,T,H]; ``opts`` as :func:`kda_options` returns (defaults when None).
+
+    g is a log decay (<= 0) unless ``use_gate_in_kernel``: then it is the raw gate input (any sign),
+    ``A_log`` [H] is needed unless ``lower_bound`` is given, ``dt_bias`` is [H*K], and
+    ``lower_bound`` (the decay's floor) must be <= 0. A_log and dt_bias are ignored otherwise, as in fla.
+    fla's rules on the option combination (safe_gate, allow_neg_eigval) are the kernels' own."""
+    opts = kda_options(opts or {})
+    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
+    expect("g", g, "BTHK", dims, required=True)
+    expect("beta", beta, "BTH", dims, required=True)
+    if opts["use_gate_in_kernel"]:
+        lower_bound = opts["lower_bound"]
+        if A_log is None and lower_bound is None:
+            raise ValueError("A_log must be given when use_gate_in_kernel=True and lower_bound is None")
+        expect("A_log", A_log, "H", dims)
+        if dt_bias is not None:
+            if shape_of(dt_bias) != (dims.H * dims.K,):
+                raise ValueError(f"dt_bias must be [H*K] = ({dims.H * dims.K},), got {described(dt_bias)}")
+            check_floating("dt_bias", dt_bias)
+        if lower_bound is not None and lower_bound > 0:
+            raise ValueError(f"lower_bound={lower_bound!r} makes the in-kernel gate lower_bound * sigmoid(...) a "
+                             f"positive log decay, which is not a decay; pass lower_bound <= 0")
+    else:
+        check_log_decay("g", g)
+    check_chunk_size(chunk_size)
+    return dims, resolve_scale(scale, dims.K)
