@@ -52,20 +52,10 @@ def _leg_options(args, name: str) -> dict:
 
 
 def _result_name(leg: str, args, cases) -> str:
-    """``<leg>[.<tag>][.<selection>][.shard-i-of-n].csv``. A run of part of a suite (--case, --op) names its
-    selection, so it can never replace the suite's own result file: ``.op-gla``, ``.cases-<sha256[:8]>``."""
-    import hashlib
+    from harness.result_file import result_name
 
-    parts = [leg] + ([args.tag] if getattr(args, "tag", None) else [])
-    if getattr(args, "case", None):
-        ids = "\n".join(sorted(c.id for c in cases))
-        parts.append(f"cases-{hashlib.sha256(ids.encode()).hexdigest()[:8]}")
-    elif getattr(args, "op", None):
-        parts.append("op-" + "+".join(sorted(set(args.op))))
-    if getattr(args, "shard", None):
-        i, n = args.shard.split("/")
-        parts.append(f"shard-{i}-of-{n}")
-    return ".".join(parts) + ".csv"
+    return result_name(leg, tag=getattr(args, "tag", None), case_ids=[c.id for c in cases] if args.case else (),
+                       ops=getattr(args, "op", None) or (), shard=getattr(args, "shard", None))
 
 
 def _out_dir(path) -> Path:

@@ -5,8 +5,11 @@
   one test per case, with the case id as the test id.
 - ``parity_results`` collects rows per leg; at the end of the session they
   are written to ``--parity-out`` (``$PARITY_OUT``, default
-  ``reports/runs/pytest``) as ``<leg>.csv``. Under xdist each worker writes a
-  part file tagged with the session's run id and the controller merges them.
+  ``reports/runs/pytest``) as ``<leg>.csv`` (``<leg>.op-<ops>.csv`` with
+  ``--parity-op``), under the same rules as ``parity run``: locked, and never
+  over a result of another suite or leg (then ``<leg>.<run id>.csv``, said in
+  the terminal). Under xdist each worker writes a part file tagged with the
+  session's run id and the controller merges them.
 - ``gpu_baseline`` loads the GPU result file given by ``--gpu-results`` or
   ``$PARITY_GPU_RESULTS``; TPU tests skip, saying so, when it is absent.
 """
@@ -107,7 +110,8 @@ def parity_runner(request, reference_cache):
 
     def get(leg: str) -> Runner:
         if leg not in runners:
-            runners[leg] = Runner(make_leg(leg, **options.get(leg, {})), reference_cache)
+            runners[leg] = Runner(make_leg(leg, **options.get(leg, {})), reference_cache,
+                                  suite=request.config.option.parity_suite)
         return runners[leg]
 
     return get
@@ -151,14 +155,32 @@ def pytest_sessionfinish(session, exitstatus):
     parts_dir = out / _PARTS
     if not parts_dir.exists():
         return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
     legs = {p.name.split(".")[0] for p in parts_dir.glob(f"*.{run_id}.*.csv")}
     for leg in sorted(legs):
         parts = sorted(parts_dir.glob(f"{leg}.{run_id}.*.csv"))
-        path = write_csv(merge_results(parts), out / f"{leg}.csv")
+        path = _write_result(merge_results(parts), out, leg, config, run_id)
         for p in parts:
             p.unlink()
-    if not any(parts_dir.iterdir()):
-        parts_dir.rmdir()
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"parity: {leg} results -> {path}")
+    if not any(parts_dir.iterdir()):
+        parts_dir.rmdir()
+
+
+def _write_result(df, out: Path, leg: str, config, run_id: str) -> Path:
+    """The session's result file, under ``parity run``'s rules (:mod:`harness.result_file`); where those
+    refuse (another run writes it, or it holds another suite's result) the rows go to a file of their own."""
+    from harness.reports import ReportError, write_csv
+    from harness.result_file import ResultFile, result_name
+
+    opts = config.option
+    path = out / result_name(leg, ops=opts.parity_op)
+    try:
+        with ResultFile(path, {"leg": leg, "suite": opts.parity_suite}):
+            return write_csv(df, path)
+    except ReportError as exc:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"parity: not writing {path}: {exc}")
+        return write_csv(df, path.with_name(f"{path.stem}.{run_id}.csv"))

@@ -7,9 +7,10 @@ from cases.suites import get_suite
 pytest_plugins = ["pytester"]
 
 INLINE = '''
-def test_case(parity_case, parity_results):
+def test_case(parity_case, parity_results, request):
     parity_results.add("ref", [{"case_id": parity_case.id, "tensor": "o", "leg": "ref", "status": "unsupported",
-                                "reason": "a row without numbers", "input_sha256": "a" * 64, "mode": "native"}])
+                                "reason": "a row without numbers", "input_sha256": "a" * 64, "mode": "native",
+                                "suite": request.config.option.parity_suite}])
 '''
 
 
@@ -23,9 +24,17 @@ def test_one_test_per_case_and_merged_csv(pytester):
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--parity-suite", "smoke",
                                            "--parity-op", "kda", f"--parity-out={out}")
     result.assert_outcomes(passed=len(_expected_ids()))
-    df = pd.read_csv(out / "ref.csv")
+    df = pd.read_csv(out / "ref.op-kda.csv")  # an --parity-op selection names itself, as `parity run --op` does
     assert sorted(df["case_id"]) == _expected_ids()
     assert not (out / ".parts").exists()  # worker parts are merged and removed
+    # a session of another suite never overwrites that result: its rows go to a file of their own
+    before = (out / "ref.op-kda.csv").read_bytes()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--parity-suite", "regressions",
+                                           "--parity-op", "kda", f"--parity-out={out}")
+    assert (out / "ref.op-kda.csv").read_bytes() == before
+    result.stdout.fnmatch_lines(["*not writing*holds a result of suite smoke*"])
+    [other] = [p for p in out.glob("ref.op-kda.*.csv") if p.name != "ref.op-kda.csv"]
+    assert set(pd.read_csv(other)["suite"]) == {"regressions"}
 
 
 def test_tpu_tests_skip_without_a_gpu_file(pytester):
