@@ -1,6 +1,6 @@
 """What every op's kernels share: the TPU tile constants, the kernels' limits on top of the op contract
-(:mod:`op_contract`), the validated block sizes, the causal masks, the safe masked exp and the sequential
-state pass.
+(:mod:`op_contract`), the validated block sizes, the index maps, the causal masks, the safe masked exp and the
+sequential state pass.
 
 Dimension numbers and the precision policy live in :mod:`kernels_tpu.mxu`.
 """
@@ -23,7 +23,7 @@ SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.f
 
 
 # ------------------------------------------------------------------ argument checks
-# Every op's public functions first check the op contract (the package ``contract``, shared with the
+# Every op's public functions first check the op contract (:mod:`op_contract`, shared with the
 # float64 references: invalid input is a ValueError, the same message in both), then the kernels'
 # own limits with :func:`check_limits` and :class:`BlockSizes`: valid input the kernels do not
 # implement is a NotImplementedError that says the fix. All from static shapes and dtypes, before
