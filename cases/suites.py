@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 from .case import Case, Gate
 
@@ -180,10 +181,19 @@ def get_suite(name: str) -> list[Case]:
     return cases
 
 
+def with_draws(cases: list[Case], draws: int) -> list[Case]:
+    """Each case over ``draws`` input draws: seeds 0 (the case itself) to draws-1, draw-major within a case."""
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"--draws {draws!r} must be a positive int")
+    return [case.replace(seed=seed) for case in cases for seed in range(case.seed, case.seed + draws)]
+
+
 def find_case(case_id: str) -> Case:
-    """The case with this id, from any suite (for one-line repros)."""
+    """The case with this id, from any suite, at any draw (``seed=N`` in the id): for one-line repros."""
+    match = re.search(r"(?:^|[/,])seed=(\d+)(?=,|$)", case_id)
+    seed = int(match.group(1)) if match else 0
     for name in SUITES:
         for case in get_suite(name):
-            if case.id == case_id:
-                return case
+            if case.id == case_id or (seed and case.replace(seed=seed).id == case_id):
+                return case if case.id == case_id else case.replace(seed=seed)
     raise ValueError(f"no suite contains case {case_id!r}; list ids with `parity cases --suite NAME`")

@@ -24,7 +24,7 @@ class UsageError(Exception):
 
 
 def _select_cases(args) -> list:
-    from cases.suites import find_case, get_suite
+    from cases.suites import find_case, get_suite, with_draws
     from harness.runner import parse_shard, shard
 
     if getattr(args, "case", None):
@@ -34,6 +34,7 @@ def _select_cases(args) -> list:
         cases = [c for name in names for c in get_suite(name)]
     if getattr(args, "op", None):
         cases = [c for c in cases if c.op in args.op]
+    cases = with_draws(cases, getattr(args, "draws", 1))
     if getattr(args, "shard", None):
         cases = shard(cases, *parse_shard(args.shard))
     if not cases:
@@ -55,7 +56,8 @@ def _result_name(leg: str, args, cases) -> str:
     from harness.result_file import result_name
 
     return result_name(leg, tag=getattr(args, "tag", None), case_ids=[c.id for c in cases] if args.case else (),
-                       ops=getattr(args, "op", None) or (), shard=getattr(args, "shard", None))
+                       ops=getattr(args, "op", None) or (), draws=getattr(args, "draws", 1),
+                       shard=getattr(args, "shard", None))
 
 
 def _out_dir(path) -> Path:
@@ -99,6 +101,8 @@ def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
 
     leg = make_leg(name, **_leg_options(args, name))
     suite = "" if args.case else (getattr(args, "suite", "") or "")
+    if suite and args.draws > 1:
+        suite += f"@draws={args.draws}"
     runner = Runner(leg, cache, suite=suite)
     path = Path(args.out) / _result_name(name, args, cases)
     t0 = time.perf_counter()
@@ -264,6 +268,36 @@ def cmd_merge(args) -> int:
     return EXIT_PASS
 
 
+def cmd_calibrate(args) -> int:
+    from harness.calibrate import calibration_table, markdown, summary
+    from harness.reference_cache import ReferenceCache
+    from harness.reports import atomic_write_text, provenance_line, read_results, write_csv
+
+    policy = _policy(args)
+    out = _out_dir(args.out)
+    if args.results:
+        gpu, tpu = (read_results(Path(p)) for p in args.results)
+    else:
+        cases = _select_cases(args)
+        missing = [f"{leg}: {why}" for leg, why in available_legs().items() if leg in ("gpu", "tpu") and why]
+        if missing:
+            raise UsageError(f"calibration runs the gpu and tpu legs: {'; '.join(missing)}")
+        cache = ReferenceCache(None if args.no_ref_cache else "default")
+        _, gpu = _run_leg("gpu", args, cases, cache)
+        _, tpu = _run_leg("tpu", args, cases, cache)
+    table = calibration_table(gpu, tpu, policy)
+    total = summary(table)
+    provenance = f"- gpu: {provenance_line(gpu)}\n- tpu: {provenance_line(tpu)}"
+    csv_path = write_csv(table, out / "calibration.csv")
+    atomic_write_text(out / "calibration.md", markdown(table, policy, provenance))
+    print(f"calibration: {total['false_alarms']} false alarm(s) in {total['n']} gated comparisons "
+          f"(rate {total['rate']:.3g}) -> {csv_path}, {out / 'calibration.md'}")
+    for r in table[table["gated"] & (table["false_alarms"] > 0)].to_dict("records")[:20]:
+        print(f"  {r['op']} {r['dtype']} {r['tensor']} {r['metric']}: {r['false_alarms']}/{r['n']} "
+              f"(ratio {r['ratio_min']:.3f}..{r['ratio_max']:.3f})")
+    return EXIT_FAIL if total["false_alarms"] else EXIT_PASS
+
+
 def available_legs() -> dict[str, str | None]:
     """Each leg -> None if its framework imports here, else why it cannot run."""
     import importlib.util
@@ -312,6 +346,8 @@ def _add_selection(p, shard=True):
     p.add_argument("--case", action="append", default=[], metavar="ID",
                    help="run just this case id (repeatable); overrides --suite")
     p.add_argument("--op", action="append", default=[], help="keep only cases of this op (repeatable)")
+    p.add_argument("--draws", type=int, default=1, metavar="N",
+                   help="run each case over N input draws: Case.seed 0..N-1 (the id says seed=k for k > 0)")
     if shard:
         p.add_argument("--shard", metavar="i/n", help="deterministic shard i of n (0-based)")
 
@@ -398,6 +434,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-mixed", action="store_true",
                    help="merge files of different suites, commits, modes or devices")
     p.set_defaults(fn=cmd_merge)
+
+    p = sub.add_parser("calibrate", help="run the gpu and tpu legs over several input draws and report the "
+                                         "policy's false-alarm rate and the ratio noise band on clean kernels")
+    _add_selection(p)
+    p.set_defaults(draws=5)
+    _add_run_options(p)
+    _add_policy(p)
+    p.add_argument("--results", nargs=2, metavar=("GPU.csv", "TPU.csv"),
+                   help="calibrate from these result files instead of running the legs")
+    p.set_defaults(fn=cmd_calibrate)
 
     p = sub.add_parser("all", help="run every leg this machine can run (emulated without hardware), then gate")
     _add_selection(p, shard=False)

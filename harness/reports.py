@@ -32,7 +32,7 @@ MXU_COLUMNS = ["mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd", 
 """TPU rows, emulated: modeled MXU work (kernels_tpu.mxu.MxuTally), not a timing."""
 
 RESULT_COLUMNS = [
-    "case_id", "op", "variant", "dtype", "tensor", "tensor_dtype", "leg", "status", "reason",
+    "case_id", "op", "variant", "dtype", "draw", "tensor", "tensor_dtype", "leg", "status", "reason",
     *METRICS, "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
     "input_sha256", "mode", "device", "compiled_for", *MXU_COLUMNS, "versions", "settings", "details", "git_commit",
     "timestamp", "suite", "wall_s", "repro",
@@ -218,7 +218,7 @@ def _cost(x) -> str:
     return "–" if math.isnan(x) else f"{x:.2f}×"
 
 
-def _provenance(df: pd.DataFrame) -> str:
+def provenance_line(df: pd.DataFrame) -> str:
     """Mode, device, versions and commit of a file's rows; every distinct value, and **mixed** when they differ."""
     if df.empty:
         return "no rows"
@@ -264,8 +264,8 @@ def markdown(result: GateResult) -> str:
         "",
         f"Rule: {result.policy.describe()}.",
         "",
-        f"- baseline ({result.baseline_leg}): {_provenance(result.gpu)}",
-        f"- candidate ({result.candidate_leg}): {_provenance(result.tpu)}",
+        f"- baseline ({result.baseline_leg}): {provenance_line(result.gpu)}",
+        f"- candidate ({result.candidate_leg}): {provenance_line(result.tpu)}",
     ]
     if (result.baseline_leg, result.candidate_leg) != ("gpu", "tpu"):
         lines += ["", f"> **Not the GPU-vs-TPU gate**: the baseline is the {result.baseline_leg} leg and the "

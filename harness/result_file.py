@@ -27,16 +27,20 @@ from .reports import ReportError, read_results, rows_to_frame, write_csv
 _RESUME_MUST_MATCH = ("leg", "mode", "suite", "git_commit")
 
 
-def result_name(leg: str, *, tag: str | None = None, case_ids=(), ops=(), shard: str | None = None) -> str:
-    """``<leg>[.<tag>][.<selection>][.shard-i-of-n].csv``. A run of part of a suite names its selection,
-    so it can never replace the suite's own result file: ``.cases-<sha256[:8] of the sorted ids>`` for
-    cases chosen by id, ``.op-<op>[+<op>]`` for cases chosen by op."""
+def result_name(leg: str, *, tag: str | None = None, case_ids=(), ops=(), draws: int = 1,
+                shard: str | None = None) -> str:
+    """``<leg>[.<tag>][.<selection>][.draws-N][.shard-i-of-n].csv``. A run of part of a suite names its
+    selection, so it can never replace the suite's own result file: ``.cases-<sha256[:8] of the sorted
+    ids>`` for cases chosen by id, ``.op-<op>[+<op>]`` for cases chosen by op; a run over several input
+    draws says how many."""
     parts = [leg] + ([tag] if tag else [])
     if case_ids:
         digest = hashlib.sha256("\n".join(sorted(case_ids)).encode()).hexdigest()[:8]
         parts.append(f"cases-{digest}")
     elif ops:
         parts.append("op-" + "+".join(sorted(set(ops))))
+    if draws > 1:
+        parts.append(f"draws-{draws}")
     if shard:
         i, n = shard.split("/")
         parts.append(f"shard-{i}-of-{n}")

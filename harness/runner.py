@@ -98,6 +98,7 @@ class Runner:
             "op": case.op,
             "variant": case.variant,
             "dtype": case.dtype,
+            "draw": case.seed,
             "tensor": tensor,
             "tensor_dtype": tensor_dtype,
             "status": status,
