@@ -84,8 +84,7 @@ def _step_summary() -> None:
     if not value:
         return
     path = Path(value)
-    if path.is_dir() or (path.exists() and not os.access(path, os.W_OK)) or \
-            (not path.exists() and not os.access(path.parent if str(path.parent) else ".", os.W_OK)):
+    if path.is_dir() or not os.access(path if path.exists() else path.parent, os.W_OK):
         raise UsageError(f"$GITHUB_STEP_SUMMARY={value} is not a file the gate can append to")
 
 
