@@ -160,8 +160,8 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
 
 
 def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_missing: bool = False,
-               baseline_leg: str = "gpu", candidate_leg: str = "tpu", names: tuple[str, str] = ("baseline",
-                                                                                             "candidate")) -> GateResult:
+               baseline_leg: str = "gpu", candidate_leg: str = "tpu",
+               names: tuple[str, str] = ("baseline", "candidate")) -> GateResult:
     """Judge ``tpu`` (the candidate) against ``gpu`` (the baseline); see the module docstring."""
     gpu, tpu = check_results(gpu, names[0]), check_results(tpu, names[1])
     check_legs(gpu, baseline_leg, "baseline", names[0])

@@ -162,15 +162,15 @@ def read_results(path: Path) -> pd.DataFrame:
     return check_results(_read_csv(path), Path(path))
 
 
+def column_values(df: pd.DataFrame, column: str) -> list[str]:
+    """The distinct non-empty values of a column, as sorted text ([] when the column is absent)."""
+    return sorted(str(v) for v in df[column].dropna().unique()) if column in df.columns else []
+
+
 def mixed_provenance(df: pd.DataFrame) -> dict[str, list]:
     """Provenance columns whose rows disagree (suite, commit, mode, device), with their values."""
-    out = {}
-    for column in ("suite", "git_commit", "mode", "device"):
-        if column in df.columns:
-            values = sorted(str(v) for v in df[column].dropna().unique())
-            if len(values) > 1:
-                out[column] = values
-    return out
+    values = {c: column_values(df, c) for c in ("suite", "git_commit", "mode", "device")}
+    return {c: v for c, v in values.items() if len(v) > 1}
 
 
 def merge_results(paths: Iterable[Path], allow_mixed: bool = False) -> pd.DataFrame:
@@ -223,13 +223,10 @@ def provenance_line(df: pd.DataFrame) -> str:
     if df.empty:
         return "no rows"
 
-    def values(column):
-        return sorted(str(v) for v in df[column].dropna().unique()) if column in df.columns else []
-
     versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(json.loads(text).items()))
-                       for text in values("versions")})
-    parts = [f"mode **{'/'.join(values('mode'))}** on {' / '.join(values('device'))}",
-             " / ".join(versions), f"commit {' / '.join(values('git_commit'))}"]
+                       for text in column_values(df, "versions")})
+    parts = [f"mode **{'/'.join(column_values(df, 'mode'))}** on {' / '.join(column_values(df, 'device'))}",
+             " / ".join(versions), f"commit {' / '.join(column_values(df, 'git_commit'))}"]
     mixed = mixed_provenance(df)
     if len(versions) > 1:
         mixed["versions"] = versions

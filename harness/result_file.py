@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .reports import ReportError, read_results, rows_to_frame, write_csv
+from .reports import ReportError, column_values, read_results, rows_to_frame, write_csv
 
 _RESUME_MUST_MATCH = ("leg", "mode", "suite", "git_commit")
 
@@ -92,13 +92,11 @@ class ResultFile:
         except ReportError as exc:
             raise ReportError(f"{self.path} exists and is not a result file this run may replace ({exc}); "
                               f"pass --force to overwrite it") from None
-        for column in ("leg", "suite"):
-            theirs = sorted(str(v) for v in old[column].dropna().unique()) if column in old.columns else []
-            ours = str(self.provenance.get(column) or "")
-            if theirs and theirs != [ours]:
-                raise ReportError(f"{self.path} holds a result of {column} {', '.join(theirs)}, this run is "
-                                  f"{column} {ours or '(none)'}; pass --force to overwrite it, or write elsewhere "
-                                  f"with --out or --tag")
+        clash = self._clash(old, ("leg", "suite"))
+        if clash:
+            column, theirs, ours = clash
+            raise ReportError(f"{self.path} holds a result of {column} {theirs}, this run is {column} {ours}; "
+                              f"pass --force to overwrite it, or write elsewhere with --out or --tag")
 
     def _check_partial(self) -> None:
         if not self.partial.exists():
@@ -112,13 +110,20 @@ class ResultFile:
             raise ReportError(f"{self.partial} holds the rows of an interrupted run: pass --resume to continue it, "
                               f"or --force to discard it")
         rows = read_results(self.partial)
-        for column in _RESUME_MUST_MATCH:
-            theirs = sorted(str(v) for v in rows[column].dropna().unique()) if column in rows.columns else []
-            ours = str(self.provenance.get(column) or "")
-            if theirs and theirs != [ours]:
-                raise ReportError(f"cannot resume {self.partial}: it was made with {column} {', '.join(theirs)}, "
-                                  f"this run has {ours or '(none)'}; pass --force to start over")
+        clash = self._clash(rows, _RESUME_MUST_MATCH)
+        if clash:
+            column, theirs, ours = clash
+            raise ReportError(f"cannot resume {self.partial}: it was made with {column} {theirs}, this run has "
+                              f"{ours}; pass --force to start over")
         self.done = set(rows["case_id"])
+
+    def _clash(self, rows: pd.DataFrame, columns) -> tuple[str, str, str] | None:
+        """The first of ``columns`` whose values in ``rows`` are not this run's: (column, theirs, ours)."""
+        for column in columns:
+            theirs, ours = column_values(rows, column), str(self.provenance.get(column) or "")
+            if theirs and theirs != [ours]:
+                return column, ", ".join(theirs), ours or "(none)"
+        return None
 
     # ------------------------------------------------------------ writing
     def append(self, rows: list[dict]) -> None:
