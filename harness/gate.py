@@ -46,7 +46,7 @@ import pandas as pd
 from .legs import LEG_VERSION_KEYS
 from .metrics import METRICS
 from .policy import Policy
-from .reports import KEY, ReportError, check_results, read_results
+from .reports import KEY, ReportError, check_results, read_table
 from .status import FAILING, Status
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "allowed", "verdict", "reason",
@@ -188,6 +188,7 @@ def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, **options) -> GateR
     gpu_csv, tpu_csv = Path(gpu_csv), Path(tpu_csv)
     if gpu_csv.exists() and tpu_csv.exists() and gpu_csv.samefile(tpu_csv):
         raise GateInputError(f"{gpu_csv} is given as both the baseline and the candidate")
-    return apply_gate(read_results(gpu_csv), read_results(tpu_csv), policy, names=(str(gpu_csv), str(tpu_csv)),
+    # apply_gate checks both files (check_results), naming them
+    return apply_gate(read_table(gpu_csv), read_table(tpu_csv), policy, names=(str(gpu_csv), str(tpu_csv)),
                       **options)
 

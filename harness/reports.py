@@ -90,7 +90,8 @@ def _where(path: Path, index, column: str) -> str:
     return f"{path}:{int(index) + 2}: column {column!r}"
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+def read_table(path: Path) -> pd.DataFrame:
+    """A CSV as pandas reads it, unchecked (ReportError if it is not a readable CSV); see :func:`read_results`."""
     path = Path(path)
     if path.is_dir():
         raise ReportError(f"{path} is a directory, not a result CSV")
@@ -159,7 +160,7 @@ def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 def read_results(path: Path) -> pd.DataFrame:
     """A result CSV, checked by :func:`check_results` (ReportError, exit 2, on any violation)."""
-    return check_results(_read_csv(path), Path(path))
+    return check_results(read_table(path), Path(path))
 
 
 def column_values(df: pd.DataFrame, column: str) -> list[str]:
