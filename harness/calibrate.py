@@ -7,20 +7,44 @@ result file by op × dtype × tensor × metric and reports, for each group:
 - ``n``: the (case, draw) pairs where both legs have numbers;
 - the noise band of ``ratio = ε_TPU / ε_GPU``: min, median, p95 and max over those pairs;
 - ``false_alarms`` and ``false_alarm_rate``: the pairs the policy fails (metrics the policy does
-  not gate are judged as if they were, and flagged ``gated = False``).
+  not gate are judged as if they were, and flagged ``gated = False``);
+- ``judged_max``: the worst value of the statistic the policy compares with ``1 + margin``: the ratio,
+  or for a bootstrapped metric (rel_l2) the smaller of the ratio and its bootstrap lower bound.
+
+:func:`derive_policy` turns the table into a policy file's margins: per metric, twice the worst
+excess over 1 of the judged statistic on clean kernels (``HEADROOM``), rounded up to ``STEP``, and
+never below the configured margin. The shipped ``harness/policy.toml`` is that derivation on the
+calibration checked in under ``reports/calibration/`` (README, "The decision rule").
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from .gate import apply_gate
-from .metrics import METRICS
+from .metrics import METRICS, parse_blocks
+from .noise import ratio_lower_bound
 from .policy import Policy
 
 CALIBRATION_COLUMNS = ["op", "dtype", "tensor", "metric", "gated", "n", "ratio_min", "ratio_median", "ratio_p95",
-                       "ratio_max", "false_alarms", "false_alarm_rate"]
+                       "ratio_max", "judged_max", "false_alarms", "false_alarm_rate"]
+
+HEADROOM = 2.0
+"""A derived margin is this multiple of the worst excess (judged statistic − 1) seen on clean kernels."""
+STEP = 0.05
+"""Derived margins are rounded up to a multiple of this."""
+
+
+def _judged(policy: Policy, metric: str, ratio: float, gpu_blocks, tpu_blocks) -> float:
+    """The statistic ``policy`` compares with 1 + margin (floors aside): the ratio, or for a bootstrapped
+    metric the smaller of the ratio and its bootstrap lower bound."""
+    if not policy.bootstraps(metric) or gpu_blocks is None or tpu_blocks is None:
+        return ratio
+    return min(ratio, ratio_lower_bound(gpu_blocks, tpu_blocks, policy.alpha))
 
 
 def calibration_table(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy) -> pd.DataFrame:
@@ -29,8 +53,15 @@ def calibration_table(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy) -> p
     measured = parity[parity["metric"].isin(METRICS) & parity["eps_tpu"].notna()].copy()
     facts = tpu.drop_duplicates("case_id").set_index("case_id")[["op", "dtype"]]
     measured = measured.join(facts, on="case_id")
-    measured["alarm"] = [not policy.passes(m, t, g) for m, t, g in
-                         zip(measured["metric"], measured["eps_tpu"].astype(float), measured["eps_gpu"].astype(float))]
+    blocks = {leg: {(c, t): parse_blocks(b) for c, t, b in zip(df["case_id"], df["tensor"], df["rel_l2_blocks"])}
+              for leg, df in (("gpu", gpu), ("tpu", tpu))}
+    alarms, judged = [], []
+    for r in measured.to_dict("records"):
+        key = (r["case_id"], r["tensor"])
+        pair = blocks["gpu"].get(key), blocks["tpu"].get(key)
+        alarms.append(not policy.judge(r["metric"], float(r["eps_tpu"]), float(r["eps_gpu"]), *pair)[0])
+        judged.append(_judged(policy, r["metric"], float(r["ratio"]), *pair))
+    measured["alarm"], measured["judged"] = alarms, judged
     rows = []
     for (op, dtype, tensor, metric), group in measured.groupby(["op", "dtype", "tensor", "metric"], sort=True):
         ratio = group["ratio"].astype(float).to_numpy()
@@ -38,8 +69,20 @@ def calibration_table(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy) -> p
         rows.append({"op": op, "dtype": dtype, "tensor": tensor, "metric": metric, "gated": metric in policy.metrics,
                      "n": len(group), "ratio_min": ratio.min(), "ratio_median": float(np.median(ratio)),
                      "ratio_p95": float(np.quantile(ratio, 0.95)), "ratio_max": ratio.max(),
-                     "false_alarms": alarms, "false_alarm_rate": alarms / len(group)})
+                     "judged_max": float(group["judged"].max()), "false_alarms": alarms, "false_alarm_rate": alarms / len(group)})
     return pd.DataFrame(rows, columns=CALIBRATION_COLUMNS)
+
+
+def derive_policy(table: pd.DataFrame, base: Policy) -> Policy:
+    """``base`` with every metric's margin set from the calibration (module doc): the larger of the base
+    margin and HEADROOM × (worst judged statistic − 1), rounded up to STEP."""
+    margins = {}
+    for metric in METRICS:
+        worst = table.loc[table["metric"] == metric, "judged_max"]
+        excess = HEADROOM * (float(worst.max()) - 1.0) if len(worst) else 0.0
+        derived = math.ceil(round(excess / STEP, 9)) * STEP if excess > 0 else 0.0
+        margins[metric] = round(max(base.margin(metric), derived), 6)
+    return replace(base, margins=margins, rel_margin=0.0, source="derived by parity calibrate")
 
 
 def summary(table: pd.DataFrame) -> dict:
@@ -49,16 +92,20 @@ def summary(table: pd.DataFrame) -> dict:
     return {"n": n, "false_alarms": alarms, "rate": alarms / n if n else float("nan")}
 
 
-def markdown(table: pd.DataFrame, policy: Policy, provenance: str) -> str:
-    """``calibration.md``: the policy, the totals, and the table (worst ratio first)."""
+def markdown(table: pd.DataFrame, policy: Policy, provenance: str, derived: Policy | None = None) -> str:
+    """``calibration.md``: the policy, the totals, the derived margins and the table (worst ratio first)."""
     total = summary(table)
     lines = ["## Gate calibration on clean kernels", "", f"Policy: {policy.describe()}.", "", provenance, "",
              f"Gated metrics: **{total['false_alarms']} false alarm(s) in {total['n']} paired comparisons** "
-             f"(rate {total['rate']:.3g}). Every failure here is a false alarm: nothing was injected.", "",
-             "| op | dtype | tensor | metric | gated | n | ratio min | median | p95 | max | false alarms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"(rate {total['rate']:.3g}). Every failure here is a false alarm: nothing was injected.", ""]
+    if derived is not None:
+        lines += [f"Derived margins (`policy.toml`: {HEADROOM:g} × the worst excess of the judged statistic, "
+                  f"rounded up to {STEP:g}, at least the configured margin): "
+                  + ", ".join(f"{m} {derived.margin(m):g}" for m in METRICS) + ".", ""]
+    lines += ["| op | dtype | tensor | metric | gated | n | ratio min | median | p95 | max | judged max "
+              "| false alarms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table.sort_values("ratio_max", ascending=False).to_dict("records"):
         lines.append(f"| {r['op']} | {r['dtype']} | {r['tensor']} | {r['metric']} | {'yes' if r['gated'] else 'no'} "
                      f"| {r['n']} | {r['ratio_min']:.3f} | {r['ratio_median']:.3f} | {r['ratio_p95']:.3f} | "
-                     f"{r['ratio_max']:.3f} | {r['false_alarms']} |")
+                     f"{r['ratio_max']:.3f} | {r['judged_max']:.3f} | {r['false_alarms']} |")
     return "\n".join(lines) + "\n"

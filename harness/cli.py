@@ -145,10 +145,9 @@ def _failing(df) -> bool:
 
 
 def _policy(args):
-    from harness.policy import Policy, parse_floors
+    from harness.policy import policy_from_options
 
-    metrics = tuple(m.strip() for m in args.gate_metrics.split(",") if m.strip())
-    return Policy(metrics=metrics, rel_margin=args.margin, abs_floor=parse_floors(args.floor))
+    return policy_from_options(args.policy, args.gate_metrics, args.margin, args.floor, args.alpha)
 
 
 def _report_gate(result, out: Path) -> int:
@@ -268,9 +267,10 @@ def cmd_merge(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from harness.calibrate import calibration_table, markdown, summary
+    from harness.calibrate import calibration_table, derive_policy, markdown, summary
+    from harness.metrics import METRICS
     from harness.reference_cache import ReferenceCache
-    from harness.reports import atomic_write_text, provenance_line, read_results, write_csv
+    from harness.reports import atomic_write_text, column_values, provenance_line, read_results, write_csv
 
     policy = _policy(args)
     out = _out_dir(args.out)
@@ -286,14 +286,23 @@ def cmd_calibrate(args) -> int:
         _, tpu = _run_leg("tpu", args, cases, cache)
     table = calibration_table(gpu, tpu, policy)
     total = summary(table)
+    derived = derive_policy(table, policy)
     provenance = f"- gpu: {provenance_line(gpu)}\n- tpu: {provenance_line(tpu)}"
     csv_path = write_csv(table, out / "calibration.csv")
-    atomic_write_text(out / "calibration.md", markdown(table, policy, provenance))
+    atomic_write_text(out / "calibration.md", markdown(table, policy, provenance, derived))
+    facts = {"suite": ", ".join(column_values(tpu, "suite")), "draws": int(tpu["draw"].max()) + 1,
+             "gpu": provenance_line(gpu), "tpu": provenance_line(tpu), "base_policy": policy.describe(),
+             "gated_comparisons": total["n"], "false_alarms_of_base_policy": total["false_alarms"]}
+    atomic_write_text(out / "policy.toml", derived.to_toml(
+        "Written by `parity calibrate` (harness/calibrate.py): margins derived from the noise band of clean\n"
+        "kernels, see calibration.md next to this file. Load it with --policy, or ship it as harness/policy.toml.",
+        facts))
     print(f"calibration: {total['false_alarms']} false alarm(s) in {total['n']} gated comparisons "
           f"(rate {total['rate']:.3g}) -> {csv_path}, {out / 'calibration.md'}")
     for r in table[table["gated"] & (table["false_alarms"] > 0)].to_dict("records")[:20]:
         print(f"  {r['op']} {r['dtype']} {r['tensor']} {r['metric']}: {r['false_alarms']}/{r['n']} "
               f"(ratio {r['ratio_min']:.3f}..{r['ratio_max']:.3f})")
+    print(f"derived policy -> {out / 'policy.toml'}: " + ", ".join(f"{m} {derived.margin(m):g}" for m in METRICS))
     return EXIT_FAIL if total["false_alarms"] else EXIT_PASS
 
 
@@ -382,10 +391,16 @@ def _add_gate_options(p):
 
 
 def _add_policy(p):
-    p.add_argument("--gate-metrics", default="rel_l2,max_abs",
+    p.add_argument("--policy", metavar="TOML",
+                   help="policy file, e.g. a policy.toml written by `parity calibrate` (default: the shipped, "
+                        "calibrated harness/policy.toml); the options below override it")
+    p.add_argument("--gate-metrics",
                    help="comma-separated metrics to gate (of max_abs, rel_l2, ulp_max, ulp_mean, ulp_p99)")
-    p.add_argument("--margin", type=float, default=0.0, help="relative margin: allow eps_gpu*(1+margin)")
+    p.add_argument("--margin", type=float,
+                   help="one relative margin for every metric, replacing the policy's: allow eps_gpu*(1+margin)")
     p.add_argument("--floor", help="absolute floors, e.g. rel_l2=1e-6,max_abs=1e-5")
+    p.add_argument("--alpha", type=float,
+                   help="one-sided level of the rel_l2 bootstrap (0: judge the point value alone)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,10 @@ It fails closed. Before judging, the files must be fit to compare, else
 Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
 
 ================= ==========================================================
-``pass``/``fail`` gated metric: ``eps_tpu <= eps_gpu*(1+margin)+floor``
+``pass``/``fail`` gated metric: ``eps_tpu <= eps_gpu*(1+margin)+floor``; for
+                  rel_l2 a point failure stands only if the paired block
+                  bootstrap's lower bound of the ratio (``ratio_lower``)
+                  exceeds 1 + margin too (:meth:`Policy.judge`)
 ``info``          a metric reported but not gated by the policy
 ``fail``          TPU row ``error``, ``nonfinite`` or ``bound``; the TPU
                   gives no tensor the GPU gives; the GPU row is an ``error``
@@ -44,12 +47,13 @@ from pathlib import Path
 import pandas as pd
 
 from .legs import LEG_VERSION_KEYS
-from .metrics import METRICS
+from .metrics import METRICS, parse_blocks
 from .policy import Policy
 from .reports import KEY, ReportError, check_results, read_table
 from .status import FAILING, Status
 
-PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "allowed", "verdict", "reason",
+PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "ratio_lower", "allowed", "verdict",
+                  "reason",
                   "gpu_status", "tpu_status", "gpu_mode", "tpu_mode", "tpu_mxu_cost", "input_sha256", "repro"]
 
 
@@ -144,18 +148,25 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
         return status_row("bounds_only", f"TPU within its absolute bound; no GPU number (GPU {g_status}: "
                                          f"{g['reason']})")
     rows = []
+    blocks = parse_blocks(g.get("rel_l2_blocks")), parse_blocks(t.get("rel_l2_blocks"))
     for metric in METRICS:
         eps_g, eps_t = float(g[metric]), float(t[metric])
-        gated = metric in policy.metrics
         allowed = policy.allowed(metric, eps_g)
-        if not gated:
+        passed, lower = policy.judge(metric, eps_t, eps_g, *blocks)
+        if metric not in policy.metrics:
             verdict, reason = "info", "not gated by the policy"
-        elif policy.passes(metric, eps_t, eps_g):
+        elif passed and lower is not None:
+            verdict, reason = "pass", (f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}, but within noise: bootstrap "
+                                       f"lower bound of the ratio {lower:.4g} <= {1 + policy.margin(metric):.4g}")
+        elif passed:
             verdict, reason = "pass", ""
+        elif lower is not None:
+            verdict, reason = "fail", (f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}, beyond noise: bootstrap "
+                                       f"lower bound of the ratio {lower:.4g} > {1 + policy.margin(metric):.4g}")
         else:
             verdict, reason = "fail", f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}"
         rows.append({**base, "metric": metric, "eps_gpu": eps_g, "eps_tpu": eps_t, "ratio": _ratio(eps_t, eps_g),
-                     "allowed": allowed, "verdict": verdict, "reason": reason})
+                     "ratio_lower": lower, "allowed": allowed, "verdict": verdict, "reason": reason})
     return rows
 
 

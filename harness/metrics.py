@@ -22,6 +22,13 @@ hand-computed values):
 - ``nan`` / ``inf``: counts in y; ``ref_nonfinite``: non-finite count in r.
 - A NaN or Inf in y where r is finite makes ``max_abs`` and ``rel_l2`` ``inf``:
   such a result always fails, whatever the tolerances.
+- ``rel_l2_blocks``: the flattened (C-order) tensor cut into M = min(32, n)
+  contiguous blocks of near-equal size (``numpy.array_split``); block b holds
+  ``‖y_b − r_b‖₂² / ‖r‖₂²``, so the blocks sum to ``rel_l2²``. Two legs run on
+  the same inputs share the blocks element for element, which is what lets the
+  gate resample them in pairs (:mod:`harness.noise`). Written as M numbers
+  joined by ``;`` with 7 significant digits; empty when ``rel_l2`` is not finite
+  or 0/0.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ from cases.inputs import NP_DTYPES
 
 METRICS = ("max_abs", "rel_l2", "ulp_max", "ulp_mean", "ulp_p99")
 """The error metrics compared by the gate, in report order."""
+
+ERROR_BLOCKS = 32
+"""Blocks of ``rel_l2_blocks``: enough for a resampling estimate, few enough to keep rows short."""
 
 
 def _finfo(dtype: str):
@@ -76,6 +86,31 @@ def rel_l2(y: np.ndarray, r: np.ndarray) -> float:
     return num / den
 
 
+def rel_l2_blocks(y: np.ndarray, r: np.ndarray) -> list[float] | None:
+    """``rel_l2²`` split over contiguous blocks of the flattened tensor (module doc); None when
+    ``rel_l2`` is not a finite ratio (non-finite values, or an all-zero reference)."""
+    y = np.asarray(y, dtype=np.float64).ravel()
+    r = np.asarray(r, dtype=np.float64).ravel()
+    if y.size == 0 or not (np.all(np.isfinite(y)) and np.all(np.isfinite(r))):
+        return None
+    den = float(np.dot(r, r))
+    if den == 0.0:
+        return None
+    e2 = (y - r) ** 2
+    return [float(b.sum()) / den for b in np.array_split(e2, min(ERROR_BLOCKS, y.size))]
+
+
+def format_blocks(blocks: list[float] | None) -> str:
+    return "" if blocks is None else ";".join(f"{b:.6e}" for b in blocks)
+
+
+def parse_blocks(text) -> np.ndarray | None:
+    """The numbers of a ``rel_l2_blocks`` cell (ValueError if it is not ``;``-joined numbers); None if empty."""
+    if text is None or (isinstance(text, float) and math.isnan(text)) or str(text).strip() == "":
+        return None
+    return np.array([float(x) for x in str(text).split(";")], dtype=np.float64)
+
+
 def compare(y: np.ndarray, r: np.ndarray, dtype: str) -> dict:
     """All metrics of ``y`` against reference ``r``, with ULPs counted in ``dtype``.
 
@@ -96,7 +131,7 @@ def compare(y: np.ndarray, r: np.ndarray, dtype: str) -> dict:
     abs_err = np.where(np.isnan(abs_err), np.inf, abs_err)  # a NaN is the worst error there is
     u = ulp_error(y64, r, dtype)
     if y.size == 0:
-        return dict(max_abs=0.0, rel_l2=0.0, ulp_max=0.0, ulp_mean=0.0, ulp_p99=0.0, nan=0, inf=0,
+        return dict(max_abs=0.0, rel_l2=0.0, ulp_max=0.0, ulp_mean=0.0, ulp_p99=0.0, rel_l2_blocks="", nan=0, inf=0,
                     ref_nonfinite=0, worst_index="", ref_at_worst=math.nan, got_at_worst=math.nan)
     worst = np.unravel_index(int(np.argmax(abs_err)), y.shape)
     return dict(
@@ -105,6 +140,7 @@ def compare(y: np.ndarray, r: np.ndarray, dtype: str) -> dict:
         ulp_max=float(u.max()),
         ulp_mean=float(u.mean()),
         ulp_p99=float(np.percentile(u, 99, method="higher")),
+        rel_l2_blocks=format_blocks(rel_l2_blocks(y64, r)),
         nan=nan,
         inf=inf,
         ref_nonfinite=ref_nonfinite,

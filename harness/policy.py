@@ -24,7 +24,8 @@ gated with ``--gate-metrics``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Mapping
 
 from .metrics import METRICS
@@ -70,11 +71,22 @@ def bound_for(op: str, tensor: str, dtype: str, leg: str, rules: list[Bound] = B
 
 @dataclass(frozen=True)
 class Policy:
-    """ε_TPU ≤ ε_GPU · (1 + rel_margin) + abs_floor, for each metric in ``metrics``."""
+    """When the candidate's error ε_TPU is worse than the baseline's ε_GPU, per metric (module doc).
+
+    - ``margins[m]`` (or ``rel_margin`` for a metric without an entry): the relative margin;
+    - ``abs_floor[m]``: an absolute allowance on top (default none);
+    - ``alpha``: rel_l2 only. A rel_l2 over ``eps_gpu·(1+margin)+floor`` fails only if the paired block
+      bootstrap's one-sided (1 − alpha) lower bound of ε_TPU/ε_GPU also exceeds ``1 + margin``
+      (:mod:`harness.noise`); 0 judges the point value alone.
+    - ``source``: where the policy came from (a policy file, or "explicit"), for the report.
+    """
 
     metrics: tuple[str, ...] = ("rel_l2", "max_abs")
     rel_margin: float = 0.0
     abs_floor: Mapping[str, float] = field(default_factory=dict)
+    margins: Mapping[str, float] = field(default_factory=dict)
+    alpha: float = 0.0
+    source: str = "explicit"
 
     def __post_init__(self):
         unknown = set(self.metrics) - set(METRICS)
@@ -82,21 +94,126 @@ class Policy:
             raise ValueError(f"gated metrics must be a non-empty subset of {METRICS}; got {self.metrics}")
         if not self.rel_margin >= 0:
             raise ValueError(f"{self.rel_margin=} must be >= 0")
-        bad = {m: v for m, v in self.abs_floor.items() if m not in METRICS or not v >= 0}
-        if bad:
-            raise ValueError(f"abs_floor entries must be metric -> value >= 0; bad: {bad}")
+        for name, table in (("abs_floor", self.abs_floor), ("margins", self.margins)):
+            bad = {m: v for m, v in table.items() if m not in METRICS or not v >= 0}
+            if bad:
+                raise ValueError(f"{name} entries must be metric -> value >= 0; bad: {bad}")
+        if not (self.alpha == 0 or 0 < self.alpha < 0.5):
+            raise ValueError(f"alpha must be 0 (no bootstrap) or in (0, 0.5), got {self.alpha}")
+
+    def margin(self, metric: str) -> float:
+        return self.margins.get(metric, self.rel_margin)
 
     def allowed(self, metric: str, eps_gpu: float) -> float:
-        return eps_gpu * (1.0 + self.rel_margin) + self.abs_floor.get(metric, 0.0)
+        return eps_gpu * (1.0 + self.margin(metric)) + self.abs_floor.get(metric, 0.0)
 
     def passes(self, metric: str, eps_tpu: float, eps_gpu: float) -> bool:
-        # a NaN on either side never passes (NaN comparisons are False)
+        """The point rule alone; a NaN on either side never passes (NaN comparisons are False)."""
         return bool(eps_tpu <= self.allowed(metric, eps_gpu))
 
+    def bootstraps(self, metric: str) -> bool:
+        return metric == "rel_l2" and self.alpha > 0
+
+    def judge(self, metric: str, eps_tpu: float, eps_gpu: float, gpu_blocks=None, tpu_blocks=None):
+        """``(passed, lower)``: the verdict on one metric, and the bootstrap lower bound of the ratio when
+        one was needed (None otherwise). The bootstrap only ever clears an alarm that the blocks'
+        noise explains; it never fails what the point rule passes."""
+        if self.passes(metric, eps_tpu, eps_gpu):
+            return True, None
+        if not self.bootstraps(metric) or gpu_blocks is None or tpu_blocks is None:
+            return False, None
+        from .noise import ratio_lower_bound
+
+        lower = ratio_lower_bound(gpu_blocks, tpu_blocks, self.alpha)
+        return bool(lower <= 1.0 + self.margin(metric)), lower
+
+    def with_overrides(self, *, metrics=None, margin=None, floors=None, alpha=None) -> "Policy":
+        """This policy with command-line overrides: ``margin`` replaces every per-metric margin."""
+        return replace(self, metrics=self.metrics if metrics is None else tuple(metrics),
+                       rel_margin=self.rel_margin if margin is None else margin,
+                       margins=self.margins if margin is None else {},
+                       abs_floor=self.abs_floor if floors is None else floors,
+                       alpha=self.alpha if alpha is None else alpha,
+                       source=self.source if all(x is None for x in (metrics, margin, floors, alpha))
+                       else f"{self.source}, overridden on the command line")
+
     def describe(self) -> str:
+        margins = ", ".join(f"{m} {self.margin(m):g}" for m in self.metrics)
         floors = ", ".join(f"{m}>={v:g}" for m, v in sorted(self.abs_floor.items())) or "none"
-        return (f"eps_tpu <= eps_gpu * (1 + {self.rel_margin:g}) + floor; gated metrics: "
-                f"{', '.join(self.metrics)}; floors: {floors}")
+        noise = (f"; rel_l2 fails only if the paired block bootstrap's {1 - self.alpha:g} lower bound of the "
+                 f"ratio exceeds 1 + margin" if self.alpha > 0 and "rel_l2" in self.metrics else "")
+        return (f"eps_tpu <= eps_gpu * (1 + margin) + floor; gated metrics and margins: {margins}; "
+                f"floors: {floors}{noise} (policy: {self.source})")
+
+    # ---------------------------------------------------------------- policy files
+    def to_toml(self, header: str = "", provenance: Mapping[str, object] | None = None) -> str:
+        """The policy as a TOML file :meth:`load` reads back (``provenance`` goes to a [calibration] table)."""
+        lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+        lines += [f"metrics = [{', '.join(repr(m).replace(chr(39), chr(34)) for m in self.metrics)}]",
+                  f"alpha = {self.alpha!r}", "", "[margins]"]
+        lines += [f"{m} = {self.margin(m)!r}" for m in METRICS]
+        if self.abs_floor:
+            lines += ["", "[abs_floor]"] + [f"{m} = {v!r}" for m, v in sorted(self.abs_floor.items())]
+        if provenance:
+            lines += ["", "[calibration]"] + [f"{k} = {_toml_value(v)}" for k, v in provenance.items()]
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def load(cls, path) -> "Policy":
+        """A policy file (TOML: ``metrics``, ``alpha``, ``[margins]``, optional ``[abs_floor]`` and
+        ``[calibration]``); ValueError naming the file and the field on anything else."""
+        import tomllib
+
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"policy file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"policy file {path}: not TOML ({exc})") from None
+        known = {"metrics", "alpha", "margins", "abs_floor", "calibration"}
+        if set(data) - known:
+            raise ValueError(f"policy file {path}: unknown field(s) {sorted(set(data) - known)}; "
+                             f"expected {sorted(known)}")
+        for name in ("margins", "abs_floor"):
+            table = data.get(name, {})
+            if not isinstance(table, dict) or not all(isinstance(v, (int, float)) for v in table.values()):
+                raise ValueError(f"policy file {path}: [{name}] must map metric names to numbers")
+        if not isinstance(data.get("metrics", []), list):
+            raise ValueError(f"policy file {path}: 'metrics' must be a list of metric names")
+        try:
+            return cls(metrics=tuple(data.get("metrics", cls.metrics)), alpha=float(data.get("alpha", 0.0)),
+                       margins={m: float(v) for m, v in data.get("margins", {}).items()},
+                       abs_floor={m: float(v) for m, v in data.get("abs_floor", {}).items()}, source=str(path))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"policy file {path}: {exc}") from None
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.toml")
+"""The shipped, calibrated policy: ``parity calibrate``'s ``policy.toml`` (README, "The decision rule")."""
+
+
+def default_policy() -> Policy:
+    """The calibrated policy every verb and the pytest plugin use unless told otherwise."""
+    return Policy.load(DEFAULT_POLICY_FILE)
+
+
+def policy_from_options(path=None, metrics: str | None = None, margin: float | None = None,
+                        floors: str | None = None, alpha: float | None = None) -> Policy:
+    """The policy of a command line or pytest run: the policy file (default: the calibrated one) with any
+    option given on top; ValueError with a one-line reason on bad input."""
+    base = Policy.load(path) if path else default_policy()
+    names = None if metrics is None else tuple(m.strip() for m in metrics.split(",") if m.strip())
+    return base.with_overrides(metrics=names, margin=margin, floors=None if floors is None else parse_floors(floors),
+                               alpha=alpha)
 
 
 def parse_floors(text: str | None) -> dict[str, float]:

@@ -35,13 +35,17 @@ def pytest_addoption(parser):
                     help="directory for the legs' result CSVs (env PARITY_OUT)")
     group.addoption("--gpu-results", default=os.environ.get("PARITY_GPU_RESULTS"),
                     help="GPU result CSV the tpu-marked tests gate against (env PARITY_GPU_RESULTS)")
-    group.addoption("--parity-margin", type=float, default=float(os.environ.get("PARITY_MARGIN", "0")),
-                    help="relative margin of the eps_TPU <= eps_GPU rule (env PARITY_MARGIN; default 0, strict)")
+    group.addoption("--parity-policy", default=os.environ.get("PARITY_POLICY"),
+                    help="policy file of the eps_TPU <= eps_GPU rule (env PARITY_POLICY; default: the shipped, "
+                         "calibrated harness/policy.toml)")
+    group.addoption("--parity-margin", type=float,
+                    default=float(os.environ["PARITY_MARGIN"]) if os.environ.get("PARITY_MARGIN") else None,
+                    help="one relative margin for every metric, replacing the policy's (env PARITY_MARGIN)")
     group.addoption("--parity-tpu-targets", default=os.environ.get("PARITY_TPU_TARGETS"),
                     help="real TPU targets the emulated TPU leg compiles each case for first "
                          "(env PARITY_TPU_TARGETS; default v6e)")
-    group.addoption("--parity-gate-metrics", default=os.environ.get("PARITY_GATE_METRICS", "rel_l2,max_abs"),
-                    help="metrics the tpu-marked tests gate (env PARITY_GATE_METRICS)")
+    group.addoption("--parity-gate-metrics", default=os.environ.get("PARITY_GATE_METRICS"),
+                    help="metrics the tpu-marked tests gate, replacing the policy's (env PARITY_GATE_METRICS)")
 
 
 def pytest_configure(config):
@@ -119,11 +123,13 @@ def parity_runner(request, reference_cache):
 
 @pytest.fixture(scope="session")
 def parity_policy(request):
-    from harness.policy import Policy
+    from harness.policy import policy_from_options
 
     opts = request.config.option
-    metrics = tuple(m.strip() for m in opts.parity_gate_metrics.split(",") if m.strip())
-    return Policy(metrics=metrics, rel_margin=opts.parity_margin)
+    try:
+        return policy_from_options(opts.parity_policy, opts.parity_gate_metrics, opts.parity_margin)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(scope="session")

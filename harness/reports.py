@@ -22,7 +22,7 @@ import pandas as pd
 
 from .legs import LEG_NAMES
 from .legs.base import MODES
-from .metrics import METRICS
+from .metrics import METRICS, parse_blocks
 from .status import Status
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ MXU_COLUMNS = ["mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd", 
 
 RESULT_COLUMNS = [
     "case_id", "op", "variant", "dtype", "draw", "tensor", "tensor_dtype", "leg", "status", "reason",
-    *METRICS, "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
+    *METRICS, "rel_l2_blocks", "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
     "input_sha256", "mode", "device", "compiled_for", *MXU_COLUMNS, "versions", "settings", "details", "git_commit",
     "timestamp", "suite", "wall_s", "repro",
 ]
@@ -76,7 +76,7 @@ def write_csv(df: pd.DataFrame, path: Path) -> Path:
     return Path(path)
 
 
-REQUIRED_COLUMNS = ["case_id", "tensor", "leg", "status", "reason", "input_sha256", "mode", *METRICS]
+REQUIRED_COLUMNS = ["case_id", "tensor", "leg", "status", "reason", "input_sha256", "mode", *METRICS, "rel_l2_blocks"]
 """Columns a result file must have for the gate to judge it."""
 
 RESULT_STATUSES = (Status.OK, Status.BOUND, Status.NONFINITE, Status.NOT_PROVIDED, Status.UNSUPPORTED,
@@ -135,6 +135,7 @@ def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
             raise ReportError(f"{_where(path, i, metric)}: a {df.at[i, 'status']} row needs a finite value, "
                               f"got {df.at[i, metric]!r}")
         df[metric] = values.astype(float)
+    _check_blocks(df, path)
     hashes = df["input_sha256"].astype("string")
     needs = df["status"] != Status.ERROR  # an invalid case errors before its inputs exist
     bad = (hashes.notna() | needs) & ~hashes.fillna("").str.fullmatch(_HASH)
@@ -156,6 +157,32 @@ def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     if len(legs) > 1:
         raise ReportError(f"{path}: rows from several legs {legs}; a result file holds one leg")
     return df
+
+
+BLOCKS_RTOL = 1e-5
+"""How closely sqrt(sum of rel_l2_blocks) must equal rel_l2 (the blocks carry 7 significant digits)."""
+
+
+def _check_blocks(df: pd.DataFrame, path: Path) -> None:
+    """A measured row's ``rel_l2_blocks`` are numbers >= 0 whose sum is rel_l2² (empty only when rel_l2 is 0):
+    the gate's noise estimate and the reported error must describe the same tensor."""
+    for i in df.index[df["status"].isin(_MEASURED)]:
+        cell = df.at[i, "rel_l2_blocks"]
+        try:
+            blocks = parse_blocks(cell)
+        except ValueError:
+            raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: {cell!r} is not ';'-joined numbers") from None
+        rel = float(df.at[i, "rel_l2"])
+        if blocks is None:
+            if rel != 0:
+                raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: empty, but rel_l2 is {rel!r}")
+            continue
+        if not (np.all(np.isfinite(blocks)) and np.all(blocks >= 0)):
+            raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: blocks must be finite and >= 0")
+        total = math.sqrt(float(blocks.sum()))
+        if abs(total - rel) > BLOCKS_RTOL * rel:
+            raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: the blocks give rel_l2 {total!r}, the row says "
+                              f"{rel!r}")
 
 
 def read_results(path: Path) -> pd.DataFrame:

@@ -135,7 +135,8 @@ def test_cli_gate_exit_codes(tmp_path):
     write_csv(tpu, tmp_path / "tpu.csv")
     assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path)]) == 1
     parity = pd.read_csv(tmp_path / "parity.csv")
-    assert list(parity.columns[:7]) == ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "allowed"]
+    assert list(parity.columns[:8]) == ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "ratio_lower",
+                                       "allowed"]
     md = (tmp_path / "parity.md").read_text()
     assert "FAIL" in md and "not hardware numbers" in md and "parity run --backend tpu" in md
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
