@@ -42,3 +42,123 @@ def inverse_grad_missing_transpose(Tm, dTm, *, policy):
     from kernels_tpu.kda.chunk import TN, _dot
 
     return -_dot(_dot(Tm, dTm, TN, policy=policy), Tm, policy=policy)
+
+
+# ------------------------------------------------------------------ graded precision regressions
+# Each class keeps ``bits`` fraction bits (round to nearest even) where a correct kernel keeps more:
+# 23 is f32 (no regression), 10 fp16's, 7 bf16's. The power study (tests/power.py) finds the
+# smallest regression of each class the shipped gate policy catches.
+
+def round_fraction(x, bits: int):
+    """``x`` (f32) rounded to nearest even at ``bits`` fraction bits, kept in f32; 23 returns x unchanged.
+    At ``bits=7`` it equals a round trip through bfloat16."""
+    x = x.astype(jnp.float32)
+    if bits >= 23:
+        return x
+    drop = 23 - bits
+    u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    keep_lsb = (u >> drop) & jnp.uint32(1)
+    u = (u + jnp.uint32((1 << (drop - 1)) - 1) + keep_lsb) & jnp.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)
+    return jax.lax.bitcast_convert_type(u, jnp.float32)
+
+
+def kernel_modules():
+    """Every kernels_tpu module (the helpers below are patched wherever a kernel imported them)."""
+    import importlib
+
+    names = ["kernels_tpu.simple_gla.chunk", "kernels_tpu.simple_gla.fused_chunk", "kernels_tpu.gla.chunk",
+             "kernels_tpu.gla.fused", "kernels_tpu.kda.chunk"]
+    return [importlib.import_module(n) for n in names]
+
+
+def state_rounded_per_chunk(bits: int):
+    """``common.state_pass`` whose kernels round the carried f32 state to ``bits`` after every grid step,
+    so each chunk hands the next a rounded state (forward states and backward state gradients)."""
+    from kernels_tpu import common
+
+    real = common.state_pass
+
+    def faulty(kernel, *, in_specs, out_specs, **kw):
+        first_scratch = len(in_specs) + (len(out_specs) if isinstance(out_specs, (list, tuple)) else 1)
+
+        def rounded(*refs):
+            kernel(*refs)
+            state = refs[first_scratch]
+            state[...] = round_fraction(state[...], bits)
+
+        return real(rounded, in_specs=in_specs, out_specs=out_specs, **kw)
+
+    return {"state_pass": faulty}
+
+
+def scores_rounded_twice(bits: int):
+    """The intra-chunk scores rounded to ``bits`` where they are formed, before the decay or scale is
+    applied, and then again as the next dot's operand: simple_gla (both variants), gla's g_gamma path, kda."""
+    from kernels_tpu.gla import fused
+    from kernels_tpu.kda import chunk as kda_chunk
+    from kernels_tpu.simple_gla import chunk as sg_chunk
+
+    def intra_scores(q, k, D, policy):
+        return round_fraction(sg_chunk.mm(q, k, policy, sg_chunk.NT_T), bits) * D
+
+    real_tiles, real_pairs = fused.k_tile_reduction, kda_chunk._pair_scores
+
+    def k_tile_reduction(*args, **kw):
+        scores, o_inter = real_tiles(*args, **kw)
+        return round_fraction(scores, bits), o_inter
+
+    def pair_scores(*args, **kw):
+        return round_fraction(real_pairs(*args, **kw), bits)
+
+    return {"intra_scores": intra_scores, "k_tile_reduction": k_tile_reduction, "_pair_scores": pair_scores}
+
+
+def f32_dots_fewer_bits(bits: int):
+    """The policy's f32-operand dots (BF16X3) fed operands rounded to ``bits`` first; 7 is one bf16 pass."""
+    from kernels_tpu import mxu
+
+    real = mxu.dot
+
+    def dot(a, b, *, precision, **kw):
+        if precision == mxu.BF16X3:
+            a, b = round_fraction(a, bits), round_fraction(b, bits)
+        return real(a, b, precision=precision, **kw)
+
+    return {"mxu.dot": dot}
+
+
+def fp16_inputs_fewer_bits(bits: int):
+    """fp16 inputs widened to f32 and then rounded to ``bits`` (fp16 keeps 10; 7 is fp16 through bf16)."""
+    import jax.numpy as jnp_
+
+    def widen_fp16(*xs):
+        return tuple(round_fraction(x, bits) if x is not None and x.dtype == jnp_.float16 else x for x in xs)
+
+    return {"mxu.widen_fp16": widen_fp16}
+
+
+REGRESSIONS = {
+    "state rounded per chunk": state_rounded_per_chunk,
+    "scores rounded twice": scores_rounded_twice,
+    "f32 dots at fewer bits": f32_dots_fewer_bits,
+    "fp16 inputs at fewer bits": fp16_inputs_fewer_bits,
+}
+"""Graded regression classes: name -> (bits -> {helper name: faulty twin})."""
+
+
+def apply_regression(setattr_, name: str, bits: int) -> list[str]:
+    """Swap in regression ``name`` at ``bits`` with ``setattr_(module, attr, value)`` (a monkeypatch's
+    setattr); returns the ``module.attr`` names patched. ``mxu.x`` names patch kernels_tpu.mxu itself,
+    the others every kernel module that holds the helper."""
+    from kernels_tpu import mxu
+
+    patched = []
+    for helper, twin in REGRESSIONS[name](bits).items():
+        if helper.startswith("mxu."):
+            targets = [(mxu, helper[4:])]
+        else:
+            targets = [(m, helper) for m in kernel_modules() if hasattr(m, helper)]
+        for module, attr in targets:
+            setattr_(module, attr, twin)
+            patched.append(f"{module.__name__}.{attr}")
+    return patched

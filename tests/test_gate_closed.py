@@ -178,6 +178,9 @@ def test_every_row_hash_is_checked(files, capsys):
     ("status", "OK_TYPO", "unknown value 'OK_TYPO'"),
     ("mode", "hardware", "unknown value 'hardware'"),
     ("rel_l2", None, "needs a finite value"),
+    ("rel_l2_blocks", "1e-12;abc", "is not ';'-joined numbers"),
+    ("rel_l2_blocks", "", "empty, but rel_l2 is"),
+    ("rel_l2_blocks", "-1;2", "finite and >= 0"),
 ])
 def test_impossible_values_are_input_errors(files, capsys, column, value, message):
     tmp, _, tpu, gate = files
@@ -186,6 +189,14 @@ def test_impossible_values_are_input_errors(files, capsys, column, value, messag
     assert gate(tmp / "gpu.csv", _write(bad, tmp / "bad.csv")) == 2
     err = _err(capsys)
     assert f"bad.csv:5: column {column!r}" in err and message in err
+
+
+def test_a_doctored_rel_l2_no_longer_matches_its_blocks(files, capsys):
+    tmp, _, tpu, gate = files
+    bad = tpu.copy()
+    bad.loc[3, "rel_l2"] = 1e-9
+    assert gate(tmp / "gpu.csv", _write(bad, tmp / "bad.csv")) == 2
+    assert "bad.csv:5: column 'rel_l2_blocks': the blocks give rel_l2" in _err(capsys)
 
 
 # 8. (the reference cache verifies its entries: tests/test_reference_cache.py)

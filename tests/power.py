@@ -1,0 +1,137 @@
+"""The gate's power: the smallest graded precision regression (tests/faults.py) the shipped policy catches.
+
+For each regression class, the TPU kernels keep ``bits`` fraction bits where a correct kernel keeps more
+(23: f32, so no regression; 7: bf16). The study runs the TPU leg with the fault on the cases of smoke and
+regressions (seed 0) the class can reach, gates each case against the GPU rows of the same draw with the
+shipped policy, and bisects ``bits`` for the largest value the gate still fails (the smallest regression
+caught), assuming fewer bits never make a kernel more accurate. A grade stops at the first caught case.
+
+    python tests/power.py --gpu-results GPU.csv --out reports/power
+
+writes ``power.csv`` (one row per class and grade tried) and ``power.md``. Faults stay on the test side:
+this is a test tool, never imported by the harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from faults import REGRESSIONS, apply_regression  # noqa: E402
+
+from cases.suites import get_suite  # noqa: E402
+from harness.gate import apply_gate  # noqa: E402
+from harness.legs.tpu import TpuLeg  # noqa: E402
+from harness.policy import Policy, default_policy  # noqa: E402
+from harness.reference_cache import ReferenceCache  # noqa: E402
+from harness.reports import atomic_write_text, read_results, rows_to_frame, write_csv  # noqa: E402
+from harness.runner import Runner  # noqa: E402
+
+REACHES = {"fp16 inputs at fewer bits": {"float16"}}
+"""Case dtypes a class can reach (default: every dtype)."""
+
+TOP = 23  # f32's fraction bits: no regression
+
+
+def cases_for(regression: str, suites=("smoke", "regressions")):
+    dtypes = REACHES.get(regression)
+    return [c for s in suites for c in get_suite(s) if dtypes is None or c.dtype in dtypes]
+
+
+def caught_at(regression: str, bits: int, cases, gpu: pd.DataFrame, policy: Policy, cache) -> dict:
+    """Run the TPU leg with the regression at ``bits`` case by case; stop at the first case the gate fails."""
+    t0 = time.perf_counter()
+    with pytest.MonkeyPatch.context() as mp:
+        jax.clear_caches()
+        patched = apply_regression(mp.setattr, regression, bits)
+        runner = Runner(TpuLeg(compile_targets=()), cache)
+        try:
+            for n, case in enumerate(cases, 1):
+                tpu = rows_to_frame(runner.run_case(case))
+                base = gpu[gpu["case_id"] == case.id]
+                failures = apply_gate(base, tpu, policy).failures
+                if len(failures):
+                    worst = failures.sort_values("ratio", ascending=False).iloc[0]
+                    return {"regression": regression, "bits": bits, "caught": True, "cases_run": n,
+                            "case_id": case.id, "tensor": worst["tensor"], "metric": worst["metric"],
+                            "ratio": worst["ratio"], "reason": worst["reason"], "patched": ", ".join(patched),
+                            "wall_s": round(time.perf_counter() - t0, 1)}
+        finally:
+            jax.clear_caches()
+    return {"regression": regression, "bits": bits, "caught": False, "cases_run": len(cases), "case_id": "",
+            "tensor": "", "metric": "", "ratio": float("nan"), "reason": "", "patched": ", ".join(patched),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def smallest_caught(regression: str, gpu, policy, cache, log=print) -> list[dict]:
+    """Bisect bits in [7, 23) for the largest caught value; every grade tried is a row."""
+    cases = cases_for(regression)
+    tried = []
+
+    def trial(bits):
+        row = caught_at(regression, bits, cases, gpu, policy, cache)
+        tried.append(row)
+        log(f"  {regression} at {bits} bits: {'caught' if row['caught'] else 'not caught'} "
+            f"({row['cases_run']} cases, {row['wall_s']} s) {row['case_id']} {row['tensor']} {row['metric']}")
+        return row["caught"]
+
+    lo, hi = 7, TOP  # invariant: caught at lo (once checked), not caught at hi (no regression)
+    if not trial(lo):
+        return tried
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if trial(mid):
+            lo = mid
+        else:
+            hi = mid
+    return tried
+
+
+def markdown(table: pd.DataFrame, policy: Policy, gpu_file: str) -> str:
+    lines = ["## Power: the smallest precision regression the shipped gate catches", "",
+             f"Policy: {policy.describe()}.", f"Baseline: {gpu_file} (draw 0). Suites: smoke, regressions.", "",
+             "| regression | smallest caught (fraction bits kept) | largest not caught | first catch |",
+             "|---|---|---|---|"]
+    for name, group in table.groupby("regression", sort=False):
+        caught = group[group["caught"]]
+        missed = group[~group["caught"]]
+        best = caught.sort_values("bits").iloc[-1] if len(caught) else None
+        lines.append(f"| {name} | {int(best['bits']) if best is not None else 'none (not even 7)'} | "
+                     f"{int(missed['bits'].min()) if len(missed) else '–'} | "
+                     + (f"{best['case_id']} {best['tensor']} {best['metric']} ratio {best['ratio']:.3g}"
+                        if best is not None else "") + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu-results", required=True, help="GPU rows of smoke and regressions (draw 0 is used)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--regression", action="append", choices=list(REGRESSIONS),
+                        help="only this class (repeatable)")
+    args = parser.parse_args(argv)
+    gpu = read_results(Path(args.gpu_results))
+    gpu = gpu[gpu["draw"].fillna(0).astype(int) == 0]
+    policy, cache = default_policy(), ReferenceCache("default")
+    rows = []
+    for name in args.regression or list(REGRESSIONS):
+        print(f"{name}:")
+        rows.extend(smallest_caught(name, gpu, policy, cache))
+    table = pd.DataFrame(rows)
+    out = Path(args.out)
+    write_csv(table, out / "power.csv")
+    atomic_write_text(out / "power.md", markdown(table, policy, args.gpu_results))
+    print(markdown(table, policy, args.gpu_results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

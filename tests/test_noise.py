@@ -1,0 +1,130 @@
+"""The noise-aware decision rule on hand-computed values: rel_l2 blocks, the paired block bootstrap,
+policy files and the margins `parity calibrate` derives (definitions in the README, "The decision rule")."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.calibrate import CALIBRATION_COLUMNS, derive_policy
+from harness.metrics import ERROR_BLOCKS, compare, format_blocks, parse_blocks, rel_l2_blocks
+from harness.noise import RESAMPLES, ratio_lower_bound, ratio_replicates, resample_indices
+from harness.policy import DEFAULT_POLICY_FILE, Policy, default_policy, policy_from_options
+
+
+def test_blocks_split_rel_l2_squared_over_contiguous_blocks():
+    r = np.ones(4)
+    y = r + np.array([1.0, 0.0, 0.0, 1.0])  # ||y - r||^2 = 2, ||r||^2 = 4
+    assert rel_l2_blocks(y, r) == [0.25, 0.0, 0.0, 0.25]  # min(32, n) = 4 blocks of one element
+    # 70 elements: 32 blocks, the first 70 % 32 = 6 of three elements, the rest of two
+    r = np.ones(70)
+    y = r + np.arange(70) % 2  # every odd element is off by 1
+    blocks = rel_l2_blocks(y, r)
+    assert len(blocks) == ERROR_BLOCKS
+    assert blocks[:6] == [1 / 70 if i % 2 == 0 else 2 / 70 for i in range(6)]  # [0,1,0], [1,0,1], ...
+    assert blocks[6:] == [1 / 70] * 26
+    assert math.sqrt(sum(blocks)) == pytest.approx(math.sqrt(35 / 70), rel=1e-15)
+    # no finite ratio, no blocks
+    assert rel_l2_blocks(np.array([np.nan]), np.array([1.0])) is None
+    assert rel_l2_blocks(np.zeros(3), np.zeros(3)) is None
+
+
+def test_blocks_in_a_row_round_trip_to_seven_digits():
+    rng = np.random.default_rng(0)
+    r = rng.normal(size=(2, 40, 3))
+    y = r + 1e-3 * rng.normal(size=r.shape)
+    row = compare(y, r, "float32")
+    blocks = parse_blocks(row["rel_l2_blocks"])
+    assert blocks.shape == (32,)
+    assert math.sqrt(blocks.sum()) == pytest.approx(row["rel_l2"], rel=1e-6)
+    assert format_blocks(None) == "" and parse_blocks("") is None and parse_blocks(float("nan")) is None
+    with pytest.raises(ValueError):
+        parse_blocks("1;two")
+
+
+def test_resampling_is_fixed_and_starts_with_the_data():
+    a, b = resample_indices(5), resample_indices(5)
+    assert a is b and a.shape == (RESAMPLES, 5)
+    assert list(a[0]) == [0, 1, 2, 3, 4]
+    assert a.min() == 0 and a.max() == 4
+
+
+def test_bootstrap_on_hand_computed_blocks():
+    # the TPU is 1.2x worse in every block: every replicate is exactly 1.2, so is the bound
+    g = np.array([1.0, 2.0, 3.0, 4.0])
+    assert np.all(np.isclose(ratio_replicates(g, 1.44 * g), 1.2, rtol=1e-12))
+    assert ratio_lower_bound(g, 1.44 * g, 0.01) == pytest.approx(1.2, rel=1e-12)
+    # two blocks, each leg's error in the other block: a resample holds block 0 twice (ratio 0), one of
+    # each (1) or block 1 twice (inf), with probabilities 1/4, 1/2, 1/4
+    rep = ratio_replicates(np.array([1.0, 0.0]), np.array([0.0, 1.0]))
+    assert set(np.unique(rep)) == {0.0, 1.0, math.inf}
+    assert abs(np.mean(rep == 0.0) - 0.25) < 0.03 and abs(np.mean(rep == math.inf) - 0.25) < 0.03
+    assert ratio_lower_bound(np.array([1.0, 0.0]), np.array([0.0, 1.0]), 0.01) == 0.0
+    # both exact: ratio 1
+    assert ratio_lower_bound(np.zeros(3), np.zeros(3), 0.01) == 1.0
+    with pytest.raises(ValueError, match="equal"):
+        ratio_replicates(np.ones(3), np.ones(4))
+    with pytest.raises(ValueError, match="alpha"):
+        ratio_lower_bound(g, g, 0.5)
+
+
+def test_judge_clears_an_excess_one_block_explains_but_not_a_uniform_one():
+    policy = Policy(metrics=("rel_l2", "max_abs"), rel_margin=0.05, alpha=0.01)
+    g = np.ones(32)
+    one = g.copy()
+    one[31] = 5.0  # point ratio sqrt(36 / 32) = 1.0607 > 1.05, all of it from one block of 32
+    eps_g, eps_t = math.sqrt(g.sum()), math.sqrt(one.sum())
+    assert not policy.passes("rel_l2", eps_t, eps_g)
+    # (31/32)^32 = 36 % of the resamples miss block 31 and give exactly 1: the 1 % bound is 1
+    assert policy.judge("rel_l2", eps_t, eps_g, g, one) == (True, 1.0)
+    uniform = 1.1**2 * g  # 1.1x worse everywhere: no resample explains it away
+    passed, lower = policy.judge("rel_l2", 1.1 * eps_g, eps_g, g, uniform)
+    assert not passed and lower == pytest.approx(1.1, rel=1e-12)
+    # the bootstrap only judges rel_l2, only after the point rule failed, and only with blocks
+    assert policy.judge("max_abs", 1.06, 1.0, g, one) == (False, None)
+    assert policy.judge("rel_l2", eps_g, eps_g, g, g) == (True, None)
+    assert policy.judge("rel_l2", eps_t, eps_g) == (False, None)
+    assert Policy(rel_margin=0.05).judge("rel_l2", eps_t, eps_g, g, one) == (False, None)  # alpha 0
+
+
+def test_policy_files_round_trip_and_bad_ones_are_one_line_errors(tmp_path):
+    policy = Policy(metrics=("rel_l2", "max_abs"), margins={"rel_l2": 0.05, "max_abs": 0.8}, alpha=0.01)
+    path = tmp_path / "policy.toml"
+    path.write_text(policy.to_toml("a header", {"suite": 'smoke "x"', "draws": 5}))
+    loaded = Policy.load(path)
+    assert (loaded.metrics, loaded.alpha, loaded.margin("max_abs"), loaded.margin("rel_l2")) == \
+        (("rel_l2", "max_abs"), 0.01, 0.8, 0.05)
+    assert loaded.source == str(path)
+    for text, message in [("metrics = [", "not TOML"), ("margin = 1", "unknown field"),
+                          ("[margins]\nrel_l2 = 'x'", "map metric names to numbers"),
+                          ("[margins]\nbogus = 1", "bad"), ("alpha = 0.7", "alpha"),
+                          ("metrics = ['x']", "subset")]:
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message) as info:
+            Policy.load(path)
+        assert str(path) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="policy file"):
+        Policy.load(tmp_path / "absent.toml")
+
+
+def test_overrides_replace_the_policy_files_values():
+    base = default_policy()
+    assert base.source == str(DEFAULT_POLICY_FILE)
+    strict = policy_from_options(None, "rel_l2", 0.0, None, 0.0)
+    assert strict.metrics == ("rel_l2",) and strict.margin("max_abs") == 0.0 and strict.alpha == 0.0
+    assert "overridden" in strict.source
+    assert policy_from_options(None) == base
+
+
+def test_derived_margins_are_twice_the_worst_clean_excess():
+    def row(metric, judged_max):
+        return {c: None for c in CALIBRATION_COLUMNS} | {"metric": metric, "judged_max": judged_max}
+
+    table = pd.DataFrame([row("max_abs", 1.31), row("max_abs", 1.02), row("rel_l2", 0.97), row("ulp_mean", 1.1)])
+    derived = derive_policy(table, Policy(rel_margin=0.05, alpha=0.01))
+    assert derived.margin("max_abs") == 0.65  # 2 x 0.31 = 0.62, rounded up to a multiple of 0.05
+    assert derived.margin("rel_l2") == 0.05  # clean kernels never exceed 1: the configured margin stays
+    assert derived.margin("ulp_mean") == 0.2  # 2 x 0.1, exactly on the grid
+    assert derived.margin("ulp_max") == 0.05  # not in the table: the configured margin
+    assert derived.alpha == 0.01
