@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
 from cases.suites import find_case, get_suite, with_draws
 from harness.calibrate import calibration_table, summary
 from harness.cli import main
+from harness.metrics import METRICS
 from harness.policy import Policy
 from harness.reference_cache import ReferenceCache
 from harness.reports import rows_to_frame, write_csv
@@ -71,3 +74,26 @@ def test_cli_calibrate_from_result_files(tmp_path, capsys):
     # the files calibrate reads are checked like the gate's
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     assert main(["calibrate", "--results", files[0], str(tmp_path / "bad.csv"), "--out", str(tmp_path)]) == 2
+
+
+BASE_MARGIN = 0.05
+"""The margin the shipped calibration was run with (every metric): derived margins never go below it."""
+CHECKED_IN = Path(__file__).parents[1] / "reports" / "calibration" / "smoke-regressions-draws5"
+
+
+def test_the_shipped_policy_is_the_checked_in_calibration():
+    """harness/policy.toml is `parity calibrate`'s policy.toml of the rows checked in under reports/, and
+    re-deriving it from those rows gives the same margins and no false alarm on them."""
+    from harness.calibrate import derive_policy
+    from harness.policy import DEFAULT_POLICY_FILE, default_policy
+    from harness.reports import read_results
+
+    assert DEFAULT_POLICY_FILE.read_text() == (CHECKED_IN / "policy.toml").read_text()
+    shipped = default_policy()
+    gpu, tpu = read_results(CHECKED_IN / "gpu.draws-5.csv"), read_results(CHECKED_IN / "tpu.draws-5.csv")
+    assert sorted(set(tpu["draw"])) == [0, 1, 2, 3, 4]
+    table = calibration_table(gpu, tpu, shipped)
+    assert summary(table)["false_alarms"] == 0 and summary(table)["n"] > 1000
+    base = Policy(metrics=shipped.metrics, rel_margin=BASE_MARGIN, alpha=shipped.alpha)
+    rederived = derive_policy(calibration_table(gpu, tpu, base), base)
+    assert {m: rederived.margin(m) for m in METRICS} == {m: shipped.margin(m) for m in METRICS}

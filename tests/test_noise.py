@@ -128,3 +128,35 @@ def test_derived_margins_are_twice_the_worst_clean_excess():
     assert derived.margin("ulp_mean") == 0.2  # 2 x 0.1, exactly on the grid
     assert derived.margin("ulp_max") == 0.05  # not in the table: the configured margin
     assert derived.alpha == 0.01
+
+
+def _with_tpu_blocks(tpu: pd.DataFrame, tensor: str, blocks: np.ndarray) -> pd.DataFrame:
+    """``tpu`` with one tensor's rel_l2 blocks (and so its rel_l2) replaced, as a TPU kernel would have made them."""
+    out = tpu.copy()
+    i = out.index[out["tensor"] == tensor][0]
+    out.loc[i, "rel_l2_blocks"] = format_blocks(list(blocks))
+    out.loc[i, "rel_l2"] = math.sqrt(float(parse_blocks(out.loc[i, "rel_l2_blocks"]).sum()))
+    return out
+
+
+def test_the_gate_reports_what_the_bootstrap_cleared_and_what_it_did_not():
+    from harness.gate import apply_gate
+    from harness.reports import markdown
+    from test_runner_and_gate import _frame
+
+    gpu, tpu = _frame("gpu"), _frame("gpu").assign(leg="tpu")
+    tpu["versions"] = _frame("tpu")["versions"]
+    g = parse_blocks(gpu.loc[gpu["tensor"] == "o", "rel_l2_blocks"].iloc[0])
+    assert len(g) == 32
+    one = g.copy()
+    one[-1] += 0.1236 * g.sum()  # ratio sqrt(1.1236) = 1.06, all of the excess in the last block
+    policy = Policy(metrics=("rel_l2",), rel_margin=0.05, alpha=0.01)
+    result = apply_gate(gpu, _with_tpu_blocks(tpu, "o", one), policy)
+    o = result.parity[(result.parity["tensor"] == "o") & (result.parity["metric"] == "rel_l2")].iloc[0]
+    assert result.passed and o["verdict"] == "pass" and o["ratio"] == pytest.approx(1.06, rel=1e-5)
+    assert o["ratio_lower"] <= 1.05 and "within noise" in o["reason"]
+    assert "within sampling noise" in markdown(result)
+    # the same excess spread over every block is beyond noise
+    result = apply_gate(gpu, _with_tpu_blocks(tpu, "o", 1.1236 * g), policy)
+    assert not result.passed
+    assert "beyond noise" in result.failures.iloc[0]["reason"]
