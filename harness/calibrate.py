@@ -11,9 +11,9 @@ result file by op × dtype × tensor × metric and reports, for each group:
 - ``judged_max``: the worst value of the statistic the policy compares with ``1 + margin``: the ratio,
   or for a bootstrapped metric (rel_l2) the smaller of the ratio and its bootstrap lower bound.
 
-:func:`derive_policy` turns the table into a policy file's margins: per metric, twice the worst
-excess over 1 of the judged statistic on clean kernels (``HEADROOM``), rounded up to ``STEP``, and
-never below the configured margin. The shipped ``harness/policy.toml`` is that derivation on the
+:func:`derive_policy` turns the table into a policy file's margins: per op × dtype × tensor ×
+metric, twice the worst excess over 1 of the judged statistic on clean kernels (``HEADROOM``),
+rounded up to ``STEP``, as a margin rule where that is wider than the configured margin. The shipped ``harness/policy.toml`` is that derivation on the
 calibration checked in under ``reports/calibration/`` (README, "The decision rule").
 """
 
@@ -28,7 +28,7 @@ import pandas as pd
 from .gate import apply_gate
 from .metrics import METRICS, parse_blocks
 from .noise import ratio_lower_bound
-from .policy import Policy
+from .policy import MarginRule, Policy
 
 CALIBRATION_COLUMNS = ["op", "dtype", "tensor", "metric", "gated", "n", "ratio_min", "ratio_median", "ratio_p95",
                        "ratio_max", "judged_max", "false_alarms", "false_alarm_rate"]
@@ -59,7 +59,8 @@ def calibration_table(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy) -> p
     for r in measured.to_dict("records"):
         key = (r["case_id"], r["tensor"])
         pair = blocks["gpu"].get(key), blocks["tpu"].get(key)
-        alarms.append(not policy.judge(r["metric"], float(r["eps_tpu"]), float(r["eps_gpu"]), *pair)[0])
+        where = {"op": r["op"], "dtype": r["dtype"], "tensor": r["tensor"]}
+        alarms.append(not policy.judge(r["metric"], float(r["eps_tpu"]), float(r["eps_gpu"]), *pair, **where)[0])
         judged.append(_judged(policy, r["metric"], float(r["ratio"]), *pair))
     measured["alarm"], measured["judged"] = alarms, judged
     rows = []
@@ -73,16 +74,24 @@ def calibration_table(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy) -> p
     return pd.DataFrame(rows, columns=CALIBRATION_COLUMNS)
 
 
+def derived_margin(judged_max: float) -> float:
+    """HEADROOM × the worst excess over 1, rounded up to a multiple of STEP (0 when there is no excess)."""
+    excess = HEADROOM * (float(judged_max) - 1.0)
+    return round(math.ceil(round(excess / STEP, 9)) * STEP, 6) if excess > 0 else 0.0
+
+
 def derive_policy(table: pd.DataFrame, base: Policy) -> Policy:
-    """``base`` with every metric's margin set from the calibration (module doc): the larger of the base
-    margin and HEADROOM × (worst judged statistic − 1), rounded up to STEP."""
-    margins = {}
-    for metric in METRICS:
-        worst = table.loc[table["metric"] == metric, "judged_max"]
-        excess = HEADROOM * (float(worst.max()) - 1.0) if len(worst) else 0.0
-        derived = math.ceil(round(excess / STEP, 9)) * STEP if excess > 0 else 0.0
-        margins[metric] = round(max(base.margin(metric), derived), 6)
-    return replace(base, margins=margins, rel_margin=0.0, source="derived by parity calibrate")
+    """``base`` plus a :class:`MarginRule` for every op × dtype × tensor × metric of the table whose derived
+    margin (:func:`derived_margin` of its worst judged statistic) exceeds the margin ``base`` gives it there.
+    Every other margin stays the base's, per metric."""
+    rules = list(base.rules)
+    for r in table.to_dict("records"):
+        where = {"op": r["op"], "dtype": r["dtype"], "tensor": r["tensor"]}
+        margin = derived_margin(r["judged_max"])
+        if margin > base.margin(r["metric"], **where):
+            rules.append(MarginRule(r["metric"], margin, **where))
+    margins = {m: base.margin(m) for m in METRICS}
+    return replace(base, margins=margins, rel_margin=0.0, rules=tuple(rules), source="derived by parity calibrate")
 
 
 def summary(table: pd.DataFrame) -> dict:
@@ -99,13 +108,15 @@ def markdown(table: pd.DataFrame, policy: Policy, provenance: str, derived: Poli
              f"Gated metrics: **{total['false_alarms']} false alarm(s) in {total['n']} paired comparisons** "
              f"(rate {total['rate']:.3g}). Every failure here is a false alarm: nothing was injected.", ""]
     if derived is not None:
-        lines += [f"Derived margins (`policy.toml`: {HEADROOM:g} × the worst excess of the judged statistic, "
-                  f"rounded up to {STEP:g}, at least the configured margin): "
-                  + ", ".join(f"{m} {derived.margin(m):g}" for m in METRICS) + ".", ""]
+        lines += [f"Derived policy (`policy.toml`): per op × dtype × tensor × metric, {HEADROOM:g} × the worst "
+                  f"excess over 1 of the judged statistic, rounded up to {STEP:g}, where that exceeds the "
+                  f"default margin ({', '.join(f'{m} {derived.margin(m):g}' for m in METRICS)}): "
+                  f"{len(derived.rules)} wider margin(s), in the last column.", ""]
     lines += ["| op | dtype | tensor | metric | gated | n | ratio min | median | p95 | max | judged max "
-              "| false alarms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| false alarms | derived margin |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table.sort_values("ratio_max", ascending=False).to_dict("records"):
+        margin = "" if derived is None else f"{derived.margin(r['metric'], r['op'], r['dtype'], r['tensor']):g}"
         lines.append(f"| {r['op']} | {r['dtype']} | {r['tensor']} | {r['metric']} | {'yes' if r['gated'] else 'no'} "
                      f"| {r['n']} | {r['ratio_min']:.3f} | {r['ratio_median']:.3f} | {r['ratio_p95']:.3f} | "
-                     f"{r['ratio_max']:.3f} | {r['judged_max']:.3f} | {r['false_alarms']} |")
+                     f"{r['ratio_max']:.3f} | {r['judged_max']:.3f} | {r['false_alarms']} | {margin} |")
     return "\n".join(lines) + "\n"

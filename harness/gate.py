@@ -149,20 +149,22 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
                                          f"{g['reason']})")
     rows = []
     blocks = parse_blocks(g.get("rel_l2_blocks")), parse_blocks(t.get("rel_l2_blocks"))
+    where = {"op": str(t.get("op", "")), "dtype": str(t.get("dtype", "")), "tensor": tensor}
     for metric in METRICS:
         eps_g, eps_t = float(g[metric]), float(t[metric])
-        allowed = policy.allowed(metric, eps_g)
-        passed, lower = policy.judge(metric, eps_t, eps_g, *blocks)
+        allowed = policy.allowed(metric, eps_g, **where)
+        limit = 1 + policy.margin(metric, **where)
+        passed, lower = policy.judge(metric, eps_t, eps_g, *blocks, **where)
         if metric not in policy.metrics:
             verdict, reason = "info", "not gated by the policy"
         elif passed and lower is not None:
             verdict, reason = "pass", (f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}, but within noise: bootstrap "
-                                       f"lower bound of the ratio {lower:.4g} <= {1 + policy.margin(metric):.4g}")
+                                       f"lower bound of the ratio {lower:.4g} <= {limit:.4g}")
         elif passed:
             verdict, reason = "pass", ""
         elif lower is not None:
             verdict, reason = "fail", (f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}, beyond noise: bootstrap "
-                                       f"lower bound of the ratio {lower:.4g} > {1 + policy.margin(metric):.4g}")
+                                       f"lower bound of the ratio {lower:.4g} > {limit:.4g}")
         else:
             verdict, reason = "fail", f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}"
         rows.append({**base, "metric": metric, "eps_gpu": eps_g, "eps_tpu": eps_t, "ratio": _ratio(eps_t, eps_g),

@@ -70,10 +70,30 @@ def bound_for(op: str, tensor: str, dtype: str, leg: str, rules: list[Bound] = B
 
 
 @dataclass(frozen=True)
+class MarginRule:
+    """The margin of one metric where the calibration measured more noise than the metric's default allows
+    (``"*"`` matches anything; the most specific matching rule wins, ties: the later rule)."""
+
+    metric: str
+    margin: float
+    op: str = "*"
+    dtype: str = "*"  # the case dtype
+    tensor: str = "*"
+
+    def specificity(self) -> int:
+        return sum(x != "*" for x in (self.op, self.dtype, self.tensor))
+
+    def matches(self, metric: str, op: str, dtype: str, tensor: str) -> bool:
+        return self.metric == metric and all(rule in ("*", value) for rule, value in
+                                              ((self.op, op), (self.dtype, dtype), (self.tensor, tensor)))
+
+
+@dataclass(frozen=True)
 class Policy:
     """When the candidate's error ε_TPU is worse than the baseline's ε_GPU, per metric (module doc).
 
-    - ``margins[m]`` (or ``rel_margin`` for a metric without an entry): the relative margin;
+    - ``margins[m]`` (or ``rel_margin`` for a metric without an entry): the relative margin, unless
+      one of ``rules`` (:class:`MarginRule`, from a calibration) names the (op, dtype, tensor);
     - ``abs_floor[m]``: an absolute allowance on top (default none);
     - ``alpha``: rel_l2 only. A rel_l2 over ``eps_gpu·(1+margin)+floor`` fails only if the paired block
       bootstrap's one-sided (1 − alpha) lower bound of ε_TPU/ε_GPU also exceeds ``1 + margin``
@@ -87,6 +107,7 @@ class Policy:
     margins: Mapping[str, float] = field(default_factory=dict)
     alpha: float = 0.0
     source: str = "explicit"
+    rules: tuple[MarginRule, ...] = ()
 
     def __post_init__(self):
         unknown = set(self.metrics) - set(METRICS)
@@ -98,40 +119,50 @@ class Policy:
             bad = {m: v for m, v in table.items() if m not in METRICS or not v >= 0}
             if bad:
                 raise ValueError(f"{name} entries must be metric -> value >= 0; bad: {bad}")
+        bad_rules = [r for r in self.rules if r.metric not in METRICS or not r.margin >= 0]
+        if bad_rules:
+            raise ValueError(f"margin rules need a metric of {METRICS} and a margin >= 0; bad: {bad_rules[0]}")
         if not (self.alpha == 0 or 0 < self.alpha < 0.5):
             raise ValueError(f"alpha must be 0 (no bootstrap) or in (0, 0.5), got {self.alpha}")
 
-    def margin(self, metric: str) -> float:
+    def margin(self, metric: str, op: str = "", dtype: str = "", tensor: str = "") -> float:
+        """The margin of ``metric`` for a tensor of an op at a case dtype (the most specific rule, else the
+        metric's default)."""
+        matching = [(r.specificity(), i, r) for i, r in enumerate(self.rules) if r.matches(metric, op, dtype, tensor)]
+        if matching:
+            return max(matching)[2].margin
         return self.margins.get(metric, self.rel_margin)
 
-    def allowed(self, metric: str, eps_gpu: float) -> float:
-        return eps_gpu * (1.0 + self.margin(metric)) + self.abs_floor.get(metric, 0.0)
+    def allowed(self, metric: str, eps_gpu: float, **where) -> float:
+        return eps_gpu * (1.0 + self.margin(metric, **where)) + self.abs_floor.get(metric, 0.0)
 
-    def passes(self, metric: str, eps_tpu: float, eps_gpu: float) -> bool:
-        """The point rule alone; a NaN on either side never passes (NaN comparisons are False)."""
-        return bool(eps_tpu <= self.allowed(metric, eps_gpu))
+    def passes(self, metric: str, eps_tpu: float, eps_gpu: float, **where) -> bool:
+        """The point rule alone; a NaN on either side never passes (NaN comparisons are False).
+        ``where``: ``op``, ``dtype``, ``tensor``, for the margin rules."""
+        return bool(eps_tpu <= self.allowed(metric, eps_gpu, **where))
 
     def bootstraps(self, metric: str) -> bool:
         return metric == "rel_l2" and self.alpha > 0
 
-    def judge(self, metric: str, eps_tpu: float, eps_gpu: float, gpu_blocks=None, tpu_blocks=None):
+    def judge(self, metric: str, eps_tpu: float, eps_gpu: float, gpu_blocks=None, tpu_blocks=None, **where):
         """``(passed, lower)``: the verdict on one metric, and the bootstrap lower bound of the ratio when
         one was needed (None otherwise). The bootstrap only ever clears an alarm that the blocks'
         noise explains; it never fails what the point rule passes."""
-        if self.passes(metric, eps_tpu, eps_gpu):
+        if self.passes(metric, eps_tpu, eps_gpu, **where):
             return True, None
         if not self.bootstraps(metric) or gpu_blocks is None or tpu_blocks is None:
             return False, None
         from .noise import ratio_lower_bound
 
         lower = ratio_lower_bound(gpu_blocks, tpu_blocks, self.alpha)
-        return bool(lower <= 1.0 + self.margin(metric)), lower
+        return bool(lower <= 1.0 + self.margin(metric, **where)), lower
 
     def with_overrides(self, *, metrics=None, margin=None, floors=None, alpha=None) -> "Policy":
         """This policy with command-line overrides: ``margin`` replaces every per-metric margin."""
         return replace(self, metrics=self.metrics if metrics is None else tuple(metrics),
                        rel_margin=self.rel_margin if margin is None else margin,
                        margins=self.margins if margin is None else {},
+                       rules=self.rules if margin is None else (),
                        abs_floor=self.abs_floor if floors is None else floors,
                        alpha=self.alpha if alpha is None else alpha,
                        source=self.source if all(x is None for x in (metrics, margin, floors, alpha))
@@ -142,7 +173,9 @@ class Policy:
         floors = ", ".join(f"{m}>={v:g}" for m, v in sorted(self.abs_floor.items())) or "none"
         noise = (f"; rel_l2 fails only if the paired block bootstrap's {1 - self.alpha:g} lower bound of the "
                  f"ratio exceeds 1 + margin" if self.alpha > 0 and "rel_l2" in self.metrics else "")
-        return (f"eps_tpu <= eps_gpu * (1 + margin) + floor; gated metrics and margins: {margins}; "
+        rules = [r for r in self.rules if r.metric in self.metrics]
+        per_tensor = f" ({len(rules)} wider per op, dtype and tensor, from calibration)" if rules else ""
+        return (f"eps_tpu <= eps_gpu * (1 + margin) + floor; gated metrics and margins: {margins}{per_tensor}; "
                 f"floors: {floors}{noise} (policy: {self.source})")
 
     # ---------------------------------------------------------------- policy files
@@ -154,6 +187,9 @@ class Policy:
         lines += [f"{m} = {self.margin(m)!r}" for m in METRICS]
         if self.abs_floor:
             lines += ["", "[abs_floor]"] + [f"{m} = {v!r}" for m, v in sorted(self.abs_floor.items())]
+        for r in self.rules:
+            lines += ["", "[[rules]]"] + [f"{k} = {_toml_value(getattr(r, k))}"
+                                          for k in ("op", "dtype", "tensor", "metric", "margin")]
         if provenance:
             lines += ["", "[calibration]"] + [f"{k} = {_toml_value(v)}" for k, v in provenance.items()]
         return "\n".join(lines) + "\n"
@@ -171,7 +207,7 @@ class Policy:
             raise ValueError(f"policy file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"policy file {path}: not TOML ({exc})") from None
-        known = {"metrics", "alpha", "margins", "abs_floor", "calibration"}
+        known = {"metrics", "alpha", "margins", "abs_floor", "rules", "calibration"}
         if set(data) - known:
             raise ValueError(f"policy file {path}: unknown field(s) {sorted(set(data) - known)}; "
                              f"expected {sorted(known)}")
@@ -181,10 +217,17 @@ class Policy:
                 raise ValueError(f"policy file {path}: [{name}] must map metric names to numbers")
         if not isinstance(data.get("metrics", []), list):
             raise ValueError(f"policy file {path}: 'metrics' must be a list of metric names")
+        rules = data.get("rules", [])
+        fields = {"op", "dtype", "tensor", "metric", "margin"}
+        if not isinstance(rules, list) or not all(isinstance(r, dict) and set(r) <= fields and {"metric", "margin"}
+                                                  <= set(r) for r in rules):
+            raise ValueError(f"policy file {path}: each [[rules]] entry needs metric and margin, and may name op, "
+                             f"dtype and tensor")
         try:
             return cls(metrics=tuple(data.get("metrics", cls.metrics)), alpha=float(data.get("alpha", 0.0)),
                        margins={m: float(v) for m, v in data.get("margins", {}).items()},
-                       abs_floor={m: float(v) for m, v in data.get("abs_floor", {}).items()}, source=str(path))
+                       abs_floor={m: float(v) for m, v in data.get("abs_floor", {}).items()}, source=str(path),
+                       rules=tuple(MarginRule(**{**r, "margin": float(r["margin"])}) for r in rules))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"policy file {path}: {exc}") from None
 

@@ -97,3 +97,4 @@ def test_the_shipped_policy_is_the_checked_in_calibration():
     base = Policy(metrics=shipped.metrics, rel_margin=BASE_MARGIN, alpha=shipped.alpha)
     rederived = derive_policy(calibration_table(gpu, tpu, base), base)
     assert {m: rederived.margin(m) for m in METRICS} == {m: shipped.margin(m) for m in METRICS}
+    assert rederived.rules == shipped.rules and shipped.alpha == base.alpha

@@ -10,7 +10,7 @@ import pytest
 from harness.calibrate import CALIBRATION_COLUMNS, derive_policy
 from harness.metrics import ERROR_BLOCKS, compare, format_blocks, parse_blocks, rel_l2_blocks
 from harness.noise import RESAMPLES, ratio_lower_bound, ratio_replicates, resample_indices
-from harness.policy import DEFAULT_POLICY_FILE, Policy, default_policy, policy_from_options
+from harness.policy import DEFAULT_POLICY_FILE, MarginRule, Policy, default_policy, policy_from_options
 
 
 def test_blocks_split_rel_l2_squared_over_contiguous_blocks():
@@ -99,7 +99,7 @@ def test_policy_files_round_trip_and_bad_ones_are_one_line_errors(tmp_path):
     for text, message in [("metrics = [", "not TOML"), ("margin = 1", "unknown field"),
                           ("[margins]\nrel_l2 = 'x'", "map metric names to numbers"),
                           ("[margins]\nbogus = 1", "bad"), ("alpha = 0.7", "alpha"),
-                          ("metrics = ['x']", "subset")]:
+                          ("metrics = ['x']", "subset"), ("[[rules]]\nop = 'kda'", "needs metric and margin")]:
         path.write_text(text)
         with pytest.raises(ValueError, match=message) as info:
             Policy.load(path)
@@ -117,17 +117,50 @@ def test_overrides_replace_the_policy_files_values():
     assert policy_from_options(None) == base
 
 
-def test_derived_margins_are_twice_the_worst_clean_excess():
-    def row(metric, judged_max):
-        return {c: None for c in CALIBRATION_COLUMNS} | {"metric": metric, "judged_max": judged_max}
+def test_derived_margins_are_twice_the_worst_clean_excess_where_it_is_wider():
+    def row(tensor, metric, judged_max):
+        return {c: None for c in CALIBRATION_COLUMNS} | {"op": "simple_gla", "dtype": "bfloat16", "tensor": tensor,
+                                                        "metric": metric, "judged_max": judged_max}
 
-    table = pd.DataFrame([row("max_abs", 1.31), row("max_abs", 1.02), row("rel_l2", 0.97), row("ulp_mean", 1.1)])
-    derived = derive_policy(table, Policy(rel_margin=0.05, alpha=0.01))
-    assert derived.margin("max_abs") == 0.65  # 2 x 0.31 = 0.62, rounded up to a multiple of 0.05
-    assert derived.margin("rel_l2") == 0.05  # clean kernels never exceed 1: the configured margin stays
-    assert derived.margin("ulp_mean") == 0.2  # 2 x 0.1, exactly on the grid
-    assert derived.margin("ulp_max") == 0.05  # not in the table: the configured margin
-    assert derived.alpha == 0.01
+    table = pd.DataFrame([row("dq", "max_abs", 1.31), row("o", "max_abs", 1.02), row("dg", "rel_l2", 0.97),
+                          row("dg", "ulp_mean", 1.1)])
+    base = Policy(rel_margin=0.05, alpha=0.01)
+    derived = derive_policy(table, base)
+    at = {"op": "simple_gla", "dtype": "bfloat16"}
+    assert derived.margin("max_abs", tensor="dq", **at) == 0.65  # 2 x 0.31 = 0.62, rounded up to 0.05
+    assert derived.margin("max_abs", tensor="o", **at) == 0.05  # 2 x 0.02 = 0.04: the base is wider
+    assert derived.margin("rel_l2", tensor="dg", **at) == 0.05  # clean kernels never exceeded 1
+    assert derived.margin("ulp_mean", tensor="dg", **at) == 0.2  # 2 x 0.1, exactly on the grid
+    assert derived.margin("max_abs", op="gla", dtype="bfloat16", tensor="dq") == 0.05  # another op: the default
+    assert len(derived.rules) == 2 and derived.alpha == 0.01
+    # the rules survive a policy file
+    loaded = Policy.load(_written(derived))
+    assert loaded.rules == derived.rules
+
+
+def _written(policy: Policy):
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "policy.toml"
+    path.write_text(policy.to_toml())
+    return path
+
+
+def test_the_most_specific_margin_rule_wins():
+    policy = Policy(rel_margin=0.05, rules=(MarginRule("max_abs", 0.5, op="simple_gla"),
+                                            MarginRule("max_abs", 0.9, op="simple_gla", tensor="dq"),
+                                            MarginRule("max_abs", 0.7, op="simple_gla", dtype="bfloat16")))
+    assert policy.margin("max_abs", "simple_gla", "bfloat16", "dq") == 0.7  # ties: the later rule
+    assert policy.margin("max_abs", "simple_gla", "float32", "dq") == 0.9
+    assert policy.margin("max_abs", "simple_gla", "float32", "o") == 0.5
+    assert policy.margin("max_abs", "kda", "bfloat16", "dq") == 0.05
+    assert policy.margin("rel_l2", "simple_gla", "bfloat16", "dq") == 0.05
+    assert policy.passes("max_abs", 1.6, 1.0, op="simple_gla", dtype="float32", tensor="dq")
+    assert not policy.passes("max_abs", 1.6, 1.0, op="kda", dtype="float32", tensor="dq")
+    assert policy.with_overrides(margin=0.0).rules == ()  # --margin replaces every margin, rules too
+    with pytest.raises(ValueError, match="margin rules"):
+        Policy(rules=(MarginRule("bogus", 1.0),))
 
 
 def _with_tpu_blocks(tpu: pd.DataFrame, tensor: str, blocks: np.ndarray) -> pd.DataFrame:
