@@ -5,14 +5,19 @@ arrays (see ``cases.inputs``), the tensors to compare (see the op descriptor in
 ``harness.ops``) and the seed of the input generator (a sha256 of the id).
 
 Shape letters follow flash-linear-attention: ``B`` batch, ``T`` tokens, ``H``
-heads, ``K`` key dim, ``V`` value dim, ``C`` chunk size (``BT`` in fla).
+heads, ``K`` key dim, ``V`` value dim, ``C`` chunk size (``BT`` in fla), ``N``
+the number of independent sequences: B, or with packed variable-length
+sequences (``lens``, fla's ``cu_seqlens``) the number of sequences packed into
+the one batch row.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +29,9 @@ GATE_KINDS = ("g", "g_gamma")
 [B,T,H,K]); ``g_gamma``: a per-head constant log decay [H]."""
 
 GATE_LAWS = ("logsigmoid", "alibi")
+
+ID_FLAGS = ("lens", "h0", "dht", "noht", "scale", "seed")
+"""Names the id's last part uses for the case's own flags; an option may not take one."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,7 @@ class Case:
     scale: float | None = None  # None means K ** -0.5, as in fla
     seed: int = 0  # extra seed, mixed into the id hash
     options: tuple[tuple[str, Any], ...] = ()  # op-specific options, sorted (name, value) pairs
+    lens: tuple[int, ...] | None = None  # packed sequence lengths (B=1, T=sum): fla's cu_seqlens; None: not packed
 
     def __post_init__(self):
         if self.gate is not None and not isinstance(self.gate, Gate):
@@ -110,6 +119,22 @@ class Case:
         if self.dht and not self.final_state:
             raise ValueError("dht=True needs final_state=True: dht is the gradient of ht")
         object.__setattr__(self, "options", tuple(sorted(dict(self.options).items())))
+        clash = sorted(set(self.opt) & set(ID_FLAGS))
+        if clash:  # an option printed as name=value could read as one of the id's own flags
+            raise ValueError(f"options {clash} are names the case id uses for its own flags {ID_FLAGS}; rename them")
+        if self.lens is not None:
+            self._check_lens()
+
+    def _check_lens(self):
+        lens = tuple(self.lens) if isinstance(self.lens, (list, tuple)) else ()
+        if not lens or any(not isinstance(n, numbers.Integral) or isinstance(n, bool) or n <= 0 for n in lens):
+            raise ValueError(f"lens={self.lens!r} must be a non-empty tuple of positive ints (packed sequence lengths)")
+        lens = tuple(int(n) for n in lens)  # numpy ints print and hash as Python ints in the id
+        if self.B != 1:
+            raise ValueError(f"lens={lens} packs sequences along T of one batch row: B must be 1, got B={self.B}")
+        if self.T != sum(lens):
+            raise ValueError(f"lens={lens} packs sum(lens)={sum(lens)} tokens: T must equal it, got T={self.T}")
+        object.__setattr__(self, "lens", lens)
 
     # ----------------------------------------------------------------- derived
     @property
@@ -123,7 +148,8 @@ class Case:
     @property
     def id(self) -> str:
         """Stable, readable id, e.g.
-        ``simple_gla.chunk/B1-T256-H2-K128-V128/bf16/g_gamma=alibi(L32,l0)/C128/h0``."""
+        ``simple_gla.chunk/B1-T256-H2-K128-V128/bf16/g_gamma=alibi(L32,l0)/C128/h0``; packed sequences
+        lead the flags: ``.../C64/lens=37+64+27,h0,dht`` (T = 128 = 37 + 64 + 27, in packing order)."""
         parts = [
             f"{self.op}.{self.variant}",
             f"B{self.B}-T{self.T}-H{self.H}-K{self.K}-V{self.V}",
@@ -131,7 +157,8 @@ class Case:
             *([self.gate.label] if self.gate is not None else []),
             f"C{self.chunk_size}",
         ]
-        flags = [name for name, on in (("h0", self.h0), ("dht", self.dht)) if on]
+        flags = [f"lens={'+'.join(map(str, self.lens))}"] if self.lens is not None else []
+        flags += [name for name, on in (("h0", self.h0), ("dht", self.dht)) if on]
         if not self.final_state:
             flags.append("noht")
         if self.scale is not None:
@@ -149,7 +176,26 @@ class Case:
         return int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:8], "little")
 
     @property
+    def num_seqs(self) -> int:
+        """N, the number of independent sequences: len(lens) when packed, else B."""
+        return self.B if self.lens is None else len(self.lens)
+
+    @property
+    def cu_seqlens(self) -> tuple[int, ...] | None:
+        """fla's ``cu_seqlens``: the N+1 offsets (0, l0, l0+l1, ..., T) of the packed sequences; None when
+        not packed (fla's default)."""
+        return None if self.lens is None else (0, *itertools.accumulate(self.lens))
+
+    @property
+    def state_shape(self) -> tuple[int, int, int, int]:
+        """[N,H,K,V]: the shape of h0, ht, dht and dh0, one state per sequence."""
+        return (self.num_seqs, self.H, self.K, self.V)
+
+    @property
     def num_chunks(self) -> int:
+        """Chunks of C tokens per batch row; chunks never span a packed sequence boundary (as in fla)."""
+        if self.lens is not None:
+            return sum(math.ceil(n / self.chunk_size) for n in self.lens)
         return math.ceil(self.T / self.chunk_size)
 
     def replace(self, **changes) -> "Case":

@@ -5,6 +5,10 @@ law). ``make_inputs`` draws them in declared order from one numpy ``Generator``
 (PCG64) seeded with ``case.rng_seed`` (a sha256 of the case id), quantizes
 each array bit-exactly to its dtype (ml_dtypes for bfloat16, round to nearest
 even), and hashes the result. Every leg receives exactly these arrays.
+
+An op's state-shaped inputs (``h0``, ``dht``) take ``case.state_shape`` = [N,H,K,V], one state per
+sequence: N = B, or the number of packed sequences of a case with ``lens`` (fla's ``cu_seqlens``,
+``case.cu_seqlens``). A packed case draws like any other: its id, hence its seed, names the lengths.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ message in both. Invalid input is a ValueError that names the value and says the
 
 - q, k [B,T,H,K] and v [B,T,H,V], one floating dtype (int and bool arrays are invalid), none empty;
   the gate, beta, initial_state, do and dht at their op's shapes, floating;
+- ``cu_seqlens`` (packed variable-length sequences, as fla): N+1 integer offsets, 0 first, strictly
+  increasing, T last, with B == 1; initial_state and dht are then [N,H,K,V], one state per sequence;
 - ``chunk_size`` a positive int (bool is not); ``scale`` None (K**-0.5) or a finite non-zero number;
 - gates are log decays: ``g`` and ``g_gamma`` must be <= 0 (0 is decay 1; kda's raw in-kernel gate
   input, ``use_gate_in_kernel=True``, may have any sign). Values are checked when they are known
@@ -17,10 +19,10 @@ chunk sizes; grouped value heads everywhere) is its NotImplementedError, raised 
 Only numpy and jax.numpy are used here (no Pallas).
 """
 
-from .checks import (Dims, check_chunk_size, check_floating, check_log_decay, check_qkv, concrete_max, described,
-                     expect, positive_int, resolve_scale, shape_of)
+from .checks import (Dims, check_chunk_size, check_cu_seqlens, check_floating, check_log_decay, check_qkv,
+                     concrete_max, described, expect, positive_int, resolve_scale, shape_of)
 from .ops import KDA_OPTIONS, check_gate_choice, check_gla, check_kda, check_simple_gla, kda_options
 
-__all__ = ["Dims", "KDA_OPTIONS", "check_chunk_size", "check_floating", "check_gate_choice", "check_gla",
-           "check_kda", "check_log_decay", "check_qkv", "check_simple_gla", "concrete_max", "described", "expect",
-           "kda_options", "positive_int", "resolve_scale", "shape_of"]
+__all__ = ["Dims", "KDA_OPTIONS", "check_chunk_size", "check_cu_seqlens", "check_floating", "check_gate_choice",
+           "check_gla", "check_kda", "check_log_decay", "check_qkv", "check_simple_gla", "concrete_max", "described",
+           "expect", "kda_options", "positive_int", "resolve_scale", "shape_of"]

@@ -1,6 +1,7 @@
-"""The argument checks every op shares: q/k/v shapes and dtypes, the state and cotangents, scale,
-chunk_size and the sign of a log-decay gate. Each raises ValueError with a message that names
-the offending value and says what to pass instead."""
+"""The argument checks every op shares: q/k/v shapes and dtypes, packed sequence offsets
+(``cu_seqlens``), the state and cotangents, scale, chunk_size and the sign of a log-decay gate.
+Each raises ValueError with a one-line message that names the offending value and says what to
+pass instead."""
 
 from __future__ import annotations
 
@@ -15,13 +16,19 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Dims:
-    """The sizes of one call: batch, time, heads, key and value head dims."""
+    """The sizes of one call: batch, time, heads, key and value head dims, and ``N`` the number of
+    independent sequences, i.e. of states (B, or the number of packed sequences with ``cu_seqlens``)."""
 
     B: int
     T: int
     H: int
     K: int
     V: int
+    N: int | None = None  # None: B (no packed sequences)
+
+    def __post_init__(self):
+        if self.N is None:
+            object.__setattr__(self, "N", self.B)
 
     def shape(self, layout: str) -> tuple:
         """``layout`` as letters, e.g. ``"BTHK"`` -> ``(B, T, H, K)``."""
@@ -56,9 +63,10 @@ def expect(name: str, x, layout: str, dims: Dims, *, required: bool = False) -> 
     check_floating(name, x)
 
 
-def check_qkv(q, k, v, *, initial_state=None, do=None, dht=None) -> Dims:
+def check_qkv(q, k, v, *, initial_state=None, do=None, dht=None, cu_seqlens=None) -> Dims:
     """q, k [B,T,H,K] and v [B,T,H,V] of one floating dtype, none empty; and, when given, the state
-    and cotangents every op shares: initial_state and dht [B,H,K,V], do [B,T,H,V].
+    and cotangents every op shares: initial_state and dht [N,H,K,V], do [B,T,H,V]. N is B, or with
+    ``cu_seqlens`` (:func:`check_cu_seqlens`) the number of packed sequences: one state each.
 
     v with other heads than q and k (grouped value heads) is valid in fla but implemented by
     neither the references nor the kernels: NotImplementedError saying the fix."""
@@ -78,10 +86,52 @@ def check_qkv(q, k, v, *, initial_state=None, do=None, dht=None) -> Dims:
         check_floating(name, x)
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"q, k, v must share one floating dtype: {q.dtype=} {k.dtype=} {v.dtype=}")
-    expect("initial_state", initial_state, "BHKV", dims)
+    state = "BHKV"
+    if cu_seqlens is not None:
+        dims = dataclasses.replace(dims, N=check_cu_seqlens(cu_seqlens, dims))
+        state = "NHKV"  # one state per packed sequence, named N in the messages
+    expect("initial_state", initial_state, state, dims)
     expect("do", do, "BTHV", dims)
-    expect("dht", dht, "BHKV", dims)
+    expect("dht", dht, state, dims)
     return dims
+
+
+def check_cu_seqlens(cu_seqlens, dims: Dims) -> int:
+    """fla's packed variable-length sequences: ``cu_seqlens`` holds N+1 integer offsets
+    ``0 = c_0 < c_1 < ... < c_N = T`` into the one batch row (B == 1); sequence i is tokens
+    ``[c_i, c_{i+1})``, at least one token each. Returns N.
+
+    An array (numpy, jax) or a sequence of Python ints. Rank, length and dtype are always checked;
+    the offsets themselves when their values are known (not a jax tracer, as for gates)."""
+    x = cu_seqlens
+    if isinstance(x, (list, tuple)):
+        try:
+            x = np.asarray(x)
+        except ValueError:  # ragged nesting
+            x = None
+    if shape_of(x) is None or len(x.shape) != 1 or x.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must be a 1-D array of N+1 >= 2 integer offsets (0, len_0, len_0+len_1, "
+                         f"..., T), got {described(cu_seqlens if x is None else x)}")
+    if x.dtype == np.bool_ or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"cu_seqlens must hold integer offsets, got cu_seqlens.dtype={x.dtype}; "
+                         f"pass int32 or int64 offsets")
+    if dims.B != 1:
+        raise ValueError(f"cu_seqlens packs sequences along T of one batch row, so B must be 1, got B={dims.B}; "
+                         f"flatten the batch into T ([1, B*T, ...]) and give every sequence's offsets")
+    if isinstance(x, jax.core.Tracer) or not isinstance(x, (np.ndarray, jax.Array)):
+        return x.shape[0] - 1  # offsets traced inside jit: their values cannot be checked here
+    c = np.asarray(x).astype(np.int64)
+    if c[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={c[0]}")
+    steps = np.diff(c)
+    if (steps <= 0).any():
+        i = int(np.argmax(steps <= 0))
+        raise ValueError(f"cu_seqlens must be strictly increasing (every sequence at least one token), got "
+                         f"cu_seqlens[{i}]={c[i]} >= cu_seqlens[{i + 1}]={c[i + 1]}")
+    if c[-1] != dims.T:
+        raise ValueError(f"cu_seqlens must end at T={dims.T} (the packed length of q, k, v), got "
+                         f"cu_seqlens[-1]={c[-1]}")
+    return x.shape[0] - 1
 
 
 def resolve_scale(scale, K: int) -> float:

@@ -1,7 +1,8 @@
 """Each op's argument contract, written once: simple_gla, gla and kda.
 
-``check_<op>`` validates one call from its arguments (shapes, dtypes, gates, chunk_size, scale)
-and returns ``(dims, scale)`` with the scale resolved. The references call it before computing,
+``check_<op>`` validates one call from its arguments (shapes, dtypes, gates, chunk_size, scale,
+packed sequence offsets ``cu_seqlens``) and returns ``(dims, scale)`` with the scale resolved;
+``dims.N`` is the number of states (B, or the number of packed sequences). The references call it before computing,
 the kernels before tracing and before their own limits (K, V lane multiples, dtypes, block sizes:
 NotImplementedError). Gradients' cotangents ``do``/``dht`` are checked when given.
 """
@@ -26,9 +27,9 @@ def check_gate_choice(g, g_gamma, g_layout: str, *, required: bool) -> None:
 
 
 def _check_gated(g_layout: str, required: bool, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do,
-                 dht) -> tuple[Dims, float]:
+                 dht, cu_seqlens) -> tuple[Dims, float]:
     """The contract of a gated op (simple_gla, gla): ``g`` of shape ``g_layout`` or ``g_gamma`` [H], <= 0."""
-    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
+    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht, cu_seqlens=cu_seqlens)
     check_gate_choice(g, g_gamma, g_layout, required=required)
     expect("g", g, g_layout, dims)
     expect("g_gamma", g_gamma, "H", dims)
@@ -39,15 +40,15 @@ def _check_gated(g_layout: str, required: bool, q, k, v, g, g_gamma, scale, init
 
 
 def check_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64, *,
-                     do=None, dht=None) -> tuple[Dims, float]:
+                     do=None, dht=None, cu_seqlens=None) -> tuple[Dims, float]:
     """simple_gla: g [B,T,H] or g_gamma [H] (at most one; neither is no decay), both <= 0."""
-    return _check_gated("BTH", False, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do, dht)
+    return _check_gated("BTH", False, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do, dht, cu_seqlens)
 
 
 def check_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64, *,
-              do=None, dht=None) -> tuple[Dims, float]:
+              do=None, dht=None, cu_seqlens=None) -> tuple[Dims, float]:
     """gla: exactly one of g [B,T,H,K] and g_gamma [H], <= 0."""
-    return _check_gated("BTHK", True, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do, dht)
+    return _check_gated("BTHK", True, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do, dht, cu_seqlens)
 
 
 KDA_OPTIONS = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
@@ -64,7 +65,7 @@ def kda_options(options: Mapping) -> dict:
 
 
 def check_kda(q, k, v, g, beta, scale=None, initial_state=None, chunk_size=64, *, opts: Mapping | None = None,
-              A_log=None, dt_bias=None, do=None, dht=None) -> tuple[Dims, float]:
+              A_log=None, dt_bias=None, do=None, dht=None, cu_seqlens=None) -> tuple[Dims, float]:
     """kda: g [B,T,H,K], beta [B,T,H]; ``opts`` as :func:`kda_options` returns (defaults when None).
 
     g is a log decay (<= 0) unless ``use_gate_in_kernel``: then it is the raw gate input (any sign),
@@ -72,7 +73,7 @@ def check_kda(q, k, v, g, beta, scale=None, initial_state=None, chunk_size=64, *
     ``lower_bound`` (the decay's floor) must be <= 0. A_log and dt_bias are ignored otherwise, as in fla.
     fla's rules on the option combination (safe_gate, allow_neg_eigval) are the kernels' own."""
     opts = kda_options(opts or {})
-    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht)
+    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht, cu_seqlens=cu_seqlens)
     expect("g", g, "BTHK", dims, required=True)
     expect("beta", beta, "BTH", dims, required=True)
     if opts["use_gate_in_kernel"]:

@@ -10,6 +10,10 @@ The gate is either ``g [B,T,H,K]`` (per-channel log decay) or ``g_gamma [H]``
 (per-head constant: ``gk_t[c] = g_gamma`` for every t and c). The backward
 takes the loss ``sum(o * do) + sum(ht * dht)``.
 
+Packed variable-length sequences (``cu_seqlens``, B = 1, see :mod:`references._varlen`): the
+recurrence runs on each sequence alone, from ``initial_state[i]`` (or 0) to ``ht[i]``, and chunks
+restart at each sequence start; ``initial_state``, ``ht``, ``dht`` and ``dh0`` are [N,H,K,V].
+
 Two formulations check each other:
 
 - ``method="recurrent"``: token by token (``lax.scan`` over T). Its backward
@@ -44,6 +48,7 @@ from jax import lax
 
 from op_contract import check_gla
 
+from ._varlen import num_states, offsets, over_sequences
 from ._x64 import COMPUTE_DTYPES, as_arrays, check_compute_dtype, float64_cpu
 
 HIGHEST = lax.Precision.HIGHEST
@@ -61,14 +66,15 @@ def _f64(x):
 
 
 def _validate(q, k, v, g, g_gamma, initial_state, scale, method, chunk_size, do=None, dht=None,
-              compute_dtype="float64") -> float:
+              compute_dtype="float64", cu_seqlens=None) -> tuple[float, tuple[int, ...] | None]:
     """The op contract (:func:`op_contract.check_gla`) on the inputs as given (before any cast), plus the
-    reference's own arguments; returns the resolved scale."""
+    reference's own arguments; returns the resolved scale and the packed offsets (a tuple, or None)."""
     check_compute_dtype(compute_dtype)
     if method not in METHODS:
         raise ValueError(f"{method=} must be one of {METHODS}")
     q, k, v, g, g_gamma, initial_state, do, dht = as_arrays(q, k, v, g, g_gamma, initial_state, do, dht)
-    return check_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht)[1]
+    scale = check_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht, cu_seqlens=cu_seqlens)[1]
+    return scale, offsets(cu_seqlens)
 
 
 def _gate(g, g_gamma, shape):
@@ -129,11 +135,14 @@ def _chunk(q, k, v, gk, h0, scale, C):
     return o, ST
 
 
-def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size):
+def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size, offs=None):
+    """(o, ht); with packed offsets ``offs`` every sequence runs alone from its own state (state reset)."""
     gk = _gate(g, g_gamma, q.shape)
     if method == "recurrent":
-        return _recurrent(q, k, v, gk, h0, scale)
-    return _chunk(q, k, v, gk, h0, scale, chunk_size)
+        core = lambda q, k, v, gk, h0: _recurrent(q, k, v, gk, h0, scale)  # noqa: E731
+    else:
+        core = lambda q, k, v, gk, h0: _chunk(q, k, v, gk, h0, scale, chunk_size)  # noqa: E731
+    return over_sequences(core, offs, (q, k, v, gk), h0)
 
 
 def _check(named, compute_dtype="float64"):
@@ -149,44 +158,48 @@ def _check(named, compute_dtype="float64"):
 
 # --------------------------------------------------------------------- public
 def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-              *, method="chunk", chunk_size=64, compute_dtype="float64"):
-    """Float64 forward: ``(o [B,T,H,V], ht [B,H,K,V] or None)`` as numpy float64.
+              *, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64"):
+    """Float64 forward: ``(o [B,T,H,V], ht [N,H,K,V] or None)`` as numpy float64.
 
-    ``compute_dtype="float32"`` runs the same maths in float32 (results still
+    ``cu_seqlens``: N+1 offsets of packed sequences (B = 1); initial_state is then [N,H,K,V],
+    else N = B. ``compute_dtype="float32"`` runs the same maths in float32 (results still
     returned as float64 arrays): only to exercise a harness gate, never a golden.
     """
-    scale = _validate(q, k, v, g, g_gamma, initial_state, scale, method, chunk_size, compute_dtype=compute_dtype)
+    scale, offs = _validate(q, k, v, g, g_gamma, initial_state, scale, method, chunk_size,
+                            compute_dtype=compute_dtype, cu_seqlens=cu_seqlens)
     q, k, v, g, g_gamma, h0 = map(_f64, (q, k, v, g, g_gamma, initial_state))
     with float64_cpu(compute_dtype == "float64"):
         o, ht = _forward(*map(lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype)),
-                              (q, k, v, g, g_gamma, h0)), scale, method, chunk_size)
+                              (q, k, v, g, g_gamma, h0)), scale, method, chunk_size, offs)
         o, ht = np.asarray(o), np.asarray(ht)
     out = _check({"o": o, "ht": ht if output_final_state else None}, compute_dtype)
     return out["o"], out["ht"]
 
 
 def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
-                  *, method="chunk", chunk_size=64, compute_dtype="float64"):
+                  *, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64"):
     """Float64 gradients of ``sum(o*do) + sum(ht*dht)``.
 
     Returns ``dict(dq, dk, dv, dg, dg_gamma, dh0)`` of float64 numpy arrays,
     ``None`` where not applicable (``dg`` without g, ``dg_gamma`` without
-    g_gamma, ``dh0`` without initial_state).
+    g_gamma, ``dh0`` without initial_state). With ``cu_seqlens``, dht,
+    initial_state and dh0 are [N,H,K,V].
     """
-    scale = _validate(q, k, v, g, g_gamma, initial_state, scale, method, chunk_size, do=do, dht=dht,
-                      compute_dtype=compute_dtype)
+    scale, offs = _validate(q, k, v, g, g_gamma, initial_state, scale, method, chunk_size, do=do, dht=dht,
+                            compute_dtype=compute_dtype, cu_seqlens=cu_seqlens)
     q, k, v, do, dht, g, g_gamma, h0 = map(_f64, (q, k, v, do, dht, g, g_gamma, initial_state))
     B, T, H, K = q.shape
     V = v.shape[-1]
+    N = num_states(B, offs)
     with float64_cpu(compute_dtype == "float64"):
         j = lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype))
         primals = {"q": j(q), "k": j(k), "v": j(v), "g": j(g), "g_gamma": j(g_gamma), "h0": j(h0)}
 
         def f(p):
-            return _forward(p["q"], p["k"], p["v"], p["g"], p["g_gamma"], p["h0"], scale, method, chunk_size)
+            return _forward(p["q"], p["k"], p["v"], p["g"], p["g_gamma"], p["h0"], scale, method, chunk_size, offs)
 
         (o, ht), vjp = jax.vjp(f, primals)
-        dht64 = j(np.zeros((B, H, K, V))) if dht is None else j(dht)
+        dht64 = j(np.zeros((N, H, K, V))) if dht is None else j(dht)
         (grads,) = vjp((j(do), dht64))
         out = {name: None if grads[src] is None else np.asarray(grads[src])
                for name, src in (("dq", "q"), ("dk", "k"), ("dv", "v"), ("dg", "g"),

@@ -8,6 +8,11 @@ Per head, with ``S`` of shape ``[K, V]`` and ``exp(g_t)`` acting on the key rows
 
 ``S_0 = initial_state`` (zeros when absent) and ``ht = S_T``.
 
+Packed variable-length sequences (``cu_seqlens``, B = 1, see :mod:`references._varlen`): the
+recurrence runs on each sequence alone, from ``initial_state[i]`` (or 0) to ``ht[i]``, and chunks
+restart at each sequence start; ``initial_state``, ``ht``, ``dht`` and ``dh0`` are [N,H,K,V]. The
+in-kernel options act token by token (l2norm, gate, beta sigmoid), so they commute with packing.
+
 Options follow ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0), checked against its source:
 
 - ``use_qk_l2norm_in_kernel``: ``x / sqrt(sum(x**2) + 1e-6)`` over the key axis, for q and k
@@ -48,6 +53,7 @@ from jax import lax
 
 from op_contract import check_kda, kda_options
 
+from ._varlen import num_states, offsets, over_sequences
 from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
 L2NORM_EPS = 1e-6
@@ -148,8 +154,14 @@ def _chunk_step_recurrent(scale, S, xs):
     return S, jnp.moveaxis(o, 0, 2)
 
 
-def _core(q, k, v, g, beta, h0, scale, chunk_size, method):
-    """Core recurrence on float64 jax arrays. Returns (o [B,T,H,V], ht [B,H,K,V])."""
+def _core(q, k, v, g, beta, h0, scale, chunk_size, method, offs=None):
+    """Core recurrence on float64 jax arrays. Returns (o [B,T,H,V], ht [N,H,K,V]); with packed offsets
+    ``offs`` every sequence runs alone from its own state (state reset, chunks restarting at its start)."""
+    return over_sequences(lambda *xs: _core_one(*xs, scale, chunk_size, method), offs, (q, k, v, g, beta), h0)
+
+
+def _core_one(q, k, v, g, beta, h0, scale, chunk_size, method):
+    """The recurrence over [B,T,H,*] from h0 [B,H,K,V] (zeros when None): (o, ht)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size
@@ -166,7 +178,7 @@ def _core(q, k, v, g, beta, h0, scale, chunk_size, method):
 
 
 def _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw, compute_dtype, do=None,
-           dht=None):
+           dht=None, cu_seqlens=None):
     """The op contract (:func:`op_contract.check_kda`) on the inputs as given, plus the reference's own arguments."""
     check_compute_dtype(compute_dtype)
     if method not in METHODS:
@@ -175,13 +187,13 @@ def _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, m
     q, k, v, g, beta, initial_state, A_log, dt_bias, do, dht = as_arrays(q, k, v, g, beta, initial_state, A_log,
                                                                          dt_bias, do, dht)
     _, scale = check_kda(q, k, v, g, beta, scale, initial_state, chunk_size, opts=opts, A_log=A_log,
-                         dt_bias=dt_bias, do=do, dht=dht)
+                         dt_bias=dt_bias, do=do, dht=dht, cu_seqlens=cu_seqlens)
     # fla's rules on the option combination (safe_gate's lower_bound range, allow_neg_eigval only with the
     # beta sigmoid) are the kernels' rules, written once in kernels_tpu.kda.check_options: the float64
     # maths here is defined without them, and safe_gate only chooses kernel numerics.
     if not use_gate(opts):
         A_log = dt_bias = None  # ignored by fla without the in-kernel gate
-    return [q, k, v, g, beta], opts, scale, A_log, dt_bias
+    return [q, k, v, g, beta], opts, scale, A_log, dt_bias, offsets(cu_seqlens)
 
 
 def use_gate(opts) -> bool:
@@ -190,39 +202,43 @@ def use_gate(opts) -> bool:
 
 # ------------------------------------------------------------------ public
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *,
-              A_log=None, dt_bias=None, method="chunk", chunk_size=64, compute_dtype="float64", **options):
+              A_log=None, dt_bias=None, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64",
+              **options):
     """KDA forward. Returns ``(o, ht)`` float64 numpy; ``ht`` is None unless ``output_final_state``.
 
+    ``cu_seqlens``: N+1 offsets of packed sequences (B = 1); initial_state and ht are then [N,H,K,V].
     ``options``: use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
     allow_neg_eigval, safe_gate, lower_bound (see the module docstring). ``compute_dtype="float32"``
     runs the same maths in float32 (results still returned as float64).
     """
-    arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
-                                               chunk_size, method, options, compute_dtype)
+    arrs, opts, scale, A_log, dt_bias, offs = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
+                                                     chunk_size, method, options, compute_dtype,
+                                                     cu_seqlens=cu_seqlens)
     cd = compute_dtype
     with float64_cpu(cd == "float64"):
         q, k, v, g, beta = (to_jax(x, cd) for x in arrs)
         h0, A_log, dt_bias = (to_jax(x, cd) for x in (initial_state, A_log, dt_bias))
         q, k, g, beta = preprocess(q, k, g, beta, A_log, dt_bias, **opts)
-        o, ht = _core_jit(q, k, v, g, beta, h0, scale, chunk_size, method)
+        o, ht = _core_jit(q, k, v, g, beta, h0, scale, chunk_size, method, offs)
         o = _to_np(o, cd)
         ht = _to_np(ht, cd) if output_final_state else None
     return o, ht
 
 
-_core_jit = jax.jit(_core, static_argnums=(6, 7, 8))
+_core_jit = jax.jit(_core, static_argnums=(6, 7, 8, 9))
 
 
 def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, *, A_log=None,
-                  dt_bias=None, method="chunk", chunk_size=64, compute_dtype="float64", **options):
+                  dt_bias=None, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64", **options):
     """Gradients of ``sum(o*do) + sum(ht*dht)`` w.r.t. the raw inputs given, in float64.
 
     Returns dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias); ``dh0`` is None without
     ``initial_state``, ``dA_log`` / ``ddt_bias`` are None unless ``use_gate_in_kernel`` and that
-    parameter is given.
+    parameter is given. With ``cu_seqlens``, dht, initial_state and dh0 are [N,H,K,V].
     """
-    arrs, opts, scale, A_log, dt_bias = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
-                                               chunk_size, method, options, compute_dtype, do, dht)
+    arrs, opts, scale, A_log, dt_bias, offs = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
+                                                     chunk_size, method, options, compute_dtype, do, dht,
+                                                     cu_seqlens)
     cd = compute_dtype
     with float64_cpu(cd == "float64"):
         primals = dict(zip(("q", "k", "v", "g", "beta"), (to_jax(x, cd) for x in arrs)))
@@ -232,12 +248,12 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
         do64 = to_jax(do, cd)
         B, T, H, K = primals["q"].shape
         V = primals["v"].shape[-1]
-        dht64 = jnp.zeros((B, H, K, V), cd) if dht is None else to_jax(dht, cd)
+        dht64 = jnp.zeros((num_states(B, offs), H, K, V), cd) if dht is None else to_jax(dht, cd)
 
         def loss_fn(p):
             q_, k_, g_, b_ = preprocess(p["q"], p["k"], p["g"], p["beta"], p.get("A_log"), p.get("dt_bias"),
                                         **opts)
-            o, ht = _core(q_, k_, p["v"], g_, b_, p.get("h0"), scale, chunk_size, method)
+            o, ht = _core(q_, k_, p["v"], g_, b_, p.get("h0"), scale, chunk_size, method, offs)
             return o, ht
 
         def grads(p, do_, dht_):

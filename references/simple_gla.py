@@ -8,6 +8,10 @@ per-head constant ``g_t = gamma_h`` (``g_gamma`` [H]):
 
 Gradients are those of the scalar loss ``sum(o * do) + sum(ht * dht)``.
 
+Packed variable-length sequences (``cu_seqlens``, B = 1, see :mod:`references._varlen`): the
+recurrence above runs on each sequence alone, from ``initial_state[i]`` (or 0) to ``ht[i]``, and
+chunks restart at each sequence start; ``initial_state``, ``ht``, ``dht`` and ``dh0`` are [N,H,K,V].
+
 Two formulations check each other (tests hold them to 1e-12 relative):
 
 - ``method="recurrent"``: the token-by-token scan above.
@@ -41,6 +45,7 @@ import numpy as np
 
 from op_contract import check_simple_gla
 
+from ._varlen import num_states, offsets, over_sequences
 from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
 __all__ = ["chunk_simple_gla", "chunk_simple_gla_bwd", "naive_recurrent_simple_gla"]
@@ -104,73 +109,87 @@ def _chunked(q, k, v, gt, h0, scale, C):
     return o, ht
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
-def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size):
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size", "offs"))
+def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size, offs=None):
+    """(o, ht); with packed offsets ``offs`` every sequence runs alone from its own state (state reset)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    if method not in ("chunk", "recurrent"):
+        raise ValueError(f"{method=} must be 'chunk' or 'recurrent'")
     gt = _log_decay(g, g_gamma, B, T, H, q.dtype)
-    if h0 is None:
-        h0 = jnp.zeros((B, H, K, V), q.dtype)
-    if method == "recurrent":
-        return _recurrent(q, k, v, gt, h0, scale)
-    if method == "chunk":
+
+    def core(q, k, v, gt, h0):
+        if h0 is None:
+            h0 = jnp.zeros((q.shape[0], H, K, V), q.dtype)
+        if method == "recurrent":
+            return _recurrent(q, k, v, gt, h0, scale)
         return _chunked(q, k, v, gt, h0, scale, chunk_size)
-    raise ValueError(f"{method=} must be 'chunk' or 'recurrent'")
+
+    return over_sequences(core, offs, (q, k, v, gt), h0)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
-def _backward(primals, d_o, d_ht, scale, method, chunk_size):
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size", "offs"))
+def _backward(primals, d_o, d_ht, scale, method, chunk_size, offs=None):
     """Gradients of sum(o*do) + sum(ht*dht) w.r.t. every array in ``primals``."""
     def f(p):
-        return _forward(p["q"], p["k"], p["v"], p.get("g"), p.get("g_gamma"), p["h0"], scale, method, chunk_size)
+        return _forward(p["q"], p["k"], p["v"], p.get("g"), p.get("g_gamma"), p["h0"], scale, method, chunk_size,
+                        offs)
 
     _, vjp = jax.vjp(f, primals)
     return vjp((d_o, d_ht))[0]
 
 
-def _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype, do=None, dht=None):
-    """The inputs as numpy arrays, checked against the op contract (:mod:`op_contract`); the resolved scale."""
+def _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype, do=None, dht=None,
+             cu_seqlens=None):
+    """The inputs as numpy arrays, checked against the op contract (:mod:`op_contract`); the resolved scale
+    and the packed offsets (a tuple, or None)."""
     check_compute_dtype(compute_dtype)
     q, k, v, g, g_gamma, initial_state, do, dht = as_arrays(q, k, v, g, g_gamma, initial_state, do, dht)
-    _, scale = check_simple_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht)
-    return [q, k, v, g, g_gamma, initial_state], scale
+    _, scale = check_simple_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht,
+                                cu_seqlens=cu_seqlens)
+    return [q, k, v, g, g_gamma, initial_state], scale, offsets(cu_seqlens)
 
 
 # ----------------------------------------------------------------- public
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                     *, method="chunk", chunk_size=64, compute_dtype="float64"):
-    """Forward: ``(o [B,T,H,V], ht [B,H,K,V] or None)`` as float64 numpy arrays.
+                     *, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64"):
+    """Forward: ``(o [B,T,H,V], ht [N,H,K,V] or None)`` as float64 numpy arrays.
 
     Args mirror ``fla.ops.simple_gla.chunk_simple_gla``: q, k [B,T,H,K]; v
     [B,T,H,V]; g [B,T,H] or g_gamma [H] (log decays); scale defaults to K**-0.5;
-    initial_state [B,H,K,V].
+    initial_state [N,H,K,V]; cu_seqlens the N+1 offsets of packed sequences (B = 1),
+    else N = B.
     """
-    arrays, scale = _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype)
+    arrays, scale, offs = _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype,
+                                   cu_seqlens=cu_seqlens)
     with float64_cpu(compute_dtype == "float64"):
         q, k, v, g, g_gamma, h0 = (to_jax(a, compute_dtype) for a in arrays)
-        o, ht = _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size)
+        o, ht = _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size, offs)
         o, ht = to_numpy((o, ht), compute_dtype)
     return o.astype(np.float64), (ht.astype(np.float64) if output_final_state else None)
 
 
 def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
-                         *, method="chunk", chunk_size=64, compute_dtype="float64"):
+                         *, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64"):
     """Backward of ``sum(o*do) + sum(ht*dht)``: dict(dq, dk, dv, dg, dg_gamma, dh0).
 
     ``dg`` is None unless g is given, ``dg_gamma`` unless g_gamma is given,
-    ``dh0`` unless initial_state is given. All arrays are float64 numpy.
+    ``dh0`` unless initial_state is given. All arrays are float64 numpy. With
+    ``cu_seqlens``, dht, initial_state and dh0 are [N,H,K,V].
     """
-    arrays, scale = _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype, do, dht)
+    arrays, scale, offs = _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype, do, dht,
+                                   cu_seqlens)
     B, T, H, K = arrays[0].shape
     V = arrays[2].shape[-1]
+    N = num_states(B, offs)
     with float64_cpu(compute_dtype == "float64"):
         q, k, v, g, g_gamma, h0 = (to_jax(a, compute_dtype) for a in arrays)
         if h0 is None:
-            h0 = jnp.zeros((B, H, K, V), compute_dtype)
+            h0 = jnp.zeros((N, H, K, V), compute_dtype)
         d_o = to_jax(do, compute_dtype)
-        d_ht = jnp.zeros((B, H, K, V), compute_dtype) if dht is None else to_jax(dht, compute_dtype)
+        d_ht = jnp.zeros((N, H, K, V), compute_dtype) if dht is None else to_jax(dht, compute_dtype)
         primals = {n: a for n, a in dict(q=q, k=k, v=v, g=g, g_gamma=g_gamma, h0=h0).items() if a is not None}
-        grads = _backward(primals, d_o, d_ht, scale=scale, method=method, chunk_size=chunk_size)
+        grads = _backward(primals, d_o, d_ht, scale=scale, method=method, chunk_size=chunk_size, offs=offs)
         grads = to_numpy(grads, compute_dtype)
     out = {f"d{n}": grads[n].astype(np.float64) for n in ("q", "k", "v")}
     out["dg"] = grads["g"].astype(np.float64) if "g" in grads else None
@@ -180,6 +199,7 @@ def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None
 
 
 def naive_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                               output_final_state=False):
+                               output_final_state=False, *, cu_seqlens=None):
     """The token-by-token recurrence, float64 (fla's ``naive`` counterpart)."""
-    return chunk_simple_gla(q, k, v, g, g_gamma, scale, initial_state, output_final_state, method="recurrent")
+    return chunk_simple_gla(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens=cu_seqlens,
+                            method="recurrent")
