@@ -123,16 +123,18 @@ def test_derived_margins_are_twice_the_worst_clean_excess_where_it_is_wider():
                                                         "metric": metric, "judged_max": judged_max}
 
     table = pd.DataFrame([row("dq", "max_abs", 1.31), row("o", "max_abs", 1.02), row("dg", "rel_l2", 0.97),
-                          row("dg", "ulp_mean", 1.1)])
+                          row("dg", "ulp_mean", 1.1), row("o", "rel_l2", 1.04), row("dq", "rel_l2", 1.07)])
     base = Policy(rel_margin=0.05, alpha=0.01)
     derived = derive_policy(table, base)
     at = {"op": "simple_gla", "dtype": "bfloat16"}
-    assert derived.margin("max_abs", tensor="dq", **at) == 0.65  # 2 x 0.31 = 0.62, rounded up to 0.05
-    assert derived.margin("max_abs", tensor="o", **at) == 0.05  # 2 x 0.02 = 0.04: the base is wider
+    # max_abs: one margin for the op x dtype, from its worst tensor: 2 x 0.31 = 0.62, rounded up to 0.05
+    assert derived.margin("max_abs", tensor="dq", **at) == derived.margin("max_abs", tensor="o", **at) == 0.65
     assert derived.margin("rel_l2", tensor="dg", **at) == 0.05  # clean kernels never exceeded 1
     assert derived.margin("ulp_mean", tensor="dg", **at) == 0.2  # 2 x 0.1, exactly on the grid
+    # rel_l2: per tensor. dq 2 x 0.07 = 0.14 -> 0.15; o 2 x 0.04 = 0.08 -> 0.1
+    assert (derived.margin("rel_l2", tensor="dq", **at), derived.margin("rel_l2", tensor="o", **at)) == (0.15, 0.1)
     assert derived.margin("max_abs", op="gla", dtype="bfloat16", tensor="dq") == 0.05  # another op: the default
-    assert len(derived.rules) == 2 and derived.alpha == 0.01
+    assert len(derived.rules) == 4 and derived.alpha == 0.01
     # the rules survive a policy file
     loaded = Policy.load(_written(derived))
     assert loaded.rules == derived.rules
