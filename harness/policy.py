@@ -246,7 +246,7 @@ DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.toml")
 
 def default_policy() -> Policy:
     """The calibrated policy every verb and the pytest plugin use unless told otherwise."""
-    return Policy.load(DEFAULT_POLICY_FILE)
+    return replace(Policy.load(DEFAULT_POLICY_FILE), source="the shipped harness/policy.toml")
 
 
 def policy_from_options(path=None, metrics: str | None = None, margin: float | None = None,
