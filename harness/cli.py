@@ -303,7 +303,7 @@ def cmd_calibrate(args) -> int:
         print(f"  {r['op']} {r['dtype']} {r['tensor']} {r['metric']}: {r['false_alarms']}/{r['n']} "
               f"(ratio {r['ratio_min']:.3f}..{r['ratio_max']:.3f})")
     print(f"derived policy -> {out / 'policy.toml'}: " + ", ".join(f"{m} {derived.margin(m):g}" for m in METRICS)
-          + f", {len(derived.rules)} wider per op, dtype and tensor")
+          + f", {len(derived.rules)} wider where the noise was larger")
     return EXIT_FAIL if total["false_alarms"] else EXIT_PASS
 
 

@@ -174,7 +174,7 @@ class Policy:
         noise = (f"; rel_l2 fails only if the paired block bootstrap's {1 - self.alpha:g} lower bound of the "
                  f"ratio exceeds 1 + margin" if self.alpha > 0 and "rel_l2" in self.metrics else "")
         rules = [r for r in self.rules if r.metric in self.metrics]
-        per_tensor = f" ({len(rules)} wider per op, dtype and tensor, from calibration)" if rules else ""
+        per_tensor = f" ({len(rules)} wider where calibration measured more noise)" if rules else ""
         return (f"eps_tpu <= eps_gpu * (1 + margin) + floor; gated metrics and margins: {margins}{per_tensor}; "
                 f"floors: {floors}{noise} (policy: {self.source})")
 

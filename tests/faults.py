@@ -51,7 +51,8 @@ def inverse_grad_missing_transpose(Tm, dTm, *, policy):
 
 def round_fraction(x, bits: int):
     """``x`` (f32) rounded to nearest even at ``bits`` fraction bits, kept in f32; 23 returns x unchanged.
-    At ``bits=7`` it equals a round trip through bfloat16."""
+    At ``bits=7`` it equals a round trip through bfloat16. Its gradient is the identity, as a dtype round
+    trip's is (the bit arithmetic alone would differentiate to zero where autodiff sees it)."""
     x = x.astype(jnp.float32)
     if bits >= 23:
         return x
@@ -59,7 +60,7 @@ def round_fraction(x, bits: int):
     u = jax.lax.bitcast_convert_type(x, jnp.uint32)
     keep_lsb = (u >> drop) & jnp.uint32(1)
     u = (u + jnp.uint32((1 << (drop - 1)) - 1) + keep_lsb) & jnp.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)
-    return jax.lax.bitcast_convert_type(u, jnp.float32)
+    return x + jax.lax.stop_gradient(jax.lax.bitcast_convert_type(u, jnp.float32) - x)
 
 
 def kernel_modules():

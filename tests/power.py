@@ -92,7 +92,7 @@ def smallest_caught(regression: str, gpu, policy, cache, log=print) -> list[dict
 def markdown(table: pd.DataFrame, policy: Policy, gpu_file: str) -> str:
     lines = ["## Power: the smallest precision regression the shipped gate catches", "",
              f"Policy: {policy.describe()}.", f"Baseline: {gpu_file} (draw 0). Suites: smoke, regressions.", "",
-             "| regression | smallest caught (fraction bits kept) | largest not caught | first catch |",
+             "| regression | smallest caught (fraction bits kept) | first missed | first catch at the smallest |",
              "|---|---|---|---|"]
     for name, group in table.groupby("regression", sort=False):
         caught = group[group["caught"]]

@@ -3,6 +3,7 @@
 The full study, the smallest caught regression per class over smoke and regressions, is
 ``python tests/power.py`` (README, "Power"); these tests pin its floor on one small case each."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -32,6 +33,9 @@ def test_round_fraction_on_hand_computed_values():
     assert np.array_equal(np.array(round_fraction(jnp.array(r), 7)), r.astype(jnp.bfloat16).astype(np.float32))
     assert np.array_equal(np.array(round_fraction(jnp.array(r), 10)), r.astype(np.float16).astype(np.float32))
     assert np.array_equal(np.array(round_fraction(jnp.array(r), 23)), r)
+    # the gradient is the identity, as through a dtype round trip
+    grad = jax.grad(lambda v: jnp.sum(3.0 * round_fraction(v, 7)))(jnp.array(r))
+    assert np.all(np.array(grad) == 3.0)
 
 
 @pytest.fixture(scope="module")
