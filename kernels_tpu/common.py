@@ -1,6 +1,6 @@
 """What every op's kernels share: the TPU tile constants, the kernels' limits on top of the op contract
-(:mod:`op_contract`), the validated block sizes, the index maps, the causal masks, the safe masked exp and the
-sequential state pass.
+(:mod:`op_contract`), the lane padding of the head dims, the validated block sizes, the index maps, the causal
+masks, the safe masked exp and the sequential state pass.
 
 Dimension numbers and the precision policy live in :mod:`kernels_tpu.mxu`.
 """
@@ -8,7 +8,6 @@ Dimension numbers and the precision policy live in :mod:`kernels_tpu.mxu`.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax.numpy as jnp
 from jax import lax
@@ -17,7 +16,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from op_contract import Dims, positive_int
 
-LANES = 128  # vreg lane width and MXU tile: K and V must be multiples of it
+LANES = 128  # vreg lane width and MXU tile: the kernels see K and V as multiples of it (HeadPadding)
 SUBLANES = 8  # f32 rows per vreg: row offsets into VMEM blocks are multiples of it
 SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.float32))
 
@@ -29,14 +28,90 @@ SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.f
 # implement is a NotImplementedError that says the fix. All from static shapes and dtypes, before
 # tracing; only a concrete gate's sign needs its values (a traced gate is not checked).
 def check_limits(q, dims: Dims) -> None:
-    """NotImplementedError unless q's dtype is one of ``SUPPORTED_DTYPES`` and K, V are multiples of ``LANES``."""
+    """NotImplementedError unless q's dtype is one of ``SUPPORTED_DTYPES``. Any K and V run: the
+    public functions pad them to lane multiples (:class:`HeadPadding`)."""
+    del dims  # every head dim runs, through HeadPadding
     if jnp.dtype(q.dtype) not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"supported dtypes are bfloat16, float16, float32; got {q.dtype=}; cast the inputs")
-    for axis, n, fix in (("K", dims.K, f"q and k (pass scale={dims.K}**-0.5 explicitly)"), ("V", dims.V, "v")):
-        if n % LANES:
-            raise NotImplementedError(
-                f"{axis}={n} must be a multiple of {LANES} (TPU lane width): zero-pad {fix} along {axis} to "
-                f"{math.ceil(n / LANES) * LANES} (exact: padded channels contribute 0) and slice o back")
+
+
+# ------------------------------------------------------------------ head dims
+def lane_multiple(n: int) -> int:
+    """``n`` rounded up to a multiple of ``LANES``."""
+    return -(-n // LANES) * LANES
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadPadding:
+    """K and V zero-padded to lane multiples, so every kernel block is whole (8, 128) tiles.
+
+    Exact, whatever the dtype and dot precision, because every padded entry is an exact zero:
+
+    - q and k channels K..Kp are 0: they add exact zeros to every dot over K (q k^T, q S), and the
+      state rows they write, ``k_c v^T``, are 0;
+    - per-channel log gates (gla's g, kda's g after its in-kernel preprocessing) are 0 there: decay
+      1, so a zero state row stays zero (it is never amplified or made NaN);
+    - v channels V..Vp are 0, so state columns V..Vp, o's and dv's padded columns are 0;
+    - initial_state and dht are zero-padded, so the padded state rows and columns are 0 at every
+      step, forward and backward, and contribute 0 to every gate gradient.
+
+    The public functions resolve ``scale`` (``K**-0.5`` from the true K, in the op contract) before
+    padding, pad on the way in and slice every output (o, ht, dq, dk, dv, dg, dh0) back to the true
+    K and V. kda's l2norm of q and k is taken before padding (zeros would not change its sum of
+    squares, nor where its epsilon goes: ``rsqrt(sum(x*x) + eps)``; it stays the op's own reduction
+    over the true K).
+
+    Mosaic would also accept a block spanning a whole array dimension narrower than 128, which would
+    serve the head-major layouts of simple_gla and kda [B, H, T, 64], but not gla's token-major
+    blocks of [B, T, H*K]; padding keeps one layout for every op, at up to 2x the lanes at K = 64.
+    """
+
+    K: int
+    V: int
+
+    @classmethod
+    def of(cls, q, v) -> "HeadPadding":
+        """The padding of q [..., K] and v [..., V] (any leading dims)."""
+        return cls(int(q.shape[-1]), int(v.shape[-1]))
+
+    @property
+    def Kp(self) -> int:
+        return lane_multiple(self.K)
+
+    @property
+    def Vp(self) -> int:
+        return lane_multiple(self.V)
+
+    @staticmethod
+    def _pad(x, *widths):
+        """x zero-padded at the end of its last ``len(widths)`` dims; None stays None."""
+        if x is None or not any(widths):
+            return x
+        return jnp.pad(x, [(0, 0)] * (x.ndim - len(widths)) + [(0, w) for w in widths])
+
+    def keys(self, x):
+        """q, k or a per-channel log gate [..., K] -> [..., Kp] (zeros: no score, decay 1)."""
+        return self._pad(x, self.Kp - self.K)
+
+    def values(self, x):
+        """v or do [..., V] -> [..., Vp]."""
+        return self._pad(x, self.Vp - self.V)
+
+    def state(self, x):
+        """initial_state or dht [..., K, V] -> [..., Kp, Vp]."""
+        return self._pad(x, self.Kp - self.K, self.Vp - self.V)
+
+    def unpad_keys(self, x):
+        """dq, dk, dg [..., Kp] -> [..., K]."""
+        return x if x is None or self.Kp == self.K else x[..., :self.K]
+
+    def unpad_values(self, x):
+        """o, dv [..., Vp] -> [..., V]."""
+        return x if x is None or self.Vp == self.V else x[..., :self.V]
+
+    def unpad_state(self, x):
+        """ht, dh0 [..., Kp, Vp] -> [..., K, V]."""
+        return x if x is None or (self.Kp, self.Vp) == (self.K, self.V) else x[..., :self.K, :self.V]
 
 
 def iota(shape, dim):

@@ -3,8 +3,9 @@
 Layout inside the kernels: ``[B,T,H,K]`` inputs are viewed (free reshape) as
 ``[B,T,H*K]`` so a block ``(C, K)`` at column-block ``h`` is head ``h`` and the
 last two block dims are TPU tile friendly (C a multiple of 8, K/V multiples
-of 128). Per-chunk states are ``[B,NT,H*K,V]`` float32, single states
-``[B,H*K,V]`` float32.
+of 128: the public functions lane-pad them, ``kernels_tpu.common.HeadPadding``).
+Per-chunk states are ``[B,NT,H*K,V]`` float32, single states ``[B,H*K,V]``
+float32.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
 from kernels_tpu.common import BlockSizes, reversed_in_time
+from kernels_tpu.varlen import Packing
 
 f32 = jnp.float32
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
@@ -36,6 +38,7 @@ class Config:
     interpret: Any  # False or a pltpu.InterpretParams
     mxu_model: bool
     dtype: str  # the public q/k/v dtype: picks the dot policy
+    packing: Packing  # the public token axis -> the kernels' batch rows (cu_seqlens)
 
     @property
     def policy(self) -> mxu.Policy:

@@ -27,6 +27,15 @@ forward residual), ``A = (q k^T) * D`` and ``dA = scale (do v^T) * D``:
     dk = dA^T @ q + exp(gamma (C-1-j)) * (v @ dH^T)
     dH <- exp(gamma C) dH + scale (q * exp(b))^T @ do     (dh0 after chunk 0)
 
+Chunks past a row's real tokens: packed sequences (``cu_seqlens``) are batch
+rows padded to the longest (:mod:`kernels_tpu.varlen`), so a shorter row ends in
+whole chunks of identity tokens. Each row's length is in SMEM, and a chunk with
+no real token leaves the carried state (forward), the state gradient and the
+dg_gamma accumulator (backward) unchanged: the constant gate must not decay
+them there. A chunk that a sequence (or T) ends *inside* still decays over its
+padding, so that padding is exact only without a final state (no ht, no dht;
+``kernels_tpu.gla.api`` dispatches such calls to the chunk path).
+
 dg_gamma is real, and computed directly as d/dgamma of every exponent times
 what it multiplies (more accurate than summing ``q*dq - k*dk``, whose
 position-weighted halves cancel): per chunk,
@@ -72,7 +81,13 @@ def k_tile_reduction(q, k, qg, S, *, policy):
     return scores, o_inter
 
 
-def _fused_fwd_kernel(gamma_ref, q_ref, k_ref, v_ref, *rest, cfg: Config, has_h0: bool, emit_states: bool):
+def _has_real_tokens(length_ref, chunk, C):
+    """Whether chunk ``chunk`` of this grid row holds any of the row's real tokens (``length_ref`` [B] in SMEM)."""
+    return chunk * C < length_ref[pl.program_id(0)]
+
+
+def _fused_fwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, *rest, cfg: Config, has_h0: bool,
+                      emit_states: bool):
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
     o_ref = rest.pop(0)
@@ -96,7 +111,9 @@ def _fused_fwd_kernel(gamma_ref, q_ref, k_ref, v_ref, *rest, cfg: Config, has_h0
     o = o_inter + mm(scores * D, v, policy=md)
     o_ref[...] = (cfg.scale * o).astype(o_ref.dtype)
 
-    s_scr[...] = e_C * S + mm(k.astype(f32) * e_k, v, TN, policy=md)
+    @pl.when(_has_real_tokens(length_ref, i_t, C))  # else identity tokens only: S passes unchanged
+    def _update():
+        s_scr[...] = e_C * S + mm(k.astype(f32) * e_k, v, TN, policy=md)
 
     @pl.when(i_t == pl.num_programs(3) - 1)
     def _final():
@@ -112,11 +129,13 @@ def fused_fwd_impl(q, k, v, g_gamma, h0, cfg: Config, emit_states: bool):
 
     in_specs = [
         pl.BlockSpec(memory_space=pltpu.SMEM),  # g_gamma [H]
+        pl.BlockSpec(memory_space=pltpu.SMEM),  # real tokens per row [B]
         pl.BlockSpec((SQ, C, K), qk_map),
         pl.BlockSpec((SQ, C, K), qk_map),
         pl.BlockSpec((SQ, C, BV), v_map),
     ]
-    args = [g_gamma.astype(f32), q.reshape(B, T, H * K), k.reshape(B, T, H * K), v.reshape(B, T, H * V)]
+    args = [g_gamma.astype(f32), _row_lengths(cfg), q.reshape(B, T, H * K), k.reshape(B, T, H * K),
+            v.reshape(B, T, H * V)]
     if h0 is not None:
         in_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
         args.append(h0.astype(f32).reshape(B, H * K, V))
@@ -138,9 +157,14 @@ def fused_fwd_impl(q, k, v, g_gamma, h0, cfg: Config, emit_states: bool):
     return o, ht, states
 
 
+def _row_lengths(cfg: Config):
+    """Real tokens of each kernel row, int32 [B]: T, or each packed sequence's length."""
+    return jnp.asarray(cfg.packing.lengths, jnp.int32)
+
+
 # ----------------------------------------------------------------- backward
-def _fused_bwd_kernel(gamma_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg: Config, has_dht: bool,
-                      want_dh0: bool):
+def _fused_bwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg: Config,
+                      has_dht: bool, want_dh0: bool):
     rest = list(rest)
     dht_ref = rest.pop(0) if has_dht else None
     dq_ref, dk_ref, dv_ref, dgg_ref = rest[:4]
@@ -185,9 +209,11 @@ def _fused_bwd_kernel(gamma_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg:
              + (C * e_C) * sdh
              + jnp.sum((C - 1.0 - pos) * k.astype(f32) * dk_inter, axis=0, keepdims=True))
     first_lane = iota((1, K), 1) == 0
-    acc_scr[...] += per_k + jnp.where(first_lane, intra, 0.0)
 
-    dh_scr[...] = e_C * dH + scale * mm(q.astype(f32) * e_q, do, TN, policy=md)
+    @pl.when(_has_real_tokens(length_ref, pl.num_programs(3) - 1 - i_t, C))  # else identity tokens only
+    def _carry():
+        acc_scr[...] += per_k + jnp.where(first_lane, intra, 0.0)
+        dh_scr[...] = e_C * dH + scale * mm(q.astype(f32) * e_q, do, TN, policy=md)
 
     @pl.when(i_t == pl.num_programs(3) - 1)  # chunk 0 done
     def _final():
@@ -210,15 +236,16 @@ def fused_bwd_impl(q, k, v, g_gamma, states, do, dht, cfg: Config, want_dh0: boo
         return (b, h, 0, 0)
 
     in_specs = [
-        pl.BlockSpec(memory_space=pltpu.SMEM),
+        pl.BlockSpec(memory_space=pltpu.SMEM),  # g_gamma [H]
+        pl.BlockSpec(memory_space=pltpu.SMEM),  # real tokens per row [B]
         pl.BlockSpec((SQ, C, K), rev_map),  # q
         pl.BlockSpec((SQ, C, K), rev_map),  # k
         pl.BlockSpec((SQ, C, V), rev_map),  # v
         pl.BlockSpec((SQ, C, V), rev_map),  # do
         pl.BlockSpec((SQ, SQ, K, V), rev_state_map),  # S_n
     ]
-    args = [g_gamma.astype(f32), q.reshape(B, T, H * K), k.reshape(B, T, H * K), v.reshape(B, T, H * V),
-            do.reshape(B, T, H * V), states.reshape(B, NT, H * K, V)]
+    args = [g_gamma.astype(f32), _row_lengths(cfg), q.reshape(B, T, H * K), k.reshape(B, T, H * K),
+            v.reshape(B, T, H * V), do.reshape(B, T, H * V), states.reshape(B, NT, H * K, V)]
     if dht is not None:
         in_specs.append(pl.BlockSpec((SQ, K, V), state_map))
         args.append(dht.astype(f32).reshape(B, H * K, V))

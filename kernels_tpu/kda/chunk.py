@@ -17,12 +17,13 @@ state entering the chunk; all products of pairwise decays ``exp(G_r - G_s)`` are
     S'  = exp(G_C) * S + (k * exp(G_C - G))^T dlt
 
 Layering: public functions (validate before tracing, unset arguments filled in, in-kernel options as jax ops,
-padding) -> ``_kda`` (``jax.custom_vjp``) -> ``_fwd_impl`` / ``_bwd_impl`` (grid, BlockSpecs,
-``pallas_call``) -> ``_fwd_kernel`` / ``_bwd_kernel``. Grid ``(B, H, NT)``; the chunk axis is
-sequential (``"arbitrary"``, last) and carries the f32 state (or its gradient) in VMEM scratch.
-The forward also writes the chunk-start states ``[B, H, NT, K, V]`` (f32), the only residual
-besides the inputs; the backward walks the chunks in reverse through its index maps and
-recomputes the intra-chunk quantities.
+then the layout: K and V lane-padded (:class:`kernels_tpu.common.HeadPadding`), packed sequences as batch rows
+(:class:`kernels_tpu.varlen.Packing`), T padded to whole chunks) -> ``_kda`` (``jax.custom_vjp``) ->
+``_fwd_impl`` / ``_bwd_impl`` (grid, BlockSpecs, ``pallas_call``) -> ``_fwd_kernel`` / ``_bwd_kernel``.
+Grid ``(B, H, NT)``; the chunk axis is sequential (``"arbitrary"``, last) and carries the f32 state
+(or its gradient) in VMEM scratch. The forward also writes the chunk-start states
+``[B, H, NT, K, V]`` (f32), the only residual besides the inputs; the backward walks the chunks in
+reverse through its index maps and recomputes the intra-chunk quantities.
 
 Gate stability (``g <= 0``): every exponential is of a non-positive number. ``exp G``,
 ``exp(G_C - G)`` are <= 1. Pairwise decays are evaluated on sub-chunks of ``sub_chunk`` rows:
@@ -33,8 +34,10 @@ the MXU; diagonal blocks form ``G_r - G_s`` directly, mask the exponent to 0 abo
 
 In-kernel options of fla's ``chunk_kda`` (``use_qk_l2norm_in_kernel``, ``use_gate_in_kernel``
 with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``/``allow_neg_eigval``)
-are applied by the public function with jax ops (float32) before the kernels; gradients
-flow through them by ordinary autodiff. ``safe_gate`` is a numerics switch of fla's GPU kernel
+are applied by the public function with jax ops (float32) before the kernels, on the public tokens and the
+true K, so padding comes after them: a padding token is then q = k = v = 0, g = 0 and beta = 0 (the identity),
+where the raw inputs' zeros would not be (sigmoid(0) = 1/2, softplus(0) > 0); gradients flow through the
+options and the layout by ordinary autodiff. ``safe_gate`` is a numerics switch of fla's GPU kernel
 and does not change the function; its argument checks are mirrored. The chunk-local cumsum of
 the gate is also a jax op (its gradient, a reverse cumsum, comes from autodiff).
 """
@@ -52,9 +55,10 @@ from jax.experimental import pallas as pl
 
 from op_contract import check_kda, kda_options
 from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, causal_mask, check_limits, chunk_map, chunk_states_map, iota, masked_exp,
-                                reversed_in_time, start_state, state_map, state_pass)
+from kernels_tpu.common import (BlockSizes, HeadPadding, causal_mask, check_limits, chunk_map, chunk_states_map, iota,
+                                masked_exp, reversed_in_time, start_state, state_map, state_pass)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
+from kernels_tpu.varlen import Packing
 
 F32 = jnp.float32
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
@@ -71,6 +75,7 @@ class Config:
     interpret: Any  # False, or a pltpu.InterpretParams
     mxu_model: bool
     dtype: str  # the public q/k/v dtype: picks the dot policy
+    packing: Packing  # the public token axis -> the kernels' batch rows (cu_seqlens)
 
     @property
     def policy(self) -> mxu.Policy:
@@ -353,11 +358,12 @@ _kda.defvjp(_core_fwd, _core_bwd)
 
 # ============================================================ validation and options
 def _validate(q, k, v, g, beta, scale, initial_state, chunk_size, opts: dict, A_log, dt_bias, *, do=None,
-              dht=None) -> float:
+              dht=None, cu_seqlens=None) -> float:
     """All checks before tracing: the op contract (:func:`op_contract.check_kda`, ValueError), fla's option
-    rules (ValueError), then the kernels' limits (NotImplementedError). Returns the resolved scale."""
+    rules (ValueError), then the kernels' limits (NotImplementedError). Returns the resolved scale (from
+    the true K)."""
     dims, scale = check_kda(q, k, v, g, beta, scale, initial_state, chunk_size, opts=opts, A_log=A_log,
-                            dt_bias=dt_bias, do=do, dht=dht)
+                            dt_bias=dt_bias, do=do, dht=dht, cu_seqlens=cu_seqlens)
     check_options(opts)
     check_limits(q, dims)
     return scale
@@ -380,11 +386,11 @@ def check_options(opts: dict) -> None:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
 
 
-def _make_config(scale, chunk_size, interpret, mxu_model, dtype) -> Config:
+def _make_config(scale, chunk_size, interpret, mxu_model, dtype, packing: Packing) -> Config:
     interpret = resolve_interpret(interpret)
     mxu_model = resolve_mxu_model(mxu_model, interpret)
     return Config(scale=scale, blocks=BlockSizes(chunk_size=chunk_size), interpret=interpret,
-                  mxu_model=mxu_model, dtype=jnp.dtype(dtype).name)
+                  mxu_model=mxu_model, dtype=jnp.dtype(dtype).name, packing=packing)
 
 
 def _preprocess(q, k, g, beta, A_log, dt_bias, opts):
@@ -410,8 +416,8 @@ def _preprocess(q, k, g, beta, A_log, dt_bias, opts):
 
 
 def _head_major(x, C):
-    """[B,T,H,...] -> [B,H,Tp,...] zero-padded to a multiple of C (zero tokens with g=0 and beta=0
-    leave the state unchanged, so the padding is exact). fp16 is widened to f32: Mosaic loads no fp16."""
+    """Kernel rows [N,L,H,...] -> [N,H,Lp,...] zero-padded to a multiple of C (zero tokens with g=0 and
+    beta=0 leave the state unchanged, so the padding is exact). fp16 is widened to f32: Mosaic loads no fp16."""
     (x,) = mxu.widen_fp16(x)
     pad = (-x.shape[1]) % C
     if pad:
@@ -426,53 +432,60 @@ def _chunk_cumsum(g, C):
 
 
 def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: dict):
-    """Options applied, then the kernels' head-major padded operands (q, k, v, G, beta, h0); G is the
-    chunk-local cumulative gate."""
+    """Options applied (public tokens, true K), then the layout: K and V lane-padded (g with 0: decay 1),
+    packed sequences as batch rows, head-major and padded to whole chunks. Returns the HeadPadding that
+    slices results back and the kernels' operands (q, k, v, G, beta, h0); G is the chunk-local
+    cumulative gate."""
     C = cfg.blocks.chunk_size
     q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
-    qh, kh, vh, gh = (_head_major(x, C) for x in (q, k, v, g))
-    h0 = None if initial_state is None else initial_state.astype(F32)
-    return qh, kh, vh, _chunk_cumsum(gh, C), _head_major(beta[..., None], C), h0
+    pad = HeadPadding.of(q, v)
+    rows = cfg.packing.rows
+    qh, kh, vh, gh = (_head_major(rows(x), C) for x in (pad.keys(q), pad.keys(k), pad.values(v), pad.keys(g)))
+    h0 = None if initial_state is None else pad.state(initial_state.astype(F32))
+    return pad, (qh, kh, vh, _chunk_cumsum(gh, C), _head_major(rows(beta)[..., None], C), h0)
 
 
-def _public_o(o, like):
-    """Head-major padded o -> [B, T, H, V] in the dtype of ``like`` (q)."""
-    return jnp.swapaxes(o, 1, 2)[:, :like.shape[1]].astype(like.dtype)
+def _public_o(cfg: Config, pad: HeadPadding, o, like):
+    """Head-major kernel rows of o -> [B, T, H, V]: real tokens, true V, in the dtype of ``like`` (q)."""
+    return pad.unpad_values(cfg.packing.tokens(jnp.swapaxes(o, 1, 2))).astype(like.dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9))
 def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_items: tuple):
-    """Options, padding, layout and the custom-VJP core, jitted (cfg and options static)."""
-    operands = _kernel_operands(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, dict(opts_items))
+    """Options, layout and the custom-VJP core, jitted (cfg and options static)."""
+    pad, operands = _kernel_operands(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, dict(opts_items))
     o, ht = _kda(cfg, *operands)
-    return _public_o(o, q), ht
+    return _public_o(cfg, pad, o, q), pad.unpad_state(ht)
 
 
 # ============================================================ public API
-def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, options, **grads):
+def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, cu_seqlens, options,
+           **grads):
     """Validated config and options; ``grads`` are the backward's cotangents (do, dht) to check too."""
     options = dict(options)
     A_log, dt_bias = options.pop("A_log", None), options.pop("dt_bias", None)
     opts = kda_options(options)
-    scale = _validate(q, k, v, g, beta, scale, initial_state, chunk_size, opts, A_log, dt_bias, **grads)
+    scale = _validate(q, k, v, g, beta, scale, initial_state, chunk_size, opts, A_log, dt_bias,
+                      cu_seqlens=cu_seqlens, **grads)
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
-    cfg = _make_config(scale, chunk_size, interpret, mxu_model, q.dtype)
+    cfg = _make_config(scale, chunk_size, interpret, mxu_model, q.dtype, Packing.of(cu_seqlens, q))
     return cfg, tuple(sorted(opts.items())), A_log, dt_bias
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-              interpret=None, mxu_model=None, **options):
+              interpret=None, mxu_model=None, *, cu_seqlens=None, **options):
     """Chunked KDA, differentiable (jax.vjp / jax.grad) through a custom VJP of Pallas kernels.
 
     Args:
-      q, k: [B, T, H, K]; v: [B, T, H, V] (bf16, fp16 or fp32); K, V multiples of 128.
+      q, k: [B, T, H, K]; v: [B, T, H, V] (bf16, fp16 or fp32); any K, V (zero-padded to multiples of
+        128 internally, exact: kernels_tpu.common.HeadPadding).
       g: [B, T, H, K] log decay (<= 0: a concrete positive g is a ValueError, a traced one is not
         checked), or the raw gate input (any sign) with ``use_gate_in_kernel``.
       beta: [B, T, H] (or raw logits with ``use_beta_sigmoid_in_kernel``).
       scale: K**-0.5 when None.
-      initial_state: [B, H, K, V] float32, optional.
-      output_final_state: also return ht [B, H, K, V] float32.
+      initial_state: [N, H, K, V] float32, optional (N = B, or the number of packed sequences).
+      output_final_state: also return ht [N, H, K, V] float32.
       chunk_size: a multiple of 16; T need not be a multiple (zero-padded internally, exact).
       interpret: None/False -> native TPU; True -> pltpu.InterpretParams(uninitialized_memory="nan");
         a pltpu.InterpretParams is passed through.
@@ -480,48 +493,51 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
       options (as fla.ops.kda.chunk_kda): use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log [H],
         dt_bias [H*K], use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound.
         Applied with float32 jax ops before the kernels (same function, autodiff gradients).
+      cu_seqlens: packed variable-length sequences (fla): N+1 static int offsets (tuple, list or numpy
+        array) 0 < ... < T with B = 1; sequence i starts from initial_state[i] and ends in ht[i]
+        (kernels_tpu.varlen).
 
     Returns:
-      (o [B, T, H, V] in q's dtype (as fla), ht [B, H, K, V] float32 or None).
+      (o [B, T, H, V] in q's dtype (as fla), ht [N, H, K, V] float32 or None).
     """
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
-                                       mxu_model, options)
+                                       mxu_model, cu_seqlens, options)
     o, ht = _run(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
     return o, (ht if output_final_state else None)
 
 
 def chunk_kda_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-                  interpret=None, mxu_model=None, **options):
+                  interpret=None, mxu_model=None, *, cu_seqlens=None, **options):
     """Forward only: (o, ht or None), the forward kernel without the VJP machinery. Args as chunk_kda."""
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
-                                       mxu_model, options)
+                                       mxu_model, cu_seqlens, options)
     o, ht = _fwd_only(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
     return o, (ht if output_final_state else None)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9))
 def _fwd_only(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_items: tuple):
-    operands = _kernel_operands(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, dict(opts_items))
+    pad, operands = _kernel_operands(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, dict(opts_items))
     o, _, ht = _fwd_impl(cfg, *operands)
-    return _public_o(o, q), ht
+    return _public_o(cfg, pad, o, q), pad.unpad_state(ht)
 
 
 def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, chunk_size=64,
-                  interpret=None, mxu_model=None, **options):
+                  interpret=None, mxu_model=None, *, cu_seqlens=None, **options):
     """Backward of ``loss = sum(o * do) + sum(ht * dht)`` (forward kernel, then backward kernel).
 
-    do: [B, T, H, V]; dht: [B, H, K, V] or None (zero). Other args as chunk_kda.
+    do: [B, T, H, V]; dht: [N, H, K, V] or None (zero). Other args as chunk_kda.
     Returns dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias), each in its input's dtype;
     dh0 is None without initial_state, dA_log / ddt_bias None unless use_gate_in_kernel and given.
     """
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
-                                       mxu_model, options, do=do, dht=dht)
-    B, T, H, K = q.shape
+                                       mxu_model, cu_seqlens, options, do=do, dht=dht)
+    H, K = q.shape[2:]
     V = v.shape[-1]
     primals = dict(q=q, k=k, v=v, g=g, beta=beta, h0=initial_state, A_log=A_log, dt_bias=dt_bias)
     primals = {n: x for n, x in primals.items() if x is not None}
 
-    dht = jnp.zeros((B, H, K, V), F32) if dht is None else jnp.asarray(dht, F32)
+    dht = jnp.zeros((cfg.packing.N, H, K, V), F32) if dht is None else jnp.asarray(dht, F32)
     grads = _bwd_only(cfg, opts, primals, jnp.asarray(do), dht)
     names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
     return {"d" + n: grads.get(n) for n in names}

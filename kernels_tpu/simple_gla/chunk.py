@@ -37,8 +37,8 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels_tpu import mxu
 from kernels_tpu.common import chunk_map, chunk_states_map, reversed_in_time, start_state, state_map, state_pass
 
-from .common import (F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, from_heads, gate_specs, make_config,
-                     mm, mm_f32, prepare_gates, split_refs, to_heads, validate)
+from .common import (F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, gate_specs, kernel_operands,
+                     make_config, mm, mm_f32, public_tokens, split_refs, validate)
 
 # grid axis semantics (jax 0.10: pltpu.GridDimensionSemantics members)
 PARALLEL, ARBITRARY = pltpu.PARALLEL, pltpu.ARBITRARY
@@ -96,7 +96,7 @@ def _fwd_kernel(*refs, cfg: Config, policy: mxu.Policy, NS: int, has_h0: bool, e
     states_ref [NS, K, V] (H_c entering each chunk, for the backward);
     state_ref [K, V] f32 scratch carries the state along the sequential t axis.
     """
-    (q_ref, k_ref, v_ref), gate_refs, refs = split_refs(refs, 3, cfg)
+    (q_ref, k_ref, v_ref), gate_refs, refs = split_refs(refs, 3)
     h0_ref = refs.pop(0) if has_h0 else None
     o_ref = refs.pop(0) if emit_o else None
     ht_ref = refs.pop(0) if emit_ht else None
@@ -111,8 +111,8 @@ def _fwd_kernel(*refs, cfg: Config, policy: mxu.Policy, NS: int, has_h0: bool, e
     for step in range(NS):  # static unroll over the chunks of this grid step
         rows = pl.ds(step * BT, BT)
         q, k, v = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :]
-        b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T,
-                                           chunk=i_t * NS + step, step=step)
+        b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, chunk=i_t * NS + step,
+                                           step=step)
         h = state_ref[...]  # H_c
         if emit_states:
             states_ref[step] = h
@@ -188,7 +188,7 @@ def _chunk_bwd_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     dv_ref [BT, V], dg_ref [BT, 1] (per-token gate gradient, gated kernels only),
     dh0_ref [K, V]; dstate_ref [K, V] f32 scratch holds dH_{c+1}.
     """
-    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4, cfg)
+    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4)
     h_ref = refs.pop(0)
     dht_ref = refs.pop(0) if has_dht else None
     dq_ref, dk_ref, dv_ref = refs[:3]
@@ -204,7 +204,7 @@ def _chunk_bwd_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     start_state(dstate_ref, dht_ref, i_t)
 
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=chunk, step=0)
+    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, chunk=chunk, step=0)
     D = causal_decay(b_col, b_row)
     h, dh = h_ref[...], dstate_ref[...]
 
@@ -270,47 +270,35 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
 
 
 # ============================================================ wrappers
-def padded_length(cfg: Config) -> tuple[int, int]:
-    BT = cfg.blocks.chunk_size
-    NT = -(-cfg.T // BT)
-    return NT, NT * BT
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def forward(cfg: Config, num_steps: int, q, k, v, g, g_gamma, h0):
-    """[B, T, H, *] in, (o [B, T, H, V], ht [B, H, K, V] f32 | None) out."""
-    NT, Tp = padded_length(cfg)
-    gates = prepare_gates(cfg, g, g_gamma, q.shape[2], NT)
-    o, ht, _ = fwd_impl(cfg, to_heads(q, Tp), to_heads(k, Tp), to_heads(v, Tp), gates,
-                        None if h0 is None else h0.astype(F32), num_steps=num_steps,
-                        emit_ht=cfg.output_final_state)
-    return from_heads(o, cfg.T, cfg.dtype), ht
+    """[B, T, H, *] in, (o [B, T, H, V], ht [N, H, K, V] f32 | None) out."""
+    pad, (qh, kh, vh, _), gates, h0, _ = kernel_operands(cfg, q, k, v, g, g_gamma, h0)
+    o, ht, _ = fwd_impl(cfg, qh, kh, vh, gates, h0, num_steps=num_steps, emit_ht=cfg.output_final_state)
+    return pad.unpad_values(public_tokens(cfg, o, cfg.dtype)), pad.unpad_state(ht)
 
 
-def finish_grads(cfg: Config, dq, dk, dv, dg, dh0, g, g_gamma, h0):
-    """Head-major kernel gradients -> the public layout and the gate's gradient."""
-    T = cfg.T
-    grads = dict(dq=from_heads(dq, T, cfg.dtype), dk=from_heads(dk, T, cfg.dtype), dv=from_heads(dv, T, cfg.dtype),
-                 dg=None, dg_gamma=None, dh0=None if h0 is None else dh0.astype(h0.dtype))
+def finish_grads(cfg: Config, pad, dq, dk, dv, dg, dh0, g, g_gamma, h0):
+    """Head-major kernel gradients -> the public layout (real tokens, true K and V) and the gate's gradient."""
+    grads = dict(dq=pad.unpad_keys(public_tokens(cfg, dq, cfg.dtype)),
+                 dk=pad.unpad_keys(public_tokens(cfg, dk, cfg.dtype)),
+                 dv=pad.unpad_values(public_tokens(cfg, dv, cfg.dtype)),
+                 dg=None, dg_gamma=None, dh0=None if h0 is None else pad.unpad_state(dh0).astype(h0.dtype))
     if cfg.gate == "g":
-        grads["dg"] = jnp.transpose(dg[:, :, :T, 0], (0, 2, 1)).astype(g.dtype)
+        grads["dg"] = public_tokens(cfg, dg, g.dtype)[..., 0]
     elif cfg.gate == "g_gamma":
-        # g_t = gamma for every real token: dgamma = sum over B and T (padding excluded)
-        grads["dg_gamma"] = jnp.sum(dg[:, :, :T, 0], axis=(0, 2)).astype(g_gamma.dtype)
+        # g_t = gamma for every real token: dgamma = sum over the real tokens (padding excluded)
+        grads["dg_gamma"] = jnp.sum(public_tokens(cfg, dg, F32)[..., 0], axis=(0, 1)).astype(g_gamma.dtype)
     return grads
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def backward(cfg: Config, q, k, v, g, g_gamma, h0, do, dht):
-    NT, Tp = padded_length(cfg)
-    gates = prepare_gates(cfg, g, g_gamma, q.shape[2], NT)
-    qh, kh, vh = to_heads(q, Tp), to_heads(k, Tp), to_heads(v, Tp)
+    pad, (qh, kh, vh, doh), gates, h0p, dht = kernel_operands(cfg, q, k, v, g, g_gamma, h0, do, dht)
     # recompute the per-chunk states H_c instead of keeping them from the forward (memory)
-    _, _, states = fwd_impl(cfg, qh, kh, vh, gates, None if h0 is None else h0.astype(F32),
-                            num_steps=1, emit_o=False, emit_states=True)
-    dq, dk, dv, dg, dh0 = chunk_bwd_impl(cfg, qh, kh, vh, to_heads(do.astype(q.dtype), Tp), gates, states,
-                                         None if dht is None else dht.astype(F32))
-    return finish_grads(cfg, dq, dk, dv, dg, dh0, g, g_gamma, h0)
+    _, _, states = fwd_impl(cfg, qh, kh, vh, gates, h0p, num_steps=1, emit_o=False, emit_states=True)
+    dq, dk, dv, dg, dh0 = chunk_bwd_impl(cfg, qh, kh, vh, doh, gates, states, dht)
+    return finish_grads(cfg, pad, dq, dk, dv, dg, dh0, g, g_gamma, h0)
 
 
 # ============================================================ custom_vjp
@@ -341,51 +329,57 @@ _chunk_simple_gla = differentiable(lambda cfg: 1, backward)
 
 # ============================================================ public API
 def _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-            *, do=None, dht=None, num_steps=1):
+            *, do=None, dht=None, num_steps=1, cu_seqlens=None):
     scale, blocks = validate(q, k, v, g, g_gamma, scale, initial_state, chunk_size, num_steps=num_steps, do=do,
-                             dht=dht)
-    return make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model)
+                             dht=dht, cu_seqlens=cu_seqlens)
+    return make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model, cu_seqlens)
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                     chunk_size=64, interpret=None, mxu_model=None):
+                     chunk_size=64, interpret=None, mxu_model=None, *, cu_seqlens=None):
     """Chunked simple GLA, differentiable (jax.grad / jax.vjp) through a custom VJP.
 
     Args:
-      q, k: [B, T, H, K]; v: [B, T, H, V]; bf16, fp16 or fp32 (one dtype); K, V multiples of 128.
+      q, k: [B, T, H, K]; v: [B, T, H, V]; bf16, fp16 or fp32 (one dtype); any K, V (zero-padded
+        to multiples of 128 internally, exact: kernels_tpu.common.HeadPadding).
       g: [B, T, H] per-token log decay (<= 0), or g_gamma: [H] per-head log decay
         (<= 0); at most one (neither: no decay). A concrete positive gate is a ValueError
         (op_contract.check_log_decay); a gate traced inside jit/vjp is not checked.
       scale: K**-0.5 when None.
-      initial_state: [B, H, K, V] float32 h0, optional.
-      output_final_state: also return ht = S_T [B, H, K, V] float32.
+      initial_state: [N, H, K, V] float32 h0, optional (N = B, or the number of packed sequences).
+      output_final_state: also return ht = S_T [N, H, K, V] float32.
       chunk_size: BT, a multiple of 16 (T need not be a multiple: padded internally, exact).
       interpret: None -> native TPU; True or a pltpu.InterpretParams -> Pallas TPU interpret mode.
       mxu_model: model MXU rounding in the dots; None means "iff interpreting".
+      cu_seqlens: packed variable-length sequences (fla): N+1 static int offsets (tuple, list or
+        numpy array) 0 < ... < T with B = 1; each sequence starts from its own initial_state[i] and
+        ends in ht[i] (kernels_tpu.varlen).
 
     Returns:
-      (o [B, T, H, V] in the input dtype, ht [B, H, K, V] float32 or None).
+      (o [B, T, H, V] in the input dtype, ht [N, H, K, V] float32 or None).
     """
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model)
+    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
+                  cu_seqlens=cu_seqlens)
     return _chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
 
 
 def chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                         chunk_size=64, interpret=None, mxu_model=None):
-    """Forward only (no VJP): (o [B, T, H, V], ht [B, H, K, V] f32 or None). Args as chunk_simple_gla."""
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model)
+                         chunk_size=64, interpret=None, mxu_model=None, *, cu_seqlens=None):
+    """Forward only (no VJP): (o [B, T, H, V], ht [N, H, K, V] f32 or None). Args as chunk_simple_gla."""
+    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
+                  cu_seqlens=cu_seqlens)
     return forward(cfg, 1, q, k, v, g, g_gamma, initial_state)
 
 
 def chunk_simple_gla_bwd(q, k, v, do, g=None, g_gamma=None, scale=None, initial_state=None, dht=None,
-                         chunk_size=64, interpret=None, mxu_model=None):
+                         chunk_size=64, interpret=None, mxu_model=None, *, cu_seqlens=None):
     """Backward of ``loss = sum(o * do) + sum(ht * dht)``.
 
-    do: [B, T, H, V]; dht: [B, H, K, V] or None (zero). Other args as chunk_simple_gla.
+    do: [B, T, H, V]; dht: [N, H, K, V] or None (zero). Other args as chunk_simple_gla.
     Returns dict(dq, dk [B, T, H, K], dv [B, T, H, V] in the input dtype,
-    dg [B, T, H] f32 (g only), dg_gamma [H] f32 (g_gamma only), dh0 [B, H, K, V] f32
+    dg [B, T, H] f32 (g only), dg_gamma [H] f32 (g_gamma only), dh0 [N, H, K, V] f32
     (initial_state only)); entries that do not apply are None.
     """
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret, mxu_model,
-                  do=do, dht=dht)
+                  do=do, dht=dht, cu_seqlens=cu_seqlens)
     return backward(cfg, q, k, v, g, g_gamma, initial_state, do, dht)

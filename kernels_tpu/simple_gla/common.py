@@ -6,13 +6,21 @@ NT * BT`` padded length. The public layout is fla's ``[B, T, H, K]``; inside
 the kernels everything is head-major ``[B, H, Tp, K]`` so every block is a
 ``(BT, K)`` tile whose last two dims are (8, 128)-aligned.
 
+Between the two layouts (:func:`kernel_operands`, :func:`public_tokens`): K and
+V are zero-padded to lane multiples (:class:`kernels_tpu.common.HeadPadding`)
+and packed sequences (``cu_seqlens``) become batch rows
+(:class:`kernels_tpu.varlen.Packing`); with neither, the kernels see the batch
+as given. Both are exact (zero channels, identity tokens).
+
 Gates. ``g_t <= 0`` is a log decay (a concrete positive gate is a ValueError,
 see :mod:`op_contract`). Within chunk ``c`` the kernels use the chunk-local
 cumulative gate ``b_i = g_{cBT} + ... + g_{cBT+i}`` (so ``b <= 0`` and
 non-increasing), and ``b_last = b_{BT-1}``. For ``g_gamma`` this is
 ``b_i = gamma * (i + 1)``, computed in the kernel from an iota, never from a
-synthetic per-token tensor. Every exponent the kernels evaluate is ``<= 0``:
-``b_i``, ``b_last - b_j`` and, on the causal triangle only, ``b_i - b_j``.
+synthetic per-token tensor, and held at its value on the row's last real token
+(padding tokens have gate 0; each row's real length is in SMEM). Every exponent
+the kernels evaluate is ``<= 0``: ``b_i``, ``b_last - b_j`` and, on the causal
+triangle only, ``b_i - b_j``.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from op_contract import check_simple_gla
 from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, causal_mask, check_limits, chunk_map, chunk_states_map, masked_exp,
-                                reversed_in_time)
+from kernels_tpu.common import (BlockSizes, HeadPadding, causal_mask, check_limits, chunk_map, chunk_states_map,
+                                masked_exp, reversed_in_time)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
+from kernels_tpu.varlen import Packing
 
 F32 = jnp.float32
 
@@ -60,41 +69,43 @@ def causal_decay(b_col, b_row):
     return masked_exp(b_col - b_row, causal_mask(b_col.shape[0]))
 
 
-def split_refs(refs, n_data: int, cfg: "Config"):
+def split_refs(refs, n_data: int):
     """A kernel's refs, in the order every simple_gla kernel takes them: ``n_data`` data refs,
-    then the gate's refs (two for ``g``, one for ``g_gamma``), then the rest (a list)."""
-    n_gate = 2 if cfg.kernel_gate == "g" else 1
-    return refs[:n_data], refs[n_data:n_data + n_gate], list(refs[n_data + n_gate:])
+    then the gate's two refs (see :func:`chunk_gates`), then the rest (a list)."""
+    return refs[:n_data], refs[n_data:n_data + 2], list(refs[n_data + 2:])
 
 
-def chunk_gates(gate_refs, *, gate: str, BT: int, T: int, chunk, step: int):
+def chunk_gates(gate_refs, *, gate: str, BT: int, chunk, step: int):
     """Chunk-local cumulative gate of one chunk: ``(b_col [BT,1], b_row [1,BT], b_last [1,1])``.
 
     gate == "g": ``gate_refs = (gcol_ref [NS*BT, 1], grow_ref [NS, 1, BT])`` hold
       the wrapper's chunk-local cumsum (padded tokens have gate 0).
-    gate == "g_gamma": ``gate_refs = (gamma_ref [H] in SMEM,)``; ``b_i = gamma *
-      min(i + 1, T - chunk * BT)``: the clamp gives padded tokens (beyond the
-      true length ``T``) a zero gate, so padding stays exact.
+    gate == "g_gamma": ``gate_refs = (gamma_ref [H], length_ref [B])`` in SMEM
+      (one length per kernel batch row: T, or the packed sequence's length);
+      ``b_i = gamma * min(i + 1, n_real)`` with ``n_real`` the row's real tokens in
+      this chunk (its length minus the chunk start, at least 0): the clamp gives
+      padding tokens (past the row's sequence, or past T) a zero gate, so padding
+      stays exact and a row's final state is its sequence's.
     """
     if gate == "g":
         gcol_ref, grow_ref = gate_refs
         b_col = gcol_ref[pl.ds(step * BT, BT), :]
         b_row = grow_ref[step]
         return b_col, b_row, b_row[:, BT - 1:BT]
-    (gamma_ref,) = gate_refs
+    gamma_ref, length_ref = gate_refs
     gamma = gamma_ref[pl.program_id(1)]
-    n_valid = T - chunk * BT  # tokens of this chunk inside the true length
+    n_real = jnp.maximum(length_ref[pl.program_id(0)] - chunk * BT, 0)  # real tokens of this chunk
     pos_col = jax.lax.broadcasted_iota(jnp.int32, (BT, 1), 0) + 1
     pos_row = jax.lax.broadcasted_iota(jnp.int32, (1, BT), 1) + 1
-    b_col = gamma * jnp.minimum(pos_col, n_valid).astype(F32)
-    b_row = gamma * jnp.minimum(pos_row, n_valid).astype(F32)
+    b_col = gamma * jnp.minimum(pos_col, n_real).astype(F32)
+    b_row = gamma * jnp.minimum(pos_row, n_real).astype(F32)
     return b_col, b_row, b_row[:, BT - 1:BT]
 
 
 def gate_specs(gate: str, BT: int, NS: int, reverse_NT: int | None = None):
     """BlockSpecs of the gate inputs (see :func:`chunk_gates`)."""
     if gate == "g_gamma":
-        return [pl.BlockSpec(memory_space=pltpu.SMEM)]
+        return [pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pltpu.SMEM)]
     col_map, row_map = chunk_map, chunk_states_map  # b as a column [NS*BT, 1] and as rows [NS, 1, BT]
     if reverse_NT is not None:
         col_map, row_map = reversed_in_time(col_map, reverse_NT), reversed_in_time(row_map, reverse_NT)
@@ -107,7 +118,7 @@ def gate_specs(gate: str, BT: int, NS: int, reverse_NT: int | None = None):
 class Config:
     """Static (hashable) configuration of one call, shared by fwd and bwd."""
 
-    T: int
+    packing: Packing  # the public token axis -> the kernels' batch rows (cu_seqlens)
     scale: float
     blocks: BlockSizes
     gate: str  # "g" | "g_gamma" | "none" (no decay: gamma = 0)
@@ -115,6 +126,11 @@ class Config:
     output_final_state: bool
     interpret: Any  # False or a pltpu.InterpretParams
     mxu_model: bool
+
+    @property
+    def T(self) -> int:
+        """Tokens per kernel row (the packed sequences' longest, else T), before chunk padding."""
+        return self.packing.L
 
     @property
     def kernel_gate(self) -> str:
@@ -134,15 +150,42 @@ def to_heads(x, Tp: int):
     return x
 
 
-def from_heads(x, T: int, dtype):
-    """Head-major [B, H, Tp, X] -> [B, T, H, X] in ``dtype``, padding dropped."""
-    return jnp.transpose(x[:, :, :T], (0, 2, 1, 3)).astype(dtype)
+def public_tokens(cfg: Config, x, dtype):
+    """Head-major kernel rows [N, H, Tp, X] -> the public [B, T, H, X] in ``dtype``: the real tokens
+    only (chunk padding dropped, packed sequences gathered back)."""
+    return cfg.packing.tokens(jnp.transpose(x, (0, 2, 1, 3))).astype(dtype)
+
+
+def padded_length(cfg: Config) -> tuple[int, int]:
+    """(NT, Tp): chunks per kernel row and the row's padded length."""
+    BT = cfg.blocks.chunk_size
+    NT = -(-cfg.T // BT)
+    return NT, NT * BT
+
+
+def kernel_operands(cfg: Config, q, k, v, g, g_gamma, h0, do=None, dht=None):
+    """The public arrays as the kernels take them: K, V zero-padded to lane multiples, packed
+    sequences as batch rows, head-major and padded in time to ``Tp``; the gate operands
+    (:func:`prepare_gates`); h0, dht lane-padded f32. Returns ``(pad, (q, k, v, do), gates, h0, dht)``
+    with ``pad`` the HeadPadding that slices the results back."""
+    pad = HeadPadding.of(q, v)
+    NT, Tp = padded_length(cfg)
+
+    def rows(x):
+        return None if x is None else to_heads(cfg.packing.rows(x), Tp)
+
+    tokens = (rows(pad.keys(q)), rows(pad.keys(k)), rows(pad.values(v)),
+              None if do is None else rows(pad.values(do.astype(q.dtype))))
+    gates = prepare_gates(cfg, cfg.packing.rows(g), g_gamma, q.shape[2], NT)
+    h0, dht = (None if x is None else pad.state(x.astype(F32)) for x in (h0, dht))
+    return pad, tokens, gates, h0, dht
 
 
 def prepare_gates(cfg: Config, g, g_gamma, H: int, NT: int):
-    """Kernel gate operands: the chunk-local cumsum of ``g`` in two layouts
-    (a column per token and a row per chunk, both (8,128)-legal blocks), or
-    ``g_gamma`` as an f32 [H] vector for SMEM (zeros when there is no decay)."""
+    """Kernel gate operands: the chunk-local cumsum of ``g`` [N, L, H] (kernel rows) in two layouts
+    (a column per token and a row per chunk, both (8,128)-legal blocks); or ``g_gamma`` as an f32
+    [H] vector (zeros when there is no decay) and each row's real length as an int32 [N] vector,
+    both for SMEM."""
     BT = cfg.blocks.chunk_size
     if cfg.gate == "g":
         B, T, _ = g.shape
@@ -150,27 +193,29 @@ def prepare_gates(cfg: Config, g, g_gamma, H: int, NT: int):
         g = jnp.pad(g, ((0, 0), (0, 0), (0, NT * BT - T)))  # zero gate on padding: exact
         b = jnp.cumsum(g.reshape(B, H, NT, BT), axis=-1)  # chunk-local cumsum, f32
         return (b.reshape(B, H, NT * BT, 1), b.reshape(B, H, NT, 1, BT))
-    if cfg.gate == "g_gamma":
-        return (g_gamma.astype(F32),)
-    return (jnp.zeros((H,), F32),)
+    gamma = g_gamma.astype(F32) if cfg.gate == "g_gamma" else jnp.zeros((H,), F32)
+    return (gamma, jnp.asarray(cfg.packing.lengths, jnp.int32))
 
 
 # ---------------------------------------------------------------- validation
 def validate(q, k, v, g, g_gamma, scale, initial_state, chunk_size, *, num_steps: int = 1, do=None,
-             dht=None) -> tuple[float, BlockSizes]:
+             dht=None, cu_seqlens=None) -> tuple[float, BlockSizes]:
     """Checks every argument before any tracing: the op contract (:func:`op_contract.check_simple_gla`,
-    ValueError), then the kernels' limits (NotImplementedError). Returns the resolved scale and the blocks."""
-    dims, scale = check_simple_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht)
+    ValueError), then the kernels' limits (NotImplementedError). Returns the resolved scale (from the
+    true K: before any lane padding) and the blocks."""
+    dims, scale = check_simple_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht,
+                                   cu_seqlens=cu_seqlens)
     check_limits(q, dims)
     return scale, BlockSizes(chunk_size=chunk_size, num_steps=num_steps)
 
 
-def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model):
+def make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model, cu_seqlens=None):
     interpret = resolve_interpret(interpret)
     mxu_model = resolve_mxu_model(mxu_model, interpret)
     if not isinstance(output_final_state, bool):
         raise ValueError(f"output_final_state must be a bool, got {output_final_state=}")
     gate = "g" if g is not None else ("g_gamma" if g_gamma is not None else "none")
-    return Config(T=int(q.shape[1]), scale=scale, blocks=blocks, gate=gate, dtype=jnp.dtype(q.dtype).name,
+    return Config(packing=Packing.of(cu_seqlens, q), scale=scale, blocks=blocks, gate=gate,
+                  dtype=jnp.dtype(q.dtype).name,
                   output_final_state=output_final_state,
                   interpret=interpret, mxu_model=bool(mxu_model))

@@ -27,8 +27,8 @@ from kernels_tpu import mxu
 from kernels_tpu.common import chunk_map, chunk_states_map, reversed_in_time, start_state, state_map, state_pass
 
 from .chunk import (PARALLEL, _config, dh_chunk, differentiable, dq_dk_dg_chunk, dv_chunk, finish_grads,
-                    forward, fwd_impl, padded_length)
-from .common import (split_refs, F32, Config, causal_decay, chunk_gates, gate_specs, prepare_gates, to_heads)
+                    forward, fwd_impl)
+from .common import F32, Config, causal_decay, chunk_gates, gate_specs, kernel_operands, split_refs
 
 
 # ============================================================ pass 1: dv + dh
@@ -39,7 +39,7 @@ def _dv_dh_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     dv_ref [BT, V], dh_states_ref [K, V] (dH_{c+1}, read by pass 2), dh0_ref
     [K, V]; dstate_ref [K, V] f32 scratch carries dH along the reverse time axis.
     """
-    (q_ref, k_ref, do_ref), gate_refs, refs = split_refs(refs, 3, cfg)
+    (q_ref, k_ref, do_ref), gate_refs, refs = split_refs(refs, 3)
     dht_ref = refs.pop(0) if has_dht else None
     dv_ref, dh_states_ref, dh0_ref, dstate_ref = refs
 
@@ -50,7 +50,7 @@ def _dv_dh_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     start_state(dstate_ref, dht_ref, i_t)
 
     q, k, do = q_ref[...], k_ref[...], do_ref[...]
-    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=chunk, step=0)
+    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, chunk=chunk, step=0)
     D = causal_decay(b_col, b_row)
     dh = dstate_ref[...]  # dH_{c+1}
     dh_states_ref[...] = dh
@@ -69,14 +69,13 @@ def _dq_dk_kernel(*refs, cfg: Config, policy: mxu.Policy):
     q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c),
     dh_ref [K, V] (dH_{c+1}); outputs dq_ref, dk_ref [BT, K], dg_ref [BT, 1].
     """
-    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4, cfg)
+    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4)
     h_ref, dh_ref, dq_ref, dk_ref = refs[:4]
     with_dg = cfg.gate != "none"
     dg_ref = refs[4] if with_dg else None
 
     BT = cfg.blocks.chunk_size
-    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, T=cfg.T, chunk=pl.program_id(2),
-                                       step=0)
+    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, chunk=pl.program_id(2), step=0)
     D = causal_decay(b_col, b_row)
     dq, dk, dg = dq_dk_dg_chunk(q_ref[...], k_ref[...], v_ref[...], do_ref[...], h_ref[...], dh_ref[...], D,
                                 b_col, b_last, cfg.scale, policy, with_dg)
@@ -142,15 +141,12 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def backward(cfg: Config, q, k, v, g, g_gamma, h0, do, dht):
-    NT, Tp = padded_length(cfg)
-    gates = prepare_gates(cfg, g, g_gamma, q.shape[2], NT)
-    qh, kh, vh = to_heads(q, Tp), to_heads(k, Tp), to_heads(v, Tp)
+    pad, (qh, kh, vh, doh), gates, h0p, dht = kernel_operands(cfg, q, k, v, g, g_gamma, h0, do, dht)
     # recompute H_c with the multi-step forward (no o): cheaper than storing it
-    _, _, states = fwd_impl(cfg, qh, kh, vh, gates, None if h0 is None else h0.astype(F32),
-                            num_steps=cfg.blocks.num_steps, emit_o=False, emit_states=True)
-    dq, dk, dv, dg, dh0 = fused_bwd_impl(cfg, qh, kh, vh, to_heads(do.astype(q.dtype), Tp), gates, states,
-                                         None if dht is None else dht.astype(F32))
-    return finish_grads(cfg, dq, dk, dv, dg, dh0, g, g_gamma, h0)
+    _, _, states = fwd_impl(cfg, qh, kh, vh, gates, h0p, num_steps=cfg.blocks.num_steps, emit_o=False,
+                            emit_states=True)
+    dq, dk, dv, dg, dh0 = fused_bwd_impl(cfg, qh, kh, vh, doh, gates, states, dht)
+    return finish_grads(cfg, pad, dq, dk, dv, dg, dh0, g, g_gamma, h0)
 
 
 # ============================================================ custom_vjp
@@ -159,29 +155,30 @@ _fused_chunk_simple_gla = differentiable(lambda cfg: cfg.blocks.num_steps, backw
 
 # ============================================================ public API
 def fused_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                           chunk_size=64, interpret=None, mxu_model=None, num_steps=2):
+                           chunk_size=64, interpret=None, mxu_model=None, num_steps=2, *, cu_seqlens=None):
     """Fused-chunk simple GLA, differentiable through a custom VJP.
 
-    Args and returns as :func:`kernels_tpu.simple_gla.chunk_simple_gla`, plus
-    num_steps: chunks per forward grid step (falls back to the largest divisor
-    of NT = ceil(T / chunk_size) not above it).
+    Args and returns as :func:`kernels_tpu.simple_gla.chunk_simple_gla` (cu_seqlens included), plus
+    num_steps: chunks per forward grid step (falls back to the largest divisor of NT = ceil(L /
+    chunk_size) not above it, L the kernel row's length: T, or the longest packed sequence).
     """
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  num_steps=num_steps)
+                  num_steps=num_steps, cu_seqlens=cu_seqlens)
     return _fused_chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
 
 
 def fused_chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                               output_final_state=False, chunk_size=64, interpret=None, mxu_model=None, num_steps=2):
-    """Forward only: (o [B, T, H, V], ht [B, H, K, V] f32 or None)."""
+                               output_final_state=False, chunk_size=64, interpret=None, mxu_model=None, num_steps=2,
+                               *, cu_seqlens=None):
+    """Forward only: (o [B, T, H, V], ht [N, H, K, V] f32 or None)."""
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  num_steps=num_steps)
+                  num_steps=num_steps, cu_seqlens=cu_seqlens)
     return forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, initial_state)
 
 
 def fused_chunk_simple_gla_bwd(q, k, v, do, g=None, g_gamma=None, scale=None, initial_state=None, dht=None,
-                               chunk_size=64, interpret=None, mxu_model=None, num_steps=2):
+                               chunk_size=64, interpret=None, mxu_model=None, num_steps=2, *, cu_seqlens=None):
     """Two-pass backward; args and returned dict as chunk_simple_gla_bwd."""
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret, mxu_model,
-                  do=do, dht=dht, num_steps=num_steps)
+                  do=do, dht=dht, num_steps=num_steps, cu_seqlens=cu_seqlens)
     return backward(cfg, q, k, v, g, g_gamma, initial_state, do, dht)

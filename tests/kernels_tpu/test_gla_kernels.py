@@ -214,8 +214,6 @@ def _args(T=64, K=128, V=128, dtype=jnp.float32):
     (dict(g=jnp.zeros((1, 64, 2, 128)), path="fused"), NotImplementedError),
     # the fused path cannot pad T exactly with a final state ("auto" takes the chunk path there)
     (dict(g_gamma=jnp.zeros((2,)), output_final_state=True, T=80, path="fused"), NotImplementedError),
-    (dict(g_gamma=jnp.zeros((2,)), K=64), NotImplementedError),
-    (dict(g_gamma=jnp.zeros((2,)), V=192), NotImplementedError),
 ])
 def test_invalid_and_unsupported(bad, err):
     bad = dict(bad)
@@ -225,6 +223,19 @@ def test_invalid_and_unsupported(bad, err):
         chunk_gla(q, k, v, interpret=True, **bad)
     if err is NotImplementedError:
         assert "=" in str(info.value)  # names the offending value and says the fix
+
+
+@pytest.mark.parametrize("path, gate", [("fused", "g_gamma"), ("chunk", "g")])
+def test_any_head_dim_runs_lane_padded(path, gate):
+    """K and V need not be multiples of 128: padded internally (kernels_tpu.common.HeadPadding; exactness in
+    test_head_dims_and_varlen.py). Shapes only: traced, not run."""
+    for K, V in ((64, 128), (128, 192), (192, 64)):
+        q, k, v = _args(K=K, V=V)
+        g = ({"g_gamma": np.full((2,), -0.1, np.float32)} if gate == "g_gamma"
+             else {"g": np.full((1, 64, 2, K), -0.1, np.float32)})
+        o, ht = jax.eval_shape(lambda q, k, v: chunk_gla(q, k, v, **g, output_final_state=True, path=path,
+                                                         interpret=True), q, k, v)
+        assert o.shape == (1, 64, 2, V) and ht.shape == (1, 2, K, V)
 
 
 def test_mixed_dtypes_rejected():
