@@ -4,8 +4,13 @@
   slow (fla simple_gla bf16 at B1 T256 H2 K=V=128 takes ~3.5 s forward and
   ~8 s backward in the Triton interpreter), so shapes are minimal while still
   covering both gate kinds, h0, dht, every dtype, chunk 64 and 128, both
-  variants, and one shape the TPU leg must refuse.
-- ``regressions``: cases reproducing known failure classes (see each entry).
+  variants, K = V = 64 (below the 128-lane width: the TPU kernels pad it), and per op one case of packed
+  variable-length sequences (``lens``, fla's ``cu_seqlens``) whose boundaries
+  fall inside chunks, one sequence spanning two of its own chunks.
+- ``regressions``: cases reproducing known failure classes (see each entry);
+  packed sequences at their edges: a one-token sequence, boundaries one token
+  before and one after a chunk edge, sequences of C - 1 and C + 1 tokens, h0
+  and dht per sequence.
 - ``standard``: a broader grid for pre-merge runs on hardware.
 - ``stress``: long sequences, H=16, ALiBi from layer 0 of 20-32 layers: the
   exp-overflow regime (|gamma| * 128 = 90.5 > 88.7 = log(float32 max)).
@@ -19,6 +24,11 @@ import re
 from .case import Case, Gate
 
 G = Gate("g", "logsigmoid", normalizer=16)
+
+SMOKE_LENS = (37, 70, 21)
+"""The smoke suite's packed sequences (T = 128, C = 64): boundaries at 37 and 107, inside chunks; the middle
+sequence spans two chunks of its own (64 + 6 tokens); three sequences, so one isolation run checks both
+directions (harness.causality)."""
 
 
 def alibi(num_layers: int = 32, layer_idx: int = 0) -> Gate:
@@ -34,8 +44,11 @@ def _simple_gla_smoke() -> list[Case]:
         Case(variant="chunk", T=128, dtype="float16", gate=alibi(), chunk_size=64, h0=True, dht=True, **base),
         Case(variant="fused_chunk", T=128, dtype="bfloat16", gate=G, chunk_size=64, h0=True, dht=True, **base),
         Case(variant="fused_chunk", T=128, dtype="float32", gate=alibi(), chunk_size=64, **base),
-        # K=V=64: the TPU leg must refuse it (lane width 128) with a reason, not crash
+        # K=V=64, fla's own test shape: below the 128-lane width, the TPU kernels pad K and V exactly
         Case(op="simple_gla", variant="chunk", B=1, T=64, H=2, K=64, V=64, dtype="bfloat16", gate=G, chunk_size=64),
+        # packed sequences: boundaries inside chunks (37, 107), the middle one two chunks of its own (64 + 6)
+        Case(variant="chunk", T=sum(SMOKE_LENS), dtype="bfloat16", gate=G, chunk_size=64, h0=True, dht=True,
+             lens=SMOKE_LENS, **{**base, "H": 1}),
     ]
 
 
@@ -49,6 +62,13 @@ def _simple_gla_regressions() -> list[Case]:
         # a non-zero dht must reach dg (and dh0) through the reverse-time state gradient
         Case("simple_gla", "chunk", B=1, T=256, H=2, K=128, V=128, dtype="float32", gate=G, chunk_size=64,
              h0=True, dht=True),
+        # packed: sequences of C - 1, 2, 1 and C + 1 tokens, boundaries one token before (63) and one after (65)
+        # a chunk edge, a state and a state gradient per sequence; chunked and fused kernels (a per-token gate:
+        # a g_gamma gradient sums over the sequences, whose parts can cancel to ill-conditioning in bf16)
+        Case("simple_gla", "chunk", B=1, T=131, H=1, K=128, V=128, dtype="float32", gate=G, chunk_size=64,
+             h0=True, dht=True, lens=(63, 2, 1, 65)),
+        Case("simple_gla", "fused_chunk", B=1, T=131, H=1, K=128, V=128, dtype="bfloat16", gate=G, chunk_size=64,
+             h0=True, dht=True, lens=(63, 2, 1, 65)),
     ]
 
 
@@ -82,6 +102,9 @@ def _gla_smoke() -> list[Case]:
         Case(T=128, K=128, V=256, dtype="bfloat16", gate=alibi(), h0=True, dht=True, **base),
         # K = 256: the reduction over K tiles for o
         Case(T=64, K=256, V=128, dtype="float32", gate=G, dht=True, **base),
+        # packed sequences: boundaries inside chunks, the middle one two chunks of its own
+        Case(T=sum(SMOKE_LENS), K=128, V=128, dtype="bfloat16", gate=G, h0=True, dht=True, lens=SMOKE_LENS,
+             **{**base, "H": 1}),
     ]
 
 
@@ -100,6 +123,10 @@ def _gla_regressions() -> list[Case]:
         # a non-zero dht feeding the per-channel dg
         Case("gla", "chunk", B=1, T=192, H=2, K=128, V=128, dtype="bfloat16", gate=G, chunk_size=64, h0=True,
              dht=True),
+        # packed with a g_gamma gate (fla: broadcast to a per-channel g): a one-token sequence first, then
+        # sequences of C - 1 and C + 1 tokens, boundaries on a chunk edge (64) and one token after one (129)
+        Case("gla", "chunk", B=1, T=129, H=1, K=128, V=128, dtype="bfloat16", gate=alibi(24, 0), chunk_size=64,
+             h0=True, dht=True, lens=(1, 63, 65)),
     ]
 
 
@@ -125,6 +152,10 @@ def _kda_smoke() -> list[Case]:
         # the gate computed in the op from A_log / dt_bias with fla's lower_bound
         Case(T=64, H=1, dtype="bfloat16", gate=G, h0=True,
              options=(("use_gate_in_kernel", True), ("lower_bound", -5.0)), **base),
+        # packed sequences: boundaries inside chunks, the middle one two chunks of its own
+        Case(T=sum(SMOKE_LENS), H=1, dtype="bfloat16", gate=Gate("g", normalizer=16, lower_bound=-5.0), h0=True,
+             dht=True, lens=SMOKE_LENS,
+             options=(("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel", True)), **base),
     ]
 
 
@@ -142,6 +173,10 @@ def _kda_regressions() -> list[Case]:
         # fp16 never reaches a Mosaic kernel (it can neither load nor store it): widened to f32 at the boundary
         Case("kda", "chunk", B=1, T=128, H=2, K=128, V=128, dtype="float16", gate=G, chunk_size=64, h0=True,
              dht=True),
+        # packed: a sequence of C + 1 tokens, a one-token sequence right after it (boundaries one token after a
+        # chunk edge: 65, 66), then C - 2 tokens; a state and a state gradient per sequence
+        Case("kda", "chunk", B=1, T=128, H=1, K=128, V=128, dtype="float32", gate=G, chunk_size=64, h0=True,
+             dht=True, lens=(65, 1, 62)),
     ]
 
 

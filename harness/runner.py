@@ -128,7 +128,11 @@ class Runner:
             inputs = make_inputs(case, op.inputs(case))
         except Exception as exc:  # noqa: BLE001 - an invalid case is rows, never an abort
             raise Refusal(op, Status.ERROR, f"invalid case: {_short_error(exc)}") from None
-        reason = self.leg.supports(op, case)
+        try:
+            reason = self.leg.supports(op, case)
+        except Exception as exc:  # noqa: BLE001 - e.g. kernels that raise on a valid case while asked (TPU leg)
+            raise Refusal(op, Status.ERROR, f"supports failed: {_short_error(exc)}",
+                          input_sha256=inputs.sha256) from None
         if reason:
             raise Refusal(op, Status.UNSUPPORTED, reason, input_sha256=inputs.sha256)
         return op, inputs

@@ -50,11 +50,13 @@ def test_a_leak_far_below_epsilon_is_caught():
 
 
 def test_one_case_per_op_variant_and_gate_that_every_leg_runs():
+    """... and one more per (op, variant, gate) of the packed cases: the varlen kernel paths and the isolation check."""
     chosen = causality_cases(get_suite("smoke"))
-    keys = [(c.op, c.variant, c.gate.kind) for c in chosen]
+    keys = [(c.op, c.variant, c.gate.kind, c.lens is not None) for c in chosen]
     assert len(keys) == len(set(keys))
-    assert {("simple_gla", "fused_chunk", "g"), ("simple_gla", "fused_chunk", "g_gamma"),
-            ("gla", "chunk", "g_gamma"), ("kda", "chunk", "g")} <= set(keys)
+    assert {("simple_gla", "fused_chunk", "g", False), ("simple_gla", "fused_chunk", "g_gamma", False),
+            ("gla", "chunk", "g_gamma", False), ("kda", "chunk", "g", False), ("simple_gla", "chunk", "g", True),
+            ("gla", "chunk", "g", True), ("kda", "chunk", "g", True)} <= set(keys)
     assert all(c.K % 128 == 0 and c.V % 128 == 0 for c in chosen)
 
 

@@ -130,6 +130,8 @@ class GpuLeg(Leg):
         for n, g in zip(diff_names, grads):
             result[grad_name(n)] = None if g is None else to_numpy(g)
         details = dict(binding.describe(case))
+        if case.cu_seqlens is not None:
+            details["cu_seqlens"] = list(case.cu_seqlens)  # passed to fla as a torch.long tensor on the device
         details["triton_configs"] = scope.configs_summary()
         details["emulation"] = scope.settings
         return LegOutput(tensors=result, details=details)

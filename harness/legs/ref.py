@@ -41,8 +41,10 @@ class RefLeg(Leg):
 
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
         if self.method == "recurrent":
-            # a vjp through a per-token scan keeps all T states
-            states_gb = case.B * case.T * case.H * case.K * case.V * 8 / 2**30
+            # a vjp through a per-token scan keeps all T states; packed sequences run as N rows of the longest
+            # sequence's length (references._varlen), so N x max(lens) states
+            tokens = case.B * case.T if case.lens is None else case.num_seqs * max(case.lens)
+            states_gb = tokens * case.H * case.K * case.V * 8 / 2**30
             if states_gb > MAX_RECURRENT_STATES_GB:
                 return (f"the recurrent reference would keep T states ({states_gb:.1f} GiB > "
                         f"{MAX_RECURRENT_STATES_GB} GiB); use --ref-method chunk")
@@ -50,4 +52,7 @@ class RefLeg(Leg):
 
     def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
         out = op.reference(case, inputs.as_float64(), method=self.method, compute_dtype=self.compute_dtype)
-        return LegOutput(tensors=out, details={"method": self.method, "compute_dtype": self.compute_dtype})
+        details = {"method": self.method, "compute_dtype": self.compute_dtype}
+        if case.cu_seqlens is not None:
+            details["cu_seqlens"] = list(case.cu_seqlens)
+        return LegOutput(tensors=out, details=details)

@@ -194,4 +194,7 @@ class TpuLeg(Leg):
             for phase, tag in (("forward", "fwd"), ("backward", "bwd")):
                 columns[f"mxu_macs_{tag}"] = tally.macs.get(phase, 0)
                 columns[f"mxu_pass_macs_{tag}"] = tally.pass_macs.get(phase, 0)
-        return LegOutput(tensors=tensors, details=dict(op.tpu.describe(case)), columns=columns)
+        details = dict(op.tpu.describe(case))
+        if case.cu_seqlens is not None:
+            details["cu_seqlens"] = list(case.cu_seqlens)  # passed to the kernels as a static tuple
+        return LegOutput(tensors=tensors, details=details, columns=columns)

@@ -21,6 +21,14 @@ Binding contracts
   The leg takes gradients itself with the loss ``sum(o*do) + sum(ht*dht)`` and
   names the gradient of input ``x`` as ``d<x>``. A gradient the framework does
   not produce is reported ``not_provided``, never as zeros.
+- Packed variable-length sequences (a case with ``lens``): state-shaped inputs
+  and outputs (``h0``, ``dht``, ``ht``, ``dh0``) are ``case.state_shape`` =
+  [N,H,K,V], one state per sequence. The reference gets
+  ``cu_seqlens=case.cu_seqlens``; a GPU binding passes fla's ``cu_seqlens``
+  (:func:`fla_varlen`), a TPU binding calls the kernels through
+  :func:`call_tpu_kernel`, which adds ``cu_seqlens`` (a static tuple) and
+  turns kernels that do not take it into a refusal. An unpacked case calls
+  every function exactly as before (no ``cu_seqlens`` keyword at all).
 - ``*_supports(case) -> str | None``: ``None`` when the leg can run the case,
   otherwise the reason it cannot (the row becomes ``unsupported``). The TPU
   leg also asks the kernels themselves (``harness.legs.tpu.kernel_refusal``):
@@ -29,6 +37,7 @@ Binding contracts
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -99,7 +108,7 @@ def forward_tensors(case: Case) -> list[TensorSpec]:
     """o in the case dtype; ht (float32, as fla returns it) when final_state."""
     out = [TensorSpec("o", "case", "output", "output [B,T,H,V]")]
     if case.final_state:
-        out.append(TensorSpec("ht", "float32", "output", "final state [B,H,K,V]"))
+        out.append(TensorSpec("ht", "float32", "output", "final state [N,H,K,V] (N = B, or the packed sequences)"))
     return out
 
 
@@ -125,12 +134,52 @@ def gate_spec(case: Case, per_token_shape) -> InputSpec:
 
 
 def state_and_cotangent_specs(case: Case) -> list[InputSpec]:
-    """h0 [B,H,K,V] (float32) if the case has one, do [B,T,H,V] (case dtype), dht (float32) if any."""
-    specs = [InputSpec("h0", lambda c: (c.B, c.H, c.K, c.V), "float32", normal())] if case.h0 else []
+    """h0 (float32) if the case has one, do [B,T,H,V] (case dtype), dht (float32) if any.
+
+    h0 and dht are ``case.state_shape`` = [N,H,K,V]: one state per sequence (N = B unless packed, so an
+    unpacked case draws exactly the arrays it always drew)."""
+    specs = [InputSpec("h0", lambda c: c.state_shape, "float32", normal())] if case.h0 else []
     specs.append(InputSpec("do", lambda c: (c.B, c.T, c.H, c.V), "case", normal()))
     if case.dht:
-        specs.append(InputSpec("dht", lambda c: (c.B, c.H, c.K, c.V), "float32", normal()))
+        specs.append(InputSpec("dht", lambda c: c.state_shape, "float32", normal()))
     return specs
+
+
+def fla_varlen(case: Case, like) -> dict:
+    """fla's keyword for a packed case: ``cu_seqlens``, a torch.long tensor of the N+1 offsets on the device of
+    ``like`` (a tensor of the call); ``{}`` for an unpacked case. fla's optional ``cu_seqlens_cpu`` (a host
+    copy that spares a device sync when fla builds its chunk indices) is not passed: same values, same
+    kernels, and fused_chunk_simple_gla does not take it."""
+    if case.cu_seqlens is None:
+        return {}
+    import torch
+
+    return {"cu_seqlens": torch.tensor(case.cu_seqlens, dtype=torch.long, device=like.device)}
+
+
+_REJECTS_CU_SEQLENS = re.compile(r"unexpected keyword argument '?cu_seqlens'?|unknown options \[[^\]]*'cu_seqlens'")
+"""How a function without the keyword rejects it: Python's unexpected keyword, or kda's unknown option."""
+
+
+def call_tpu_kernel(fn, case: Case, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a ``kernels_tpu`` public function; a packed case adds ``cu_seqlens=case.cu_seqlens``
+    (the N+1 offsets as a static tuple of ints).
+
+    Kernels that do not take packed sequences reject the keyword with a TypeError naming it (an unexpected
+    keyword, or kda's unknown option): that becomes a NotImplementedError, the kernels' own way of refusing
+    a valid case, so the TPU leg's supports (``harness.legs.tpu.kernel_refusal``, which traces this call on
+    shape-only inputs) and the compile leg report the case ``unsupported`` with the reason, never a number.
+    Once the kernels take the keyword the same call runs them."""
+    if case.cu_seqlens is None:
+        return fn(*args, **kwargs)
+    try:
+        return fn(*args, cu_seqlens=case.cu_seqlens, **kwargs)
+    except TypeError as exc:
+        if not _REJECTS_CU_SEQLENS.search(str(exc)):
+            raise  # a TypeError of a kernel that takes the keyword is an error, not a refusal
+        name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn)}"
+        raise NotImplementedError(f"{name} does not take cu_seqlens (packed variable-length sequences, "
+                                  f"lens={'+'.join(map(str, case.lens))}): {exc}") from None
 
 
 def gated_reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: str, compute_dtype: str) -> dict:
@@ -138,7 +187,7 @@ def gated_reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: s
     forward ``fwd`` (o, ht) and backward ``bwd`` (dict of gradients, None where not applicable)."""
     gates = {case.gate.kind: x[case.gate.kind]}
     common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
-                  method=method, compute_dtype=compute_dtype)
+                  method=method, compute_dtype=compute_dtype, cu_seqlens=case.cu_seqlens)
     o, ht = fwd(x["q"], x["k"], x["v"], **gates, output_final_state=True, **common)
     grads = bwd(x["q"], x["k"], x["v"], x["do"], x.get("dht"), **gates, **common)
     return {"o": o, "ht": ht, **{n: a for n, a in grads.items() if a is not None}}

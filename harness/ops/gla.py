@@ -27,8 +27,8 @@ from __future__ import annotations
 from cases.case import Case
 from cases.inputs import InputSpec
 
-from .base import (LegBinding, OpDescriptor, gate_spec, gated_differentiable, gated_reference, gated_tensors,
-                   qkv_specs, state_and_cotangent_specs)
+from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen, gate_spec, gated_differentiable,
+                   gated_reference, gated_tensors, qkv_specs, state_and_cotangent_specs)
 
 VARIANTS = ("chunk",)
 OPTIONS = {"tpu_path": ("auto", "fused", "chunk")}
@@ -64,7 +64,8 @@ def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "
 
 
 def fla_chunk_size(T: int) -> int:
-    """The chunk size fla.ops.gla.chunk_gla picks itself (it takes no chunk_size)."""
+    """The chunk size fla.ops.gla.chunk_gla picks itself (it takes no chunk_size), from q's T: with packed
+    sequences the packed length, not a sequence's."""
     return min(64, max(16, 1 << max(T - 1, 0).bit_length()))
 
 
@@ -77,7 +78,7 @@ def gpu_forward(case: Case, t: dict) -> dict:
         B, T, H, K = t["q"].shape
         g = t["g_gamma"].detach()[None, None, :, None].expand(B, T, H, K).contiguous()
     o, ht = chunk_gla(t["q"], t["k"], t["v"], g, scale=case.resolved_scale, initial_state=t.get("h0"),
-                      output_final_state=case.final_state)
+                      output_final_state=case.final_state, **fla_varlen(case, t["q"]))
     return {"o": o, "ht": ht}
 
 
@@ -99,9 +100,10 @@ def gpu_describe(case: Case) -> dict:
 def tpu_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu.gla import chunk_gla
 
-    o, ht = chunk_gla(a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=a.get("g_gamma"), scale=case.resolved_scale,
-                      initial_state=a.get("h0"), output_final_state=case.final_state, chunk_size=case.chunk_size,
-                      interpret=ctx.interpret, mxu_model=ctx.mxu_model, path=tpu_path(case))
+    o, ht = call_tpu_kernel(chunk_gla, case, a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=a.get("g_gamma"),
+                            scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
+                            chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
+                            path=tpu_path(case))
     return {"o": o, "ht": ht}
 
 
@@ -110,7 +112,8 @@ def _dispatch(case: Case) -> str:
 
     gate = object()  # only which gate is present matters
     g, g_gamma = (gate, None) if case.gate.kind == "g" else (None, gate)
-    return gla_dispatch(g, g_gamma, tpu_path(case), ragged_with_state=bool(case.T % case.chunk_size)
+    lens = case.lens or (case.T,)  # packed: a sequence whose length is not a multiple of C is ragged
+    return gla_dispatch(g, g_gamma, tpu_path(case), ragged_with_state=any(n % case.chunk_size for n in lens)
                         and case.final_state)
 
 

@@ -29,7 +29,8 @@ from cases.case import Case
 from kernels_tpu.kda import check_options
 from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_normal
 
-from .base import LegBinding, OpDescriptor, forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs
+from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen, forward_tensors, grad_tensors, qkv_specs,
+                   state_and_cotangent_specs)
 
 VARIANTS = ("chunk",)
 BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
@@ -114,7 +115,7 @@ def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "
 
     common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
                   method=method, compute_dtype=compute_dtype, A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
-                  **_fla_kwargs(case))
+                  cu_seqlens=case.cu_seqlens, **_fla_kwargs(case))
     qkvgb = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     o, ht = chunk_kda(*qkvgb, output_final_state=True, **common)
     grads = chunk_kda_bwd(*qkvgb, x["do"], x.get("dht"), **common)
@@ -131,7 +132,7 @@ def gpu_forward(case: Case, t: dict) -> dict:
     extra = dict(A_log=t["A_log"], dt_bias=t["dt_bias"]) if gate_in_kernel(case) else {}
     o, ht = chunk_kda(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale,
                       initial_state=t.get("h0"), output_final_state=case.final_state,
-                      chunk_size=case.chunk_size, **_fla_kwargs(case), **extra)
+                      chunk_size=case.chunk_size, **_fla_kwargs(case), **extra, **fla_varlen(case, t["q"]))
     return {"o": o, "ht": ht}
 
 
@@ -148,10 +149,10 @@ def tpu_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu import kda as kernels
 
     extra = dict(A_log=a["A_log"], dt_bias=a["dt_bias"]) if gate_in_kernel(case) else {}
-    o, ht = kernels.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], scale=case.resolved_scale,
-                              initial_state=a.get("h0"), output_final_state=case.final_state,
-                              chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
-                              **_fla_kwargs(case), **extra)
+    o, ht = call_tpu_kernel(kernels.chunk_kda, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
+                            scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
+                            chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
+                            **_fla_kwargs(case), **extra)
     return {"o": o, "ht": ht}
 
 

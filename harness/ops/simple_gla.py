@@ -10,8 +10,8 @@ from __future__ import annotations
 from cases.case import Case
 from cases.inputs import InputSpec
 
-from .base import (LegBinding, OpDescriptor, gate_spec, gated_differentiable, gated_reference, gated_tensors,
-                   qkv_specs, state_and_cotangent_specs)
+from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen, gate_spec, gated_differentiable,
+                   gated_reference, gated_tensors, qkv_specs, state_and_cotangent_specs)
 
 VARIANTS = ("chunk", "fused_chunk")
 
@@ -37,11 +37,12 @@ def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "
 
 
 def gpu_forward(case: Case, t: dict) -> dict:
-    """fla's public entry points, called with the case's tensors."""
+    """fla's public entry points, called with the case's tensors (and fla's ``cu_seqlens`` when packed: both
+    entry points take it)."""
     from fla.ops.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
 
     kwargs = dict(g=t.get("g"), g_gamma=t.get("g_gamma"), scale=case.resolved_scale,
-                  initial_state=t.get("h0"), output_final_state=case.final_state)
+                  initial_state=t.get("h0"), output_final_state=case.final_state, **fla_varlen(case, t["q"]))
     if case.variant == "chunk":
         o, ht = chunk_simple_gla(t["q"], t["k"], t["v"], chunk_size=case.chunk_size, **kwargs)
     else:
@@ -59,9 +60,9 @@ def tpu_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu import simple_gla as kernels
 
     fn = kernels.chunk_simple_gla if case.variant == "chunk" else kernels.fused_chunk_simple_gla
-    o, ht = fn(a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=a.get("g_gamma"), scale=case.resolved_scale,
-               initial_state=a.get("h0"), output_final_state=case.final_state, chunk_size=case.chunk_size,
-               interpret=ctx.interpret, mxu_model=ctx.mxu_model)
+    o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=a.get("g_gamma"),
+                            scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
+                            chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model)
     return {"o": o, "ht": ht}
 
 
