@@ -69,7 +69,7 @@ def check_unsupported_and_not_provided_are_reasoned_rows(run):
     _, _, frames = run
     tpu = frames["tpu"]
     refused = tpu[tpu["status"] == "unsupported"]
-    assert refused["reason"].fillna("").str.len().gt(0).all()  # every refusal says why
+    assert all(isinstance(r, str) and r for r in refused["reason"])  # every refusal (if any) says why
     gpu = frames["gpu"]
     assert set(gpu.loc[gpu["status"] == "not_provided", "tensor"]) <= {"dg_gamma"}
     assert (gpu["tensor"] == "dg_gamma").any()
