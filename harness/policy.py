@@ -62,11 +62,18 @@ BOUNDS: list[Bound] = [
 ]
 
 
+def most_specific(rules, *key):
+    """The rule of ``rules`` matching ``key`` with the most non-``"*"`` fields (ties: the later rule), or None.
+    Bounds and margin rules are both looked up this way."""
+    matching = [(r.specificity(), i) for i, r in enumerate(rules) if r.matches(*key)]
+    return rules[max(matching)[1]] if matching else None
+
+
 def bound_for(op: str, tensor: str, dtype: str, leg: str, rules: list[Bound] = BOUNDS) -> Bound:
-    matching = [(r.specificity(), i, r) for i, r in enumerate(rules) if r.matches(op, tensor, dtype, leg)]
-    if not matching:
+    bound = most_specific(rules, op, tensor, dtype, leg)
+    if bound is None:
         raise LookupError(f"no bound for {op=} {tensor=} {dtype=} {leg=}: add a rule to harness.policy.BOUNDS")
-    return max(matching)[2]
+    return bound
 
 
 @dataclass(frozen=True)
@@ -128,10 +135,8 @@ class Policy:
     def margin(self, metric: str, op: str = "", dtype: str = "", tensor: str = "") -> float:
         """The margin of ``metric`` for a tensor of an op at a case dtype (the most specific rule, else the
         metric's default)."""
-        matching = [(r.specificity(), i, r) for i, r in enumerate(self.rules) if r.matches(metric, op, dtype, tensor)]
-        if matching:
-            return max(matching)[2].margin
-        return self.margins.get(metric, self.rel_margin)
+        rule = most_specific(self.rules, metric, op, dtype, tensor)
+        return self.margins.get(metric, self.rel_margin) if rule is None else rule.margin
 
     def allowed(self, metric: str, eps_gpu: float, **where) -> float:
         return eps_gpu * (1.0 + self.margin(metric, **where)) + self.abs_floor.get(metric, 0.0)
