@@ -11,9 +11,11 @@
   packed sequences at their edges: a one-token sequence, boundaries one token
   before and one after a chunk edge, sequences of C - 1 and C + 1 tokens, h0
   and dht per sequence.
-- ``standard``: a broader grid for pre-merge runs on hardware.
+- ``standard``: a broader grid for pre-merge runs on hardware, with one packing of four sequences per op
+  and gate kind.
 - ``stress``: long sequences, H=16, ALiBi from layer 0 of 20-32 layers: the
-  exp-overflow regime (|gamma| * 128 = 90.5 > 88.7 = log(float32 max)).
+  exp-overflow regime (|gamma| * 128 = 90.5 > 88.7 = log(float32 max)); a training-like packing of eight
+  sequences summing to 8192 per op.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ sequence spans two chunks of its own (64 + 6 tokens); three sequences, so one is
 directions (harness.causality)."""
 
 
+STANDARD_LENS = (300, 129, 500, 71)
+"""A pre-merge packing: four sequences summing to T = 1000, boundaries at no chunk multiple."""
+
+STRESS_LENS = (2048, 1031, 517, 1500, 64, 1777, 999, 256)
+"""A training-like packing: eight sequences summing to T = 8192, from one chunk to 2048 tokens."""
+
+
 def alibi(num_layers: int = 32, layer_idx: int = 0) -> Gate:
     return Gate("g_gamma", "alibi", num_layers=num_layers, layer_idx=layer_idx)
 
@@ -46,6 +55,11 @@ def _simple_gla_smoke() -> list[Case]:
         Case(variant="fused_chunk", T=128, dtype="float32", gate=alibi(), chunk_size=64, **base),
         # K=V=64, fla's own test shape: below the 128-lane width, the TPU kernels pad K and V exactly
         Case(op="simple_gla", variant="chunk", B=1, T=64, H=2, K=64, V=64, dtype="bfloat16", gate=G, chunk_size=64),
+        # a partial last chunk per gate kind (T = 100 = 64 + 36): the kernels pad time; the padding must not decay
+        # the state nor reach any gradient
+        Case(variant="chunk", T=100, dtype="bfloat16", gate=G, chunk_size=64, h0=True, dht=True, **{**base, "H": 1}),
+        Case(variant="chunk", T=100, dtype="bfloat16", gate=alibi(), chunk_size=64, h0=True, dht=True,
+             **{**base, "H": 1}),
         # packed sequences: boundaries inside chunks (37, 107), the middle one two chunks of its own (64 + 6)
         Case(variant="chunk", T=sum(SMOKE_LENS), dtype="bfloat16", gate=G, chunk_size=64, h0=True, dht=True,
              lens=SMOKE_LENS, **{**base, "H": 1}),
@@ -80,6 +94,9 @@ def _simple_gla_standard() -> list[Case]:
     ):
         out.append(Case("simple_gla", variant, B=2, T=T, H=4, K=128, V=128, dtype=dtype, gate=gate,
                         chunk_size=C, h0=True, dht=True))
+    for variant, gate in (("chunk", G), ("fused_chunk", G), ("chunk", alibi(24, 0))):
+        out.append(Case("simple_gla", variant, B=1, T=sum(STANDARD_LENS), H=4, K=128, V=128, dtype="bfloat16",
+                        gate=gate, chunk_size=64, h0=True, dht=True, lens=STANDARD_LENS))
     return out
 
 
@@ -91,6 +108,9 @@ def _simple_gla_stress() -> list[Case]:
                             gate=alibi(L, 0), chunk_size=128, h0=True, dht=True))
     out.append(Case("simple_gla", "chunk", B=2, T=4096, H=16, K=128, V=128, dtype="bfloat16",
                     gate=alibi(32, 0), chunk_size=128, h0=True, dht=True))
+    for variant in ("chunk", "fused_chunk"):
+        out.append(Case("simple_gla", variant, B=1, T=sum(STRESS_LENS), H=16, K=128, V=128, dtype="bfloat16",
+                        gate=alibi(32, 0), chunk_size=64, h0=True, dht=True, lens=STRESS_LENS))
     return out
 
 
@@ -105,6 +125,10 @@ def _gla_smoke() -> list[Case]:
         # packed sequences: boundaries inside chunks, the middle one two chunks of its own
         Case(T=sum(SMOKE_LENS), K=128, V=128, dtype="bfloat16", gate=G, h0=True, dht=True, lens=SMOKE_LENS,
              **{**base, "H": 1}),
+        # K = V = 64 (padded to the lane width inside the kernels) with a partial last chunk (T = 64 + 36)
+        Case(T=100, K=64, V=64, dtype="bfloat16", gate=G, h0=True, dht=True, **{**base, "H": 1}),
+        # the fused g_gamma path with a partial last chunk
+        Case(T=100, K=128, V=128, dtype="bfloat16", gate=alibi(), h0=True, dht=True, **{**base, "H": 1}),
     ]
 
 
@@ -131,14 +155,19 @@ def _gla_regressions() -> list[Case]:
 
 
 def _gla_standard() -> list[Case]:
-    return [Case("gla", "chunk", B=2, T=T, H=4, K=K, V=128, dtype=dtype, gate=gate, chunk_size=64, h0=True, dht=True)
+    grid = [Case("gla", "chunk", B=2, T=T, H=4, K=K, V=128, dtype=dtype, gate=gate, chunk_size=64, h0=True, dht=True)
             for dtype, gate, T, K in itertools.product(("bfloat16", "float16", "float32"), (G, alibi(24, 0)),
                                                         (512, 1000), (128, 256))]
+    packed = [Case("gla", "chunk", B=1, T=sum(STANDARD_LENS), H=4, K=128, V=128, dtype="bfloat16", gate=gate,
+                   chunk_size=64, h0=True, dht=True, lens=STANDARD_LENS) for gate in (G, alibi(24, 0))]
+    return grid + packed
 
 
 def _gla_stress() -> list[Case]:
     return [Case("gla", "chunk", B=1, T=T, H=16, K=128, V=128, dtype="bfloat16", gate=alibi(L, 0), chunk_size=C,
-                 h0=True, dht=True) for T, L, C in ((2048, 20, 64), (8192, 32, 128))]
+                 h0=True, dht=True) for T, L, C in ((2048, 20, 64), (8192, 32, 128))] + [
+        Case("gla", "chunk", B=1, T=sum(STRESS_LENS), H=16, K=128, V=128, dtype="bfloat16", gate=G, chunk_size=64,
+             h0=True, dht=True, lens=STRESS_LENS)]
 
 
 def _kda_smoke() -> list[Case]:
@@ -156,6 +185,10 @@ def _kda_smoke() -> list[Case]:
         Case(T=sum(SMOKE_LENS), H=1, dtype="bfloat16", gate=Gate("g", normalizer=16, lower_bound=-5.0), h0=True,
              dht=True, lens=SMOKE_LENS,
              options=(("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel", True)), **base),
+        # K = V = 64 (padded to the lane width inside the kernels) with a partial last chunk (T = 64 + 36)
+        Case(T=100, H=1, dtype="bfloat16", gate=Gate("g", normalizer=16, lower_bound=-5.0), h0=True, dht=True,
+             options=(("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel", True)),
+             **{**base, "K": 64, "V": 64}),
     ]
 
 
@@ -188,12 +221,16 @@ def _kda_standard() -> list[Case]:
             (("use_gate_in_kernel", True), ("lower_bound", -5.0), ("safe_gate", True)))):
         out.append(Case("kda", "chunk", B=2, T=512, H=4, K=128, V=128, dtype=dtype, gate=G, chunk_size=64,
                         h0=True, dht=True, options=opts))
+    out.append(Case("kda", "chunk", B=1, T=sum(STANDARD_LENS), H=4, K=128, V=128, dtype="bfloat16", gate=G,
+                    chunk_size=64, h0=True, dht=True, lens=STANDARD_LENS, options=(("use_qk_l2norm_in_kernel", True),)))
     return out
 
 
 def _kda_stress() -> list[Case]:
     return [Case("kda", "chunk", B=1, T=T, H=16, K=128, V=128, dtype="bfloat16", gate=G, chunk_size=64, h0=True,
-                 dht=True, options=(("use_qk_l2norm_in_kernel", True),)) for T in (2048, 8192)]
+                 dht=True, options=(("use_qk_l2norm_in_kernel", True),)) for T in (2048, 8192)] + [
+        Case("kda", "chunk", B=1, T=sum(STRESS_LENS), H=16, K=128, V=128, dtype="bfloat16", gate=G, chunk_size=64,
+             h0=True, dht=True, lens=STRESS_LENS, options=(("use_qk_l2norm_in_kernel", True),))]
 
 
 # suite name -> the per-op case lists it is made of (adding an op adds its lists here)
