@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import math
 import numbers
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,20 @@ class Gate:
         if self.lower_bound is not None:
             body += f",lb{_num(self.lower_bound)}"
         return f"{self.kind}={body}"
+
+    @classmethod
+    def from_label(cls, label: str) -> "Gate":
+        """The gate a :attr:`label` names (``g=logsigmoid/16,lb-5``, ``g_gamma=alibi(L32,l0)``): its inverse
+        for the fields the label shows. ValueError, one line, on anything else."""
+        parts = label.split("/") if isinstance(label, str) else [""]
+        kind = parts[0].split("=", 1)[0]
+        if kind not in GATE_KINDS or "=" not in parts[0]:
+            raise ValueError(f"gate {label!r} must read <kind>=<law>, the kind one of {GATE_KINDS}, e.g. "
+                             f"g=logsigmoid/16 or g_gamma=alibi(L32,l0)")
+        gate = _parse_gate(parts.pop(0), parts)
+        if parts:
+            raise ValueError(f"gate {label!r}: {'/'.join(parts)!r} follows the gate's label")
+        return gate
 
 
 def _num(x: float) -> str:
@@ -198,6 +213,31 @@ class Case:
             return sum(math.ceil(n / self.chunk_size) for n in self.lens)
         return math.ceil(self.T / self.chunk_size)
 
+    @classmethod
+    def from_id(cls, text: str, *, validate: bool = True) -> "Case":
+        """The case a case id names: the inverse of :attr:`id` (``Case.from_id(c.id) == c``).
+
+        ``op.variant/B..-T..-H..-K..-V../dtype[/gate]/C..[/flags]``: the dtype as its label (``bf16``) or its
+        name (``bfloat16``); the gate as :attr:`Gate.label` writes it (``g=logsigmoid/16,lb-5``,
+        ``g_gamma=alibi(L32,l0)``), absent for a gate-less op; flags in any order, each at most once: ``lens=a+b``,
+        ``h0``, ``dht``, ``noht``, ``scale=x``, ``seed=n`` and the op's options ``name=value``. An option's value
+        reads as the id writes it: ``1``/``0`` (or ``true``/``false``) a bool, ``-5`` an int (equal to -5.0),
+        ``0.5`` a float, anything else a string (a case file, :mod:`cases.case_file`, gives exact types).
+
+        A malformed id raises ValueError with one line naming the bad part; with ``validate`` (the default) so
+        does a well-formed id of a case its op cannot run: the op descriptor's own ``validate`` (the contract
+        every leg shares, ``harness.ops``), looked up by the op's name in the registry.
+        """
+        case = _parse_id(text)
+        if validate:
+            from harness.ops import get_op  # the op contract lives with the harness; cases stays plain data
+
+            try:
+                get_op(case.op).validate(case)
+            except ValueError as exc:
+                raise ValueError(f"case id {text.strip()!r}: {_one_line(exc)}") from None
+        return case
+
     def replace(self, **changes) -> "Case":
         return dataclasses.replace(self, **changes)
 
@@ -211,3 +251,156 @@ def _opt(v: Any) -> str:
     if isinstance(v, float):
         return _num(v)
     return str(v)
+
+
+
+# ---------------------------------------------------------------- id parser
+_NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_INT = re.compile(r"-?\d+")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SHAPE = re.compile(r"B(\d+)-T(\d+)-H(\d+)-K(\d+)-V(\d+)")
+_ALIBI = re.compile(r"alibi\(L(\d+),l(\d+)\)")
+_LOWER_BOUND = re.compile(rf",lb({_NUMBER})")
+_LABELS = {label: name for name, label in DTYPES.items()}
+_BARE_FLAGS = {"h0": ("h0", True), "dht": ("dht", True), "noht": ("final_state", False)}
+ID_FORMAT = "op.variant/B<n>-T<n>-H<n>-K<n>-V<n>/<dtype>[/<gate>]/C<n>[/<flag>,...]"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _number(text: str, what: str) -> float:
+    if not re.fullmatch(_NUMBER, text) or not math.isfinite(float(text)):
+        raise ValueError(f"{what} {text!r} is not a finite number")
+    return float(text)
+
+
+def _option_value(text: str) -> Any:
+    """An option value as :func:`_opt` writes it: 1/0 a bool, an integer an int, a number a float, else text."""
+    if text in ("1", "true"):
+        return True
+    if text in ("0", "false"):
+        return False
+    if _INT.fullmatch(text):
+        return int(text)
+    if re.fullmatch(_NUMBER, text):
+        return _number(text, "value")
+    return text
+
+
+def _parse_gate(kind_body: str, parts: list[str]) -> Gate:
+    """A gate label: ``kind=alibi(L<n>,l<n>)[,lb<x>]`` or ``kind=<law>/<normalizer>[,lb<x>]``, where the
+    normalizer is the next part of the id (``parts``, consumed)."""
+    kind, body = kind_body.split("=", 1)
+    lower_bound, rest = None, body
+    alibi = _ALIBI.match(body)
+    if alibi:
+        rest = body[alibi.end():]
+        fields = dict(law="alibi", num_layers=int(alibi.group(1)), layer_idx=int(alibi.group(2)))
+        bad = kind_body
+    elif body in GATE_LAWS:
+        if body == "alibi":
+            raise ValueError(f"gate {kind_body!r}: an alibi gate reads alibi(L<layers>,l<layer>)")
+        if not parts:
+            raise ValueError(f"gate {kind_body!r} lacks its normalizer part, e.g. {kind_body}/16")
+        text = parts.pop(0)
+        norm, _, rest = text.partition(",")
+        if re.fullmatch(r"C\d+", norm):
+            raise ValueError(f"gate {kind_body!r} lacks its normalizer part before {text!r}, e.g. {kind_body}/16")
+        rest = "," + rest if rest else ""
+        fields = dict(law=body, normalizer=_number(norm, f"gate {kind_body}/{text}: normalizer"))
+        bad = f"{kind_body}/{text}"
+    else:
+        raise ValueError(f"gate {kind_body!r}: law must be one of {GATE_LAWS} (logsigmoid/<normalizer> or "
+                         f"alibi(L<layers>,l<layer>))")
+    if rest:
+        lb = _LOWER_BOUND.fullmatch(rest)
+        if not lb:
+            raise ValueError(f"gate {bad!r}: after the law only ',lb<number>' (a lower bound) may follow, "
+                             f"got {rest!r}")
+        lower_bound = _number(lb.group(1), f"gate {bad!r}: lower bound")
+    try:
+        return Gate(kind=kind, lower_bound=lower_bound, **fields)
+    except ValueError as exc:
+        raise ValueError(f"gate {bad!r}: {_one_line(exc)}") from None
+
+
+def _parse_flags(text: str) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    seen: set[str] = set()
+    for flag in text.split(","):
+        name, eq, value = flag.partition("=")
+        if not _NAME.fullmatch(name) or (eq and not value):
+            raise ValueError(f"flag {flag!r} in {text!r}: a flag is h0, dht, noht or name=value")
+        if name in seen:
+            raise ValueError(f"flag {name!r} appears twice in {text!r}")
+        seen.add(name)
+        if not eq:
+            if name not in _BARE_FLAGS:
+                raise ValueError(f"flag {flag!r} in {text!r}: a bare flag is one of {tuple(_BARE_FLAGS)}; "
+                                 f"an option reads name=value")
+            field_name, on = _BARE_FLAGS[name]
+            fields[field_name] = on
+        elif name in _BARE_FLAGS:
+            raise ValueError(f"flag {flag!r}: {name} takes no value")
+        elif name == "lens":
+            if not re.fullmatch(r"\d+(?:\+\d+)*", value):
+                raise ValueError(f"flag {flag!r}: lens reads <n>+<n>+... (packed sequence lengths)")
+            fields["lens"] = tuple(int(n) for n in value.split("+"))
+        elif name == "scale":
+            fields["scale"] = _number(value, f"flag {flag!r}:")
+        elif name == "seed":
+            if not re.fullmatch(r"\d+", value):
+                raise ValueError(f"flag {flag!r}: seed must be a non-negative int")
+            fields["seed"] = int(value)
+        else:
+            options[name] = _option_value(value)
+    if options:
+        fields["options"] = tuple(options.items())
+    return fields
+
+
+def _parse_id(text: str) -> Case:
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"case id {text!r} is empty; a case id reads {ID_FORMAT}")
+    text = text.strip()
+    try:
+        return _parse_parts(text.split("/"))
+    except ValueError as exc:
+        raise ValueError(f"case id {text!r}: {_one_line(exc)}") from None
+
+
+def _parse_parts(parts: list[str]) -> Case:
+    if len(parts) < 4:
+        raise ValueError(f"has {len(parts)} parts; a case id reads {ID_FORMAT}")
+    head = parts.pop(0)
+    op, dot, variant = head.partition(".")
+    if not (dot and _NAME.fullmatch(op) and _NAME.fullmatch(variant)):
+        raise ValueError(f"part {head!r} must read op.variant, e.g. simple_gla.chunk")
+    shape = parts.pop(0)
+    match = _SHAPE.fullmatch(shape)
+    if not match:
+        raise ValueError(f"part {shape!r} must read B<n>-T<n>-H<n>-K<n>-V<n>, e.g. B1-T128-H2-K128-V128")
+    dims = dict(zip("BTHKV", map(int, match.groups())))
+    label = parts.pop(0)
+    dtype = _LABELS.get(label, label if label in DTYPES else None)
+    if dtype is None:
+        raise ValueError(f"part {label!r} is not a dtype: one of {tuple(_LABELS)}")
+    gate = None
+    if parts and parts[0].split("=", 1)[0] in GATE_KINDS and "=" in parts[0]:
+        gate = _parse_gate(parts.pop(0), parts)
+    if not parts:
+        raise ValueError("lacks the chunk size part C<n>")
+    chunk = parts.pop(0)
+    if not re.fullmatch(r"C\d+", chunk):
+        what = "a gate (g=... or g_gamma=...) or " if gate is None else ""
+        raise ValueError(f"part {chunk!r} is not {what}a chunk size C<n>")
+    fields = _parse_flags(parts.pop(0)) if parts else {}
+    if parts:
+        raise ValueError(f"part {'/'.join(parts)!r} follows the flags; a case id ends with its flags")
+    try:
+        return Case(op=op, variant=variant, dtype=dtype, gate=gate, chunk_size=int(chunk[1:]), **dims, **fields)
+    except ValueError as exc:
+        raise ValueError(_one_line(exc)) from None

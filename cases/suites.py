@@ -261,11 +261,12 @@ def with_draws(cases: list[Case], draws: int) -> list[Case]:
 
 
 def find_case(case_id: str) -> Case:
-    """The case with this id, from any suite, at any draw (``seed=N`` in the id): for one-line repros."""
-    match = re.search(r"(?:^|[/,])seed=(\d+)(?=,|$)", case_id)
-    seed = int(match.group(1)) if match else 0
+    """The case this id names, for one-line repros and user cases: the suite case when a suite holds it (at
+    any draw, ``seed=N`` in the id), otherwise the case the id describes (:meth:`Case.from_id`, validated
+    against its op). A malformed id, or one naming a case its op cannot run, raises ValueError (one line)."""
+    parsed = Case.from_id(case_id)
     for name in SUITES:
         for case in get_suite(name):
-            if case.id == case_id or (seed and case.replace(seed=seed).id == case_id):
-                return case if case.id == case_id else case.replace(seed=seed)
-    raise ValueError(f"no suite contains case {case_id!r}; list ids with `parity cases --suite NAME`")
+            if case.replace(seed=parsed.seed).id == parsed.id:
+                return case.replace(seed=parsed.seed)
+    return parsed

@@ -32,7 +32,6 @@ Packed variable-length sequences (a case with ``lens``) are checked twice over:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +39,7 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs, input_shapes, inputs_sha256, make_inputs
 
+from .gpu_cache import GpuBaselineCache
 from .legs.base import Leg
 from .ops.base import OpDescriptor
 from .reference_cache import ReferenceCache
@@ -190,25 +190,24 @@ def check_case(leg: Leg, case: Case, t0: int | None = None, runner: Runner | Non
         return [CausalityRow(case.id, leg.name, n, -1, np.nan, np.nan, False, status, reason, mode, sha, 0.0,
                              ISOLATION, i) for i in which for n in names]
 
-    start = time.perf_counter()
+    # wall_s: the two leg runs compared (as the runner timed them: a run served by a leg cache keeps its own time)
     try:
         op, inputs = runner.prepare(case)
-        base = runner.execute(op, case, inputs)[0].tensors
-        base_wall = time.perf_counter() - start
-        moved = runner.execute(op, case, perturb_future(op, case, inputs, t0))[0].tensors
+        base, base_columns = runner.execute(op, case, inputs)
+        moved, moved_columns = runner.execute(op, case, perturb_future(op, case, inputs, t0))
     except Refusal as r:
         return rows(r.op, r.status, r.reason, r.columns.get("input_sha256", ""))
-    wall = time.perf_counter() - start
-    out = _causality_rows(leg, case, t0, mode, inputs.sha256, wall, base, moved)
+    base, base_wall = base.tensors, base_columns["wall_s"]
+    out = _causality_rows(leg, case, t0, mode, inputs.sha256, base_wall + moved_columns["wall_s"], base,
+                          moved.tensors)
     for i in seqs:
-        start = time.perf_counter()
         try:
-            moved = runner.execute(op, case, perturb_sequence(op, case, inputs, i))[0].tensors
+            moved, moved_columns = runner.execute(op, case, perturb_sequence(op, case, inputs, i))
         except Refusal as r:
             out += isolation_refusal(op, (i,), r.status, r.reason, inputs.sha256)
             continue
-        wall = base_wall + time.perf_counter() - start
-        out += _isolation_rows(leg, op, case, i, mode, inputs.sha256, wall, base, moved)
+        out += _isolation_rows(leg, op, case, i, mode, inputs.sha256, base_wall + moved_columns["wall_s"], base,
+                               moved.tensors)
     return out
 
 
@@ -283,8 +282,9 @@ def causality_cases(cases: list[Case]) -> list[Case]:
     return list(chosen.values())
 
 
-def run_causality(leg: Leg, cases: list[Case], progress: bool = True):
-    """Rows (a pandas DataFrame) for every case on one leg."""
+def run_causality(leg: Leg, cases: list[Case], progress: bool = True, leg_cache: GpuBaselineCache | None = None):
+    """Rows (a pandas DataFrame) for every case on one leg; ``leg_cache`` serves and keeps the leg's runs
+    (each keyed by the inputs it was given: the case's own, or a perturbed copy)."""
     import dataclasses
 
     import pandas as pd
@@ -295,7 +295,7 @@ def run_causality(leg: Leg, cases: list[Case], progress: bool = True):
         from tqdm import tqdm
 
         iterator = tqdm(cases, desc=f"{leg.name} causality", unit="case", dynamic_ncols=True, disable=None)
-    runner = Runner(leg, ReferenceCache(None))
+    runner = Runner(leg, ReferenceCache(None), leg_cache=leg_cache)
     for case in iterator:
         rows.extend(dataclasses.asdict(r) for r in check_case(leg, case, runner=runner))
     return pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(CausalityRow)])

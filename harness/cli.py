@@ -23,12 +23,22 @@ class UsageError(Exception):
     pass
 
 
+def _by_id(args) -> bool:
+    """Whether the run's cases are chosen one by one (--case, --cases-file) rather than as a suite."""
+    return bool(getattr(args, "case", None) or getattr(args, "cases_file", None))
+
+
 def _select_cases(args) -> list:
+    from cases.case_file import load_cases
     from cases.suites import find_case, get_suite, with_draws
     from harness.runner import parse_shard, shard
 
-    if getattr(args, "case", None):
-        cases = [find_case(c) for c in args.case]
+    if _by_id(args):  # suite cases or your own: any well-formed id, any case file; in order, each once
+        chosen = [find_case(c) for c in args.case] + [c for f in args.cases_file for c in load_cases(f)]
+        first: dict = {}
+        for c in chosen:
+            first.setdefault(c.id, c)
+        cases = list(first.values())
     else:
         names = [n.strip() for n in args.suite.split(",") if n.strip()]
         cases = [c for name in names for c in get_suite(name)]
@@ -38,7 +48,7 @@ def _select_cases(args) -> list:
     if getattr(args, "shard", None):
         cases = shard(cases, *parse_shard(args.shard))
     if not cases:
-        raise UsageError("the selection is empty: check --suite, --op and --case")
+        raise UsageError("the selection is empty: check --suite, --op, --case and --cases-file")
     return cases
 
 
@@ -55,7 +65,7 @@ def _leg_options(args, name: str) -> dict:
 def _result_name(leg: str, args, cases) -> str:
     from harness.result_file import result_name
 
-    return result_name(leg, tag=getattr(args, "tag", None), case_ids=[c.id for c in cases] if args.case else (),
+    return result_name(leg, tag=getattr(args, "tag", None), case_ids=[c.id for c in cases] if _by_id(args) else (),
                        ops=getattr(args, "op", None) or (), draws=getattr(args, "draws", 1),
                        shard=getattr(args, "shard", None))
 
@@ -92,6 +102,13 @@ class Interrupted(Exception):
     """Ctrl-C during a leg: its finished cases are kept in the partial file."""
 
 
+def _leg_cache(leg, args):
+    """The leg's GPU-baseline cache (reading it unless --no-gpu-cache), or None for a leg that is not cached."""
+    from harness.gpu_cache import for_leg
+
+    return for_leg(leg, read=not getattr(args, "no_gpu_cache", False))
+
+
 def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
     from harness.legs import make_leg
     from harness.reports import summarize
@@ -99,10 +116,11 @@ def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
     from harness.runner import Runner
 
     leg = make_leg(name, **_leg_options(args, name))
-    suite = "" if args.case else (getattr(args, "suite", "") or "")
+    suite = "" if _by_id(args) else (getattr(args, "suite", "") or "")
     if suite and args.draws > 1:
         suite += f"@draws={args.draws}"
-    runner = Runner(leg, cache, suite=suite)
+    leg_cache = _leg_cache(leg, args)
+    runner = Runner(leg, cache, suite=suite, leg_cache=leg_cache)
     path = Path(args.out) / _result_name(name, args, cases)
     t0 = time.perf_counter()
     with ResultFile(path, runner.provenance, force=args.force, resume=args.resume) as out:
@@ -118,6 +136,8 @@ def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
         df = out.finish()
     print(f"{name}: {len(todo)} cases in {time.perf_counter() - t0:.1f} s "
           f"({runner.provenance['mode']}, {runner.provenance['device']}) -> {path}")
+    if leg_cache is not None:
+        print(f"{name}: {leg_cache.summary(leg_cache.hits, len(todo))}")
     print(f"  rows: {summarize(df)}")
     return path, df
 
@@ -129,12 +149,16 @@ def _run_causality(name: str, args, cases) -> "object":
 
     chosen = causality_cases(cases)
     t0 = time.perf_counter()
-    df = run_causality(make_leg(name, **_leg_options(args, name)), chosen, progress=not args.no_progress)
+    leg = make_leg(name, **_leg_options(args, name))
+    leg_cache = _leg_cache(leg, args)
+    df = run_causality(leg, chosen, progress=not args.no_progress, leg_cache=leg_cache)
     path = write_csv(df, Path(args.out) / f"causality-{name}.csv")
     bad = df[df["status"].isin(CAUSALITY_FAILING)]
     exact = int(df["bit_exact"].sum())
     print(f"{name} causality: {len(chosen)} cases in {time.perf_counter() - t0:.1f} s, {exact}/{len(df)} "
           f"bit-exact, {len(bad)} failing -> {path}")
+    if leg_cache is not None:
+        print(f"{name} causality: {leg_cache.summary(leg_cache.hits, leg_cache.hits + leg_cache.misses, 'runs')}")
     for r in bad.to_dict("records"):
         print(f"  {r['status'].upper()} {r['case_id']} {r['tensor']}: {r['reason']}")
     return df
@@ -150,13 +174,26 @@ def _policy(args):
     return policy_from_options(args.policy, args.gate_metrics, args.margin, args.floor, args.alpha)
 
 
-def _report_gate(result, out: Path) -> int:
+def _junit_target(args) -> Path | None:
+    """``--junit FILE``, checked before any work: never over a file the gate did not write, unless --force."""
+    if not args.junit:
+        return None
+    from harness.junit import check_junit_path
+
+    return check_junit_path(args.junit, args.force)
+
+
+def _report_gate(result, out: Path, junit: Path | None = None, force: bool = False) -> int:
     from harness.reports import write_gate
 
     csv_path, md_path = write_gate(result, out)
     counts = result.parity.groupby("verdict").size().to_dict()
     print(f"gate: {'PASS' if result.passed else 'FAIL'} ({', '.join(f'{n} {v}' for v, n in sorted(counts.items()))})"
           f" -> {csv_path}, {md_path}")
+    if junit is not None:
+        from harness.junit import write_junit
+
+        print(f"gate: JUnit XML, one test case per (case, tensor) -> {write_junit(result, junit, force)}")
     for r in result.failures.to_dict("records")[:20]:
         print(f"  FAIL {r['case_id']} {r['tensor']} {r['metric']}: {r['reason']}\n       repro: {r['repro']}")
     if len(result.failures) > 20:
@@ -202,7 +239,9 @@ def cmd_gate(args) -> int:
     policy = _policy(args)
     out = _out_dir(args.out)
     _step_summary()
-    return _report_gate(gate_files(Path(args.gpu_csv), Path(args.tpu_csv), policy, **_gate_options(args)), out)
+    junit = _junit_target(args)
+    return _report_gate(gate_files(Path(args.gpu_csv), Path(args.tpu_csv), policy, **_gate_options(args)), out,
+                        junit, args.force)
 
 
 def cmd_compile(args) -> int:
@@ -327,6 +366,7 @@ def cmd_all(args) -> int:
     policy = _policy(args)
     out = _out_dir(args.out)
     _step_summary()
+    junit = _junit_target(args)
     cache = ReferenceCache(None if args.no_ref_cache else "default")
     frames, status = {}, EXIT_PASS
     for name, why_not in available_legs().items():
@@ -341,10 +381,11 @@ def cmd_all(args) -> int:
             if causal["status"].isin(CAUSALITY_FAILING).any():
                 status = EXIT_FAIL
     if "gpu" in frames and "tpu" in frames:
-        gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy, **_gate_options(args)), out)
+        gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy, **_gate_options(args)), out,
+                                   junit, args.force)
         status = max(status, gate_status)
     else:
-        print("gate: skipped, it needs both the gpu and the tpu legs")
+        print("gate: skipped, it needs both the gpu and the tpu legs" + (f"; no {junit} written" if junit else ""))
     return status
 
 
@@ -353,7 +394,13 @@ def _add_selection(p, shard=True):
     p.add_argument("--suite", default="smoke",
                    help="suite name, or several joined by commas: smoke, regressions, standard, stress")
     p.add_argument("--case", action="append", default=[], metavar="ID",
-                   help="run just this case id (repeatable); overrides --suite")
+                   help="run just this case (repeatable; overrides --suite): a suite case's id, or any "
+                        "well-formed id of a case of your own, e.g. "
+                        "simple_gla.chunk/B1-T80-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0")
+    p.add_argument("--cases-file", action="append", default=[], metavar="TOML",
+                   help="run the cases of this TOML file (repeatable; overrides --suite, adds to --case): "
+                        "[[case]] tables of Case fields or ids, [[grid]] tables expanded over their lists; "
+                        "see cases/examples/my_cases.toml")
     p.add_argument("--op", action="append", default=[], help="keep only cases of this op (repeatable)")
     p.add_argument("--draws", type=int, default=1, metavar="N",
                    help="run each case over N input draws: Case.seed 0..N-1 (the id says seed=k for k > 0)")
@@ -370,6 +417,9 @@ def _add_run_options(p):
                    help="overwrite a result file of another suite, or discard an interrupted run's partial file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-ref-cache", action="store_true", help="do not read or write the on-disk reference cache")
+    p.add_argument("--no-gpu-cache", action="store_true",
+                   help="run the GPU leg (and its causality runs) again instead of reusing the GPU-baseline cache; "
+                        "the fresh results replace its entries")
     p.add_argument("--ref-method", default="recurrent", choices=("recurrent", "chunk"),
                    help="reference leg: formulation recomputed against the chunked golden (default recurrent)")
     p.add_argument("--ref-dtype", default="float64", choices=("float64", "float32"),
@@ -389,6 +439,9 @@ def _add_gate_options(p):
                    help="the leg the baseline file must come from (default gpu)")
     p.add_argument("--candidate-leg", default="tpu", choices=("ref", "gpu", "tpu"),
                    help="the leg the candidate file must come from (default tpu)")
+    p.add_argument("--junit", metavar="FILE",
+                   help="also write the verdicts as JUnit XML, one test case per (case, tensor); replaces only a "
+                        "file an earlier gate wrote, unless --force")
 
 
 def _add_policy(p):
@@ -431,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="where parity.csv and parity.md go")
     _add_policy(p)
     _add_gate_options(p)
+    p.add_argument("--force", action="store_true", help="overwrite a --junit FILE that the gate did not write")
     p.set_defaults(fn=cmd_gate)
 
     p = sub.add_parser("compile", help="compile every TPU case (forward and backward) for real TPU targets "

@@ -2,7 +2,11 @@
 
 - A test that takes the ``parity_case`` fixture is parametrized over the
   suite chosen by ``--parity-suite`` (or ``$PARITY_SUITE``, default smoke),
-  one test per case, with the case id as the test id.
+  one test per case, with the case id as the test id. ``--parity-case ID``
+  (repeatable) and ``--parity-cases-file TOML`` (``$PARITY_CASES_FILE``; see
+  ``cases.case_file``) choose cases one by one instead, suite cases or your own,
+  as ``parity run --case/--cases-file`` do; their result files are named as
+  that run's (``<leg>.cases-<hash>.csv``).
 - ``parity_results`` collects rows per leg; at the end of the session they
   are written to ``--parity-out`` (``$PARITY_OUT``, default
   ``reports/runs/pytest``) as ``<leg>.csv`` (``<leg>.op-<ops>.csv`` with
@@ -29,6 +33,12 @@ def pytest_addoption(parser):
     group = parser.getgroup("parity", "linear-attention parity harness")
     group.addoption("--parity-suite", default=os.environ.get("PARITY_SUITE", "smoke"),
                     help="suite for gpu/tpu-marked tests (env PARITY_SUITE; default smoke)")
+    group.addoption("--parity-case", action="append", default=[], metavar="ID",
+                    help="run just this case (repeatable; overrides --parity-suite): a suite case's id or any "
+                         "well-formed case id of your own")
+    group.addoption("--parity-cases-file", default=os.environ.get("PARITY_CASES_FILE"), metavar="TOML",
+                    help="run the cases of this TOML file (env PARITY_CASES_FILE; overrides --parity-suite, adds "
+                         "to --parity-case); see cases/examples/my_cases.toml")
     group.addoption("--parity-op", action="append", default=[],
                     help="keep only cases of this op (repeatable)")
     group.addoption("--parity-out", default=os.environ.get("PARITY_OUT", str(Path("reports") / "runs" / "pytest")),
@@ -46,6 +56,8 @@ def pytest_addoption(parser):
                          "(env PARITY_TPU_TARGETS; default v6e)")
     group.addoption("--parity-gate-metrics", default=os.environ.get("PARITY_GATE_METRICS"),
                     help="metrics the tpu-marked tests gate, replacing the policy's (env PARITY_GATE_METRICS)")
+    group.addoption("--parity-no-gpu-cache", action="store_true",
+                    help="run the GPU leg again instead of reusing the GPU-baseline cache (harness/gpu_cache.py)")
 
 
 def pytest_configure(config):
@@ -55,6 +67,8 @@ def pytest_configure(config):
     workerinput = getattr(config, "workerinput", None)
     config._parity_run_id = workerinput["parity_run_id"] if workerinput else uuid.uuid4().hex[:12]
     config._parity_rows = {}
+    if _by_id(config):  # a bad id or case file stops the session at once, one line, not at collection
+        _selected_cases(config)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -62,17 +76,49 @@ def pytest_configure_node(node):  # xdist controller -> workers: share one run i
     node.workerinput["parity_run_id"] = node.config._parity_run_id
 
 
-def pytest_generate_tests(metafunc):
-    if "parity_case" not in metafunc.fixturenames:
-        return
-    from cases.suites import get_suite
+def _by_id(config) -> bool:
+    """Whether the session's cases are chosen one by one (--parity-case, --parity-cases-file), not as a suite."""
+    return bool(config.option.parity_case or config.option.parity_cases_file)
 
-    opts = metafunc.config.option
-    cases = get_suite(opts.parity_suite)
+
+def _suite(config) -> str:
+    """The suite column of the session's rows: empty for cases chosen one by one, as ``parity run --case``."""
+    return "" if _by_id(config) else config.option.parity_suite
+
+
+def _selected_cases(config) -> list:
+    """The session's cases (computed once): the suite, or the cases chosen by id and file; then --parity-op."""
+    cached = getattr(config, "_parity_cases", None)
+    if cached is not None:
+        return cached
+    from cases.case_file import load_cases
+    from cases.suites import find_case, get_suite
+
+    opts = config.option
+    try:
+        if _by_id(config):
+            chosen = [find_case(c) for c in opts.parity_case]
+            chosen += load_cases(opts.parity_cases_file) if opts.parity_cases_file else []
+            first: dict = {}
+            for c in chosen:
+                first.setdefault(c.id, c)
+            cases, what = list(first.values()), "--parity-case/--parity-cases-file"
+        else:
+            cases, what = get_suite(opts.parity_suite), f"suite {opts.parity_suite!r}"
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     if opts.parity_op:
         cases = [c for c in cases if c.op in opts.parity_op]
     if not cases:
-        raise pytest.UsageError(f"suite {opts.parity_suite!r} with ops {opts.parity_op} selects no case")
+        raise pytest.UsageError(f"{what} with ops {opts.parity_op} selects no case")
+    config._parity_cases = cases
+    return cases
+
+
+def pytest_generate_tests(metafunc):
+    if "parity_case" not in metafunc.fixturenames:
+        return
+    cases = _selected_cases(metafunc.config)
     metafunc.parametrize("parity_case", cases, ids=[c.id for c in cases])
 
 
@@ -100,7 +146,9 @@ def reference_cache():
 
 @pytest.fixture(scope="session")
 def parity_runner(request, reference_cache):
-    """``parity_runner(leg)`` -> a Runner for that leg, built once per session."""
+    """``parity_runner(leg)`` -> a Runner for that leg, built once per session (the gpu leg's with the
+    GPU-baseline cache)."""
+    from harness.gpu_cache import for_leg
     from harness.legs import make_leg
     from harness.runner import Runner
     from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
@@ -114,8 +162,9 @@ def parity_runner(request, reference_cache):
 
     def get(leg: str) -> Runner:
         if leg not in runners:
-            runners[leg] = Runner(make_leg(leg, **options.get(leg, {})), reference_cache,
-                                  suite=request.config.option.parity_suite)
+            made = make_leg(leg, **options.get(leg, {}))
+            runners[leg] = Runner(made, reference_cache, suite=_suite(request.config),
+                                  leg_cache=for_leg(made, read=not request.config.option.parity_no_gpu_cache))
         return runners[leg]
 
     return get
@@ -181,9 +230,10 @@ def _write_result(df, out: Path, leg: str, config, run_id: str) -> Path:
     from harness.result_file import ResultFile, result_name
 
     opts = config.option
-    path = out / result_name(leg, ops=opts.parity_op)
+    case_ids = [c.id for c in _selected_cases(config)] if _by_id(config) else ()
+    path = out / result_name(leg, case_ids=case_ids, ops=opts.parity_op)
     try:
-        with ResultFile(path, {"leg": leg, "suite": opts.parity_suite}):
+        with ResultFile(path, {"leg": leg, "suite": _suite(config)}):
             return write_csv(df, path)
     except ReportError as exc:
         reporter = config.pluginmanager.get_plugin("terminalreporter")

@@ -53,6 +53,10 @@ def rows_to_frame(rows: Iterable[dict]) -> pd.DataFrame:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -60,8 +64,8 @@ def atomic_write_text(path: Path, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; results are meant to be shared
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -280,10 +284,28 @@ def compiled_note(tpu: pd.DataFrame) -> str:
     return text
 
 
+def gate_notes(result: GateResult) -> list[list[str]]:
+    """The caveats every gate report shows above its verdict counts: one list of Markdown paragraphs per note."""
+    notes = []
+    if (result.baseline_leg, result.candidate_leg) != ("gpu", "tpu"):
+        notes.append([f"**Not the GPU-vs-TPU gate**: the baseline is the {result.baseline_leg} leg and the "
+                      f"candidate the {result.candidate_leg} leg, as asked (--baseline-leg/--candidate-leg)."])
+    missing = int((result.parity["verdict"] == "missing").sum())
+    if missing:
+        notes.append([f"**{missing} (case, tensor) row(s) are in one file only** and were allowed "
+                      f"(--allow-missing): this gate covers a subset."])
+    if "emulated" in set(result.gpu["mode"].dropna()) | set(result.tpu["mode"].dropna()):
+        note = ["Emulated rows ran on CPU (Triton interpreter / Pallas interpret mode with the MXU model); "
+                "they are not hardware numbers."]
+        if "emulated" in set(result.tpu["mode"].dropna()):
+            note.append(compiled_note(result.tpu))
+        notes.append(note)
+    return notes
+
+
 def markdown(result: GateResult) -> str:
     p = result.parity
     counts = p.groupby("verdict").size().to_dict()
-    emulated = "emulated" in set(result.gpu["mode"].dropna()) | set(result.tpu["mode"].dropna())
     lines = [
         f"## Linear-attention parity: {'PASS' if result.passed else 'FAIL'}",
         "",
@@ -292,18 +314,10 @@ def markdown(result: GateResult) -> str:
         f"- baseline ({result.baseline_leg}): {provenance_line(result.gpu)}",
         f"- candidate ({result.candidate_leg}): {provenance_line(result.tpu)}",
     ]
-    if (result.baseline_leg, result.candidate_leg) != ("gpu", "tpu"):
-        lines += ["", f"> **Not the GPU-vs-TPU gate**: the baseline is the {result.baseline_leg} leg and the "
-                      f"candidate the {result.candidate_leg} leg, as asked (--baseline-leg/--candidate-leg)."]
-    missing = int((p["verdict"] == "missing").sum())
-    if missing:
-        lines += ["", f"> **{missing} (case, tensor) row(s) are in one file only** and were allowed "
-                      f"(--allow-missing): this gate covers a subset."]
-    if emulated:
-        lines += ["", "> Emulated rows ran on CPU (Triton interpreter / Pallas interpret mode with the MXU model); "
-                      "they are not hardware numbers."]
-        if "emulated" in set(result.tpu["mode"].dropna()):
-            lines += [">", f"> {compiled_note(result.tpu)}"]
+    for note in gate_notes(result):
+        lines.append("")
+        for i, paragraph in enumerate(note):
+            lines += [">"] * bool(i) + [f"> {paragraph}"]
     lines += ["", "| verdict | rows |", "|---|---|"] + [f"| {v} | {n} |" for v, n in sorted(counts.items())]
     cleared = p[(p["verdict"] == "pass") & p["ratio_lower"].notna()]
     if len(cleared):
@@ -345,6 +359,9 @@ def write_gate(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
     md = markdown(result)
     md_path = out_dir / "parity.md"
     atomic_write_text(md_path, md)
+    from .html_report import write_html_report  # it imports this module
+
+    write_html_report(result, out_dir)  # parity.html and parity.png, next to parity.md
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a") as f:  # GitHub's own file: append, never replace

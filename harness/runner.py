@@ -2,7 +2,8 @@
 
 For each case: validate it, draw its inputs, ask the leg whether it supports
 the case, compute the float64 golden (cached by input hash), run the leg, and
-compare every declared tensor. Every outcome is a row:
+compare every declared tensor (a ``leg_cache``, :mod:`harness.gpu_cache`, may serve
+the leg's output instead of running it). Every outcome is a row:
 
 =============== =============================================================
 status          meaning
@@ -29,6 +30,7 @@ from typing import Callable, Iterable, Mapping
 from cases.case import Case
 from cases.inputs import Inputs, make_inputs
 
+from .gpu_cache import GpuBaselineCache
 from .legs.base import Leg, LegOutput
 from .metrics import compare, nonfinite_where_ref_finite
 from .ops import get_op
@@ -74,11 +76,13 @@ class Runner:
     """Runs one leg over cases; rows carry the run's provenance."""
 
     def __init__(self, leg: Leg, reference_cache: ReferenceCache | None = None, suite: str = "",
-                 ops: Mapping[str, OpDescriptor] | None = None):
-        """``ops`` overrides the registry (tests inject fault-carrying descriptors this way)."""
+                 ops: Mapping[str, OpDescriptor] | None = None, leg_cache: GpuBaselineCache | None = None):
+        """``ops`` overrides the registry (tests inject fault-carrying descriptors this way); ``leg_cache``
+        serves and keeps the leg's outputs (:mod:`harness.gpu_cache`; None: the leg always runs)."""
         self.leg = leg
         self.ops = ops
         self.cache = reference_cache or ReferenceCache()
+        self.leg_cache = leg_cache
         env = leg.environment()
         self.provenance = {
             "leg": leg.name,
@@ -147,6 +151,10 @@ class Runner:
         common.update(facts)
         if problem:
             raise Refusal(op, Status.ERROR, problem, **common)
+        cached = self.leg_cache.load(op, case, inputs) if self.leg_cache is not None else None
+        if cached is not None:
+            out, common["wall_s"] = cached  # the original run's time; its details say it was served
+            return out, common
         t0 = time.perf_counter()
         try:
             out = self.leg.run(op, case, inputs)
@@ -156,6 +164,8 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - a failing case is rows, never an abort
             raise Refusal(op, Status.ERROR, _short_error(exc), **common, wall_s=time.perf_counter() - t0) from None
         common["wall_s"] = time.perf_counter() - t0
+        if self.leg_cache is not None:
+            self.leg_cache.store(op, case, inputs, out, common["wall_s"], self.provenance["git_commit"])
         return out, common
 
     def run_case(self, case: Case) -> list[dict]:

@@ -44,6 +44,8 @@ def options(case: Case) -> dict:
     opts = {name: False for name in BOOL_OPTIONS}
     opts["lower_bound"] = None
     opts.update(case.opt)
+    if isinstance(opts["lower_bound"], int) and not isinstance(opts["lower_bound"], bool):
+        opts["lower_bound"] = float(opts["lower_bound"])  # an id spells -5.0 as -5: fla and the kernels get a float
     return opts
 
 

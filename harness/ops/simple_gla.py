@@ -26,6 +26,8 @@ def validate(case: Case) -> None:
         raise ValueError(f"simple_gla {case.variant=} must be one of {VARIANTS}")
     if case.gate is None or case.gate.kind not in ("g", "g_gamma"):
         raise ValueError(f"simple_gla takes a g or g_gamma gate, got {case.gate}")
+    if case.opt:
+        raise ValueError(f"simple_gla takes no options, got {sorted(case.opt)}")
 
 
 # ----------------------------------------------------------------- bindings

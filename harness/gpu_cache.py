@@ -1,0 +1,271 @@
+"""The GPU-baseline cache: the GPU leg's results, kept on disk and reused while nothing they depend on moves.
+
+A kernel engineer changing a TPU kernel re-runs the whole job, yet fla has not
+changed: its leg (and its causality runs) would give the very same bits again.
+So what the GPU leg returned for a case (every tensor it produced, the
+per-case details, its wall time) is kept under
+``$PARITY_CACHE_DIR/gpu-baseline/`` (the reference cache's directory) as one
+``.npz`` per (case, inputs) and served instead of running fla again.
+
+What is cached is the leg's *output*, not the rows: rows are rebuilt from it
+by the runner as usual (golden, metrics, bounds, status), so a change of the
+comparison code, the policy's bounds or the reference can never leave a stale
+error column behind, and the causality check (which runs the leg on the case's
+inputs and on perturbed copies of them) reuses the same entries: each run is
+keyed by the sha256 of the inputs it was given.
+
+The key (sha256 of a JSON record) covers:
+
+- the case id and the input sha256;
+- the leg's environment: its mode (``native`` or ``emulated``: a native run never
+  reads an emulated entry, nor the reverse), device, versions (fla-core, triton,
+  torch) and settings (the dot precision, the autotune pinning);
+- the sources the leg's numerics depend on in this repository: the emulation
+  layer (``harness/emulation/``), the leg (``harness/legs/gpu.py``, ``base.py``), the op model
+  (``harness/ops/base.py``, ``cases/case.py``), and the module of every function
+  the op descriptor's GPU binding points to (``forward``, ``supports``,
+  ``describe``, ``differentiable``), found with :mod:`inspect`, so no op is named
+  here. A binding whose source cannot be found is never cached.
+
+An entry is used only when it reads cleanly, names its key and format, and
+matches its checksum (name, dtype, shape and bytes of every array); anything
+else is recomputed and atomically replaced with a :class:`GpuCacheWarning`.
+
+Only completed runs with finite results are stored: a run that raised (an
+``error`` or ``unsupported`` row, a crash, a timeout) or returned NaN/Inf is
+recomputed next time, so a transient failure never sticks and a failure is
+always reproduced for real. A served run says so in its rows' ``details``
+(``"gpu_cache"``: when and at which commit it was computed); ``wall_s`` is the
+original run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import functools
+import hashlib
+import inspect
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+
+from cases.case import Case
+from cases.inputs import Inputs
+
+from .legs.base import Leg, LegOutput
+from .ops.base import OpDescriptor
+from .reference_cache import _checksum, default_cache_dir
+
+_ROOT = Path(__file__).resolve().parent.parent
+SUBDIR = "gpu-baseline"
+FORMAT = 1
+_META = "__meta__"
+_SOURCES = ("harness/emulation/**/*.py", "harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/gpu.py",
+            "harness/ops/base.py", "cases/case.py")
+"""What the GPU leg's output depends on in this repository, besides the op's own binding."""
+
+
+CACHED_LEGS = ("gpu",)
+"""The legs whose outputs are cached: the baseline, never the TPU leg under development."""
+
+
+def for_leg(leg: Leg, read: bool = True) -> "GpuBaselineCache | None":
+    """The cache a run of ``leg`` uses (at the default directory), or None for a leg that is not cached."""
+    return GpuBaselineCache(leg, read=read) if leg.name in CACHED_LEGS else None
+
+
+class GpuCacheWarning(UserWarning):
+    """A GPU-baseline cache entry was not used: it is recomputed and replaced."""
+
+
+def default_directory() -> Path | None:
+    """``<reference cache directory>/gpu-baseline``; None when ``PARITY_CACHE_DIR`` is set empty."""
+    base = default_cache_dir()
+    return None if base is None else base / SUBDIR
+
+
+def _hash_files(paths) -> str:
+    h = hashlib.sha256()
+    for path in sorted(set(paths)):
+        h.update(str(path).encode())
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()
+
+
+def sources_fingerprint() -> str:
+    """sha256 of the leg, emulation and op-model sources (:data:`_SOURCES`)."""
+    return _hash_files(p for pattern in _SOURCES for p in _ROOT.glob(pattern))
+
+
+def _source_file(fn: Callable) -> str | None:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    try:
+        return inspect.getsourcefile(inspect.unwrap(fn))
+    except TypeError:  # a builtin or a C function: no source to hash
+        return None
+
+
+def binding_fingerprint(op: OpDescriptor, leg: str) -> str | None:
+    """sha256 of the modules the op's ``leg`` binding (and its list of differentiable inputs) is defined in,
+    plus the cotangent map; None when one has no source file (such an op is never cached)."""
+    binding = op.binding(leg)
+    if binding is None:
+        return None
+    files = [_source_file(fn) for fn in (binding.forward, binding.supports, binding.describe, op.differentiable)]
+    if any(f is None or not os.path.isfile(f) for f in files):
+        return None
+    return hashlib.sha256((_hash_files(files) + json.dumps(dict(op.cotangents), sort_keys=True)).encode()).hexdigest()
+
+
+def _finite(out: LegOutput) -> bool:
+    return all(a is None or bool(np.isfinite(np.asarray(a, dtype=np.float64)).all()) for a in out.tensors.values())
+
+
+class GpuBaselineCache:
+    """Leg outputs by (case, inputs, environment, sources). ``read=False`` recomputes every run and rewrites
+    its entry (``--no-gpu-cache``); ``directory=None`` disables the cache."""
+
+    def __init__(self, leg: Leg, directory: Path | None | str = "default", read: bool = True):
+        self.directory = default_directory() if directory == "default" else (Path(directory) if directory else None)
+        self.read = read
+        self.leg = leg
+        env = leg.environment()
+        self._base = {"format": FORMAT, "leg": leg.name, "mode": env.mode, "device": env.device,
+                      "versions": dict(env.versions), "settings": json.loads(json.dumps(dict(env.settings),
+                                                                                       sort_keys=True, default=str)),
+                      "sources": sources_fingerprint()}
+        self._bindings: dict[int, tuple[OpDescriptor, str | None]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.directory is not None
+
+    def key(self, op: OpDescriptor, case: Case, inputs: Inputs) -> str | None:
+        """The entry's key, or None when the op's binding has no source to hash (then nothing is cached)."""
+        if id(op) not in self._bindings:  # per descriptor object (kept alive here, so its id is not reused)
+            self._bindings[id(op)] = (op, binding_fingerprint(op, self.leg.name))
+        binding = self._bindings[id(op)][1]
+        if binding is None:
+            return None
+        record = {**self._base, "binding": binding, "case_id": case.id, "input_sha256": inputs.sha256}
+        return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.npz"
+
+    # ------------------------------------------------------------------ use
+    def load(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[LegOutput, float] | None:
+        """(the cached output, the original wall time), or None: then run the leg and :meth:`store` it."""
+        if not self.enabled:
+            return None
+        key = self.key(op, case, inputs)
+        if key is None or not self.read:
+            self.misses += 1
+            return None
+        path = self._path(key)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {name: data[name] for name in data.files}
+            found = _decode(arrays, key)
+        except (FileNotFoundError, NotADirectoryError):
+            self.misses += 1
+            return None
+        except Exception as exc:  # noqa: BLE001 - BadZipFile, zlib.error, EOFError...: a torn file is recomputed
+            found = f"it is unreadable ({type(exc).__name__}: {' '.join(str(exc).split())})"
+        if isinstance(found, str):
+            warnings.warn(f"GPU-baseline cache: not using {path}: {found}; recomputing and replacing it",
+                          GpuCacheWarning, stacklevel=3)
+            self.misses += 1
+            return None
+        self.hits += 1
+        return found
+
+    def store(self, op: OpDescriptor, case: Case, inputs: Inputs, out: LegOutput, wall_s: float,
+              git_commit: str = "") -> bool:
+        """Keep a completed run with finite results; True when it was written. Never raises for the disk."""
+        if not self.enabled or not _finite(out):
+            return False
+        key = self.key(op, case, inputs)
+        if key is None:
+            return False
+        try:
+            details = json.loads(json.dumps(dict(out.details), sort_keys=True, default=str))  # as rows write it
+            columns = json.loads(json.dumps(dict(out.columns)))  # a column that is not JSON is not cached
+        except (TypeError, ValueError):
+            return False
+        arrays = {name: np.ascontiguousarray(a) for name, a in out.tensors.items() if a is not None}
+        meta = {"format": FORMAT, "key": key, "case_id": case.id, "input_sha256": inputs.sha256,
+                "tensors": {n: {"dtype": str(a.dtype), "shape": list(a.shape)} for n, a in arrays.items()},
+                "absent": sorted(n for n, a in out.tensors.items() if a is None),
+                "details": details, "columns": columns, "wall_s": float(wall_s),
+                "computed": {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                             "git_commit": git_commit},
+                "sha256": _checksum(arrays)}
+        raw = {n: a.view(f"u{a.dtype.itemsize}") for n, a in arrays.items()}  # bf16 has no npz dtype: its bits
+        raw[_META] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
+        path, tmp = self._path(key), None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **raw)
+            os.replace(tmp, path)  # readers see the old entry or the whole new one
+            return True
+        except OSError:  # the cache is an optimisation: a read-only directory must not fail a run
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            return False
+
+    def summary(self, hits: int, runs: int, what: str = "cases") -> str:
+        """One line for the terminal: how many of ``runs`` came from the cache."""
+        if not self.enabled:
+            return f"GPU-baseline cache off (PARITY_CACHE_DIR is empty): {runs} {what} computed"
+        if not self.read:
+            return f"{runs} {what} recomputed, not read from the GPU-baseline cache; entries rewritten ({self.directory})"
+        return f"{hits}/{runs} {what} from the GPU-baseline cache ({self.directory})"
+
+
+def _decode(arrays: dict[str, np.ndarray], key: str) -> tuple[LegOutput, float] | str:
+    """The entry's output and wall time, or what is wrong with it."""
+    raw = arrays.pop(_META, None)
+    if raw is None:
+        return "it has no metadata"
+    try:
+        meta = json.loads(raw.tobytes().decode())
+        version, stored_key, tensors, checksum = meta["format"], meta["key"], meta["tensors"], meta["sha256"]
+        absent, details, columns = meta["absent"], meta["details"], meta["columns"]
+        wall, computed = float(meta["wall_s"]), dict(meta["computed"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"its metadata is unreadable ({type(exc).__name__})"
+    if version != FORMAT:
+        return f"it has cache format {version!r}, not {FORMAT}"
+    if stored_key != key:
+        return "its metadata names another key"
+    if not isinstance(tensors, dict) or set(arrays) != set(tensors):
+        return f"it holds tensors {sorted(arrays)}, its metadata lists {sorted(tensors)}"
+    out: dict[str, Any] = {}
+    try:
+        for name, spec in tensors.items():
+            a = arrays[name].view(np.dtype(getattr(ml_dtypes, spec["dtype"], spec["dtype"])))  # bfloat16 too
+            if list(a.shape) != spec["shape"]:
+                return f"its {name} has shape {list(a.shape)}, its metadata says {spec['shape']}"
+            out[name] = a
+    except (TypeError, ValueError, KeyError) as exc:
+        return f"its arrays do not match their metadata ({type(exc).__name__})"
+    if _checksum(out) != checksum:
+        return "its checksum does not match its values"
+    out.update({name: None for name in absent})
+    details = {**details, "gpu_cache": f"served from the cache: computed {computed.get('timestamp', '?')} "
+                                      f"at commit {computed.get('git_commit') or '?'}"}
+    return LegOutput(tensors=out, details=details, columns=columns), wall
