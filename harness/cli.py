@@ -149,7 +149,10 @@ def _run_causality(name: str, args, cases) -> "object":
 
     chosen = causality_cases(cases)
     t0 = time.perf_counter()
-    leg = make_leg(name, **_leg_options(args, name))
+    options = _leg_options(args, name)
+    if "compile_targets" in options:  # a perturbed run has the case's own shapes: the leg run compiles them once
+        options["compile_targets"] = ()
+    leg = make_leg(name, **options)
     leg_cache = _leg_cache(leg, args)
     df = run_causality(leg, chosen, progress=not args.no_progress, leg_cache=leg_cache)
     path = write_csv(df, Path(args.out) / f"causality-{name}.csv")
@@ -418,8 +421,8 @@ def _add_run_options(p):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-ref-cache", action="store_true", help="do not read or write the on-disk reference cache")
     p.add_argument("--no-gpu-cache", action="store_true",
-                   help="run the GPU leg (and its causality runs) again instead of reusing the GPU-baseline cache; "
-                        "the fresh results replace its entries")
+                   help="run the GPU leg and the reference leg (and their causality runs) again instead of reusing "
+                        "the baseline cache; the fresh results replace its entries")
     p.add_argument("--ref-method", default="recurrent", choices=("recurrent", "chunk"),
                    help="reference leg: formulation recomputed against the chunked golden (default recurrent)")
     p.add_argument("--ref-dtype", default="float64", choices=("float64", "float32"),

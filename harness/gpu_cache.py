@@ -1,5 +1,9 @@
 """The GPU-baseline cache: the GPU leg's results, kept on disk and reused while nothing they depend on moves.
 
+The reference leg (the float64 recurrent recompute that cross-checks the chunked golden) is a baseline a
+TPU change cannot move either, so its outputs are kept the same way, keyed by its own sources (the
+references, the argument contract, the input conversion) and labelled "baseline cache (reference leg)".
+
 A kernel engineer changing a TPU kernel re-runs the whole job, yet fla has not
 changed: its leg (and its causality runs) would give the very same bits again.
 So what the GPU leg returned for a case (every tensor it produced, the
@@ -67,13 +71,19 @@ _ROOT = Path(__file__).resolve().parent.parent
 SUBDIR = "gpu-baseline"
 FORMAT = 1
 _META = "__meta__"
-_SOURCES = ("harness/emulation/**/*.py", "harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/gpu.py",
-            "harness/ops/base.py", "cases/case.py")
-"""What the GPU leg's output depends on in this repository, besides the op's own binding."""
+_COMMON = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/ops/base.py", "cases/case.py")
+_SOURCES = {
+    "gpu": _COMMON + ("harness/emulation/**/*.py", "harness/legs/gpu.py"),
+    # the reference leg's recurrent recompute: the references and the argument contract they check
+    "ref": _COMMON + ("harness/legs/ref.py", "references/**/*.py", "op_contract/**/*.py", "cases/inputs.py"),
+}
+"""What each cached leg's output depends on in this repository, besides the op's own binding."""
 
+CACHED_LEGS = tuple(_SOURCES)
+"""The legs whose outputs are cached: the baselines a TPU change cannot move (fla, and the reference leg's
+recurrent cross-check), never the TPU leg under development."""
 
-CACHED_LEGS = ("gpu",)
-"""The legs whose outputs are cached: the baseline, never the TPU leg under development."""
+LABELS = {"gpu": "GPU-baseline cache", "ref": "baseline cache (reference leg)"}
 
 
 def for_leg(leg: Leg, read: bool = True) -> "GpuBaselineCache | None":
@@ -99,9 +109,9 @@ def _hash_files(paths) -> str:
     return h.hexdigest()
 
 
-def sources_fingerprint() -> str:
-    """sha256 of the leg, emulation and op-model sources (:data:`_SOURCES`)."""
-    return _hash_files(p for pattern in _SOURCES for p in _ROOT.glob(pattern))
+def sources_fingerprint(leg: str = "gpu") -> str:
+    """sha256 of the sources ``leg``'s output depends on (:data:`_SOURCES`)."""
+    return _hash_files(p for pattern in _SOURCES[leg] for p in _ROOT.glob(pattern))
 
 
 def _source_file(fn: Callable) -> str | None:
@@ -116,10 +126,14 @@ def _source_file(fn: Callable) -> str | None:
 def binding_fingerprint(op: OpDescriptor, leg: str) -> str | None:
     """sha256 of the modules the op's ``leg`` binding (and its list of differentiable inputs) is defined in,
     plus the cotangent map; None when one has no source file (such an op is never cached)."""
-    binding = op.binding(leg)
-    if binding is None:
-        return None
-    files = [_source_file(fn) for fn in (binding.forward, binding.supports, binding.describe, op.differentiable)]
+    if leg == "ref":  # the reference leg calls the op's float64 reference, not a leg binding
+        functions = (op.reference, op.differentiable)
+    else:
+        binding = op.binding(leg)
+        if binding is None:
+            return None
+        functions = (binding.forward, binding.supports, binding.describe, op.differentiable)
+    files = [_source_file(fn) for fn in functions]
     if any(f is None or not os.path.isfile(f) for f in files):
         return None
     return hashlib.sha256((_hash_files(files) + json.dumps(dict(op.cotangents), sort_keys=True)).encode()).hexdigest()
@@ -141,7 +155,7 @@ class GpuBaselineCache:
         self._base = {"format": FORMAT, "leg": leg.name, "mode": env.mode, "device": env.device,
                       "versions": dict(env.versions), "settings": json.loads(json.dumps(dict(env.settings),
                                                                                        sort_keys=True, default=str)),
-                      "sources": sources_fingerprint()}
+                      "sources": sources_fingerprint(leg.name)}
         self._bindings: dict[int, tuple[OpDescriptor, str | None]] = {}
         self.hits = 0
         self.misses = 0
@@ -229,11 +243,12 @@ class GpuBaselineCache:
 
     def summary(self, hits: int, runs: int, what: str = "cases") -> str:
         """One line for the terminal: how many of ``runs`` came from the cache."""
+        label = LABELS[self.leg.name]
         if not self.enabled:
-            return f"GPU-baseline cache off (PARITY_CACHE_DIR is empty): {runs} {what} computed"
+            return f"{label} off (PARITY_CACHE_DIR is empty): {runs} {what} computed"
         if not self.read:
-            return f"{runs} {what} recomputed, not read from the GPU-baseline cache; entries rewritten ({self.directory})"
-        return f"{hits}/{runs} {what} from the GPU-baseline cache ({self.directory})"
+            return f"{runs} {what} recomputed, not read from the {label}; entries rewritten ({self.directory})"
+        return f"{hits}/{runs} {what} from the {label} ({self.directory})"
 
 
 def _decode(arrays: dict[str, np.ndarray], key: str) -> tuple[LegOutput, float] | str:

@@ -362,7 +362,7 @@ def test_an_empty_cache_dir_setting_turns_the_cache_off(cli, capsys, monkeypatch
 # -------------------------------------------------------------- the pytest plugin
 PLUGIN_INLINE = '''
 def test_caches(parity_runner):
-    for leg in ("gpu", "ref"):
+    for leg in ("gpu", "ref", "tpu"):
         cache = parity_runner(leg).leg_cache
         print("LEG_CACHE", leg, None if cache is None else (cache.directory, cache.read))
 '''
@@ -375,5 +375,36 @@ def test_the_pytest_plugins_gpu_runner_uses_the_cache(leg, pytester, monkeypatch
     pytester.makepyfile(test_inline=PLUGIN_INLINE)
     result = pytester.runpytest("-s", "-p", "no:cacheprovider", *flag)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"*LEG_CACHE gpu ({tmp_path / 'c' / 'gpu-baseline'!r}, {read})",
-                                 "LEG_CACHE ref None"])
+    where = tmp_path / "c" / "gpu-baseline"
+    result.stdout.fnmatch_lines([f"*LEG_CACHE gpu ({where!r}, {read})", f"LEG_CACHE ref ({where!r}, {read})",
+                                 "LEG_CACHE tpu None"])  # the baselines are cached, the leg under development never
+
+
+
+def test_the_reference_legs_key_follows_the_references_not_fla_nor_the_tpu_side(tmp_path, monkeypatch):
+    """The reference leg is the other cached baseline: its entries move with references/, op_contract/ and the
+    input conversion, and not with fla's emulation layer or the TPU leg."""
+    from harness.legs import make_leg
+
+    for part in ("harness", "cases", "references", "op_contract"):
+        shutil.copytree(gc._ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(gc, "_ROOT", tmp_path)
+    base = gc.sources_fingerprint("ref")
+
+    def edited(relative):
+        path = tmp_path / relative
+        text = path.read_text()
+        path.write_text(text + "\n# edited\n")
+        try:
+            return gc.sources_fingerprint("ref")
+        finally:
+            path.write_text(text)
+
+    for moved in ("references/simple_gla.py", "references/_varlen.py", "op_contract/ops.py", "cases/inputs.py",
+                  "harness/legs/ref.py"):
+        assert edited(moved) != base, moved
+    for unmoved in ("harness/emulation/dots.py", "harness/legs/gpu.py", "harness/legs/tpu.py", "harness/metrics.py"):
+        assert edited(unmoved) == base, unmoved
+    ref = GpuBaselineCache(make_leg("ref"), directory=tmp_path / "c")
+    assert ref.key(OP, CASE, INPUTS) not in (None, GpuBaselineCache(GpuLeg(), directory=tmp_path / "c").key(
+        OP, CASE, INPUTS))
