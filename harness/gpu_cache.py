@@ -65,12 +65,11 @@ from cases.inputs import Inputs
 
 from .legs.base import Leg, LegOutput
 from .ops.base import OpDescriptor
-from .reference_cache import _checksum, default_cache_dir
+from .reference_cache import _META, _checksum, default_cache_dir, entry_metadata
 
 _ROOT = Path(__file__).resolve().parent.parent
 SUBDIR = "gpu-baseline"
 FORMAT = 1
-_META = "__meta__"
 _COMMON = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/ops/base.py", "cases/case.py")
 _SOURCES = {
     "gpu": _COMMON + ("harness/emulation/**/*.py", "harness/legs/gpu.py"),
@@ -253,22 +252,15 @@ class GpuBaselineCache:
 
 def _decode(arrays: dict[str, np.ndarray], key: str) -> tuple[LegOutput, float] | str:
     """The entry's output and wall time, or what is wrong with it."""
-    raw = arrays.pop(_META, None)
-    if raw is None:
-        return "it has no metadata"
+    meta = entry_metadata(arrays, key, FORMAT)
+    if isinstance(meta, str):
+        return meta
+    tensors, checksum = meta["tensors"], meta["sha256"]
     try:
-        meta = json.loads(raw.tobytes().decode())
-        version, stored_key, tensors, checksum = meta["format"], meta["key"], meta["tensors"], meta["sha256"]
         absent, details, columns = meta["absent"], meta["details"], meta["columns"]
         wall, computed = float(meta["wall_s"]), dict(meta["computed"])
     except (ValueError, KeyError, TypeError) as exc:
         return f"its metadata is unreadable ({type(exc).__name__})"
-    if version != FORMAT:
-        return f"it has cache format {version!r}, not {FORMAT}"
-    if stored_key != key:
-        return "its metadata names another key"
-    if not isinstance(tensors, dict) or set(arrays) != set(tensors):
-        return f"it holds tensors {sorted(arrays)}, its metadata lists {sorted(tensors)}"
     out: dict[str, Any] = {}
     try:
         for name, spec in tensors.items():

@@ -78,22 +78,33 @@ def _metadata(key: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
     return np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)  # no pickle needed to read
 
 
-def _problem(arrays: dict[str, np.ndarray], key: str, expected: list[str]) -> str | None:
-    """What is wrong with a loaded entry (``arrays`` with its ``__meta__``), or None when it can be used."""
+def entry_metadata(arrays: dict[str, np.ndarray], key: str, fmt: int) -> dict | str:
+    """The metadata of a loaded cache entry (popped from ``arrays``: its ``__meta__`` record), or what is wrong
+    with it: none, unreadable, another format or key, tensors other than it lists. Shared by every on-disk
+    cache here (this one, :mod:`harness.gpu_cache`)."""
     raw = arrays.pop(_META, None)
     if raw is None:
         return "it has no metadata (an older cache format)"
     try:
         meta = json.loads(raw.tobytes().decode())
-        version, stored_key, tensors, checksum = meta["format"], meta["key"], meta["tensors"], meta["sha256"]
+        version, stored_key, tensors, _ = meta["format"], meta["key"], meta["tensors"], meta["sha256"]
     except (ValueError, KeyError, TypeError) as exc:
         return f"its metadata is unreadable ({type(exc).__name__})"
-    if version != FORMAT:
-        return f"it has cache format {version!r}, not {FORMAT}"
+    if version != fmt:
+        return f"it has cache format {version!r}, not {fmt}"
     if stored_key != key:
         return "its metadata names another key"
     if not isinstance(tensors, dict) or set(arrays) != set(tensors):
         return f"it holds tensors {sorted(arrays)}, its metadata lists {sorted(tensors)}"
+    return meta
+
+
+def _problem(arrays: dict[str, np.ndarray], key: str, expected: list[str]) -> str | None:
+    """What is wrong with a loaded entry (``arrays`` with its ``__meta__``), or None when it can be used."""
+    meta = entry_metadata(arrays, key, FORMAT)
+    if isinstance(meta, str):
+        return meta
+    tensors, checksum = meta["tensors"], meta["sha256"]
     missing = [n for n in expected if n not in arrays]
     if missing:
         return f"it lacks the compared tensor(s) {missing}"
