@@ -40,7 +40,7 @@ def check_every_leg_wrote_every_case_and_tensor(run):
     expected = {(c.id, t) for c in SMOKE for t in get_op(c.op).tensor_names(c)}
     for leg, df in frames.items():
         assert set(zip(df["case_id"], df["tensor"])) == expected, leg
-    assert (out / "parity.csv").exists() and (out / "parity.md").exists()
+    assert all((out / f"parity.{ext}").exists() for ext in ("csv", "md", "html", "png"))
     for leg in ("ref", "gpu", "tpu"):
         assert (out / f"causality-{leg}.csv").exists()
 
