@@ -36,6 +36,8 @@ the chunk against its gradient), ``dg_t = sum_{i>=t in chunk} x_i + s``. Since
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -118,6 +120,8 @@ def _fwd_o_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, b_scr, *, cfg: Confi
     jax.lax.fori_loop(0, C // BC, row_block, 0)
 
 
+# jitted with its static settings: eager calls would retrace and recompile the kernels every time
+@functools.partial(jax.jit, static_argnames=("cfg", "emit_states"))
 def chunk_fwd_impl(q, k, v, g, h0, cfg: Config, emit_states: bool = True):
     """o [B,T,H,V] (q dtype), ht [B,H,K,V] f32, states S_n [B,NT,H,K,V] f32.
 
@@ -247,6 +251,8 @@ def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref,
     dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
 
 
+# jitted with its static settings: eager calls would retrace and recompile the kernels every time
+@functools.partial(jax.jit, static_argnames=("cfg", "want_dh0"))
 def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
     """(dq, dk, dv) in input dtypes, dg [B,T,H,K] f32, dh0 [B,H,K,V] f32 or None."""
     B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)

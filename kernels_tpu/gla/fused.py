@@ -50,6 +50,8 @@ f32 VMEM row over the reverse time walk; the wrapper sums B and the row.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -120,6 +122,8 @@ def _fused_fwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, *rest, cfg: Co
         ht_ref[...] = s_scr[...]
 
 
+# jitted with its static settings: eager calls would retrace and recompile the kernels every time
+@functools.partial(jax.jit, static_argnames=("cfg", "emit_states"))
 def fused_fwd_impl(q, k, v, g_gamma, h0, cfg: Config, emit_states: bool):
     """o [B,T,H,V] (q dtype), ht [B,H,K,V] f32, and (emit_states) S_n [B,NT,H,K,V] f32."""
     B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
@@ -222,6 +226,8 @@ def _fused_bwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, do_ref, h_ref,
             dh0_ref[...] = dh_scr[...]
 
 
+# jitted with its static settings: eager calls would retrace and recompile the kernels every time
+@functools.partial(jax.jit, static_argnames=("cfg", "want_dh0"))
 def fused_bwd_impl(q, k, v, g_gamma, states, do, dht, cfg: Config, want_dh0: bool):
     """(dq, dk, dv) in input dtypes, dg_gamma [H] f32, dh0 [B,H,K,V] f32 or None."""
     B, T, H, K = q.shape

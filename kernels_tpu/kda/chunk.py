@@ -283,6 +283,8 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
 
 
 # ============================================================ pallas_call wrappers
+# jitted with its static settings: eager calls would retrace and recompile the kernels every time
+@functools.partial(jax.jit, static_argnums=(0,))
 def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
     """Head-major padded inputs: q, k, G [B,H,T,K]; v [B,H,T,V]; beta [B,H,T,1]; h0 [B,H,K,V] or None.
     Returns o [B,H,T,V] (q.dtype), chunk-start states [B,H,NT,K,V] f32, ht [B,H,K,V] f32."""
@@ -308,6 +310,8 @@ def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
     return o, hs, ht
 
 
+# jitted with its static settings: eager calls would retrace and recompile the kernels every time
+@functools.partial(jax.jit, static_argnums=(0,))
 def _bwd_impl(cfg: Config, q, k, v, G, beta, hs, do, dht):
     """Reverse chunk pass. Returns f32 dq, dk, dG [B,H,T,K], dv [B,H,T,V], dbeta [B,H,T,1], dh0 [B,H,K,V]."""
     B, H, T, K = q.shape
