@@ -19,6 +19,7 @@ status          meaning
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as _dt
 import json
 import os
@@ -142,31 +143,51 @@ class Runner:
         return op, inputs
 
     def execute(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[LegOutput, dict]:
-        """The leg's preflight, then its run: (output, row columns); otherwise raises :class:`Refusal`."""
-        common = {"input_sha256": inputs.sha256}
-        try:
-            problem, facts = self.leg.preflight(op, case, inputs)
-        except Exception as exc:  # noqa: BLE001
-            problem, facts = f"preflight failed: {_short_error(exc)}", {}
-        common.update(facts)
+        """The leg's preflight and its run: (output, row columns); otherwise raises :class:`Refusal`.
+
+        The preflight (the emulated TPU leg's compile for real TPUs) runs in a thread beside the run, which
+        needs nothing from it: both are mostly XLA compiles that release the GIL. Its verdict still rules: a
+        failed preflight makes the case an error row whatever the run gave."""
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
+            preflight = pool.submit(self._preflight, op, case, inputs)
+            try:
+                out, wall_s, served = self._run(op, case, inputs)
+                refused = None
+            except Refusal as r:
+                refused = r
+            problem, facts = preflight.result()
+        common = {"input_sha256": inputs.sha256, **facts}
         if problem:
             raise Refusal(op, Status.ERROR, problem, **common)
+        if refused is not None:
+            raise Refusal(op, refused.status, refused.reason, **{**common, **refused.columns})
+        common["wall_s"] = wall_s
+        if self.leg_cache is not None and not served:
+            self.leg_cache.store(op, case, inputs, out, wall_s, self.provenance["git_commit"])
+        return out, common
+
+    def _preflight(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[str | None, dict]:
+        try:
+            return self.leg.preflight(op, case, inputs)
+        except Exception as exc:  # noqa: BLE001
+            return f"preflight failed: {_short_error(exc)}", {}
+
+    def _run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[LegOutput, float, bool]:
+        """(the leg's output, its wall time, whether ``leg_cache`` served it)."""
         cached = self.leg_cache.load(op, case, inputs) if self.leg_cache is not None else None
         if cached is not None:
-            out, common["wall_s"] = cached  # the original run's time; its details say it was served
-            return out, common
+            out, wall_s = cached  # the original run's time; its details say it was served
+            return out, wall_s, True
         t0 = time.perf_counter()
         try:
             out = self.leg.run(op, case, inputs)
         except NotImplementedError as exc:
             # the kernel's own validation: a valid case this leg does not implement
-            raise Refusal(op, Status.UNSUPPORTED, _short_error(exc), **common) from None
+            raise Refusal(op, Status.UNSUPPORTED, _short_error(exc), input_sha256=inputs.sha256) from None
         except Exception as exc:  # noqa: BLE001 - a failing case is rows, never an abort
-            raise Refusal(op, Status.ERROR, _short_error(exc), **common, wall_s=time.perf_counter() - t0) from None
-        common["wall_s"] = time.perf_counter() - t0
-        if self.leg_cache is not None:
-            self.leg_cache.store(op, case, inputs, out, common["wall_s"], self.provenance["git_commit"])
-        return out, common
+            raise Refusal(op, Status.ERROR, _short_error(exc), input_sha256=inputs.sha256,
+                          wall_s=time.perf_counter() - t0) from None
+        return out, time.perf_counter() - t0, False
 
     def run_case(self, case: Case) -> list[dict]:
         try:
