@@ -103,7 +103,8 @@ class Interrupted(Exception):
 
 
 def _leg_cache(leg, args):
-    """The leg's GPU-baseline cache (reading it unless --no-gpu-cache), or None for a leg that is not cached."""
+    """The leg's baseline cache (the GPU and reference legs'; read unless --no-gpu-cache), or None for a leg
+    that is not cached (the TPU leg)."""
     from harness.gpu_cache import for_leg
 
     return for_leg(leg, read=not getattr(args, "no_gpu_cache", False))
