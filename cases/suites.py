@@ -11,8 +11,9 @@
   packed sequences at their edges: a one-token sequence, boundaries one token
   before and one after a chunk edge, sequences of C - 1 and C + 1 tokens, h0
   and dht per sequence.
+  fla's own tests' gate strengths (normalizers 0.1 and 10: strong and weak decay) per op and dtype.
 - ``standard``: a broader grid for pre-merge runs on hardware, with one packing of four sequences per op
-  and gate kind.
+  and gate kind, and fla's test row that found fp16 under strong decay (T = 1000, H = 4) per op.
 - ``stress``: long sequences, H=16, ALiBi from layer 0 of 20-32 layers: the
   exp-overflow regime (|gamma| * 128 = 90.5 > 88.7 = log(float32 max)); a training-like packing of eight
   sequences summing to 8192 per op.
@@ -38,6 +39,24 @@ STANDARD_LENS = (300, 129, 500, 71)
 
 STRESS_LENS = (2048, 1031, 517, 1500, 64, 1777, 999, 256)
 """A training-like packing: eight sequences summing to T = 8192, from one chunk to 2048 tokens."""
+
+
+GATE_STRENGTHS = (0.1, 10.0)
+"""The gate normalizers fla's tests use besides 16: ``logsigmoid(x) / 0.1`` is a strong decay (about
+-7 per token: a state is little more than its last token's outer product), ``/ 10`` a weak one."""
+
+
+def gate_strength(normalizer: float, lower_bound: float | None = None) -> Gate:
+    return Gate("g", "logsigmoid", normalizer=normalizer, lower_bound=lower_bound)
+
+
+def gate_strength_cases(op: str, dtypes=("bfloat16", "float16", "float32"), *, lower_bound: float | None = None,
+                        **shape) -> list[Case]:
+    """One case per dtype and strength of :data:`GATE_STRENGTHS` (``lower_bound`` clamps the strong gate only)."""
+    shape = {"variant": "chunk", "B": 1, "T": 128, "H": 1, "K": 128, "V": 128, "chunk_size": 64, "h0": True,
+             "dht": True, **shape}
+    return [Case(op, dtype=dtype, gate=gate_strength(norm, lower_bound if norm < 1 else None), **shape)
+            for dtype in dtypes for norm in GATE_STRENGTHS]
 
 
 def alibi(num_layers: int = 32, layer_idx: int = 0) -> Gate:
@@ -83,6 +102,9 @@ def _simple_gla_regressions() -> list[Case]:
              h0=True, dht=True, lens=(63, 2, 1, 65)),
         Case("simple_gla", "fused_chunk", B=1, T=131, H=1, K=128, V=128, dtype="bfloat16", gate=G, chunk_size=64,
              h0=True, dht=True, lens=(63, 2, 1, 65)),
+        # fla's gate strengths: under a strong decay ht is about k_T v_T^T, which fla multiplies exactly in fp16
+        # (a 3-pass bf16 split lost its lo*lo term: 2.5x fla's ht error)
+        *gate_strength_cases("simple_gla"),
     ]
 
 
@@ -94,6 +116,7 @@ def _simple_gla_standard() -> list[Case]:
     ):
         out.append(Case("simple_gla", variant, B=2, T=T, H=4, K=128, V=128, dtype=dtype, gate=gate,
                         chunk_size=C, h0=True, dht=True))
+    out += gate_strength_cases("simple_gla", ("float16",), T=1000, H=4, dht=True, scale=1.0)
     for variant, gate in (("chunk", G), ("fused_chunk", G), ("chunk", alibi(24, 0))):
         out.append(Case("simple_gla", variant, B=1, T=sum(STANDARD_LENS), H=4, K=128, V=128, dtype="bfloat16",
                         gate=gate, chunk_size=64, h0=True, dht=True, lens=STANDARD_LENS))
@@ -151,6 +174,8 @@ def _gla_regressions() -> list[Case]:
         # sequences of C - 1 and C + 1 tokens, boundaries on a chunk edge (64) and one token after one (129)
         Case("gla", "chunk", B=1, T=129, H=1, K=128, V=128, dtype="bfloat16", gate=alibi(24, 0), chunk_size=64,
              h0=True, dht=True, lens=(1, 63, 65)),
+        # fla's gate strengths, per channel
+        *gate_strength_cases("gla"),
     ]
 
 
@@ -160,7 +185,7 @@ def _gla_standard() -> list[Case]:
                                                         (512, 1000), (128, 256))]
     packed = [Case("gla", "chunk", B=1, T=sum(STANDARD_LENS), H=4, K=128, V=128, dtype="bfloat16", gate=gate,
                    chunk_size=64, h0=True, dht=True, lens=STANDARD_LENS) for gate in (G, alibi(24, 0))]
-    return grid + packed
+    return grid + packed + gate_strength_cases("gla", ("float16",), T=1000, H=4)
 
 
 def _gla_stress() -> list[Case]:
@@ -210,6 +235,9 @@ def _kda_regressions() -> list[Case]:
         # chunk edge: 65, 66), then C - 2 tokens; a state and a state gradient per sequence
         Case("kda", "chunk", B=1, T=128, H=1, K=128, V=128, dtype="float32", gate=G, chunk_size=64, h0=True,
              dht=True, lens=(65, 1, 62)),
+        # fla's gate strengths; the strong gate clamped at -5 as fla's safe gate needs (bf16 is the case above)
+        *gate_strength_cases("kda", ("float16", "float32"), lower_bound=-5.0),
+        *gate_strength_cases("kda", ("bfloat16",))[1:],
     ]
 
 
@@ -223,7 +251,7 @@ def _kda_standard() -> list[Case]:
                         h0=True, dht=True, options=opts))
     out.append(Case("kda", "chunk", B=1, T=sum(STANDARD_LENS), H=4, K=128, V=128, dtype="bfloat16", gate=G,
                     chunk_size=64, h0=True, dht=True, lens=STANDARD_LENS, options=(("use_qk_l2norm_in_kernel", True),)))
-    return out
+    return out + gate_strength_cases("kda", ("float16",), T=1000, H=4, lower_bound=-5.0)
 
 
 def _kda_stress() -> list[Case]:
