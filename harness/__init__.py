@@ -1,7 +1,7 @@
 """The parity harness: cases -> legs -> rows -> gate -> reports."""
 
-from .tpu_compile import prepare_environment
+from .tpu_env import prepare_environment
 
-# libtpu defaults (see tpu_compile.prepare_environment), set before any jax backend starts: with
-# libtpu installed, jax loads it in every process, and its host-wide lock would stop a second one.
+# libtpu defaults (harness.tpu_env), set before any jax backend starts: with libtpu installed, jax loads it
+# in every process; its host-wide lock would stop a second one, and without a TPU its start-up is noisy.
 prepare_environment()

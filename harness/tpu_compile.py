@@ -19,12 +19,12 @@ topology it is compiled for (one chip is used).
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .status import Status
+from .tpu_env import prepare_environment
 
 TARGETS = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2", "v7x": "TPU7x:2x2x1"}
 """Target name -> jax topology name (``get_topology_desc(topology_name=...)``)."""
@@ -42,20 +42,6 @@ MEMORY_FIELDS = {  # column -> CompiledMemoryStats attribute (bytes, per chip)
 ERROR_CHARS = 500
 COMPILE_MODE = "aot"
 """compile.csv's ``mode``: compiled ahead of time by libtpu for a TPU topology; nothing ran on a TPU."""
-
-
-def prepare_environment() -> None:
-    """libtpu settings for compiling on a machine without a TPU; call before jax initialises backends.
-
-    - ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``: libtpu otherwise takes a host-wide lock
-      file on load, so a second process (a pytest-xdist worker, a concurrent
-      run) could not compile.
-    - ``TPU_SKIP_MDS_QUERY=1``: no look-ups of a cloud metadata server.
-
-    Both are defaults only: a value the user set is kept.
-    """
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 
 def parse_targets(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:

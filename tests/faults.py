@@ -115,15 +115,41 @@ def scores_rounded_twice(bits: int):
 
 
 def f32_dots_fewer_bits(bits: int):
-    """The policy's f32-operand dots (BF16X3) fed operands rounded to ``bits`` first; 7 is one bf16 pass."""
+    """The policy's f32-operand dots (BF16X3, BF16X4) fed operands rounded to ``bits`` first; 7 is one bf16 pass."""
     from kernels_tpu import mxu
 
     real = mxu.dot
 
     def dot(a, b, *, precision, **kw):
-        if precision == mxu.BF16X3:
+        if precision in (mxu.BF16X3, mxu.BF16X4):
             a, b = round_fraction(a, bits), round_fraction(b, bits)
         return real(a, b, precision=precision, **kw)
+
+    return {"mxu.dot": dot}
+
+
+def products_fewer_bits(bits: int):
+    """The policy's f32-operand dots with every product rounded to ``bits`` before the f32 sum.
+
+    A strong-decay fault: a product of two fp16 values is exact at 21 fraction bits, and fla's fp16 tensor
+    cores keep it whole; under a strong decay each entry of the final state is about one such product
+    (ht ~ k_T v_T^T), so fla's error there is ~1e-6 and a product kept at ~16 bits is seen. Elsewhere the
+    state sums many decayed terms that fla rounds to fp16 (~2e-4), which hides the same fault. The three
+    passes of BF16X3 drop ``lo*lo``, about 2^-16 of a product: this class at ~15 bits."""
+    import jax.numpy as jnp_
+
+    from kernels_tpu import mxu
+
+    real = mxu.dot
+
+    def dot(a, b, *, precision, preferred_element_type=jnp_.float32, dimension_numbers=mxu.NN, **kw):
+        if precision not in (mxu.BF16X3, mxu.BF16X4):
+            return real(a, b, precision=precision, preferred_element_type=preferred_element_type,
+                        dimension_numbers=dimension_numbers, **kw)
+        a, b = a.astype(jnp_.float32), b.astype(jnp_.float32)
+        a = a.T if dimension_numbers == mxu.TN else a  # a [M, K]
+        b = b.T if dimension_numbers == mxu.NT_T else b  # b [K, N]
+        return jnp_.sum(round_fraction(a[:, :, None] * b[None, :, :], bits), axis=1).astype(preferred_element_type)
 
     return {"mxu.dot": dot}
 
@@ -142,6 +168,7 @@ REGRESSIONS = {
     "state rounded per chunk": state_rounded_per_chunk,
     "scores rounded twice": scores_rounded_twice,
     "f32 dots at fewer bits": f32_dots_fewer_bits,
+    "products at fewer bits": products_fewer_bits,
     "fp16 inputs at fewer bits": fp16_inputs_fewer_bits,
 }
 """Graded regression classes: name -> (bits -> {helper name: faulty twin})."""

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from kernels_tpu.mxu import BF16X3, PASSES, dot, widen_fp16
+from kernels_tpu.mxu import BF16X3, BF16X4, F32_DOT_PRECISION, PASSES, dot, widen_fp16
 
 # a = 1 + 2^-10 + 2^-20: bf16 keeps 1 (8 bits), bf16x3 keeps 1 + 2^-10 (2 pieces), bf16x6 all of it
 A = 1.0 + 2.0**-10 + 2.0**-20
@@ -14,6 +14,7 @@ A = 1.0 + 2.0**-10 + 2.0**-20
 @pytest.mark.parametrize("precision, expected", [
     (lax.Precision.DEFAULT, 1.0),  # one bf16 pass: the operand is rounded to bf16
     (BF16X3, 1.0 + 2.0**-10),  # hi*hi + hi*lo + lo*hi, lo = 2^-10 + 2^-20 rounded to bf16
+    (BF16X4, 1.0 + 2.0**-10),  # lo*lo adds nothing here (b = 1 has no lo): 2^-20 was never in two pieces
     (lax.Precision.HIGHEST, A),  # bf16x6: f32 accuracy
 ])
 def test_f32_dot_passes(precision, expected):
@@ -36,15 +37,42 @@ def test_bf16x3_is_written_out_the_same_with_and_without_the_model():
         assert float(dot(a, jnp.ones((1, 1)), precision=BF16X3, mxu_model=model)[0, 0]) == 1.0 + 2.0**-10
 
 
-def test_bf16x3_keeps_an_fp16_product_whole():
-    # (1 + 2^-10)(1 + 2^-9): fp16 operands split exactly into two bf16 pieces; only lo*lo = 2^-19 is lost
+@pytest.mark.parametrize("model", [True, False])
+def test_bf16x3_drops_lo_lo_and_bf16x4_keeps_an_fp16_product_whole(model):
+    # (1 + 2^-10)(1 + 2^-9) = 1 + 2^-10 + 2^-9 + 2^-19, exact in f32. Both fp16 operands split exactly into
+    # hi = 1 and lo = 2^-10, 2^-9; BF16X3 loses lo*lo = 2^-19, BF16X4 keeps it.
     a = jnp.array([[1.0 + 2.0**-10]], jnp.float32)
     b = jnp.array([[1.0 + 2.0**-9]], jnp.float32)
-    assert float(dot(a, b, precision=BF16X3, mxu_model=True)[0, 0]) == 1.0 + 2.0**-10 + 2.0**-9
+    assert float(dot(a, b, precision=BF16X3, mxu_model=model)[0, 0]) == 1.0 + 2.0**-10 + 2.0**-9
+    assert float(dot(a, b, precision=BF16X4, mxu_model=model)[0, 0]) == 1.0 + 2.0**-10 + 2.0**-9 + 2.0**-19
+
+
+def test_bf16x4_multiplies_every_pair_of_fp16_values_exactly():
+    """Every product of two random fp16 values (normal range) is exact under BF16X4, as on fla's tensor
+    cores; BF16X3 gets about a third of them wrong (those where both low pieces are non-zero)."""
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal(4096) * 4.0 ** rng.integers(-3, 4, 4096)).astype(np.float16)
+    b = (rng.standard_normal(4096) * 4.0 ** rng.integers(-3, 4, 4096)).astype(np.float16)
+    exact = a.astype(np.float64) * b.astype(np.float64)
+    assert np.array_equal(exact.astype(np.float32), exact)  # 22 significant bits fit in f32
+
+    def products(precision):
+        one = dot(jnp.asarray(a, jnp.float32)[:, None], jnp.ones((1, 1), jnp.float32), precision=precision,
+                  mxu_model=True)  # widened the way the kernels widen fp16: exact
+        return np.array(dot(jnp.diag(one[:, 0]), jnp.asarray(b, jnp.float32)[:, None], precision=precision,
+                            mxu_model=True))[:, 0]
+
+    assert np.array_equal(products(BF16X4), exact)
+    wrong = np.mean(products(BF16X3) != exact)
+    assert 0.2 < wrong < 0.9, wrong
+
+
+def test_the_policy_multiplies_fp16_data_exactly():
+    assert F32_DOT_PRECISION["float16"] == BF16X4
 
 
 def test_pass_counts():
-    assert PASSES == {lax.Precision.DEFAULT: 1, BF16X3: 3, lax.Precision.HIGHEST: 6}
+    assert PASSES == {lax.Precision.DEFAULT: 1, BF16X3: 3, BF16X4: 4, lax.Precision.HIGHEST: 6}
 
 
 def test_bf16_operands_exact_products_f32_accumulation():
@@ -96,7 +124,8 @@ def _kernel_with_loop(a_ref, b_ref, o_ref, *, precision):
 
 
 @pytest.mark.parametrize("dtype, precision, passes", [
-    (jnp.float32, lax.Precision.HIGHEST, 6), (jnp.float32, BF16X3, 3), (jnp.float32, lax.Precision.DEFAULT, 1),
+    (jnp.float32, lax.Precision.HIGHEST, 6), (jnp.float32, BF16X4, 4), (jnp.float32, BF16X3, 3),
+    (jnp.float32, lax.Precision.DEFAULT, 1),
     (jnp.bfloat16, lax.Precision.HIGHEST, 1),  # bf16 operands: one pass whatever the stated precision
 ])
 def test_tally_counts_every_executed_dot(dtype, precision, passes):

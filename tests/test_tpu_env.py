@@ -1,0 +1,37 @@
+"""A silent start: libtpu's defaults (harness.tpu_env) and a clean stderr from a real command."""
+
+import os
+import subprocess
+import sys
+
+from harness.tpu_env import WITHOUT_A_TPU, prepare_environment, tpu_attached
+
+
+def test_defaults_without_a_tpu_keep_what_the_user_set(tmp_path):
+    none = (str(tmp_path / "accel[0-9]*"),)
+    env = {"TPU_ACCELERATOR_TYPE": "v5litepod-8"}
+    prepare_environment(env, none)
+    assert env == {"TPU_ACCELERATOR_TYPE": "v5litepod-8", "TPU_WORKER_HOSTNAMES": "localhost",
+                   "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1"}
+
+
+def test_a_machine_with_a_tpu_gets_no_topology(tmp_path):
+    (tmp_path / "accel0").touch()
+    chips = (str(tmp_path / "accel[0-9]*"),)
+    assert tpu_attached(chips) and not tpu_attached((str(tmp_path / "vfio" / "[0-9]*"),))
+    env = {}
+    prepare_environment(env, chips)
+    assert not set(WITHOUT_A_TPU) & set(env) and env["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
+
+
+def test_parity_cases_starts_silently():
+    """A fresh process with libtpu installed (the cpu extra) and none of its variables set: stderr is empty
+    (libtpu printed "E0000 ... INVALID_ARGUMENT" and a source-location trace before the defaults)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_") and k != "ALLOW_MULTIPLE_LIBTPU_LOAD"}
+    code = ("import jax, jax.numpy as jnp; from harness.cli import main; "
+            "rc = main(['cases', '--suite', 'smoke']); print(float(jnp.ones(3).sum()), jax.default_backend()); "
+            "raise SystemExit(rc)")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("3.0 cpu")  # jax still computes, on the CPU
+    assert done.stderr == "", done.stderr
