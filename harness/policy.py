@@ -57,6 +57,9 @@ BOUNDS: list[Bound] = [
     # fp32: the GPU rounds dot inputs to TF32 (10-bit significand, ~4e-4 measured
     # on o); the TPU's DEFAULT precision is one bf16 pass. Allow both.
     Bound(1e-2, "fp32 inputs: TF32 / bf16-pass dots", dtype="float32"),
+    # dg sums q.dq - k.dk, terms that cancel; under a strong decay (fla's normalizer 0.1) fla's TF32 dots leave
+    # rel_l2 1.2e-2 on an H100 (reports/h100-native), which 1e-2 would turn into a GPU row without a number.
+    Bound(5e-2, "fp32 inputs: dg sums cancelling TF32 terms", tensor="dg", dtype="float32"),
     # the reference leg at float32 compute: float32 rounding only.
     Bound(1e-4, "float32 re-computation of the reference", leg="ref"),
 ]

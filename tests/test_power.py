@@ -20,6 +20,7 @@ from power import caught_at
 
 FP32 = "simple_gla.chunk/B1-T128-H2-K128-V128/fp32/g=logsigmoid/16/C64/dht"
 FP16 = "simple_gla.chunk/B1-T128-H2-K128-V128/fp16/g_gamma=alibi(L32,l0)/C64/h0,dht"
+STRONG_FP16 = "simple_gla.chunk/B1-T128-H1-K128-V128/fp16/g=logsigmoid/0.1/C64/h0,dht"  # regressions
 
 
 def test_round_fraction_on_hand_computed_values():
@@ -43,7 +44,7 @@ def baselines():
     from harness.legs.gpu import GpuLeg
 
     cache = ReferenceCache(None)
-    gpu = {cid: rows_to_frame(Runner(GpuLeg(), cache).run_case(find_case(cid))) for cid in (FP32, FP16)}
+    gpu = {cid: rows_to_frame(Runner(GpuLeg(), cache).run_case(find_case(cid))) for cid in (FP32, FP16, STRONG_FP16)}
     return gpu, cache
 
 
@@ -52,6 +53,7 @@ PINNED = {
     "scores rounded twice": FP16,
     "f32 dots at fewer bits": FP32,  # 7 bits: one bf16 pass
     "fp16 inputs at fewer bits": FP16,  # 7 bits: fp16 through bf16
+    "products at fewer bits": FP16,
 }
 """Each regression class at 7 fraction bits (bf16's) and a small case where the shipped policy must catch it.
 A regression is caught only where it makes the TPU worse than fla: on fp32 cases fla's TF32 dots
@@ -73,3 +75,26 @@ def test_the_shipped_policy_catches_each_class_at_bf16_precision(baselines, regr
     result = caught_at(regression, 7, [case], gpu[case_id], policy, cache)
     assert result["caught"], result
     assert result["patched"]  # the fault reached at least one kernel helper
+
+
+def test_the_strong_decay_class_is_caught_on_the_suites(baselines, monkeypatch):
+    """Issue 20's class on the regressions suite's fp16 strong-decay case (fla's normalizer 0.1): ht is about
+    k_T v_T^T, which fla multiplies exactly, so the gate sees the fp16 policy of before (three bf16 passes,
+    lo*lo dropped: about 2^-16 of each product) and products kept at 16 bits, where the clean kernels pass."""
+    from kernels_tpu import mxu
+
+    gpu, cache = baselines
+    policy, case = default_policy(), find_case(STRONG_FP16)
+
+    def gate():
+        jax.clear_caches()
+        tpu = rows_to_frame(Runner(TpuLeg(compile_targets=()), cache).run_case(case))
+        jax.clear_caches()
+        return apply_gate(gpu[STRONG_FP16], tpu, policy)
+
+    assert gate().passed
+    result = caught_at("products at fewer bits", 16, [case], gpu[STRONG_FP16], policy, cache)
+    assert result["caught"] and result["tensor"] == "ht", result
+    monkeypatch.setitem(mxu.F32_DOT_PRECISION, "float16", mxu.BF16X3)
+    before = gate()
+    assert not before.passed and set(before.failures["tensor"]) == {"ht"}, before.failures
