@@ -473,3 +473,12 @@ def test_f32_dot_bf16x3_and_bf16x6():
     x = 1.0 + 2.0**-10 + 2.0**-20
     assert _one_entry_dot(_dot_bf16x3, x) == 1.0 + 2.0**-10
     assert _one_entry_dot(_dot_bf16x6, x) == x
+
+
+def test_the_emulated_leg_refuses_a_triton_its_fixes_do_not_patch():
+    from harness.emulation import EMULATED_TRITON, emulation_problem
+
+    assert emulation_problem(f"{EMULATED_TRITON}.0") is None and emulation_problem(f"{EMULATED_TRITON}.7") is None
+    reason = emulation_problem("3.7.1")
+    assert reason.startswith(f"the emulated GPU leg needs triton {EMULATED_TRITON}.x") and "found 3.7.1" in reason
+    assert emulation_problem() is None  # this environment's triton (the cpu extra's pin) is the emulated one

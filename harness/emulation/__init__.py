@@ -11,8 +11,10 @@ numerics) and ``fla_gather`` (fla's gather-free path).
 """
 
 from .triton_interpreter import (  # noqa: F401
+    EMULATED_TRITON,
     AutotuneRecord,
     bf16_bits_to_f32,
+    emulation_problem,
     enable_interpreter_mode,
     f32_to_bf16_bits,
     interpreter_mode_enabled,

@@ -27,6 +27,24 @@ def triton_versions() -> Dict[str, Optional[str]]:
     }
 
 
+EMULATED_TRITON = "3.9"
+"""The Triton release whose interpreter the fidelity fixes patch (its builder, handles and dot semantics):
+``triton==3.9.*``, as the ``cpu`` extra pins it. Others differ inside (triton 3.7.1's InterpreterBuilder
+has no ``get_bf16``), so the emulated leg refuses them rather than measure something else."""
+
+
+def emulation_problem(version: Optional[str] = None) -> Optional[str]:
+    """Why this process's triton cannot be emulated, or None. ``version`` defaults to the installed one."""
+    if version is None:
+        import triton
+
+        version = triton.__version__
+    if version.split(".")[:2] == EMULATED_TRITON.split("."):
+        return None
+    return (f"the emulated GPU leg needs triton {EMULATED_TRITON}.x (its interpreter fixes patch that release); "
+            f"found {version}: pip install 'triton=={EMULATED_TRITON}.*', as the cpu extra pins it")
+
+
 def native_cuda_available() -> bool:
     """True when kernels can run natively (``torch.cuda.is_available()``)."""
     import torch

@@ -101,7 +101,8 @@ from .dots import _install_dot_numerics
 from .fla_gather import _install_fla_gather_fallback
 from .loop_vars import _install_induction_vars
 from .patcher import MISSING, Patcher
-from .setup import enable_interpreter_mode, interpreter_mode_enabled, native_cuda_available, triton_versions
+from .setup import (EMULATED_TRITON, emulation_problem, enable_interpreter_mode, interpreter_mode_enabled,  # noqa: F401
+                    native_cuda_available, triton_versions)
 
 __all__ = [
     "AutotuneRecord",

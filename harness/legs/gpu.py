@@ -59,7 +59,7 @@ class GpuLeg(Leg):
         exactly as a native run resolves it."""
         if dot_precision not in DOT_PRECISIONS:
             raise ValueError(f"{dot_precision=} must be one of {DOT_PRECISIONS}")
-        from harness.emulation import enable_interpreter_mode, native_cuda_available
+        from harness.emulation import emulation_problem, enable_interpreter_mode, native_cuda_available
 
         self.dot_precision = dot_precision
         self.native = native_cuda_available() and not force_emulation
@@ -68,13 +68,15 @@ class GpuLeg(Leg):
         # fla may dispatch some ops (kda) to non-Triton backends; it reads this at import
         imported_before, value_before = "fla" in sys.modules, os.environ.get(FLA_DISPATCH_ENV)
         os.environ.setdefault(FLA_DISPATCH_ENV, "1")
-        self.dispatch_problem = None
+        self.refusal = None  # why every case is refused: the whole leg cannot measure fla here
         if os.environ[FLA_DISPATCH_ENV] != "1":
-            self.dispatch_problem = (f"{FLA_DISPATCH_ENV}={os.environ[FLA_DISPATCH_ENV]!r}: fla may run an op on a "
-                                     f"non-Triton backend; the GPU leg measures fla's Triton kernels (set it to 1)")
+            self.refusal = (f"{FLA_DISPATCH_ENV}={os.environ[FLA_DISPATCH_ENV]!r}: fla may run an op on a "
+                            f"non-Triton backend; the GPU leg measures fla's Triton kernels (set it to 1)")
         elif imported_before and value_before != "1":
-            self.dispatch_problem = (f"fla was imported before {FLA_DISPATCH_ENV}=1 was set, so its backend "
-                                     "dispatch is active: run the GPU leg in a fresh process")
+            self.refusal = (f"fla was imported before {FLA_DISPATCH_ENV}=1 was set, so its backend "
+                            "dispatch is active: run the GPU leg in a fresh process")
+        if not self.native and self.refusal is None:
+            self.refusal = emulation_problem()
         if not self.native:
             # Triton decides interpreted vs compiled when a kernel is decorated:
             # this must happen before fla is first imported in the process.
@@ -82,7 +84,7 @@ class GpuLeg(Leg):
             import fla.ops  # noqa: F401 - load the kernels now so scoped emulation patches reach them
 
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
-        return self.dispatch_problem or super().supports(op, case)
+        return self.refusal or super().supports(op, case)
 
     def _scope(self):
         from harness.emulation import pinned_autotune, triton_emulation
