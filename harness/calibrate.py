@@ -15,7 +15,7 @@ result file by op × dtype × tensor × metric and reports, for each group:
 of the judged statistic on clean kernels (``HEADROOM``), rounded up to ``STEP``, as a margin rule
 where that is wider than the configured margin; per op × dtype × tensor for rel_l2, per op × dtype
 for the other metrics. The shipped ``harness/policy.toml`` is that derivation on the
-calibration checked in under ``reports/calibration/`` (README, "The decision rule").
+calibration checked in under ``reports/calibration/`` (docs/definitions.md, "Calibration").
 """
 
 from __future__ import annotations

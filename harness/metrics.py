@@ -1,6 +1,6 @@
 """Error metrics of one tensor against its float64 reference. Never raises on data.
 
-Definitions (the README states them with examples; tests check them on
+Definitions (docs/definitions.md states them with examples; tests check them on
 hand-computed values):
 
 - ``max_abs``  = max_i |y_i − r_i|

@@ -1,6 +1,6 @@
 """How much of ε_TPU/ε_GPU is sampling noise: a paired block bootstrap of the rel_l2 ratio.
 
-The rule and its assumptions are derived in the README ("The decision rule"). In short: both legs
+The rule and its assumptions are derived in docs/definitions.md ("The decision rule"). In short: both legs
 ran on the same inputs against the same float64 reference, so their per-element errors can be
 paired. Each row carries ``rel_l2_blocks`` (:func:`harness.metrics.rel_l2_blocks`): the squared
 relative error of M contiguous blocks of the tensor, summing to rel_l2². Resampling the M blocks

@@ -249,7 +249,7 @@ def _toml_value(value) -> str:
 
 
 DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.toml")
-"""The shipped, calibrated policy: ``parity calibrate``'s ``policy.toml`` (README, "The decision rule")."""
+"""The shipped, calibrated policy: ``parity calibrate``'s ``policy.toml`` (docs/definitions.md, "Calibration")."""
 
 
 def default_policy() -> Policy:

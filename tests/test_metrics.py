@@ -1,4 +1,4 @@
-"""ULP, rel_l2 and compare() on hand-computed values (definitions in the README)."""
+"""ULP, rel_l2 and compare() on hand-computed values (definitions in docs/definitions.md)."""
 
 import math
 

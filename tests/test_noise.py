@@ -1,5 +1,5 @@
 """The noise-aware decision rule on hand-computed values: rel_l2 blocks, the paired block bootstrap,
-policy files and the margins `parity calibrate` derives (definitions in the README, "The decision rule")."""
+policy files and the margins `parity calibrate` derives (definitions in docs/definitions.md, "The decision rule")."""
 
 import math
 

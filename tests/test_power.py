@@ -1,7 +1,8 @@
 """Precision regressions of graded size (tests/faults.py) and the ones the shipped policy must catch.
 
 The full study, the smallest caught regression per class over smoke and regressions, is
-``python tests/power.py`` (README, "Power"); these tests pin its floor on one small case each."""
+``python tests/power.py`` (docs/testing.md, "Power"; its results: reports/power/README.md); these tests
+pin its floor on one small case each."""
 
 import jax
 import jax.numpy as jnp
