@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness.legs.registry import BUILTIN, default_leg, leg_spec, legs, parse_impl, register_implementation
 from harness.status import CAUSALITY_FAILING, FAILING, Status
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -351,15 +352,8 @@ def cmd_calibrate(args) -> int:
 
 
 def available_legs() -> dict[str, str | None]:
-    """Each leg -> None if its framework imports here, else why it cannot run."""
-    import importlib.util
-
-    need = {"ref": ["jax"], "gpu": ["torch", "triton", "fla"], "tpu": ["jax"]}
-    out = {}
-    for leg, modules in need.items():
-        missing = [m for m in modules if importlib.util.find_spec(m) is None]
-        out[leg] = f"missing {', '.join(missing)} (pip install -e '.[{leg}]')" if missing else None
-    return out
+    """Each built-in leg -> None if its framework imports here, else why it cannot run."""
+    return {spec.name: spec.missing() for spec in BUILTIN}
 
 
 def cmd_all(args) -> int:
@@ -412,6 +406,12 @@ def _add_selection(p, shard=True):
         p.add_argument("--shard", metavar="i/n", help="deterministic shard i of n (0-based)")
 
 
+def _add_impl(p):
+    p.add_argument("--impl", action="append", default=[], metavar="NAME=module:object",
+                   help="register an implementation as the candidate leg NAME (harness.legs.external: per op "
+                        "a binding of its forward, refusals and packed sequences); repeatable")
+
+
 def _add_run_options(p):
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--tag", help="insert a tag in result file names, e.g. gpu.<tag>.csv")
@@ -439,10 +439,12 @@ def _add_run_options(p):
 def _add_gate_options(p):
     p.add_argument("--allow-missing", action="store_true",
                    help="a (case, tensor) in one file only is counted and shown, not failed (a deliberate subset)")
-    p.add_argument("--baseline-leg", default="gpu", choices=("ref", "gpu", "tpu"),
-                   help="the leg the baseline file must come from (default gpu)")
-    p.add_argument("--candidate-leg", default="tpu", choices=("ref", "gpu", "tpu"),
-                   help="the leg the candidate file must come from (default tpu)")
+    p.add_argument("--baseline-leg", default=default_leg("baseline"),
+                   help=f"the leg the baseline file must come from (default {default_leg('baseline')})")
+    p.add_argument("--candidate-leg", default=default_leg("candidate"),
+                   help=f"the leg the candidate file must come from (default {default_leg('candidate')}; "
+                        "any registered leg, e.g. an --impl)")
+    _add_impl(p)
     p.add_argument("--junit", metavar="FILE",
                    help="also write the verdicts as JUnit XML, one test case per (case, tensor); replaces only a "
                         "file an earlier gate wrote, unless --force")
@@ -471,13 +473,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_cases)
 
     p = sub.add_parser("run", help="run one leg over a suite and write its result CSV")
-    p.add_argument("--backend", required=True, choices=("ref", "gpu", "tpu"), help="which leg to run")
+    p.add_argument("--backend", required=True, metavar="LEG",
+                   help=f"which leg to run: {', '.join(legs())}, or an implementation named by --impl")
+    _add_impl(p)
     _add_selection(p)
     _add_run_options(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("causality", help="check that inputs after t0 do not change o and dq up to t0")
-    p.add_argument("--backend", required=True, choices=("ref", "gpu", "tpu"), help="which leg to check")
+    p.add_argument("--backend", required=True, metavar="LEG",
+                   help=f"which leg to check: {', '.join(legs())}, or an implementation named by --impl")
+    _add_impl(p)
     _add_selection(p)
     _add_run_options(p)
     p.set_defaults(fn=cmd_causality)
@@ -538,6 +544,10 @@ def main(argv: list[str] | None = None) -> int:
     from harness.reports import ReportError
 
     try:
+        for text in getattr(args, "impl", []):
+            register_implementation(*parse_impl(text))
+        if getattr(args, "backend", None):
+            leg_spec(args.backend)  # an unknown leg is a usage error before any work
         return args.fn(args)
     except Interrupted as exc:
         print(f"parity: {exc}", file=sys.stderr)

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .legs import LEG_VERSION_KEYS
+from .legs import leg_spec
 from .metrics import METRICS, parse_blocks
 from .policy import Policy
 from .reports import KEY, ReportError, check_results, read_table
@@ -81,12 +81,12 @@ class GateResult:
 
 def check_legs(df: pd.DataFrame, leg: str, role: str, name: str) -> None:
     """The rows of ``df`` (the ``role`` file, called ``name``) come from ``leg``: their ``leg`` column says so
-    and their ``versions`` name the leg's package (:data:`harness.legs.LEG_VERSION_KEYS`)."""
+    and their ``versions`` name the leg's package (``LegSpec.version_key``, :mod:`harness.legs.registry`)."""
     found = sorted(df["leg"].dropna().unique())
     if found and found != [leg]:
         raise GateInputError(f"{name}: the {role} must come from the {leg} leg, its rows are from {found[0]}; "
                              f"to compare other legs say so (--{role}-leg {found[0]})")
-    key = LEG_VERSION_KEYS[leg]
+    key = leg_spec(leg).version_key
     versions = df["versions"] if "versions" in df.columns else pd.Series([None] * len(df), index=df.index)
     for i, text in versions.items():
         try:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import pandas as pd
 
-from .legs import LEG_NAMES
+from .legs import legs as registered_legs
 from .legs.base import MODES
 from .metrics import METRICS, parse_blocks
 from .status import Status
@@ -117,7 +117,7 @@ def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
         blank = df[df[column].isna()]
         if len(blank):
             raise ReportError(f"{_where(path, blank.index[0], column)}: empty")
-    for column, allowed in (("status", RESULT_STATUSES), ("leg", LEG_NAMES), ("mode", MODES)):
+    for column, allowed in (("status", RESULT_STATUSES), ("leg", tuple(registered_legs())), ("mode", MODES)):
         bad = df[~df[column].isin(allowed)]
         if len(bad):
             raise ReportError(f"{_where(path, bad.index[0], column)}: unknown value {bad[column].iloc[0]!r}; "

@@ -271,7 +271,7 @@ def test_parity_md_shows_mixed_provenance(files):
 
 
 def test_every_leg_names_its_package_in_versions():
-    from harness.legs import LEG_VERSION_KEYS, make_leg
+    from harness.legs import leg_spec, make_leg
 
     for name in ("ref", "gpu", "tpu"):
-        assert LEG_VERSION_KEYS[name] in make_leg(name).environment().versions
+        assert leg_spec(name).version_key in make_leg(name).environment().versions

@@ -9,7 +9,7 @@ from cases.case import Case, Gate
 from cases.inputs import make_inputs
 from harness.cli import main
 from harness.gate import GateInputError, apply_gate
-from harness.legs import LEG_VERSION_KEYS
+from harness.legs import leg_spec
 from harness.legs.base import Environment, Leg, LegOutput
 from harness.ops import get_op
 from harness.policy import Policy
@@ -29,7 +29,7 @@ class FakeLeg(Leg):
         self.cache = ReferenceCache(None)
 
     def environment(self):
-        return Environment(mode="emulated", device="fake", versions={LEG_VERSION_KEYS[self.name]: "fake"})
+        return Environment(mode="emulated", device="fake", versions={leg_spec(self.name).version_key: "fake"})
 
     def supports(self, op, case):
         return self.unsupported

@@ -1,31 +1,10 @@
-"""Legs: ``ref`` (float64 reference recomputed), ``gpu`` (fla Triton), ``tpu`` (Pallas)."""
+"""Legs: the registry (:mod:`harness.legs.registry`) names them; ``ref`` (float64 reference recomputed),
+``gpu`` (fla Triton) and ``tpu`` (Pallas) are built in, and any implementation can join as a candidate."""
 
 from __future__ import annotations
 
 from .base import Environment, Leg, LegOutput
+from .registry import ROLES, LegSpec, default_leg, leg_spec, legs, make_leg, parse_impl, register_implementation
 
-LEG_NAMES = ("ref", "gpu", "tpu")
-
-LEG_VERSION_KEYS = {"ref": "numpy", "gpu": "triton", "tpu": "libtpu"}
-"""The package each leg's environment names in its rows' ``versions``: a file whose rows say
-``leg=gpu`` but carry no triton version was not made by the GPU leg (the gate checks it)."""
-
-
-def make_leg(name: str, **options) -> Leg:
-    """Build a leg by name; heavy frameworks are imported only here, on demand."""
-    if name == "ref":
-        from .ref import RefLeg
-
-        return RefLeg(**options)
-    if name == "gpu":
-        from .gpu import GpuLeg
-
-        return GpuLeg(**options)
-    if name == "tpu":
-        from .tpu import TpuLeg
-
-        return TpuLeg(**options)
-    raise ValueError(f"unknown backend {name!r}; choose one of {LEG_NAMES}")
-
-
-__all__ = ["Environment", "Leg", "LegOutput", "LEG_NAMES", "LEG_VERSION_KEYS", "make_leg"]
+__all__ = ["Environment", "Leg", "LegOutput", "LegSpec", "ROLES", "default_leg", "leg_spec", "legs", "make_leg",
+           "parse_impl", "register_implementation"]

@@ -54,9 +54,13 @@ class Leg:
     def environment(self) -> Environment:
         raise NotImplementedError
 
+    def binding(self, op: OpDescriptor):
+        """How this leg runs ``op`` (a :class:`harness.ops.base.LegBinding`), or None."""
+        return op.binding(self.name)
+
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
         """None when this leg can run the case, else the reason it cannot."""
-        binding = op.binding(self.name)
+        binding = self.binding(op)
         if binding is None:
             return f"op {op.name!r} has no {self.name} binding"
         return binding.supports(case)

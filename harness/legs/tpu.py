@@ -47,7 +47,7 @@ def tpu_available() -> bool:
         return False
 
 
-def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None):
+def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=None):
     """The TPU leg's computation of a case as one function of the input arrays.
 
     ``fn(arrays) -> (outputs, grads)``: the binding's forward, then its
@@ -55,15 +55,19 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None):
     has none). The emulated run calls it eagerly; :mod:`harness.tpu_compile`
     compiles the very same function for real TPU targets. With a
     ``kernels_tpu.mxu.MxuTally`` (eager runs only) the forward's modeled MXU
-    work is tallied as phase "forward" and the rest as "backward".
+    work is tallied as phase "forward" and the rest as "backward". ``binding`` defaults to the op's own
+    TPU binding; a forward-only binding (``differentiable=False``) returns no gradients.
     """
     import jax
     import jax.numpy as jnp
 
-    binding = op.tpu
+    binding = op.tpu if binding is None else binding
     diff_names = op.differentiable(case)
 
     def fn(arrays):
+        if not binding.differentiable:  # forward only: nothing to differentiate, no gradients
+            out = binding.forward(case, arrays, ctx)
+            return {name: value for name, value in out.items() if value is not None}, {}
         primals = {n: arrays[n] for n in diff_names}
         rest = {n: a for n, a in arrays.items() if n not in primals}
 
@@ -96,7 +100,7 @@ def device_arrays(inputs: Inputs) -> dict:
 NATIVE = TpuContext(interpret=None, mxu_model=False)
 
 
-def kernel_refusal(op: OpDescriptor, case: Case) -> str | None:
+def kernel_refusal(op: OpDescriptor, case: Case, binding=None) -> str | None:
     """Whether the kernels take the case, asked of the kernels themselves.
 
     The binding's forward is traced on shape-only stand-ins of the case's inputs
@@ -107,12 +111,14 @@ def kernel_refusal(op: OpDescriptor, case: Case) -> str | None:
     """
     import jax
 
+    binding = op.tpu if binding is None else binding
+
     from cases.inputs import input_shapes
 
     stand_ins = {name: jax.ShapeDtypeStruct(shape, dtype) for name, (shape, dtype) in
                  input_shapes(case, op.inputs(case)).items()}
     try:
-        jax.eval_shape(lambda arrays: op.tpu.forward(case, arrays, NATIVE), stand_ins)
+        jax.eval_shape(lambda arrays: binding.forward(case, arrays, NATIVE), stand_ins)
     except NotImplementedError as exc:
         return str(exc)
     return None
@@ -135,7 +141,7 @@ class TpuLeg(Leg):
         self.compile_targets = () if self.native else targets
 
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
-        return super().supports(op, case) or kernel_refusal(op, case)
+        return super().supports(op, case) or kernel_refusal(op, case, self.binding(op))
 
     def context(self) -> TpuContext:
         if self.native:
@@ -166,10 +172,10 @@ class TpuLeg(Leg):
             return None, {"compiled_for": "native"}
         from harness.tpu_compile import compile_for
 
-        fn, arrays = program(op, case, NATIVE), device_arrays(inputs)
+        fn, arrays = program(op, case, NATIVE, binding=self.binding(op)), device_arrays(inputs)
         done = []
         for target in self.compile_targets:
-            result = compile_for(fn, (arrays,), target)
+            result = self.compile_for(compile_for, fn, arrays, target)
             if result.status == Status.UNSUPPORTED:
                 break  # the kernels refuse the case while tracing; the run raises it again as unsupported
             if not result.ok:
@@ -177,13 +183,19 @@ class TpuLeg(Leg):
             done.append(target)
         return None, {"compiled_for": ",".join(done)}
 
+    def compile_for(self, compile_for, fn, arrays, target: str):
+        """One target's ahead-of-time compile of the case (a hook: an external candidate answers its TPU info)."""
+        return compile_for(fn, (arrays,), target)
+
     def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
         from kernels_tpu.mxu import MxuTally, tally_mxu_work
 
         ctx = self.context()
         tally = MxuTally()
+        binding = self.binding(op)
         with tally_mxu_work(tally):
-            outputs, grads = program(op, case, ctx, tally if ctx.mxu_model else None)(device_arrays(inputs))
+            outputs, grads = program(op, case, ctx, tally if ctx.mxu_model else None,
+                                     binding)(device_arrays(inputs))
             tensors = {name: np.asarray(value) for name, value in outputs.items()}
             for n in op.differentiable(case):
                 g = grads.get(n)
@@ -194,7 +206,7 @@ class TpuLeg(Leg):
             for phase, tag in (("forward", "fwd"), ("backward", "bwd")):
                 columns[f"mxu_macs_{tag}"] = tally.macs.get(phase, 0)
                 columns[f"mxu_pass_macs_{tag}"] = tally.pass_macs.get(phase, 0)
-        details = dict(op.tpu.describe(case))
+        details = dict(binding.describe(case))
         if case.cu_seqlens is not None:
             details["cu_seqlens"] = list(case.cu_seqlens)  # passed to the kernels as a static tuple
         return LegOutput(tensors=tensors, details=details, columns=columns)

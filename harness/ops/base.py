@@ -74,6 +74,7 @@ class LegBinding:
     forward: Callable[..., Mapping[str, Any]]
     supports: Supports = always
     describe: Callable[[Case], Mapping[str, Any]] = lambda case: {}  # per-case facts for rows (mapping, dispatch)
+    differentiable: bool = True  # False: a forward-only implementation; its gradient rows are not_provided
 
 
 @dataclass(frozen=True)

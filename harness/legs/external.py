@@ -1,0 +1,198 @@
+"""Any team's implementation as the candidate leg: the TPU leg's machinery around someone else's kernels.
+
+An implementation is a Python object (registered with ``--impl NAME=module:object`` or an entry point, see
+:mod:`harness.legs.registry`) with
+
+- ``bindings``: a mapping of op name (``simple_gla``, ``gla``, ``kda``) to a
+  :class:`harness.ops.base.LegBinding`: ``forward(case, arrays, ctx)`` returns the op's outputs (``o``,
+  ``ht``) as jax arrays from the case's input arrays (the names of ``parity cases``'s inputs; ``ctx`` says
+  whether to interpret, and can be ignored); ``supports(case)`` returns a reason to refuse a case, or None;
+  ``differentiable=False`` marks a forward-only implementation (no backward: its gradient rows are
+  ``not_provided``, and the gate says the verdict covers the forward only); ``describe(case)`` adds facts to
+  the rows' details. A forward that raises NotImplementedError refuses the case with its message
+  (``unsupported``); anything else it raises is an ``error`` row with its first line, never an abort;
+- optionally ``version``: the string its rows' ``versions`` record (default: the version of the
+  distribution that provides the module).
+
+What the leg adds, so that another team's Pallas kernels run here without their cooperation:
+
+- interpret mode forced on every ``pallas_call`` (``pltpu.force_tpu_interpret_mode``), with uninitialised
+  memory poisoned with NaN, as for this project's kernels;
+- an answer to ``pltpu.get_tpu_info()`` on a machine without a TPU: the info of the chip being compiled
+  for (v6e while interpreting), as a kernel that sizes its tiles from it would get on that chip;
+- every ``dot_general`` it binds rounded as a TPU's matrix unit rounds it (:func:`mxu_rounding`): XLA:CPU
+  computes f32 dots exactly, which would make a kernel look more accurate than on hardware;
+- the same ahead-of-time compile for v5e, v6e and v7x as this project's kernels: a case that does not
+  compile is an ``error`` row, and the gate fails it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import threading
+
+from .tpu import TpuLeg
+
+CHIPS = {"v5e": "TPU_V5E", "v6e": "TPU_V6E", "v7x": "TPU_7X"}
+"""Compile targets (:data:`harness.tpu_compile.TARGETS`) -> jax's ``ChipVersion`` member names."""
+
+INTERPRET_CHIP = "v6e"
+"""The chip whose TPU info an interpreted run answers with."""
+
+
+# ------------------------------------------------------------------------------- MXU rounding of any dot
+_local = threading.local()
+
+
+def _modeled_dot_general(original):
+    def bind(*args, **params):
+        import jax.numpy as jnp
+        from jax import lax
+
+        from kernels_tpu import mxu
+
+        a, b = args
+        floats = all(jnp.issubdtype(x.dtype, jnp.floating) for x in (a, b))
+        if (not getattr(_local, "active", False) or getattr(_local, "inside", False) or not floats
+                or jnp.float16 in (a.dtype, b.dtype) or (a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16)):
+            return original(*args, **params)  # two bf16 operands: one exact pass, as the MXU does
+        precision = params.get("precision")
+        precision = precision[0] if isinstance(precision, tuple) else precision
+        modeled = {lax.Precision.HIGHEST: lax.Precision.HIGHEST, lax.Precision.HIGH: mxu.BF16X3}.get(
+            precision, lax.Precision.DEFAULT)  # DEFAULT (and None): f32 operands rounded to bf16, one pass
+        out_dtype = params.get("preferred_element_type") or jnp.result_type(a.dtype, b.dtype)
+        _local.inside = True
+        try:
+            out = mxu.dot(a.astype(jnp.float32), b.astype(jnp.float32), precision=modeled,
+                          dimension_numbers=params["dimension_numbers"], mxu_model=True)
+        finally:
+            _local.inside = False
+        return out.astype(out_dtype)
+
+    bind.original = original
+    return bind
+
+
+@contextlib.contextmanager
+def mxu_rounding():
+    """Inside the block, on this thread, every ``lax.dot_general`` with an f32 operand computes as a TPU's
+    MXU does at its stated precision (kernels_tpu.mxu's model: DEFAULT one bf16 pass, HIGH three, HIGHEST
+    six), and reports its modeled work to an active ``kernels_tpu.mxu.tally_mxu_work``. Two bf16 operands
+    are left alone (exact products, f32 accumulation, as on the MXU). Applies at trace time, so jitted code
+    must be traced inside the block (the leg clears jax's caches around it)."""
+    from jax import lax
+
+    prim = lax.dot_general_p
+    if not hasattr(prim.bind, "original"):
+        prim.bind = _modeled_dot_general(prim.bind)  # a Primitive's bind is an instance attribute here
+    _local.active = True
+    try:
+        yield
+    finally:
+        _local.active = False
+
+
+# ------------------------------------------------------------------------------- TPU info, interpret mode
+@contextlib.contextmanager
+def tpu_info_for(target: str):
+    """``pltpu.get_tpu_info()`` answers with ``target``'s chip where the default device is not a TPU (jax
+    raises "Unsupported TPU device kind: cpu" otherwise). jax's own per-device-kind registry, restored after."""
+    import jax
+    from jax._src.pallas.mosaic import tpu_info  # the registry get_tpu_info consults (jax 0.10 - 0.12)
+
+    kind = jax.devices()[0].device_kind
+    chip = getattr(tpu_info.ChipVersion, CHIPS[target])
+    before = tpu_info.registry.get(kind)
+    tpu_info.registry[kind] = lambda: tpu_info.get_tpu_info_for_chip(chip, 1)
+    try:
+        yield
+    finally:
+        if before is None:
+            tpu_info.registry.pop(kind, None)
+        else:
+            tpu_info.registry[kind] = before
+
+
+# ------------------------------------------------------------------------------- the leg
+def load(target: str):
+    """The object at ``module:object``."""
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def implementation_version(impl, target: str) -> str:
+    version = getattr(impl, "version", None)
+    if version:
+        return str(version)
+    top = target.split(":", 1)[0].split(".", 1)[0]
+    for dist in importlib.metadata.packages_distributions().get(top, []):
+        return f"{dist} {importlib.metadata.version(dist)}"
+    return "unversioned"
+
+
+class ExternalLeg(TpuLeg):
+    """The candidate leg ``name``, running the implementation at ``target`` (see the module doc)."""
+
+    def __init__(self, name: str, target: str, force_interpret: bool = False,
+                 compile_targets: tuple[str, ...] | None = None):
+        super().__init__(force_interpret=force_interpret, compile_targets=compile_targets)
+        self.name, self.target = name, target
+        self._impl = None
+        self._lock = threading.Lock()  # the compile (a thread beside the run) and the run trace apart
+
+    @property
+    def impl(self):
+        if self._impl is None:
+            self._impl = load(self.target)
+        return self._impl
+
+    def binding(self, op):
+        return dict(getattr(self.impl, "bindings", {})).get(op.name)
+
+    def environment(self):
+        env = super().environment()
+        settings = {k: v for k, v in env.settings.items() if k != "dot_policy"}
+        settings.update(implementation=self.target,
+                        mxu_model=("every dot_general rounded as the MXU does (harness.legs.external.mxu_rounding)"
+                                   if not self.native else "hardware"),
+                        tpu_info=f"{INTERPRET_CHIP} while interpreting; each target's own when compiling")
+        versions = {**env.versions, self.name: implementation_version(self.impl, self.target)}
+        return type(env)(mode=env.mode, device=env.device, versions=versions, settings=settings)
+
+    def supports(self, op, case):
+        if self.binding(op) is None:
+            return f"the implementation {self.target} has no binding for {op.name}"
+        with tpu_info_for(INTERPRET_CHIP):  # the refusal check traces the forward, as the run does
+            return super().supports(op, case)
+
+    def compile_for(self, compile_for, fn, arrays, target: str):
+        with tpu_info_for(target):
+            return compile_for(fn, (arrays,), target)
+
+    def preflight(self, op, case, inputs):
+        import jax
+
+        with self._lock:
+            jax.clear_caches()  # no trace made under the MXU model reaches the real compiler
+            return super().preflight(op, case, inputs)
+
+    def run(self, op, case, inputs):
+        import jax
+
+        if self.native:
+            return super().run(op, case, inputs)
+        from jax.experimental.pallas import tpu as pltpu
+
+        with self._lock:
+            jax.clear_caches()
+            try:
+                with tpu_info_for(INTERPRET_CHIP), mxu_rounding(), \
+                        pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(uninitialized_memory="nan")):
+                    return super().run(op, case, inputs)
+            finally:
+                jax.clear_caches()

@@ -1,0 +1,137 @@
+"""The legs, as data: one :class:`LegSpec` per leg, the way ``harness.ops`` has one descriptor per op.
+
+A leg declares its name, its role (``reference``, ``baseline`` or ``candidate``), how it runs, the package
+its rows' ``versions`` must name (a file whose rows say ``leg=gpu`` but name no triton was not made by the
+GPU leg), what it needs installed, and how it is built. The CLI, the pytest plugin and the gate ask this
+registry; the built-in legs are below, and any team's implementation joins as a candidate:
+
+- on the command line, ``--impl NAME=module:object`` (every verb, and the pytest plugin's ``--parity-impl``);
+- from an installed package, through the entry-point group :data:`ENTRY_POINT_GROUP`
+  (``NAME = "module:object"``).
+
+The object is an :class:`harness.legs.external.Implementation`: per op, a binding of forward (and optionally
+a differentiable one), refusals and packed sequences (docs/legs.md, "Gating your own implementation").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import importlib.util
+import re
+from typing import Any, Callable
+
+ROLES = ("reference", "baseline", "candidate")
+ENTRY_POINT_GROUP = "linear_attn_parity.implementations"
+NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class LegSpec:
+    name: str
+    role: str  # one of ROLES
+    runs: str  # how it runs, in words (native where the hardware is, else emulated)
+    version_key: str  # the package its rows' ``versions`` name
+    requires: tuple[str, ...]  # importable modules it needs
+    install: str  # how to get them
+    build: Callable[..., Any]  # options -> a harness.legs.base.Leg
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"leg {self.name!r}: role {self.role!r} must be one of {ROLES}")
+        if not NAME.match(self.name):
+            raise ValueError(f"leg name {self.name!r} must be lower-case letters, digits, '-' or '_'")
+
+    def missing(self) -> str | None:
+        """None when every required module imports here, else why the leg cannot run."""
+        absent = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        return f"missing {', '.join(absent)} ({self.install})" if absent else None
+
+
+def _builder(module: str, cls: str):
+    def build(**options):
+        return getattr(importlib.import_module(module), cls)(**options)
+
+    return build
+
+
+BUILTIN = (
+    LegSpec("ref", "reference", "native, on the CPU: the float64 reference recomputed another way", "numpy",
+            ("jax",), "pip install -e .", _builder("harness.legs.ref", "RefLeg")),
+    LegSpec("gpu", "baseline", "fla's Triton kernels: native on CUDA, else the Triton interpreter", "triton",
+            ("torch", "triton", "fla"), "pip install -e '.[gpu]'", _builder("harness.legs.gpu", "GpuLeg")),
+    LegSpec("tpu", "candidate", "this project's Pallas kernels: native on a TPU, else interpret mode", "libtpu",
+            ("jax",), "pip install -e '.[tpu]'", _builder("harness.legs.tpu", "TpuLeg")),
+)
+
+_LEGS: dict[str, LegSpec] = {spec.name: spec for spec in BUILTIN}
+_entry_points_loaded = False
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in _LEGS:
+            register_implementation(ep.name, ep.value)
+
+
+def register_implementation(name: str, target: str) -> LegSpec:
+    """A candidate leg ``name`` running the implementation at ``target`` (``module:object``, imported on first
+    use). Re-registering a name with the same target is a no-op; another target, or a built-in leg's name,
+    is a ValueError."""
+    if ":" not in target or not all(target.split(":", 1)):
+        raise ValueError(f"implementation {name}={target!r} must be module:object")
+    existing = _LEGS.get(name)
+    if existing is not None:
+        if getattr(existing.build, "target", None) == target:
+            return existing
+        raise ValueError(f"leg {name!r} is already registered ({existing.runs}); choose another name")
+
+    def build(**options):
+        from .external import ExternalLeg
+
+        return ExternalLeg(name, target, **options)
+
+    build.target = target
+    module = target.split(":", 1)[0]
+    spec = LegSpec(name, "candidate", f"the implementation {target}: native on a TPU, else interpret mode",
+                   name, (module.split(".", 1)[0], "jax"), f"install the package that provides {module}",
+                   build)
+    _LEGS[name] = spec
+    return spec
+
+
+def parse_impl(text: str) -> tuple[str, str]:
+    """``NAME=module:object`` -> (name, target); a malformed value is a ValueError that says the form."""
+    name, sep, target = text.partition("=")
+    if not sep or not name or ":" not in target:
+        raise ValueError(f"--impl {text!r} must be NAME=module:object, e.g. mykernels=my_pkg.parity:IMPLEMENTATION")
+    return name.strip(), target.strip()
+
+
+def legs() -> dict[str, LegSpec]:
+    """Every registered leg by name: the built-in ones, then implementations (entry points, --impl)."""
+    _load_entry_points()
+    return dict(_LEGS)
+
+
+def leg_spec(name: str) -> LegSpec:
+    known = legs()
+    if name not in known:
+        raise ValueError(f"unknown leg {name!r}; choose one of {', '.join(known)} "
+                         f"(or register an implementation: --impl NAME=module:object)")
+    return known[name]
+
+
+def default_leg(role: str) -> str:
+    """The built-in leg of ``role``: what the gate compares unless told otherwise (gpu against tpu)."""
+    return next(spec.name for spec in BUILTIN if spec.role == role)
+
+
+def make_leg(name: str, **options):
+    """Build a leg by name; heavy frameworks are imported only here, on demand."""
+    return leg_spec(name).build(**options)

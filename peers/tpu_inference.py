@@ -1,0 +1,91 @@
+"""vLLM's TPU backend (``tpu-inference`` on PyPI) as a candidate: its ``fused_gdn`` Pallas kernel on kda cases.
+
+``tpu_inference.kernels.gdn.v1.fused_gdn_kernel_wrapper.fused_gdn`` is a forward kernel for the gated delta
+rule family, kda's per-channel gate included, serving packed requests from a state cache. This binding maps a
+kda case onto it:
+
+- the batch rows (or the case's packed sequences) become requests: tokens ``[T_total, H, K]`` with
+  ``cu_seqlens``, every request prefill (``distribution = (0, N)``);
+- ``h0`` is the state cache ``[N, H, K, V]`` (``state_indices = 0..N-1``; ``has_initial_state`` False
+  without h0, which zeroes each slot in the kernel); the cache it returns is ``ht``;
+- ``b`` takes beta's logits (the kernel applies the sigmoid), so only cases with
+  ``use_beta_sigmoid_in_kernel`` map exactly; ``use_qk_l2norm_in_kernel`` maps to its option of the same name.
+
+It refuses, with the reason, what does not map: beta given as probabilities, ``allow_neg_eigval``, the
+in-kernel gate (its ``dt_bias`` is per head, fla's per channel). Its own input checks (for example bf16 heads
+in pairs) are refusals too. Forward only: the kernel has no backward.
+
+Install it without vLLM and without a second jax (its wheel pins jax 0.11.2 and vLLM's stack):
+``pip install --no-deps tpu-inference``. Its package ``__init__`` imports vLLM; the kernel modules import
+only jax, so this binding loads them without running that ``__init__``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from harness.ops.base import LegBinding
+
+KERNEL = "tpu_inference.kernels.gdn.v1.fused_gdn_kernel_wrapper"
+INSTALL = "pip install --no-deps tpu-inference"
+
+
+def _kernel():
+    """``fused_gdn``, imported without running ``tpu_inference/__init__.py`` (which imports vLLM)."""
+    if "tpu_inference" not in sys.modules:
+        spec = importlib.util.find_spec("tpu_inference")
+        if spec is None:
+            raise NotImplementedError(f"tpu-inference is not installed ({INSTALL})")
+        sys.modules["tpu_inference"] = importlib.util.module_from_spec(spec)  # its __init__ is never executed
+    return importlib.import_module(KERNEL).fused_gdn
+
+
+def supports(case) -> str | None:
+    if importlib.util.find_spec("tpu_inference") is None:
+        return f"tpu-inference is not installed ({INSTALL})"
+    opt = case.opt
+    if not opt.get("use_beta_sigmoid_in_kernel"):
+        return ("fused_gdn takes beta as logits (b, the sigmoid inside the kernel); this case gives beta itself "
+                "(cases with use_beta_sigmoid_in_kernel=1 map exactly)")
+    if opt.get("allow_neg_eigval"):
+        return "fused_gdn has no allow_neg_eigval"
+    if opt.get("use_gate_in_kernel"):
+        return "fused_gdn's in-kernel gate takes dt_bias per head [H]; fla's kda takes it per channel [H*K]"
+    return None
+
+
+def forward(case, a, ctx):
+    import jax.numpy as jnp
+
+    del ctx  # the candidate leg forces interpret mode itself
+    fused_gdn = _kernel()
+    B, T, H, K = a["q"].shape
+    V = a["v"].shape[-1]
+    offsets = case.cu_seqlens if case.cu_seqlens is not None else tuple(range(0, B * T + 1, T))
+    N = len(offsets) - 1
+
+    def tokens(x):
+        return x.reshape((B * T,) + x.shape[2:])
+
+    h0 = a.get("h0")
+    cache = jnp.zeros((N, H, K, V), jnp.float32) if h0 is None else jnp.array(h0, jnp.float32)  # a copy: donated
+    try:
+        o, ht = fused_gdn(tokens(a["q"]), tokens(a["k"]), jnp.array(tokens(a["v"])),
+                          jnp.asarray(offsets, jnp.int32), tokens(a["g"]).astype(jnp.float32), cache,
+                          jnp.arange(N, dtype=jnp.int32), jnp.asarray((0, N), jnp.int32), tokens(a["beta"]),
+                          jnp.full((N,), h0 is not None), scale=case.resolved_scale,
+                          use_qk_l2norm_in_kernel=bool(case.opt.get("use_qk_l2norm_in_kernel")))
+    except ValueError as exc:  # its own input checks, before anything runs: a refusal with its reason
+        raise NotImplementedError(f"fused_gdn refuses the case: {exc}") from None
+    return {"o": o.reshape(B, T, H, V), "ht": ht}
+
+
+class TpuInference:
+    """The implementation object (:mod:`harness.legs.external`)."""
+
+    bindings = {"kda": LegBinding(forward, supports, describe=lambda case: {"entry": f"{KERNEL}.fused_gdn"},
+                                  differentiable=False)}
+
+
+IMPLEMENTATION = TpuInference()
