@@ -193,7 +193,7 @@ def _report_gate(result, out: Path, junit: Path | None = None, force: bool = Fal
 
     csv_path, md_path = write_gate(result, out)
     counts = result.parity.groupby("verdict").size().to_dict()
-    print(f"gate: {'PASS' if result.passed else 'FAIL'} ({', '.join(f'{n} {v}' for v, n in sorted(counts.items()))})"
+    print(f"gate: {result.headline} ({', '.join(f'{n} {v}' for v, n in sorted(counts.items()))})"
           f" -> {csv_path}, {md_path}, {md_path.with_suffix('.html')} (heatmap: {md_path.with_suffix('.png')})")
     if junit is not None:
         from harness.junit import write_junit

@@ -29,6 +29,9 @@ Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
                   bounds); the TPU passed its absolute bound
 ``unsupported``   the TPU leg cannot run the case (with its reason)
 ``not_provided``  neither leg gives the tensor
+``forward_only``  the candidate is a forward-only implementation and the
+                  tensor is a gradient: not compared, and the gate's headline
+                  says the PASS covers the forward tensors only
 ================= ==========================================================
 
 A gate that compares no gated metric at all fails (a ``coverage`` row, unless
@@ -50,7 +53,7 @@ from .legs import leg_spec
 from .metrics import METRICS, parse_blocks
 from .policy import Policy
 from .reports import KEY, ReportError, check_results, read_table
-from .status import FAILING, Status
+from .status import FAILING, FORWARD_ONLY, Status
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "ratio_lower", "allowed", "verdict",
                   "reason",
@@ -77,6 +80,19 @@ class GateResult:
     @property
     def passed(self) -> bool:
         return self.failures.empty
+
+    @property
+    def forward_only(self) -> int:
+        """(case, tensor) gradients a forward-only candidate did not provide, so the gate did not compare."""
+        return int((self.parity["verdict"] == "forward_only").sum())
+
+    @property
+    def headline(self) -> str:
+        """``FAIL``, ``PASS``, or a PASS that says it covers the forward only: never a plain PASS then."""
+        if not self.passed:
+            return "FAIL"
+        n = self.forward_only
+        return "PASS" if not n else f"PASS, FORWARD ONLY ({n} gradient tensor(s) of the baseline not compared)"
 
 
 def check_legs(df: pd.DataFrame, leg: str, role: str, name: str) -> None:
@@ -138,6 +154,8 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
     if t_status == Status.UNSUPPORTED:
         return status_row("unsupported", f"TPU: {t['reason']}")
     if t_status == Status.NOT_PROVIDED:
+        if g_status == Status.OK and str(t["reason"]).startswith(FORWARD_ONLY):
+            return status_row("forward_only", f"{t['reason']}: not compared (the candidate is forward only)")
         if g_status == Status.OK:
             return status_row("fail", "the TPU leg gives no such tensor but the GPU leg does")
         return status_row("not_provided", "neither leg gives this tensor")

@@ -251,14 +251,14 @@ def page(result: GateResult, h: Heatmap, png: bytes) -> str:
     failing = p[p["verdict"] == "fail"]
     rest = p[(p["verdict"] != "fail") & p["metric"].isin([h.metric, "status"])]
     width, height = png_size(png)
-    verdict = "PASS" if result.passed else "FAIL"
+    verdict = result.headline
     provenance = [f"<li>baseline ({html.escape(result.baseline_leg)}): {_inline(provenance_line(result.gpu))}</li>",
                   f"<li>candidate ({html.escape(result.candidate_leg)}): {_inline(provenance_line(result.tpu))}"
                   f"</li>"]
     notes = ["<blockquote>" + "".join(f"<p>{_inline(par)}</p>" for par in note) + "</blockquote>"
              for note in gate_notes(result)]
     return _PAGE.substitute(
-        verdict=verdict, verdict_class=verdict.lower(), rule=html.escape(result.policy.describe()),
+        verdict=html.escape(verdict), verdict_class="pass" if result.passed else "fail", rule=html.escape(result.policy.describe()),
         provenance="\n".join(provenance), notes="\n".join(notes),
         counts="\n".join(f'<tr><td>{html.escape(str(v))}</td><td class="num">{n}</td></tr>'
                          for v, n in sorted(counts.items())),
@@ -273,7 +273,7 @@ def write_html_report(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
     """Write ``parity.html`` and ``parity.png`` into ``out_dir``, atomically; returns their paths."""
     out_dir = Path(out_dir)
     h = heatmap_data(result)
-    png = png_bytes(heatmap_figure(h, f"Linear-attention parity: {'PASS' if result.passed else 'FAIL'} "
+    png = png_bytes(heatmap_figure(h, f"Linear-attention parity: {result.headline} "
                                       f"({summary(result)})"))
     png_path, html_path = out_dir / "parity.png", out_dir / "parity.html"
     atomic_write_bytes(png_path, png)

@@ -73,7 +73,7 @@ def junit_tree(result: GateResult, timestamp: datetime | None = None) -> ET.Elem
     suite = ET.SubElement(root, "testsuite", name=suite_name, timestamp=stamp)
     props = ET.SubElement(suite, "properties")
     facts = {"rule": result.policy.describe(), "baseline.leg": result.baseline_leg,
-             "candidate.leg": result.candidate_leg, "verdict": "PASS" if result.passed else "FAIL"}
+             "candidate.leg": result.candidate_leg, "verdict": result.headline}
     for role, df in (("baseline", result.gpu), ("candidate", result.tpu)):
         facts.update({f"{role}.{k}": v for k, v in _provenance(df).items() if v})
     if "emulated" in column_values(result.tpu, "mode"):

@@ -56,6 +56,12 @@ def pytest_addoption(parser):
                          "(env PARITY_TPU_TARGETS; default v6e)")
     group.addoption("--parity-gate-metrics", default=os.environ.get("PARITY_GATE_METRICS"),
                     help="metrics the tpu-marked tests gate, replacing the policy's (env PARITY_GATE_METRICS)")
+    group.addoption("--parity-impl", action="append", default=[], metavar="NAME=module:object",
+                    help="register an implementation as the candidate leg NAME (harness.legs.external; "
+                         "repeatable; installed ones register themselves through an entry point)")
+    group.addoption("--parity-candidate", default=os.environ.get("PARITY_CANDIDATE"), metavar="LEG",
+                    help="the leg the tpu-marked tests run and gate against the GPU results (env "
+                         "PARITY_CANDIDATE; default: this project's TPU kernels)")
     group.addoption("--parity-no-gpu-cache", action="store_true",
                     help="run the GPU leg again instead of reusing the GPU-baseline cache (harness/gpu_cache.py)")
 
@@ -67,6 +73,17 @@ def pytest_configure(config):
     workerinput = getattr(config, "workerinput", None)
     config._parity_run_id = workerinput["parity_run_id"] if workerinput else uuid.uuid4().hex[:12]
     config._parity_rows = {}
+    from harness.legs import default_leg, leg_spec, parse_impl, register_implementation
+
+    try:
+        for text in config.option.parity_impl:
+            register_implementation(*parse_impl(text))
+        config.option.parity_candidate = config.option.parity_candidate or default_leg("candidate")
+        if leg_spec(config.option.parity_candidate).role != "candidate":
+            raise ValueError(f"--parity-candidate {config.option.parity_candidate} is the "
+                             f"{leg_spec(config.option.parity_candidate).role} leg, not a candidate")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     if _by_id(config):  # a bad id or case file stops the session at once, one line, not at collection
         _selected_cases(config)
 
@@ -149,7 +166,7 @@ def parity_runner(request, reference_cache):
     """``parity_runner(leg)`` -> a Runner for that leg, built once per session (the gpu leg's with the
     GPU-baseline cache)."""
     from harness.gpu_cache import for_leg
-    from harness.legs import make_leg
+    from harness.legs import leg_spec, make_leg
     from harness.runner import Runner
     from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
@@ -158,16 +175,21 @@ def parity_runner(request, reference_cache):
         targets = parse_targets(request.config.option.parity_tpu_targets, LEG_DEFAULT_TARGETS)
     except ValueError as exc:
         raise pytest.UsageError(f"--parity-tpu-targets: {exc}") from None
-    options = {"tpu": {"compile_targets": targets}}
-
     def get(leg: str) -> Runner:
         if leg not in runners:
-            made = make_leg(leg, **options.get(leg, {}))
+            candidate = leg_spec(leg).role == "candidate"  # every candidate compiles for real TPUs first
+            made = make_leg(leg, **({"compile_targets": targets} if candidate else {}))
             runners[leg] = Runner(made, reference_cache, suite=_suite(request.config),
                                   leg_cache=for_leg(made, read=not request.config.option.parity_no_gpu_cache))
         return runners[leg]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def parity_candidate(request) -> str:
+    """The candidate leg of the tpu-marked tests: ``tpu`` (this project's kernels) unless --parity-candidate."""
+    return request.config.option.parity_candidate
 
 
 @pytest.fixture(scope="session")
@@ -219,8 +241,21 @@ def pytest_sessionfinish(session, exitstatus):
             p.unlink()
         if reporter is not None:
             reporter.write_line(f"parity: {leg} results -> {path}")
+            forward_only = _forward_only_rows(path)
+            if forward_only:
+                reporter.write_line(f"parity: {leg} is FORWARD ONLY: {forward_only} gradient row(s) were not "
+                                    f"compared; its PASS covers the forward tensors only", yellow=True, bold=True)
     if not any(parts_dir.iterdir()):
         parts_dir.rmdir()
+
+
+def _forward_only_rows(path: Path) -> int:
+    import pandas as pd
+
+    from harness.status import FORWARD_ONLY
+
+    reasons = pd.read_csv(path, usecols=["reason"])["reason"].fillna("")
+    return int(reasons.str.startswith(FORWARD_ONLY).sum())
 
 
 def _write_result(df, out: Path, leg: str, config, run_id: str) -> Path:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import pandas as pd
 
-from .legs import legs as registered_legs
+from .legs import default_leg, legs as registered_legs
 from .legs.base import MODES
 from .metrics import METRICS, parse_blocks
 from .status import Status
@@ -287,9 +287,15 @@ def compiled_note(tpu: pd.DataFrame) -> str:
 def gate_notes(result: GateResult) -> list[list[str]]:
     """The caveats every gate report shows above its verdict counts: one list of Markdown paragraphs per note."""
     notes = []
-    if (result.baseline_leg, result.candidate_leg) != ("gpu", "tpu"):
+    if (result.baseline_leg, result.candidate_leg) != (default_leg("baseline"), default_leg("candidate")):
         notes.append([f"**Not the GPU-vs-TPU gate**: the baseline is the {result.baseline_leg} leg and the "
                       f"candidate the {result.candidate_leg} leg, as asked (--baseline-leg/--candidate-leg)."])
+    if result.forward_only:
+        cases = result.parity.loc[result.parity["verdict"] == "forward_only", "case_id"].nunique()
+        notes.append([f"**Forward only**: the candidate ({result.candidate_leg}) has no backward, so "
+                      f"{result.forward_only} gradient tensor(s) of {cases} case(s) that the baseline gives were "
+                      f"**not compared**. This verdict covers the forward tensors (o, ht) only; it is not a "
+                      f"training-grade PASS."])
     missing = int((result.parity["verdict"] == "missing").sum())
     if missing:
         notes.append([f"**{missing} (case, tensor) row(s) are in one file only** and were allowed "
@@ -307,7 +313,7 @@ def markdown(result: GateResult) -> str:
     p = result.parity
     counts = p.groupby("verdict").size().to_dict()
     lines = [
-        f"## Linear-attention parity: {'PASS' if result.passed else 'FAIL'}",
+        f"## Linear-attention parity: {result.headline}",
         "",
         f"Rule: {result.policy.describe()}.",
         "",

@@ -38,7 +38,7 @@ from .ops import get_op
 from .ops.base import OpDescriptor
 from .policy import bound_for
 from .reference_cache import ReferenceCache
-from .status import FAILING, Status
+from .status import FAILING, FORWARD_ONLY, Status
 
 FAILING_STATUSES = FAILING  # the name tests and plugins import
 
@@ -202,16 +202,17 @@ class Runner:
             return self._rows_for_all(r.op, case, r.status, r.reason, **r.columns)
         common["details"] = json.dumps(dict(out.details), sort_keys=True, default=str)
         common.update(out.columns)
-        return [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common)
+        return [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common, out.forward_only)
                 for spec in op.tensors(case)]
 
-    def _compare_row(self, op, case, spec, y, golden, common) -> dict:
+    def _compare_row(self, op, case, spec, y, golden, common, forward_only=False) -> dict:
         dtype = spec.resolve_dtype(case)
         bound = bound_for(case.op, spec.name, case.dtype, self.leg.name)
         common = {**common, "bound_rel_l2": bound.rel_l2}
         if y is None:
-            return self._row(case, spec.name, dtype, Status.NOT_PROVIDED,
-                             reason=f"the {self.leg.name} leg does not return {spec.name}", **common)
+            reason = (f"{FORWARD_ONLY} {spec.name}" if forward_only and spec.kind == "grad"
+                      else f"the {self.leg.name} leg does not return {spec.name}")
+            return self._row(case, spec.name, dtype, Status.NOT_PROVIDED, reason=reason, **common)
         r = golden[spec.name]
         metrics = compare(y, r, dtype)
         if "shape_error" in metrics:

@@ -25,6 +25,10 @@ class Status:
     LEAK = "leak"
 
 
+FORWARD_ONLY = "forward-only implementation: no backward, so no gradient"
+"""The start of a ``not_provided`` gradient row's reason when the leg runs a forward-only implementation
+(``LegBinding.differentiable=False``): the gate then covers the forward tensors only, and says so."""
+
 FAILING = (Status.BOUND, Status.NONFINITE, Status.ERROR)
 """Result-row statuses that make ``parity run`` exit 1 and fail the gate as the candidate's."""
 

@@ -184,6 +184,11 @@ def dot_macs(a_shape, b_shape, dims) -> int:
     return batch * free_a * free_b * math.prod(a_shape[i] for i in ca)
 
 
+def record_dot(a_shape, b_shape, dims, passes: int) -> None:
+    """Report one executed dot's modeled work to the active tallies (interpret mode: a debug callback)."""
+    jax.debug.callback(functools.partial(_record, dot_macs(a_shape, b_shape, dims), passes))
+
+
 def _one_pass(a, b, dims, mxu_model: bool):
     """One MXU pass of two bf16 operands: exact products, f32 accumulation."""
     if mxu_model:
@@ -214,8 +219,7 @@ def dot(a: jax.Array, b: jax.Array, *, precision, preferred_element_type=F32, di
     dims = dimension_numbers
     bf16 = jnp.bfloat16
     if mxu_model:  # every execution reports its modeled work (interpret mode only)
-        passes = 1 if a.dtype == bf16 and b.dtype == bf16 else PASSES[precision]
-        jax.debug.callback(functools.partial(_record, dot_macs(a.shape, b.shape, dims), passes))
+        record_dot(a.shape, b.shape, dims, 1 if a.dtype == bf16 and b.dtype == bf16 else PASSES[precision])
     if a.dtype == bf16 and b.dtype == bf16:
         out = _one_pass(a, b, dims, mxu_model)
     elif precision in (BF16X3, BF16X4):

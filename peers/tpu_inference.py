@@ -5,7 +5,8 @@ rule family, kda's per-channel gate included, serving packed requests from a sta
 kda case onto it:
 
 - the batch rows (or the case's packed sequences) become requests: tokens ``[T_total, H, K]`` with
-  ``cu_seqlens``, every request prefill (``distribution = (0, N)``);
+  ``cu_seqlens``. With ``h0``, the leading one-token sequences are decode requests (its decode kernel: one
+  token on a carried state) and the rest prefill (``distribution = (decode_end, N)``); without, all prefill;
 - ``h0`` is the state cache ``[N, H, K, V]`` (``state_indices = 0..N-1``; ``has_initial_state`` False
   without h0, which zeroes each slot in the kernel); the cache it returns is ``ht``;
 - ``b`` takes beta's logits (the kernel applies the sigmoid), so only cases with
@@ -69,11 +70,13 @@ def forward(case, a, ctx):
         return x.reshape((B * T,) + x.shape[2:])
 
     h0 = a.get("h0")
+    lengths = [b - a_ for a_, b in zip(offsets, offsets[1:])]
+    decode_end = 0 if h0 is None else next((i for i, n in enumerate(lengths) if n != 1), N)
     cache = jnp.zeros((N, H, K, V), jnp.float32) if h0 is None else jnp.array(h0, jnp.float32)  # a copy: donated
     try:
         o, ht = fused_gdn(tokens(a["q"]), tokens(a["k"]), jnp.array(tokens(a["v"])),
                           jnp.asarray(offsets, jnp.int32), tokens(a["g"]).astype(jnp.float32), cache,
-                          jnp.arange(N, dtype=jnp.int32), jnp.asarray((0, N), jnp.int32), tokens(a["beta"]),
+                          jnp.arange(N, dtype=jnp.int32), jnp.asarray((decode_end, N), jnp.int32), tokens(a["beta"]),
                           jnp.full((N,), h0 is not None), scale=case.resolved_scale,
                           use_qk_l2norm_in_kernel=bool(case.opt.get("use_qk_l2norm_in_kernel")))
     except ValueError as exc:  # its own input checks, before anything runs: a refusal with its reason
@@ -81,11 +84,16 @@ def forward(case, a, ctx):
     return {"o": o.reshape(B, T, H, V), "ht": ht}
 
 
+def describe(case) -> dict:
+    lengths = case.lens or (case.T,) * case.B
+    decode = 0 if not case.h0 else next((i for i, n in enumerate(lengths) if n != 1), len(lengths))
+    return {"entry": f"{KERNEL}.fused_gdn", "requests": len(lengths), "decode_requests": decode}
+
+
 class TpuInference:
     """The implementation object (:mod:`harness.legs.external`)."""
 
-    bindings = {"kda": LegBinding(forward, supports, describe=lambda case: {"entry": f"{KERNEL}.fused_gdn"},
-                                  differentiable=False)}
+    bindings = {"kda": LegBinding(forward, supports, describe=describe, differentiable=False)}
 
 
 IMPLEMENTATION = TpuInference()

@@ -24,10 +24,12 @@ def test_gpu_leg(parity_case, parity_runner, parity_results):
 
 
 @pytest.mark.tpu
-def test_tpu_leg_against_gpu(parity_case, parity_runner, parity_results, gpu_baseline, parity_policy):
-    rows = parity_runner("tpu").run_case(parity_case)
-    parity_results.add("tpu", rows)
+def test_tpu_leg_against_gpu(parity_case, parity_runner, parity_results, gpu_baseline, parity_policy,
+                             parity_candidate):
+    """The candidate (this project's kernels, or --parity-candidate) against the GPU rows of the case."""
+    rows = parity_runner(parity_candidate).run_case(parity_case)
+    parity_results.add(parity_candidate, rows)
     baseline = gpu_baseline[gpu_baseline["case_id"] == parity_case.id]
-    result = apply_gate(baseline, rows_to_frame(rows), parity_policy)
+    result = apply_gate(baseline, rows_to_frame(rows), parity_policy, candidate_leg=parity_candidate)
     fails = [f"{r['tensor']} {r['metric']}: {r['reason']}" for r in result.failures.to_dict("records")]
     assert not fails, f"{parity_case.id}: {fails}\nrepro: {rows[0]['repro']}"

@@ -34,11 +34,10 @@ has no ``get_bf16``), so the emulated leg refuses them rather than measure somet
 
 
 def emulation_problem(version: Optional[str] = None) -> Optional[str]:
-    """Why this process's triton cannot be emulated, or None. ``version`` defaults to the installed one."""
+    """Why this process's triton cannot be emulated, or None. ``version`` defaults to the installed one, read
+    from its metadata: importing triton here, before the leg sets interpreter mode, would decide it too early."""
     if version is None:
-        import triton
-
-        version = triton.__version__
+        version = _dist_version("triton") or "none"
     if version.split(".")[:2] == EMULATED_TRITON.split("."):
         return None
     return (f"the emulated GPU leg needs triton {EMULATED_TRITON}.x (its interpreter fixes patch that release); "

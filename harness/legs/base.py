@@ -27,6 +27,7 @@ class LegOutput:
     tensors: Mapping[str, np.ndarray | None]
     details: Mapping[str, Any] = field(default_factory=dict)  # per-case provenance: configs, dispatch
     columns: Mapping[str, Any] = field(default_factory=dict)  # per-case values with columns of their own
+    forward_only: bool = False  # a forward-only implementation: its missing gradients are not_provided as such
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
+import sys
 import threading
 
 from .tpu import TpuLeg
@@ -44,6 +45,8 @@ INTERPRET_CHIP = "v6e"
 
 # ------------------------------------------------------------------------------- MXU rounding of any dot
 _local = threading.local()
+INTERPRETER_EVAL = "_interpret_jaxpr"
+"""The function of Pallas's TPU interpreter that binds a traced kernel's eqns one by one (jax 0.10 - 0.12)."""
 
 
 def _modeled_dot_general(original):
@@ -55,9 +58,15 @@ def _modeled_dot_general(original):
 
         a, b = args
         floats = all(jnp.issubdtype(x.dtype, jnp.floating) for x in (a, b))
-        if (not getattr(_local, "active", False) or getattr(_local, "inside", False) or not floats
-                or jnp.float16 in (a.dtype, b.dtype) or (a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16)):
-            return original(*args, **params)  # two bf16 operands: one exact pass, as the MXU does
+        # each dot is modeled once, where it is traced; Pallas's interpreter later evaluates the traced kernel
+        # eqn by eqn (re-binding the model's own passes), and those go through as they are
+        replayed = sys._getframe(1).f_code.co_name == INTERPRETER_EVAL
+        if (not getattr(_local, "active", False) or getattr(_local, "inside", False) or replayed or not floats
+                or jnp.float16 in (a.dtype, b.dtype)):
+            return original(*args, **params)
+        if a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16:  # one exact pass, as the MXU does: counted only
+            mxu.record_dot(a.shape, b.shape, params["dimension_numbers"], passes=1)
+            return original(*args, **params)
         precision = params.get("precision")
         precision = precision[0] if isinstance(precision, tuple) else precision
         modeled = {lax.Precision.HIGHEST: lax.Precision.HIGHEST, lax.Precision.HIGH: mxu.BF16X3}.get(
@@ -106,6 +115,7 @@ def tpu_info_for(target: str):
     chip = getattr(tpu_info.ChipVersion, CHIPS[target])
     before = tpu_info.registry.get(kind)
     tpu_info.registry[kind] = lambda: tpu_info.get_tpu_info_for_chip(chip, 1)
+    tpu_info.get_tpu_info.cache_clear()  # it memoises its answer
     try:
         yield
     finally:
@@ -113,6 +123,7 @@ def tpu_info_for(target: str):
             tpu_info.registry.pop(kind, None)
         else:
             tpu_info.registry[kind] = before
+        tpu_info.get_tpu_info.cache_clear()
 
 
 # ------------------------------------------------------------------------------- the leg

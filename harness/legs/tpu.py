@@ -209,4 +209,4 @@ class TpuLeg(Leg):
         details = dict(binding.describe(case))
         if case.cu_seqlens is not None:
             details["cu_seqlens"] = list(case.cu_seqlens)  # passed to the kernels as a static tuple
-        return LegOutput(tensors=tensors, details=details, columns=columns)
+        return LegOutput(tensors=tensors, details=details, columns=columns, forward_only=not binding.differentiable)

@@ -1,0 +1,260 @@
+"""Any team's implementation as the candidate (issue 21): the leg registry, --impl and entry points, forward-only
+candidates, and an implementation that interprets but does not compile for a real TPU.
+
+The implementation under test is a tiny package written to a temporary directory with a ``.dist-info`` whose
+entry points name it, as ``pip install`` would leave it. Its kernels are this project's simple_gla kernels,
+called through the binding protocol without their ``interpret`` argument: the external leg must force
+interpret mode itself, answer ``get_tpu_info`` and round every dot as the MXU does. So its rows must equal the
+TPU leg's: o, ht, dq, dk, dv bit for bit; dg, whose in-kernel sums XLA compiles into another program here, to
+a few ULPs."""
+
+import textwrap
+
+import pandas as pd
+import pytest
+
+from cases.suites import find_case
+from harness.cli import main
+from harness.legs import registry
+
+pytest_plugins = ["pytester"]
+
+CASE = "simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g=logsigmoid/16/C64"
+
+PACKAGE = '''
+"""A kernel team's package, as this harness sees it: an implementation object per variant."""
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from harness.ops.base import LegBinding
+from kernels_tpu.simple_gla import chunk_simple_gla
+
+
+def forward(case, a, ctx):
+    # no interpret argument: the candidate leg forces interpret mode on every pallas_call
+    o, ht = chunk_simple_gla(a["q"], a["k"], a["v"], g=a.get("g"), scale=case.resolved_scale,
+                             initial_state=a.get("h0"), output_final_state=case.final_state,
+                             chunk_size=case.chunk_size)
+    return {"o": o, "ht": ht}
+
+
+def _fp16_load(x_ref, o_ref):
+    o_ref[...] = x_ref[...].astype(jnp.float32)
+
+
+def forward_with_an_fp16_load(case, a, ctx):
+    out = forward(case, a, ctx)
+    flat = out["o"].reshape(-1, out["o"].shape[-1]).astype(jnp.float32)
+    touched = pl.pallas_call(_fp16_load, out_shape=jax.ShapeDtypeStruct(flat.shape, jnp.float32))(
+        flat.astype(jnp.float16))  # interprets; Mosaic cannot load fp16
+    return {**out, "o": out["o"] + 0 * touched.reshape(out["o"].shape).astype(out["o"].dtype)}
+
+
+def raises(case, a, ctx):
+    raise RuntimeError("the kernel team's bug")
+
+
+class Impl:
+    def __init__(self, binding):
+        self.bindings = {"simple_gla": binding}
+        self.version = "tiny 1.0"
+
+
+FULL = Impl(LegBinding(forward))
+FORWARD_ONLY = Impl(LegBinding(forward, differentiable=False))
+NO_COMPILE = Impl(LegBinding(forward_with_an_fp16_load, differentiable=False))
+RAISES = Impl(LegBinding(raises))
+'''
+
+ENTRY_POINTS = """
+[linear_attn_parity.implementations]
+tiny = tiny_impl:FULL
+tiny-fwd = tiny_impl:FORWARD_ONLY
+tiny-broken = tiny_impl:NO_COMPILE
+"""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A directory holding the installed package ``tiny-impl`` (code and dist-info)."""
+    root = tmp_path_factory.mktemp("site")
+    (root / "tiny_impl").mkdir()
+    (root / "tiny_impl" / "__init__.py").write_text(PACKAGE)
+    info = root / "tiny_impl-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-impl\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(textwrap.dedent(ENTRY_POINTS))
+    return root
+
+
+@pytest.fixture
+def installed(site, monkeypatch):
+    """The package importable and its entry points visible; the registry as a fresh process would have it."""
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(registry, "_LEGS", {spec.name: spec for spec in registry.BUILTIN})
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    return site
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """The GPU leg's rows (emulated fla) and the TPU leg's rows of CASE, as files."""
+    out = tmp_path_factory.mktemp("legs")
+    for leg in ("gpu", "tpu"):
+        assert main(["run", "--backend", leg, "--case", CASE, "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+def _rows(out, leg):
+    [path] = out.glob(f"{leg}.cases-*.csv")
+    return path, pd.read_csv(path)
+
+
+def test_mxu_rounding_rounds_an_f32_dot_as_the_mxu_does():
+    """(1 + 2^-10) . 1 in f32: XLA:CPU is exact; a TPU's DEFAULT pass rounds the operand to bf16 (1.0), HIGHEST
+    keeps it. Inside a Pallas kernel in forced interpret mode, and in plain jitted code."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from harness.legs.external import mxu_rounding
+    from kernels_tpu.mxu import MxuTally, tally_mxu_work
+
+    def kernel(a_ref, b_ref, o_ref, *, precision):
+        o_ref[...] = lax.dot_general(a_ref[...], b_ref[...], (((1,), (0,)), ((), ())), precision=precision,
+                                     preferred_element_type=jnp.float32)
+
+    a = jnp.full((8, 128), 1.0 + 2.0**-10, jnp.float32)
+    b = jnp.zeros((128, 128), jnp.float32).at[0, :].set(1.0)
+
+    def run(precision):
+        jax.clear_caches()
+        call = pl.pallas_call(lambda *r: kernel(*r, precision=precision),
+                              out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+        return float(call(a, b)[0, 0]), float(jax.jit(lambda x, y: lax.dot_general(
+            x, y, (((1,), (0,)), ((), ())), precision=precision))(a, b)[0, 0])
+
+    with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
+        assert run(None) == (1.0 + 2.0**-10,) * 2  # no model: XLA:CPU's exact f32
+        tally = MxuTally()
+        with mxu_rounding(), tally_mxu_work(tally):
+            assert run(None) == (1.0, 1.0)
+            assert run(lax.Precision.HIGHEST) == (1.0 + 2.0**-10,) * 2
+        assert run(None) == (1.0 + 2.0**-10,) * 2  # the model ends with its block
+    jax.clear_caches()
+    assert tally.macs and tally.ratio > 1  # the kernel's dots were counted, HIGHEST at six passes
+
+
+def test_tpu_info_answers_for_the_chip_compiled_for():
+    from jax.experimental.pallas import tpu as pltpu
+
+    from harness.legs.external import tpu_info_for
+
+    with pytest.raises(ValueError, match="Unsupported TPU device kind"):
+        pltpu.get_tpu_info()
+    with tpu_info_for("v5e"):
+        v5e = pltpu.get_tpu_info()
+    with tpu_info_for("v7x"):
+        v7x = pltpu.get_tpu_info()
+    assert v5e.num_lanes == v7x.num_lanes == 128 and v5e != v7x
+    with pytest.raises(ValueError, match="Unsupported TPU device kind"):
+        pltpu.get_tpu_info()  # restored
+
+
+def test_the_registry_describes_every_leg():
+    legs = registry.legs()
+    assert [legs[n].role for n in ("ref", "gpu", "tpu")] == ["reference", "baseline", "candidate"]
+    assert (registry.default_leg("baseline"), registry.default_leg("candidate")) == ("gpu", "tpu")
+    assert [legs[n].version_key for n in ("ref", "gpu", "tpu")] == ["numpy", "triton", "libtpu"]
+    with pytest.raises(ValueError, match="must be NAME=module:object"):
+        registry.parse_impl("tiny")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_implementation("tpu", "x:y")
+    with pytest.raises(ValueError, match="unknown leg 'nope'.*--impl"):
+        registry.leg_spec("nope")
+
+
+def test_an_installed_implementation_gates_through_the_cli(installed, baseline, tmp_path):
+    assert "tiny" in registry.legs()  # from its entry point
+    assert main(["run", "--backend", "tiny", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 0
+    path, rows = _rows(tmp_path, "tiny")
+    assert set(rows["leg"]) == {"tiny"} and set(rows["status"]) == {"ok"} and set(rows["compiled_for"]) == {"v6e"}
+    assert "tiny 1.0" in rows["versions"].iloc[0]
+    # the same kernels as the TPU leg, interpreted and MXU-rounded by the leg, not by their own arguments
+    _, tpu = _rows(baseline, "tpu")
+    mine, theirs = rows.set_index("tensor")["rel_l2"], tpu.set_index("tensor")["rel_l2"]
+    exact = ["o", "ht", "dq", "dk", "dv"]
+    assert mine[exact].to_dict() == theirs[exact].to_dict()
+    assert abs(mine["dg"] / theirs["dg"] - 1) < 1e-4
+    gpu, _ = _rows(baseline, "gpu")
+    assert main(["gate", str(gpu), str(path), "--candidate-leg", "tiny", "--out", str(tmp_path / "g")]) == 0
+    md = (tmp_path / "g" / "parity.md").read_text()
+    assert md.startswith("## Linear-attention parity: PASS\n") and "candidate (tiny)" in md
+
+
+def test_a_forward_only_pass_says_so(installed, baseline, tmp_path):
+    assert main(["run", "--backend", "tiny-fwd", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 0
+    path, rows = _rows(tmp_path, "tiny-fwd")
+    grads = rows[rows["tensor"].str.startswith("d")]
+    assert len(grads) and set(grads["status"]) == {"not_provided"}
+    assert grads["reason"].str.startswith("forward-only implementation").all()
+    gpu, _ = _rows(baseline, "gpu")
+    junit = tmp_path / "junit.xml"
+    assert main(["gate", str(gpu), str(path), "--candidate-leg", "tiny-fwd", "--out", str(tmp_path / "g"),
+                 "--junit", str(junit)]) == 0
+    md = (tmp_path / "g" / "parity.md").read_text()
+    assert md.startswith(f"## Linear-attention parity: PASS, FORWARD ONLY ({len(grads)} gradient")
+    assert "**Forward only**" in md and "not compared" in md
+    assert "FORWARD ONLY" in (tmp_path / "g" / "parity.html").read_text()
+    assert 'value="PASS, FORWARD ONLY' in junit.read_text()
+    # the same gate against a candidate that claims to differentiate but gives no gradient fails
+    claims = rows.assign(reason=rows["reason"].str.replace("forward-only implementation", "a kernel"))
+    claims.to_csv(tmp_path / "claims.csv", index=False)
+    assert main(["gate", str(gpu), str(tmp_path / "claims.csv"), "--candidate-leg", "tiny-fwd",
+                 "--out", str(tmp_path / "g2")]) == 1
+
+
+def test_an_implementation_that_does_not_compile_fails(installed, baseline, tmp_path):
+    assert main(["run", "--backend", "tiny-broken", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 1
+    path, rows = _rows(tmp_path, "tiny-broken")
+    assert set(rows["status"]) == {"error"}
+    assert rows["reason"].str.startswith("does not compile for TPU v6e: MosaicError").all()
+    gpu, _ = _rows(baseline, "gpu")
+    assert main(["gate", str(gpu), str(path), "--candidate-leg", "tiny-broken", "--out", str(tmp_path / "g")]) == 1
+
+
+def test_impl_on_the_command_line_and_a_raising_binding(installed, tmp_path, capsys):
+    code = main(["run", "--backend", "mine", "--impl", "mine=tiny_impl:RAISES", "--case", CASE,
+                 "--case", "simple_gla.chunk/B1-T64-H2-K128-V128/bf16/g=logsigmoid/16/C64", "--out", str(tmp_path),
+                 "--no-progress"])
+    assert code == 1  # error rows, and the run went on to the second case
+    _, rows = _rows(tmp_path, "mine")
+    assert rows["case_id"].nunique() == 2 and set(rows["status"]) == {"error"}
+    assert rows["reason"].str.contains("RuntimeError: the kernel team's bug").all()
+    assert main(["run", "--backend", "other", "--impl", "other", "--case", CASE, "--out", str(tmp_path)]) == 2
+    assert "must be NAME=module:object" in capsys.readouterr().err
+    assert find_case(CASE)  # the case is the suite's, unchanged
+
+
+def test_pytest_gates_an_installed_candidate(installed, baseline, pytester, monkeypatch):
+    """``pytest -m tpu --parity-candidate NAME``: the tpu-marked test runs the named candidate; a forward-only
+    one passes and the terminal says loudly that the gradients were not compared."""
+    from pathlib import Path
+
+    monkeypatch.setenv("PYTHONPATH", str(installed))
+    pytester.makepyfile(test_legs=(Path(__file__).parent / "test_hardware_legs.py").read_text())
+    gpu, _ = _rows(baseline, "gpu")
+    out = pytester.path / "out"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "tpu", "--parity-case", CASE,
+                                           "--gpu-results", str(gpu), "--parity-candidate", "tiny-fwd",
+                                           f"--parity-out={out}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*tiny-fwd is FORWARD ONLY*not compared*"])
+    assert set(pd.read_csv(next(out.glob("tiny-fwd.cases-*.csv")))["leg"]) == {"tiny-fwd"}
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "tpu", "--parity-case", CASE,
+                                           "--gpu-results", str(gpu), "--parity-candidate", "gpu")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--parity-candidate gpu is the baseline leg, not a candidate*"])
