@@ -264,11 +264,14 @@ def cmd_compile(args) -> int:
         from tqdm import tqdm
 
         bar = tqdm(total=len(cases), desc="compile", unit="case", dynamic_ncols=True, disable=None)
-    from harness.legs.tpu import TpuLeg
+    from harness.legs import make_leg
     from harness.reference_cache import ReferenceCache
     from harness.runner import Runner
 
-    runner = Runner(TpuLeg(compile_targets=()), ReferenceCache(None))  # its steps up to the run, nothing more
+    if leg_spec(args.backend).role != "candidate":
+        raise UsageError(f"--backend {args.backend} is the {leg_spec(args.backend).role} leg; compile a candidate")
+    leg = make_leg(args.backend, compile_targets=())
+    runner = Runner(leg, ReferenceCache(None))  # its steps up to the run, nothing more
     t0 = time.perf_counter()
     for case in cases:
         rows.extend(case_rows(case, targets, runner=runner))
@@ -277,7 +280,8 @@ def cmd_compile(args) -> int:
     if bar is not None:
         bar.close()
     df = compile_frame(rows)
-    path = write_csv(df, Path(args.out) / (f"compile.{args.tag}.csv" if args.tag else "compile.csv"))
+    stem = "compile" if args.backend == "tpu" else f"compile.{args.backend}"
+    path = write_csv(df, Path(args.out) / (f"{stem}.{args.tag}.csv" if args.tag else f"{stem}.csv"))
     print(f"compile: {len(df)} rows in {time.perf_counter() - t0:.1f} s -> {path}")
     for target, part in df.groupby("target", sort=False):
         ok = part[part["status"] == Status.OK]
@@ -503,6 +507,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", metavar="T,..", help="TPU targets (default v5e,v6e,v7x; of v4, v5e, v5p, v6e, v7x)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--tag", help="insert a tag in the file name: compile.<tag>.csv")
+    p.add_argument("--backend", default="tpu", metavar="LEG",
+                   help="the candidate leg whose binding compiles (default tpu, this project's kernels; another "
+                        "writes compile.<leg>.csv)")
+    _add_impl(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_compile)
 

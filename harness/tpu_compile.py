@@ -169,27 +169,33 @@ def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dic
     """One row per target for one case: ``ok``, ``error`` or ``unsupported`` (with its reason).
 
     The case goes through the TPU leg's own runner steps (validation, inputs, supports) first;
-    ``runner`` (a ``Runner`` over a ``TpuLeg``) is built when not given.
+    ``runner`` (a ``Runner`` over a ``TpuLeg``, or over any candidate leg: an external implementation's
+    binding compiles the same way) is built when not given.
     """
     from harness.legs.tpu import NATIVE, TpuLeg, device_arrays, program
     from harness.reference_cache import ReferenceCache
     from harness.runner import Refusal, Runner
 
     runner = runner or Runner(TpuLeg(compile_targets=()), ReferenceCache(None), ops=ops)
+    leg = runner.leg
+    backend = "" if leg.name == "tpu" else f" --backend {leg.name}"
     base = {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype, "mode": COMPILE_MODE,
-            "program": "forward + backward (jax.vjp of the TPU binding)", **versions(),
+            "program": f"forward + backward (jax.vjp of the {leg.name} binding)", **versions(),
             "git_commit": runner.provenance["git_commit"],
-            "repro": f"parity compile --case '{case.id}' --target {','.join(targets)}"}
+            "repro": f"parity compile{backend} --case '{case.id}' --target {','.join(targets)}"}
     try:
         op, inputs = runner.prepare(case)
     except Refusal as r:
         return [{**base, "target": t, "topology": TARGETS[t], "status": r.status, "reason": r.reason,
                  "input_sha256": r.columns.get("input_sha256")} for t in targets]
     base["input_sha256"] = inputs.sha256
-    fn, arrays = program(op, case, NATIVE), device_arrays(inputs)
+    binding = leg.binding(op)
+    if not binding.differentiable:
+        base["program"] = f"forward (the {leg.name} binding is forward-only)"
+    fn, arrays = program(op, case, NATIVE, binding=binding), device_arrays(inputs)
     out = []
     for target in targets:
-        r = compile_for(fn, (arrays,), target)
+        r = leg.compile_for(compile_for, fn, arrays, target)
         out.append({**base, "target": target, "topology": TARGETS[target], "status": r.status, "reason": r.reason,
                     "compile_s": r.seconds, "error": "" if r.ok else r.error, **(r.memory or {}),
                     "hbm_bytes": r.hbm_bytes})

@@ -45,7 +45,7 @@ def _lint(*files: Path) -> tuple[int, list[dict]]:
 
 
 def test_the_templates_are_there():
-    assert {p.name for p in WORKFLOWS} == {"parity-hardware.yml", "parity-emulated.yml"}
+    assert {p.name for p in WORKFLOWS} == {"parity-hardware.yml", "parity-emulated.yml", "parity-your-kernels.yml"}
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
