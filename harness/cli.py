@@ -364,6 +364,9 @@ def cmd_all(args) -> int:
     from harness.gate import apply_gate
     from harness.reference_cache import ReferenceCache
 
+    for name in args.candidate:
+        if leg_spec(name).role != "candidate":
+            raise UsageError(f"--candidate {name} is the {leg_spec(name).role} leg, not a candidate")
     cases = _select_cases(args)
     policy = _policy(args)
     out = _out_dir(args.out)
@@ -382,12 +385,35 @@ def cmd_all(args) -> int:
             causal = _run_causality(name, args, cases)
             if causal["status"].isin(CAUSALITY_FAILING).any():
                 status = EXIT_FAIL
+    for name in args.candidate:  # other candidates: run, and gated below (no causality check)
+        why_not = leg_spec(name).missing()
+        if why_not:
+            print(f"{name}: skipped, {why_not}")
+            continue
+        _, frames[name] = _run_leg(name, args, cases, cache)
+        if _failing(frames[name]):
+            status = EXIT_FAIL
     if "gpu" in frames and "tpu" in frames:
         gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy, **_gate_options(args)), out,
                                    junit, args.force)
         status = max(status, gate_status)
     else:
         print("gate: skipped, it needs both the gpu and the tpu legs" + (f"; no {junit} written" if junit else ""))
+    extra = [name for name in args.candidate if name in frames and "gpu" in frames]
+    for name in extra:
+        print(f"gate of {name} (in {out / name}):")
+        options = {**_gate_options(args), "candidate_leg": name}
+        status = max(status, _report_gate(apply_gate(frames["gpu"], frames[name], policy, **options),
+                                          _out_dir(out / name)))
+    if extra:
+        from harness.peer_report import peer_markdown, peer_table
+        from harness.reports import atomic_write_text, write_csv
+
+        table = peer_table(frames["gpu"], [frames[n] for n in ["tpu", *extra] if n in frames], policy)
+        write_csv(table, out / "peers.csv")
+        atomic_write_text(out / "peers.md", peer_markdown(table, f"Candidates against fla: {', '.join(extra)}"))
+        print(f"peers: {len(table)} rows (case x forward tensor x candidate) -> {out / 'peers.csv'}, "
+              f"{out / 'peers.md'}")
     return status
 
 
@@ -539,6 +565,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gate_options(p)
     p.add_argument("--no-causality", action="store_true",
                    help="skip the causality check (one case per op and variant, every leg)")
+    p.add_argument("--candidate", action="append", default=[], metavar="LEG",
+                   help="also run this candidate (a registered implementation, e.g. tpu-inference, or --impl) and "
+                        "gate it against the gpu leg in OUT/LEG/; OUT/peers.md then compares the candidates "
+                        "(repeatable)")
     p.set_defaults(fn=cmd_all)
     return parser
 
