@@ -374,25 +374,19 @@ def cmd_all(args) -> int:
     junit = _junit_target(args)
     cache = ReferenceCache(None if args.no_ref_cache else "default")
     frames, status = {}, EXIT_PASS
-    for name, why_not in available_legs().items():
+    runs = [(name, why_not, True) for name, why_not in available_legs().items()]
+    runs += [(name, leg_spec(name).missing(), False) for name in args.candidate]  # gated below; no causality
+    for name, why_not, causality in runs:
         if why_not:
             print(f"{name}: skipped, {why_not}")
             continue
         _, frames[name] = _run_leg(name, args, cases, cache)
         if _failing(frames[name]):
             status = EXIT_FAIL
-        if not args.no_causality:
+        if causality and not args.no_causality:
             causal = _run_causality(name, args, cases)
             if causal["status"].isin(CAUSALITY_FAILING).any():
                 status = EXIT_FAIL
-    for name in args.candidate:  # other candidates: run, and gated below (no causality check)
-        why_not = leg_spec(name).missing()
-        if why_not:
-            print(f"{name}: skipped, {why_not}")
-            continue
-        _, frames[name] = _run_leg(name, args, cases, cache)
-        if _failing(frames[name]):
-            status = EXIT_FAIL
     if "gpu" in frames and "tpu" in frames:
         gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy, **_gate_options(args)), out,
                                    junit, args.force)
