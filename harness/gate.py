@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .legs import leg_spec
+from .legs.registry import version_key
 from .metrics import METRICS, parse_blocks
 from .policy import Policy
 from .reports import KEY, ReportError, check_results, read_table
@@ -102,7 +102,7 @@ def check_legs(df: pd.DataFrame, leg: str, role: str, name: str) -> None:
     if found and found != [leg]:
         raise GateInputError(f"{name}: the {role} must come from the {leg} leg, its rows are from {found[0]}; "
                              f"to compare other legs say so (--{role}-leg {found[0]})")
-    key = leg_spec(leg).version_key
+    key = version_key(leg)
     versions = df["versions"] if "versions" in df.columns else pd.Series([None] * len(df), index=df.index)
     for i, text in versions.items():
         try:

@@ -258,3 +258,27 @@ def test_pytest_gates_an_installed_candidate(installed, baseline, pytester, monk
                                            "--gpu-results", str(gpu), "--parity-candidate", "gpu")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*--parity-candidate gpu is the baseline leg, not a candidate*"])
+
+
+def test_rows_of_an_implementation_not_installed_here_are_gated(baseline, tmp_path, capsys):
+    """Gating needs only the files: a candidate's rows name their leg in `versions`, as an external leg writes
+    them, whether or not the implementation is installed on the machine that gates."""
+    import json
+
+    gpu, tpu_path = _rows(baseline, "gpu")[0], _rows(baseline, "tpu")[0]
+    tpu = pd.read_csv(tpu_path)
+    theirs = tpu.assign(leg="theirs", versions=[json.dumps({**json.loads(v), "theirs": "theirs 2.0"})
+                                                for v in tpu["versions"]])
+    theirs.to_csv(tmp_path / "theirs.csv", index=False)
+    assert "theirs" not in registry.legs()
+    assert main(["gate", str(gpu), str(tmp_path / "theirs.csv"), "--candidate-leg", "theirs",
+                 "--out", str(tmp_path / "g")]) == 0
+    unnamed = tpu.assign(leg="theirs")  # rows that claim the leg but do not name it in versions
+    unnamed.to_csv(tmp_path / "unnamed.csv", index=False)
+    assert main(["gate", str(gpu), str(tmp_path / "unnamed.csv"), "--candidate-leg", "theirs",
+                 "--out", str(tmp_path / "g")]) == 2
+    assert "names no theirs" in capsys.readouterr().err
+    tpu.assign(leg="Their Kernels").to_csv(tmp_path / "bad.csv", index=False)
+    assert main(["gate", str(gpu), str(tmp_path / "bad.csv"), "--candidate-leg", "theirs",
+                 "--out", str(tmp_path / "g")]) == 2
+    assert "is not a leg name" in capsys.readouterr().err

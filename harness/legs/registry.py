@@ -20,6 +20,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import re
+import warnings
 from typing import Any, Callable
 
 ROLES = ("reference", "baseline", "candidate")
@@ -76,7 +77,11 @@ def _load_entry_points() -> None:
     _entry_points_loaded = True
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in _LEGS:
-            register_implementation(ep.name, ep.value)
+            try:
+                register_implementation(ep.name, ep.value)
+            except ValueError as exc:  # one package's bad entry point must not stop every command
+                warnings.warn(f"entry point {ep.name} = {ep.value!r} ({ENTRY_POINT_GROUP}) ignored: {exc}",
+                              stacklevel=2)
 
 
 def register_implementation(name: str, target: str) -> LegSpec:
@@ -125,6 +130,18 @@ def leg_spec(name: str) -> LegSpec:
         raise ValueError(f"unknown leg {name!r}; choose one of {', '.join(known)} "
                          f"(or register an implementation: --impl NAME=module:object)")
     return known[name]
+
+
+def version_key(name: str) -> str:
+    """The package a leg's rows name in ``versions``; a leg not registered here (rows of an implementation
+    made on another machine) names itself, as :class:`harness.legs.external.ExternalLeg` rows do."""
+    known = legs()
+    return known[name].version_key if name in known else name
+
+
+def well_formed(name: str) -> bool:
+    """Whether ``name`` can be a leg's name (result files may come from implementations not installed here)."""
+    return bool(NAME.match(str(name)))
 
 
 def default_leg(role: str) -> str:
