@@ -54,9 +54,12 @@ def _select_cases(args) -> list:
 
 
 def _leg_options(args, name: str) -> dict:
-    if name == "ref":
+    """The command line's options for a leg, by its role: the reference's method and dtype, the baseline's dot
+    precision, a candidate's real-TPU compile targets."""
+    role = leg_spec(name).role
+    if role == "reference":
         return {"method": args.ref_method, "compute_dtype": args.ref_dtype}
-    if name == "gpu":
+    if role == "baseline":
         return {"dot_precision": args.dot_precision}
     from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
