@@ -283,7 +283,7 @@ def cmd_compile(args) -> int:
     if bar is not None:
         bar.close()
     df = compile_frame(rows)
-    stem = "compile" if args.backend == "tpu" else f"compile.{args.backend}"
+    stem = "compile" if args.backend == default_leg("candidate") else f"compile.{args.backend}"
     path = write_csv(df, Path(args.out) / (f"{stem}.{args.tag}.csv" if args.tag else f"{stem}.csv"))
     print(f"compile: {len(df)} rows in {time.perf_counter() - t0:.1f} s -> {path}")
     for target, part in df.groupby("target", sort=False):
@@ -390,23 +390,24 @@ def cmd_all(args) -> int:
             causal = _run_causality(name, args, cases)
             if causal["status"].isin(CAUSALITY_FAILING).any():
                 status = EXIT_FAIL
-    if "gpu" in frames and "tpu" in frames:
-        gate_status = _report_gate(apply_gate(frames["gpu"], frames["tpu"], policy, **_gate_options(args)), out,
+    base, ours = default_leg("baseline"), default_leg("candidate")
+    if base in frames and ours in frames:
+        gate_status = _report_gate(apply_gate(frames[base], frames[ours], policy, **_gate_options(args)), out,
                                    junit, args.force)
         status = max(status, gate_status)
     else:
-        print("gate: skipped, it needs both the gpu and the tpu legs" + (f"; no {junit} written" if junit else ""))
-    extra = [name for name in args.candidate if name in frames and "gpu" in frames]
+        print(f"gate: skipped, it needs both the {base} and the {ours} legs" + (f"; no {junit} written" if junit else ""))
+    extra = [name for name in args.candidate if name in frames and base in frames]
     for name in extra:
         print(f"gate of {name} (in {out / name}):")
         options = {**_gate_options(args), "candidate_leg": name}
-        status = max(status, _report_gate(apply_gate(frames["gpu"], frames[name], policy, **options),
+        status = max(status, _report_gate(apply_gate(frames[base], frames[name], policy, **options),
                                           _out_dir(out / name)))
     if extra:
         from harness.peer_report import peer_markdown, peer_table
         from harness.reports import atomic_write_text, write_csv
 
-        table = peer_table(frames["gpu"], [frames[n] for n in ["tpu", *extra] if n in frames], policy)
+        table = peer_table(frames[base], [frames[n] for n in [ours, *extra] if n in frames], policy)
         write_csv(table, out / "peers.csv")
         atomic_write_text(out / "peers.md", peer_markdown(table, f"Candidates against fla: {', '.join(extra)}"))
         print(f"peers: {len(table)} rows (case x forward tensor x candidate) -> {out / 'peers.csv'}, "
@@ -530,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", metavar="T,..", help="TPU targets (default v5e,v6e,v7x; of v4, v5e, v5p, v6e, v7x)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--tag", help="insert a tag in the file name: compile.<tag>.csv")
-    p.add_argument("--backend", default="tpu", metavar="LEG",
+    p.add_argument("--backend", default=default_leg("candidate"), metavar="LEG",
                    help="the candidate leg whose binding compiles (default tpu, this project's kernels; another "
                         "writes compile.<leg>.csv)")
     _add_impl(p)
