@@ -158,13 +158,21 @@ def _varies(name: str, value) -> bool:
 
 # ------------------------------------------------------------------- cases
 def _blame(message: str, fields: dict) -> str | None:
-    """The entry's field a cross-field error names (``lens=... T must equal it``), for the error line: an
-    option's name first, then the longer field names (a shape letter last: messages quote shapes)."""
-    names = [f"options.{k}" for k, _ in fields.get("options", ())]
-    names += sorted((n for n in fields if n != "options"), key=lambda n: (len(n) == 1, -len(n)))
+    """The entry's field a cross-field error names (``lens=... T must equal it``), for the error line: the
+    option named first in the message (a message may go on to list the known options), then the longer field
+    names (a shape letter last: messages quote shapes)."""
+    def where(name):
+        found = re.search(rf"(?<![\w.]){re.escape(name.split('.')[-1])}(?!\w)", message)
+        return found.start() if found else None
+
+    options = [(where(f"options.{k}"), f"options.{k}") for k, _ in fields.get("options", ())]
+    options = sorted((at, name) for at, name in options if at is not None)
+    if options:
+        return options[0][1]
+    names = sorted((n for n in fields if n != "options"), key=lambda n: (len(n) == 1, -len(n)))
     names += ["options"] if "options" in fields else []
     for name in names:
-        if re.search(rf"(?<![\w.]){re.escape(name.split('.')[-1])}(?!\w)", message):
+        if where(name) is not None:
             return name
     return None
 

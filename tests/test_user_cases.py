@@ -174,6 +174,10 @@ options = [{}, { use_qk_l2norm_in_kernel = true, use_beta_sigmoid_in_kernel = tr
     ("[[grid]]\nop = 'kda'\nvariant = 'chunk'\nB = 1\nT = [16, 32]\nH = 1\nK = 64\nV = 64\n"
      "options = [{}, {lower_bound = -5.0}]",
      "grid[0] (T=16, options={lower_bound=-5.0}): field 'options.lower_bound': lower_bound acts only with"),
+    # the message goes on to list the known options, safe_gate among them: the unknown one is blamed
+    ("[[case]]\nop = 'kda'\nvariant = 'chunk'\nB = 1\nT = 8\nH = 1\nK = 64\nV = 64\n"
+     "options = {safe_gate = true, disable_recompute = true}",
+     "case[0]: field 'options.disable_recompute': unknown kda options ['disable_recompute']"),
     ("[[grid]]\nop = 'gla'\nvariant = 'chunk'\nB = 1\nT = 16\nH = 1\nK = 64\nV = 64\ndtype = ['bf16', 'fp8']",
      "grid[0]: field 'dtype': must be one of"),
     ("[[grid]]\nop = 'gla'\nvariant = 'chunk'\nB = 1\nT = []\nH = 1\nK = 64\nV = 64",
