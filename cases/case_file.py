@@ -270,14 +270,30 @@ def _entry_cases(entry, kind: str) -> list[tuple[str, Case]]:
     return out
 
 
+def _file_order(text: str, data: dict) -> list[tuple[str, int]]:
+    """(kind, index) of every entry in the order the file writes them. tomllib keeps each kind's entries in
+    order but not how the kinds interleave, so the ``[[case]]``/``[[grid]]`` headers are read from the text;
+    a file written otherwise (an inline array of tables) is taken kind by kind."""
+    headers = re.findall(r"(?m)^[ \t]*\[\[[ \t]*(case|grid)[ \t]*\]\]", text)
+    if all(headers.count(kind) == len(data[kind]) for kind in data) and len(headers) == sum(map(len, data.values())):
+        seen: dict[str, int] = {}
+        order = []
+        for kind in headers:
+            order.append((kind, seen.get(kind, 0)))
+            seen[kind] = seen.get(kind, 0) + 1
+        return order
+    return [(kind, i) for kind in data for i in range(len(data[kind]))]
+
+
 def load_cases(path) -> list[Case]:
-    """The cases of a case file, in file order (each ``[[case]]``, then each ``[[grid]]`` expanded, or as
-    the file first names the two kinds); :class:`CaseFileError` with one line on anything wrong."""
+    """The cases of a case file, in file order (the ``[[case]]`` and ``[[grid]]`` headers as the file
+    interleaves them, each grid expanded in place); :class:`CaseFileError` with one line on anything wrong."""
     import tomllib
 
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
+        data = tomllib.loads(text)
     except OSError as exc:
         raise CaseFileError(f"cases file {path}: cannot read it ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:
@@ -291,24 +307,23 @@ def load_cases(path) -> list[Case]:
     cases: list[Case] = []
     where: dict[str, str] = {}
     for kind in data:
-        entries = data[kind]
-        if not isinstance(entries, list):
+        if not isinstance(data[kind], list):
             raise CaseFileError(f"cases file {path}: {kind!r} must be an array of tables: write [[{kind}]], "
                                 f"not [{kind}]")
-        for i, entry in enumerate(entries):
-            name = f"{kind}[{i}]"
-            try:
-                made = _entry_cases(entry, kind)
-            except _EntryError as exc:
-                entry_name = f"{name} ({exc.combo})" if exc.combo else name
-                field = f" field {exc.field!r}:" if exc.field else ""
-                raise CaseFileError(f"cases file {path}: {entry_name}:{field} {exc}") from None
-            for label, case in made:
-                here = f"{name} ({label})" if label else name
-                if case.id in where:
-                    raise CaseFileError(f"cases file {path}: {here} repeats case {case.id} of {where[case.id]}")
-                where[case.id] = here
-                cases.append(case)
+    for kind, i in _file_order(text, data):
+        entry, name = data[kind][i], f"{kind}[{i}]"
+        try:
+            made = _entry_cases(entry, kind)
+        except _EntryError as exc:
+            entry_name = f"{name} ({exc.combo})" if exc.combo else name
+            field = f" field {exc.field!r}:" if exc.field else ""
+            raise CaseFileError(f"cases file {path}: {entry_name}:{field} {exc}") from None
+        for label, case in made:
+            here = f"{name} ({label})" if label else name
+            if case.id in where:
+                raise CaseFileError(f"cases file {path}: {here} repeats case {case.id} of {where[case.id]}")
+            where[case.id] = here
+            cases.append(case)
     if not cases:
         raise CaseFileError(f"cases file {path}: no [[case]] or [[grid]] entry")
     return cases

@@ -293,3 +293,12 @@ def test_pytest_plugin_takes_ids_and_files(pytester, monkeypatch):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret != 0
     result.stderr.fnmatch_lines([f"ERROR: cases file {path}: case[[]0[]]: field 'H': must be a positive int, got 0"])
+
+
+def test_a_file_lists_its_cases_in_the_order_it_writes_them(tmp_path):
+    """tomllib keeps each kind's entries but not how [[case]] and [[grid]] interleave; the file's order wins."""
+    path = tmp_path / "order.toml"
+    path.write_text("[[grid]]\nop = 'gla'\nvariant = 'chunk'\nB = 1\nT = [16, 32]\nH = 1\nK = 64\nV = 64\n\n"
+                    "[[case]]\nid = 'simple_gla.chunk/B1-T8-H1-K64-V64/bf16/g=logsigmoid/16/C64'\n\n"
+                    "[[grid]]\nop = 'kda'\nvariant = 'chunk'\nB = 1\nT = 8\nH = 1\nK = 64\nV = 64\n")
+    assert [(c.op, c.T) for c in load_cases(path)] == [("gla", 16), ("gla", 32), ("simple_gla", 8), ("kda", 8)]
