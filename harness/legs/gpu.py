@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -81,6 +82,10 @@ class GpuLeg(Leg):
             # Triton decides interpreted vs compiled when a kernel is decorated:
             # this must happen before fla is first imported in the process.
             enable_interpreter_mode()
+            # fla warns that it "rolls back to CPU" when Triton has no GPU: this leg asked for exactly that
+            # (every row says emulated), so the warning only alarms
+            warnings.filterwarnings("ignore", message="Triton is not supported on current platform",
+                                    category=UserWarning)
             import fla.ops  # noqa: F401 - load the kernels now so scoped emulation patches reach them
 
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
