@@ -54,12 +54,12 @@ def calibration_table(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy) -> p
     measured = parity[parity["metric"].isin(METRICS) & parity["eps_tpu"].notna()].copy()
     facts = tpu.drop_duplicates("case_id").set_index("case_id")[["op", "dtype"]]
     measured = measured.join(facts, on="case_id")
-    blocks = {leg: {(c, t): parse_blocks(b) for c, t, b in zip(df["case_id"], df["tensor"], df["rel_l2_blocks"])}
-              for leg, df in (("gpu", gpu), ("tpu", tpu))}
+    blocks = [{(c, t): parse_blocks(b) for c, t, b in zip(df["case_id"], df["tensor"], df["rel_l2_blocks"])}
+              for df in (gpu, tpu)]  # baseline, candidate
     alarms, judged = [], []
     for r in measured.to_dict("records"):
         key = (r["case_id"], r["tensor"])
-        pair = blocks["gpu"].get(key), blocks["tpu"].get(key)
+        pair = blocks[0].get(key), blocks[1].get(key)
         where = {"op": r["op"], "dtype": r["dtype"], "tensor": r["tensor"]}
         alarms.append(not policy.judge(r["metric"], float(r["eps_tpu"]), float(r["eps_gpu"]), *pair, **where)[0])
         judged.append(_judged(policy, r["metric"], float(r["ratio"]), *pair))

@@ -39,7 +39,7 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs, input_shapes, inputs_sha256, make_inputs
 
-from .gpu_cache import GpuBaselineCache
+from .baseline_cache import BaselineCache
 from .legs.base import Leg
 from .ops.base import OpDescriptor
 from .reference_cache import ReferenceCache
@@ -282,7 +282,7 @@ def causality_cases(cases: list[Case]) -> list[Case]:
     return list(chosen.values())
 
 
-def run_causality(leg: Leg, cases: list[Case], progress: bool = True, leg_cache: GpuBaselineCache | None = None):
+def run_causality(leg: Leg, cases: list[Case], progress: bool = True, leg_cache: BaselineCache | None = None):
     """Rows (a pandas DataFrame) for every case on one leg; ``leg_cache`` serves and keeps the leg's runs
     (each keyed by the inputs it was given: the case's own, or a perturbed copy)."""
     import dataclasses

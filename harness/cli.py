@@ -107,11 +107,11 @@ class Interrupted(Exception):
 
 
 def _leg_cache(leg, args):
-    """The leg's baseline cache (the GPU and reference legs'; read unless --no-gpu-cache), or None for a leg
+    """The leg's baseline cache (the GPU and reference legs'; read unless --no-baseline-cache), or None for a leg
     that is not cached (the TPU leg)."""
-    from harness.gpu_cache import for_leg
+    from harness.baseline_cache import for_leg
 
-    return for_leg(leg, read=not getattr(args, "no_gpu_cache", False))
+    return for_leg(leg, read=not getattr(args, "no_baseline_cache", False))
 
 
 def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
@@ -325,24 +325,24 @@ def cmd_calibrate(args) -> int:
 
     policy = _policy(args)
     out = _out_dir(args.out)
+    pair = default_leg("baseline"), default_leg("candidate")  # the clean kernels whose noise is calibrated
     if args.results:
         gpu, tpu = (read_results(Path(p)) for p in args.results)
     else:
         cases = _select_cases(args)
-        missing = [f"{leg}: {why}" for leg, why in available_legs().items() if leg in ("gpu", "tpu") and why]
+        missing = [f"{leg}: {why}" for leg, why in available_legs().items() if leg in pair and why]
         if missing:
-            raise UsageError(f"calibration runs the gpu and tpu legs: {'; '.join(missing)}")
+            raise UsageError(f"calibration runs the {' and '.join(pair)} legs: {'; '.join(missing)}")
         cache = ReferenceCache(None if args.no_ref_cache else "default")
-        _, gpu = _run_leg("gpu", args, cases, cache)
-        _, tpu = _run_leg("tpu", args, cases, cache)
+        (_, gpu), (_, tpu) = (_run_leg(leg, args, cases, cache) for leg in pair)
     table = calibration_table(gpu, tpu, policy)
     total = summary(table)
     derived = derive_policy(table, policy)
-    provenance = f"- gpu: {provenance_line(gpu)}\n- tpu: {provenance_line(tpu)}"
+    provenance = f"- {pair[0]}: {provenance_line(gpu)}\n- {pair[1]}: {provenance_line(tpu)}"
     csv_path = write_csv(table, out / "calibration.csv")
     atomic_write_text(out / "calibration.md", markdown(table, policy, provenance, derived))
     facts = {"suite": ", ".join(column_values(tpu, "suite")), "draws": int(tpu["draw"].max()) + 1,
-             "gpu": provenance_line(gpu), "tpu": provenance_line(tpu), "base_policy": policy.describe(),
+             pair[0]: provenance_line(gpu), pair[1]: provenance_line(tpu), "base_policy": policy.describe(),
              "gated_comparisons": total["n"], "false_alarms_of_base_policy": total["false_alarms"]}
     atomic_write_text(out / "policy.toml", derived.to_toml(
         "Written by `parity calibrate` (harness/calibrate.py): margins derived from the noise band of clean\n"
@@ -449,9 +449,9 @@ def _add_run_options(p):
                    help="overwrite a result file of another suite, or discard an interrupted run's partial file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-ref-cache", action="store_true", help="do not read or write the on-disk reference cache")
-    p.add_argument("--no-gpu-cache", action="store_true",
+    p.add_argument("--no-baseline-cache", "--no-gpu-cache", dest="no_baseline_cache", action="store_true",
                    help="run the GPU leg and the reference leg (and their causality runs) again instead of reusing "
-                        "the baseline cache; the fresh results replace its entries")
+                        "the baseline cache; the fresh results replace its entries (--no-gpu-cache: the old name)")
     p.add_argument("--ref-method", default="recurrent", choices=("recurrent", "chunk"),
                    help="reference leg: formulation recomputed against the chunked golden (default recurrent)")
     p.add_argument("--ref-dtype", default="float64", choices=("float64", "float32"),

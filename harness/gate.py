@@ -1,13 +1,14 @@
-"""The gate: join a baseline (GPU) and a candidate (TPU) result file and apply ε_TPU ≤ ε_GPU.
+"""The gate: join a baseline and a candidate result file and apply ε_TPU ≤ ε_GPU (ε of the candidate ≤ ε of
+the baseline; the columns keep the rule's names, ``eps_gpu`` and ``eps_tpu``, whatever the legs).
 
 It fails closed. Before judging, the files must be fit to compare, else
 :class:`GateInputError` (exit 2) says why:
 
 - each file passes :func:`harness.reports.check_results` (known statuses,
   numeric non-negative metrics, a sha256 on every measured row, ...);
-- the baseline comes from the ``gpu`` leg and the candidate from the ``tpu``
-  leg (their ``leg`` column and the package their ``versions`` name), unless
-  other legs are asked for explicitly; one file is never compared with itself;
+- the baseline comes from the registry's built-in baseline leg and the candidate from its built-in
+  candidate (:func:`harness.legs.registry.default_leg`: their ``leg`` column and the package their
+  ``versions`` name), unless other legs are asked for explicitly; one file is never compared with itself;
 - every (case, tensor) in both files was run on the same inputs
   (``input_sha256``), row by row.
 
@@ -49,7 +50,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .legs.registry import version_key
+from .legs.registry import default_leg, version_key
 from .metrics import METRICS, parse_blocks
 from .policy import Policy
 from .reports import KEY, ReportError, check_results, read_table
@@ -68,10 +69,10 @@ class GateInputError(ReportError):
 class GateResult:
     parity: pd.DataFrame
     policy: Policy
-    gpu: pd.DataFrame
-    tpu: pd.DataFrame
-    baseline_leg: str = "gpu"
-    candidate_leg: str = "tpu"
+    baseline: pd.DataFrame  # the baseline file's rows (checked)
+    candidate: pd.DataFrame  # the candidate file's rows (checked)
+    baseline_leg: str
+    candidate_leg: str
 
     @property
     def failures(self) -> pd.DataFrame:
@@ -191,9 +192,12 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
 
 
 def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_missing: bool = False,
-               baseline_leg: str = "gpu", candidate_leg: str = "tpu",
+               baseline_leg: str | None = None, candidate_leg: str | None = None,
                names: tuple[str, str] = ("baseline", "candidate")) -> GateResult:
-    """Judge ``tpu`` (the candidate) against ``gpu`` (the baseline); see the module docstring."""
+    """Judge ``tpu`` (the candidate's rows) against ``gpu`` (the baseline's); see the module docstring. The legs
+    default to the registry's built-in baseline and candidate (:func:`harness.legs.registry.default_leg`)."""
+    baseline_leg = baseline_leg or default_leg("baseline")
+    candidate_leg = candidate_leg or default_leg("candidate")
     gpu, tpu = check_results(gpu, names[0]), check_results(tpu, names[1])
     check_legs(gpu, baseline_leg, "baseline", names[0])
     check_legs(tpu, candidate_leg, "candidate", names[1])

@@ -252,8 +252,8 @@ def page(result: GateResult, h: Heatmap, png: bytes) -> str:
     rest = p[(p["verdict"] != "fail") & p["metric"].isin([h.metric, "status"])]
     width, height = png_size(png)
     verdict = result.headline
-    provenance = [f"<li>baseline ({html.escape(result.baseline_leg)}): {_inline(provenance_line(result.gpu))}</li>",
-                  f"<li>candidate ({html.escape(result.candidate_leg)}): {_inline(provenance_line(result.tpu))}"
+    provenance = [f"<li>baseline ({html.escape(result.baseline_leg)}): {_inline(provenance_line(result.baseline))}</li>",
+                  f"<li>candidate ({html.escape(result.candidate_leg)}): {_inline(provenance_line(result.candidate))}"
                   f"</li>"]
     notes = ["<blockquote>" + "".join(f"<p>{_inline(par)}</p>" for par in note) + "</blockquote>"
              for note in gate_notes(result)]

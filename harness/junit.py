@@ -74,10 +74,10 @@ def junit_tree(result: GateResult, timestamp: datetime | None = None) -> ET.Elem
     props = ET.SubElement(suite, "properties")
     facts = {"rule": result.policy.describe(), "baseline.leg": result.baseline_leg,
              "candidate.leg": result.candidate_leg, "verdict": result.headline}
-    for role, df in (("baseline", result.gpu), ("candidate", result.tpu)):
+    for role, df in (("baseline", result.baseline), ("candidate", result.candidate)):
         facts.update({f"{role}.{k}": v for k, v in _provenance(df).items() if v})
-    if "emulated" in column_values(result.tpu, "mode"):
-        facts["candidate.compiled_for"] = compiled_note(result.tpu).replace("**", "")  # plain text, not Markdown
+    if "emulated" in column_values(result.candidate, "mode"):
+        facts["candidate.compiled_for"] = compiled_note(result.candidate).replace("**", "")  # plain text, not Markdown
     for key, value in facts.items():
         ET.SubElement(props, "property", name=key, value=value)
 

@@ -38,14 +38,14 @@ class Bound:
     op: str = "*"
     tensor: str = "*"
     dtype: str = "*"  # the case dtype
-    leg: str = "*"
+    role: str = "*"  # the leg's role (harness.legs.registry.ROLES): reference, baseline or candidate
 
     def specificity(self) -> int:
-        return sum(x != "*" for x in (self.op, self.tensor, self.dtype, self.leg))
+        return sum(x != "*" for x in (self.op, self.tensor, self.dtype, self.role))
 
-    def matches(self, op: str, tensor: str, dtype: str, leg: str) -> bool:
+    def matches(self, op: str, tensor: str, dtype: str, role: str) -> bool:
         return all(rule in ("*", value) for rule, value in
-                   ((self.op, op), (self.tensor, tensor), (self.dtype, dtype), (self.leg, leg)))
+                   ((self.op, op), (self.tensor, tensor), (self.dtype, dtype), (self.role, role)))
 
 
 BOUNDS: list[Bound] = [
@@ -61,7 +61,7 @@ BOUNDS: list[Bound] = [
     # rel_l2 1.2e-2 on an H100 (reports/h100-native), which 1e-2 would turn into a GPU row without a number.
     Bound(5e-2, "fp32 inputs: dg sums cancelling TF32 terms", tensor="dg", dtype="float32"),
     # the reference leg at float32 compute: float32 rounding only.
-    Bound(1e-4, "float32 re-computation of the reference", leg="ref"),
+    Bound(1e-4, "float32 re-computation of the reference", role="reference"),
 ]
 
 
@@ -72,10 +72,11 @@ def most_specific(rules, *key):
     return rules[max(matching)[1]] if matching else None
 
 
-def bound_for(op: str, tensor: str, dtype: str, leg: str, rules: list[Bound] = BOUNDS) -> Bound:
-    bound = most_specific(rules, op, tensor, dtype, leg)
+def bound_for(op: str, tensor: str, dtype: str, role: str, rules: list[Bound] = BOUNDS) -> Bound:
+    """The bound on a ``role`` leg's rel_l2 for ``op``'s ``tensor`` in a ``dtype`` case."""
+    bound = most_specific(rules, op, tensor, dtype, role)
     if bound is None:
-        raise LookupError(f"no bound for {op=} {tensor=} {dtype=} {leg=}: add a rule to harness.policy.BOUNDS")
+        raise LookupError(f"no bound for {op=} {tensor=} {dtype=} {role=}: add a rule to harness.policy.BOUNDS")
     return bound
 
 

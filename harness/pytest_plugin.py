@@ -62,18 +62,22 @@ def pytest_addoption(parser):
     group.addoption("--parity-candidate", default=os.environ.get("PARITY_CANDIDATE"), metavar="LEG",
                     help="the leg the tpu-marked tests run and gate against the GPU results (env "
                          "PARITY_CANDIDATE; default: this project's TPU kernels)")
-    group.addoption("--parity-no-gpu-cache", action="store_true",
-                    help="run the GPU leg again instead of reusing the GPU-baseline cache (harness/gpu_cache.py)")
+    group.addoption("--parity-no-baseline-cache", action="store_true",
+                    help="run the GPU leg again instead of reusing the baseline cache (harness/baseline_cache.py)")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: run the GPU leg over a suite, one test per case")
-    config.addinivalue_line("markers", "tpu: run the TPU leg and enforce eps_TPU <= eps_GPU")
+    from harness.legs import default_leg, leg_spec, parse_impl, register_implementation
+
+    # the markers are named for the registry's built-in baseline and candidate legs: ``pytest -m gpu``, ``-m tpu``
+    config.addinivalue_line("markers", f"{default_leg('baseline')}: run the baseline leg over a suite, one test "
+                                       f"per case")
+    config.addinivalue_line("markers", f"{default_leg('candidate')}: run the candidate leg and enforce "
+                                       f"eps_TPU <= eps_GPU")
     config.addinivalue_line("markers", "slow: heavier emulated tests, excluded by default")
     workerinput = getattr(config, "workerinput", None)
     config._parity_run_id = workerinput["parity_run_id"] if workerinput else uuid.uuid4().hex[:12]
     config._parity_rows = {}
-    from harness.legs import default_leg, leg_spec, parse_impl, register_implementation
 
     try:
         for text in config.option.parity_impl:
@@ -164,8 +168,8 @@ def reference_cache():
 @pytest.fixture(scope="session")
 def parity_runner(request, reference_cache):
     """``parity_runner(leg)`` -> a Runner for that leg, built once per session (the gpu leg's with the
-    GPU-baseline cache)."""
-    from harness.gpu_cache import for_leg
+    baseline cache)."""
+    from harness.baseline_cache import for_leg
     from harness.legs import leg_spec, make_leg
     from harness.runner import Runner
     from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
@@ -180,7 +184,7 @@ def parity_runner(request, reference_cache):
             candidate = leg_spec(leg).role == "candidate"  # every candidate compiles for real TPUs first
             made = make_leg(leg, **({"compile_targets": targets} if candidate else {}))
             runners[leg] = Runner(made, reference_cache, suite=_suite(request.config),
-                                  leg_cache=for_leg(made, read=not request.config.option.parity_no_gpu_cache))
+                                  leg_cache=for_leg(made, read=not request.config.option.parity_no_baseline_cache))
         return runners[leg]
 
     return get

@@ -81,7 +81,7 @@ def _metadata(key: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
 def entry_metadata(arrays: dict[str, np.ndarray], key: str, fmt: int) -> dict | str:
     """The metadata of a loaded cache entry (popped from ``arrays``: its ``__meta__`` record), or what is wrong
     with it: none, unreadable, another format or key, tensors other than it lists. Shared by every on-disk
-    cache here (this one, :mod:`harness.gpu_cache`)."""
+    cache here (this one, :mod:`harness.baseline_cache`)."""
     raw = arrays.pop(_META, None)
     if raw is None:
         return "it has no metadata (an older cache format)"

@@ -305,11 +305,11 @@ def gate_notes(result: GateResult) -> list[list[str]]:
     if missing:
         notes.append([f"**{missing} (case, tensor) row(s) are in one file only** and were allowed "
                       f"(--allow-missing): this gate covers a subset."])
-    if "emulated" in set(result.gpu["mode"].dropna()) | set(result.tpu["mode"].dropna()):
+    if "emulated" in set(result.baseline["mode"].dropna()) | set(result.candidate["mode"].dropna()):
         note = ["Emulated rows ran on CPU (Triton interpreter / Pallas interpret mode with the MXU model); "
                 "they are not hardware numbers."]
-        if "emulated" in set(result.tpu["mode"].dropna()):
-            note.append(compiled_note(result.tpu))
+        if "emulated" in set(result.candidate["mode"].dropna()):
+            note.append(compiled_note(result.candidate))
         notes.append(note)
     return notes
 
@@ -322,8 +322,8 @@ def markdown(result: GateResult) -> str:
         "",
         f"Rule: {result.policy.describe()}.",
         "",
-        f"- baseline ({result.baseline_leg}): {provenance_line(result.gpu)}",
-        f"- candidate ({result.candidate_leg}): {provenance_line(result.tpu)}",
+        f"- baseline ({result.baseline_leg}): {provenance_line(result.baseline)}",
+        f"- candidate ({result.candidate_leg}): {provenance_line(result.candidate)}",
     ]
     for note in gate_notes(result):
         lines.append("")

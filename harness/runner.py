@@ -2,7 +2,7 @@
 
 For each case: validate it, draw its inputs, ask the leg whether it supports
 the case, compute the float64 golden (cached by input hash), run the leg, and
-compare every declared tensor (a ``leg_cache``, :mod:`harness.gpu_cache`, may serve
+compare every declared tensor (a ``leg_cache``, :mod:`harness.baseline_cache`, may serve
 the leg's output instead of running it). Every outcome is a row:
 
 =============== =============================================================
@@ -31,11 +31,12 @@ from typing import Callable, Iterable, Mapping
 from cases.case import Case
 from cases.inputs import Inputs, make_inputs
 
-from .gpu_cache import GpuBaselineCache
+from .baseline_cache import BaselineCache
 from .legs.base import Leg, LegOutput
 from .metrics import compare, nonfinite_where_ref_finite
 from .ops import get_op
 from .ops.base import OpDescriptor
+from .legs.registry import role_of
 from .policy import bound_for
 from .reference_cache import ReferenceCache
 from .status import FAILING, FORWARD_ONLY, Status
@@ -77,9 +78,9 @@ class Runner:
     """Runs one leg over cases; rows carry the run's provenance."""
 
     def __init__(self, leg: Leg, reference_cache: ReferenceCache | None = None, suite: str = "",
-                 ops: Mapping[str, OpDescriptor] | None = None, leg_cache: GpuBaselineCache | None = None):
+                 ops: Mapping[str, OpDescriptor] | None = None, leg_cache: BaselineCache | None = None):
         """``ops`` overrides the registry (tests inject fault-carrying descriptors this way); ``leg_cache``
-        serves and keeps the leg's outputs (:mod:`harness.gpu_cache`; None: the leg always runs)."""
+        serves and keeps the leg's outputs (:mod:`harness.baseline_cache`; None: the leg always runs)."""
         self.leg = leg
         self.ops = ops
         self.cache = reference_cache or ReferenceCache()
@@ -207,7 +208,7 @@ class Runner:
 
     def _compare_row(self, op, case, spec, y, golden, common, forward_only=False) -> dict:
         dtype = spec.resolve_dtype(case)
-        bound = bound_for(case.op, spec.name, case.dtype, self.leg.name)
+        bound = bound_for(case.op, spec.name, case.dtype, role_of(self.leg.name))
         common = {**common, "bound_rel_l2": bound.rel_l2}
         if y is None:
             reason = (f"{FORWARD_ONLY} {spec.name}" if forward_only and spec.kind == "grad"

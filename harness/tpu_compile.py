@@ -172,13 +172,14 @@ def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dic
     ``runner`` (a ``Runner`` over a ``TpuLeg``, or over any candidate leg: an external implementation's
     binding compiles the same way) is built when not given.
     """
-    from harness.legs.tpu import NATIVE, TpuLeg, device_arrays, program
+    from harness.legs.registry import default_leg, make_leg
+    from harness.legs.tpu import NATIVE, device_arrays, program
     from harness.reference_cache import ReferenceCache
     from harness.runner import Refusal, Runner
 
-    runner = runner or Runner(TpuLeg(compile_targets=()), ReferenceCache(None), ops=ops)
+    runner = runner or Runner(make_leg(default_leg("candidate"), compile_targets=()), ReferenceCache(None), ops=ops)
     leg = runner.leg
-    backend = "" if leg.name == "tpu" else f" --backend {leg.name}"
+    backend = "" if leg.name == default_leg("candidate") else f" --backend {leg.name}"
     base = {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype, "mode": COMPILE_MODE,
             "program": f"forward + backward (jax.vjp of the {leg.name} binding)", **versions(),
             "git_commit": runner.provenance["git_commit"],

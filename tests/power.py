@@ -30,11 +30,11 @@ from faults import REGRESSIONS, apply_regression  # noqa: E402
 
 from cases.suites import get_suite  # noqa: E402
 from harness.gate import apply_gate  # noqa: E402
-from harness.legs.tpu import TpuLeg  # noqa: E402
 from harness.policy import Policy, default_policy  # noqa: E402
 from harness.reference_cache import ReferenceCache  # noqa: E402
 from harness.reports import atomic_write_text, read_results, rows_to_frame, write_csv  # noqa: E402
 from harness.runner import Runner  # noqa: E402
+from harness.legs import make_leg
 
 REACHES = {"fp16 inputs at fewer bits": {"float16"}}
 """Case dtypes a class can reach (default: every dtype)."""
@@ -53,7 +53,7 @@ def caught_at(regression: str, bits: int, cases, gpu: pd.DataFrame, policy: Poli
     with pytest.MonkeyPatch.context() as mp:
         jax.clear_caches()
         patched = apply_regression(mp.setattr, regression, bits)
-        runner = Runner(TpuLeg(compile_targets=()), cache)
+        runner = Runner(make_leg("tpu", compile_targets=()), cache)
         try:
             for n, case in enumerate(cases, 1):
                 tpu = rows_to_frame(runner.run_case(case))

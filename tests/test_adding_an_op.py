@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from cases.case import Case
 from cases.inputs import InputSpec
-from harness.legs.tpu import TpuLeg
 from harness.ops import REGISTRY
 from harness.ops.base import (LegBinding, OpDescriptor, forward_tensors, grad_tensors, qkv_specs,
                               state_and_cotangent_specs)
 from harness.reference_cache import ReferenceCache
 from harness.runner import Runner
 from harness.status import Status
+from harness.legs import make_leg
 
 
 def _inputs(case: Case) -> list[InputSpec]:
@@ -58,14 +58,14 @@ def _tpu_forward(case: Case, a: dict, ctx) -> dict:
 LINEAR_ATTN = OpDescriptor(
     name="linear_attn", variants=("chunk",), doc=__doc__, inputs=_inputs, tensors=_tensors,
     differentiable=_differentiable, cotangents={"o": "do", "ht": "dht"}, validate=_validate,
-    reference=_reference, tpu=LegBinding(_tpu_forward))
+    reference=_reference, pallas=LegBinding(_tpu_forward))
 
 
 def test_a_gate_less_op_runs_without_edits_to_the_case_model():
     case = Case("linear_attn", "chunk", B=1, T=64, H=1, K=128, V=128, dtype="float32", gate=None,
                 chunk_size=64, h0=True, dht=True)
     assert case.id == "linear_attn.chunk/B1-T64-H1-K128-V128/fp32/C64/h0,dht"
-    rows = Runner(TpuLeg(), ReferenceCache(None), ops={**REGISTRY, "linear_attn": LINEAR_ATTN}).run_case(case)
+    rows = Runner(make_leg("tpu"), ReferenceCache(None), ops={**REGISTRY, "linear_attn": LINEAR_ATTN}).run_case(case)
     by_tensor = {r["tensor"]: r for r in rows}
     assert sorted(by_tensor) == sorted(["o", "ht", "dq", "dk", "dv", "dh0"])
     for name, row in by_tensor.items():
@@ -75,6 +75,6 @@ def test_a_gate_less_op_runs_without_edits_to_the_case_model():
 
 def test_gated_ops_refuse_a_gate_less_case_with_a_reason():
     case = Case("simple_gla", "chunk", B=1, T=64, H=1, K=128, V=128, gate=None)
-    rows = Runner(TpuLeg(), ReferenceCache(None)).run_case(case)
+    rows = Runner(make_leg("tpu"), ReferenceCache(None)).run_case(case)
     assert {r["status"] for r in rows} == {Status.ERROR}
     assert "takes a g or g_gamma gate" in rows[0]["reason"]

@@ -7,6 +7,7 @@ from harness.causality import causality_cases, check_case, default_t0, perturb_f
 from harness.legs.base import LegOutput
 from harness.legs.ref import RefLeg
 from harness.ops import get_op
+from harness.legs import make_leg
 
 CASE = Case("simple_gla", "chunk", B=1, T=24, H=2, K=8, V=8, dtype="float32", gate=Gate(), chunk_size=8, h0=True,
             dht=True)
@@ -27,7 +28,7 @@ def test_perturbation_touches_only_the_future_of_forward_inputs():
 
 
 def test_reference_leg_is_bit_exactly_causal():
-    rows = check_case(RefLeg(method="chunk"), CASE)
+    rows = check_case(make_leg("ref", method="chunk"), CASE)
     assert [(r.tensor, r.status, r.bit_exact) for r in rows] == [("o", "ok", True), ("dq", "ok", True)]
 
 

@@ -15,13 +15,12 @@ import pytest
 from cases.case import Case, Gate
 from cases.suites import alibi
 from harness.gate import apply_gate
-from harness.legs.ref import RefLeg
-from harness.legs.tpu import TpuLeg
 from harness.ops import get_op
 from harness.policy import Policy
 from harness.reference_cache import ReferenceCache
 from harness.reports import rows_to_frame
 from harness.runner import Runner
+from harness.legs import make_leg
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +30,12 @@ def cache():
 
 def _with_tpu_forward(op_name, forward):
     op = get_op(op_name)
-    return {op_name: dataclasses.replace(op, tpu=dataclasses.replace(op.tpu, forward=forward))}
+    return {op_name: dataclasses.replace(op, pallas=dataclasses.replace(op.pallas, forward=forward))}
 
 
 def _gate(case, faulty_ops, cache):
-    baseline = rows_to_frame(Runner(RefLeg(method="chunk", compute_dtype="float32"), cache).run_case(case))
-    rows = Runner(TpuLeg(), cache, ops=faulty_ops).run_case(case)
+    baseline = rows_to_frame(Runner(make_leg("ref", method="chunk", compute_dtype="float32"), cache).run_case(case))
+    rows = Runner(make_leg("tpu"), cache, ops=faulty_ops).run_case(case)
     return rows, apply_gate(baseline, rows_to_frame(rows), Policy(), baseline_leg="ref")
 
 
@@ -48,7 +47,7 @@ def test_masked_exp_after_exp_gives_nan_and_fails_the_gate(cache, inject):
     case = Case("simple_gla", "chunk", B=1, T=128, H=16, K=128, V=128, dtype="bfloat16", gate=alibi(32, 0),
                 chunk_size=128)
     # the safe kernel on the case is finite and within bounds
-    safe = Runner(TpuLeg(), cache).run_case(case)
+    safe = Runner(make_leg("tpu"), cache).run_case(case)
     assert {r["status"] for r in safe} == {"ok"}, [(r["tensor"], r["reason"]) for r in safe]
     inject(chunk_module, "causal_decay", unsafe_causal_decay)
     rows, result = _gate(case, {"simple_gla": get_op("simple_gla")}, cache)
@@ -60,13 +59,12 @@ def test_masked_exp_after_exp_gives_nan_and_fails_the_gate(cache, inject):
 @pytest.fixture(scope="module")
 def gpu_rows():
     """fla's rows for a case, computed once per case (the real GPU leg, emulated here)."""
-    from harness.legs.gpu import GpuLeg
 
     memo = {}
 
     def get(case, cache):
         if case.id not in memo:
-            memo[case.id] = rows_to_frame(Runner(GpuLeg(), cache).run_case(case))
+            memo[case.id] = rows_to_frame(Runner(make_leg("gpu"), cache).run_case(case))
         return memo[case.id]
 
     return get
@@ -92,7 +90,7 @@ def _gla_fused_forward(zero_dg_gamma=False):
 
 
 def _tpu_verdicts(case, fault_forward, baseline, cache):
-    rows = Runner(TpuLeg(), cache, ops=_with_tpu_forward(case.op, fault_forward)).run_case(case)
+    rows = Runner(make_leg("tpu"), cache, ops=_with_tpu_forward(case.op, fault_forward)).run_case(case)
     result = apply_gate(baseline, rows_to_frame(rows), Policy())
     return {r["tensor"]: r for r in rows}, result
 
@@ -127,7 +125,7 @@ def test_missing_transpose_in_the_inverse_gradient_is_caught_by_the_gate(cache, 
     inject(chunk, "inverse_grad", inverse_grad_missing_transpose)
     case = Case("kda", "chunk", B=1, T=64, H=2, K=128, V=128, dtype="float32", gate=Gate(), chunk_size=64, h0=True,
                 dht=True)
-    rows, result = _tpu_verdicts(case, get_op("kda").tpu.forward, gpu_rows(case, cache), cache)
+    rows, result = _tpu_verdicts(case, get_op("kda").pallas.forward, gpu_rows(case, cache), cache)
     failed = set(result.failures["tensor"])
     assert {"dk", "dbeta"} <= failed, result.failures.to_dict("records")
     assert "o" not in failed  # the forward is untouched: only the gradient gate can see this bug

@@ -148,14 +148,14 @@ def test_the_page_has_counts_failing_rows_first_with_repro_and_provenance(gated,
     assert [r[repro] for r in rows[1:len(fails) + 1]] == list(fails["repro"])
     assert all(r.startswith("parity run --backend tpu --case ") for r in fails["repro"])
     text = " ".join(" ".join(page.text).split())
-    for leg in (failing.gpu, failing.tpu):
+    for leg in (failing.baseline, failing.candidate):
         versions = json.loads(leg["versions"].iloc[0])
         for name, version in versions.items():
             assert f"{name} {version}" in text
         assert str(leg["git_commit"].iloc[0]) in text
         for mode in leg["mode"].unique():
             assert f"mode {mode}" in text
-    compiled = sorted({t for v in failing.tpu["compiled_for"].dropna() for t in str(v).split(",")})
+    compiled = sorted({t for v in failing.candidate["compiled_for"].dropna() for t in str(v).split(",")})
     assert compiled and all(t in text for t in compiled)  # the real-TPU compile targets
 
 

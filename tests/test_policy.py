@@ -2,21 +2,25 @@ import math
 
 import pytest
 
+from harness.legs.registry import role_of
 from harness.policy import BOUNDS, Bound, Policy, bound_for, parse_floors
 
 
 def test_most_specific_bound_wins():
     rules = [Bound(1.0, "any"), Bound(0.5, "bf16", dtype="bfloat16"),
              Bound(0.1, "bf16 dg", tensor="dg", dtype="bfloat16"), Bound(0.2, "later tie", dtype="bfloat16")]
-    assert bound_for("x", "o", "bfloat16", "tpu", rules).rel_l2 == 0.2  # ties: the later rule
-    assert bound_for("x", "dg", "bfloat16", "tpu", rules).rel_l2 == 0.1
-    assert bound_for("x", "dg", "float32", "gpu", rules).rel_l2 == 1.0
+    assert bound_for("x", "o", "bfloat16", "candidate", rules).rel_l2 == 0.2  # ties: the later rule
+    assert bound_for("x", "dg", "bfloat16", "candidate", rules).rel_l2 == 0.1
+    assert bound_for("x", "dg", "float32", "baseline", rules).rel_l2 == 1.0
+    by_role = rules + [Bound(0.01, "the reference", role="reference")]
+    assert bound_for("x", "o", "bfloat16", "reference", by_role).rel_l2 == 0.01
+    assert bound_for("x", "o", "bfloat16", "baseline", by_role).rel_l2 == 0.2
 
 
 def test_project_bounds_cover_every_dtype_and_catch_zero_gradients():
     for dtype in ("bfloat16", "float16", "float32"):
-        for leg in ("gpu", "tpu", "ref"):
-            b = bound_for("simple_gla", "dg", dtype, leg, BOUNDS)
+        for role in ("baseline", "candidate", "reference"):
+            b = bound_for("simple_gla", "dg", dtype, role, BOUNDS)
             assert b.rel_l2 < 1.0  # rel_l2 of an all-zero gradient is exactly 1
 
 
@@ -60,5 +64,5 @@ def test_fla_on_an_h100_is_within_every_bound():
     rows = rows[rows["rel_l2"].notna()]
     assert len(rows) > 300 and set(rows["mode"]) == {"native"}
     over = [(r.case_id, r.tensor, r.rel_l2) for r in rows.itertuples()
-            if r.rel_l2 > bound_for(r.op, r.tensor, r.dtype, r.leg, BOUNDS).rel_l2]
+            if r.rel_l2 > bound_for(r.op, r.tensor, r.dtype, role_of(r.leg), BOUNDS).rel_l2]
     assert not over, over

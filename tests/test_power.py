@@ -12,12 +12,12 @@ import pytest
 from faults import REGRESSIONS, round_fraction
 from cases.suites import find_case
 from harness.gate import apply_gate
-from harness.legs.tpu import TpuLeg
 from harness.policy import default_policy
 from harness.reference_cache import ReferenceCache
 from harness.reports import rows_to_frame
 from harness.runner import Runner
 from power import caught_at
+from harness.legs import make_leg
 
 FP32 = "simple_gla.chunk/B1-T128-H2-K128-V128/fp32/g=logsigmoid/16/C64/dht"
 FP16 = "simple_gla.chunk/B1-T128-H2-K128-V128/fp16/g_gamma=alibi(L32,l0)/C64/h0,dht"
@@ -42,10 +42,9 @@ def test_round_fraction_on_hand_computed_values():
 
 @pytest.fixture(scope="module")
 def baselines():
-    from harness.legs.gpu import GpuLeg
 
     cache = ReferenceCache(None)
-    gpu = {cid: rows_to_frame(Runner(GpuLeg(), cache).run_case(find_case(cid))) for cid in (FP32, FP16, STRONG_FP16)}
+    gpu = {cid: rows_to_frame(Runner(make_leg("gpu"), cache).run_case(find_case(cid))) for cid in (FP32, FP16, STRONG_FP16)}
     return gpu, cache
 
 
@@ -71,7 +70,7 @@ def test_the_shipped_policy_catches_each_class_at_bf16_precision(baselines, regr
     gpu, cache = baselines
     policy, case_id = default_policy(), PINNED[regression]
     case = find_case(case_id)
-    clean = apply_gate(gpu[case_id], rows_to_frame(Runner(TpuLeg(compile_targets=()), cache).run_case(case)), policy)
+    clean = apply_gate(gpu[case_id], rows_to_frame(Runner(make_leg("tpu", compile_targets=()), cache).run_case(case)), policy)
     assert clean.passed, clean.failures[["tensor", "metric", "reason"]]  # the catch below is the fault's
     result = caught_at(regression, 7, [case], gpu[case_id], policy, cache)
     assert result["caught"], result
@@ -89,7 +88,7 @@ def test_the_strong_decay_class_is_caught_on_the_suites(baselines, monkeypatch):
 
     def gate():
         jax.clear_caches()
-        tpu = rows_to_frame(Runner(TpuLeg(compile_targets=()), cache).run_case(case))
+        tpu = rows_to_frame(Runner(make_leg("tpu", compile_targets=()), cache).run_case(case))
         jax.clear_caches()
         return apply_gate(gpu[STRONG_FP16], tpu, policy)
 

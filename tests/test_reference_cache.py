@@ -9,10 +9,10 @@ import pytest
 import harness.reference_cache as rc
 from cases.case import Case
 from cases.inputs import make_inputs
-from harness.legs.ref import RefLeg
 from harness.ops import get_op
 from harness.reference_cache import ReferenceCache, ReferenceCacheWarning
 from harness.runner import Runner
+from harness.legs import make_leg
 
 CASE = Case("simple_gla", "chunk", B=1, T=16, H=1, K=8, V=8, dtype="float32", chunk_size=16)
 OP = get_op(CASE.op)
@@ -125,7 +125,7 @@ def test_bad_entry_does_not_stop_the_run(tmp_path):
     del arrays["o"]
     np.savez(path, **arrays)
     with pytest.warns(ReferenceCacheWarning):
-        rows = Runner(RefLeg(method="chunk"), ReferenceCache(tmp_path)).run_case(CASE)
+        rows = Runner(make_leg("ref", method="chunk"), ReferenceCache(tmp_path)).run_case(CASE)
     assert {r["status"] for r in rows} == {"ok"}
 
 
@@ -137,7 +137,7 @@ def test_reference_missing_a_compared_tensor_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=r"returned no \['dq'\]"):
         ReferenceCache(tmp_path).get(op, CASE, INPUTS)
     assert not list(tmp_path.iterdir())  # nothing stored
-    rows = Runner(RefLeg(method="chunk"), ReferenceCache(None), ops={CASE.op: op}).run_case(CASE)
+    rows = Runner(make_leg("ref", method="chunk"), ReferenceCache(None), ops={CASE.op: op}).run_case(CASE)
     assert {r["status"] for r in rows} == {"error"} and "returned no ['dq']" in rows[0]["reason"]
 
 

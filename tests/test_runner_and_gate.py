@@ -9,7 +9,7 @@ from cases.case import Case, Gate
 from cases.inputs import make_inputs
 from harness.cli import main
 from harness.gate import GateInputError, apply_gate
-from harness.legs import leg_spec
+from harness.legs import leg_spec, make_leg
 from harness.legs.base import Environment, Leg, LegOutput
 from harness.ops import get_op
 from harness.policy import Policy
@@ -188,13 +188,13 @@ def test_reference_cache_on_disk(tmp_path):
 def test_gpu_leg_refuses_when_fla_may_leave_triton(monkeypatch):
     """fla's backend dispatch must stay off: otherwise the GPU numbers are not fla's Triton kernels."""
     from cases.suites import get_suite
-    from harness.legs.gpu import FLA_DISPATCH_ENV, GpuLeg
+    from harness.legs.gpu import FLA_DISPATCH_ENV
     from harness.ops import get_op
 
     case = next(c for c in get_suite("smoke") if c.op == "kda")
     # the first leg imports fla with dispatch off, as every run does: fla reads the setting once, at import,
     # so this test must never be the one that imports it with dispatch on (that would hold for the process)
-    assert GpuLeg().supports(get_op("kda"), case) is None
+    assert make_leg("gpu").supports(get_op("kda"), case) is None
     monkeypatch.setenv(FLA_DISPATCH_ENV, "0")
-    reason = GpuLeg().supports(get_op("kda"), case)
+    reason = make_leg("gpu").supports(get_op("kda"), case)
     assert reason and reason.startswith(f"{FLA_DISPATCH_ENV}='0'")

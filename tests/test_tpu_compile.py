@@ -15,7 +15,7 @@ from cases.suites import get_suite
 from harness.cli import main
 from harness.gate import apply_gate
 from harness.reports import compiled_note
-from harness.legs.tpu import TpuLeg
+from harness.legs import make_leg
 from harness.ops import get_op
 from harness.policy import Policy
 from harness.reference_cache import ReferenceCache
@@ -117,14 +117,14 @@ def test_a_kernel_that_does_not_compile_is_an_error_row_and_fails_the_gate():
     touch.defvjp(lambda o, interpret: (touch(o, interpret), None), lambda interpret, _, g: (g,))
 
     def forward(case, a, ctx):
-        out = op.tpu.forward(case, a, ctx)
+        out = op.pallas.forward(case, a, ctx)
         return {**out, "o": touch(out["o"], ctx.interpret)}
 
-    faulty = {"simple_gla": dataclasses.replace(op, tpu=dataclasses.replace(op.tpu, forward=forward))}
+    faulty = {"simple_gla": dataclasses.replace(op, pallas=dataclasses.replace(op.pallas, forward=forward))}
     cache = ReferenceCache(None)
-    good = Runner(TpuLeg(), cache).run_case(CASE)
+    good = Runner(make_leg("tpu"), cache).run_case(CASE)
     assert {r["status"] for r in good} == {"ok"} and {r["compiled_for"] for r in good} == {"v6e"}
-    bad = Runner(TpuLeg(), cache, ops=faulty).run_case(CASE)
+    bad = Runner(make_leg("tpu"), cache, ops=faulty).run_case(CASE)
     assert {r["status"] for r in bad} == {"error"}
     assert all(r["reason"].startswith("does not compile for TPU v6e: MosaicError") for r in bad), bad[0]["reason"]
     result = apply_gate(rows_to_frame(good), rows_to_frame(bad), Policy(), baseline_leg="tpu")
@@ -132,7 +132,7 @@ def test_a_kernel_that_does_not_compile_is_an_error_row_and_fails_the_gate():
 
 
 def test_parity_md_names_the_compile_targets():
-    frame = rows_to_frame(Runner(TpuLeg(compile_targets=("v5e", "v7x")), ReferenceCache(None)).run_case(CASE))
+    frame = rows_to_frame(Runner(make_leg("tpu", compile_targets=("v5e", "v7x")), ReferenceCache(None)).run_case(CASE))
     assert set(frame["compiled_for"]) == {"v5e,v7x"}
     note = compiled_note(frame)
     assert f"libtpu {libtpu_version()} for v5e, v7x" in note

@@ -25,6 +25,7 @@ from harness.ops import get_op
 from harness.ops.base import LegBinding, call_tpu_kernel
 from harness.reference_cache import ReferenceCache
 from harness.runner import Runner
+from harness.legs import make_leg
 
 G = Gate("g", "logsigmoid", normalizer=16)
 LENS = (5, 20, 7)  # T = 32: a boundary inside the first chunk of 16, the middle sequence over two of its own
@@ -60,7 +61,7 @@ def test_state_inputs_take_one_state_per_sequence(op_name):
 @pytest.mark.parametrize("op_name", sorted(SMALL))
 def test_reference_leg_runs_a_packed_case_against_the_golden(op_name):
     """The golden (chunked reference with cu_seqlens) against the recurrent one with cu_seqlens: every row ok."""
-    rows = Runner(RefLeg(), ReferenceCache(None)).run_case(SMALL[op_name])
+    rows = Runner(make_leg("ref"), ReferenceCache(None)).run_case(SMALL[op_name])
     assert set(_statuses(rows).values()) == {"ok"}, rows
     assert all(r["rel_l2"] < 1e-12 for r in rows)
     assert '"cu_seqlens": [0, 5, 25, 32]' in rows[0]["details"]
@@ -80,21 +81,20 @@ def test_the_reference_sees_the_sequences():
 
 
 def test_ref_leg_memory_estimate_counts_sequences_times_the_longest():
-    leg = RefLeg()
+    leg = make_leg("ref")
     op = get_op("simple_gla")
     # 4 x 2**16 padded tokens x 128 x 128 x 8 bytes = 32 GiB of states; the packed T alone is 2**16 + 3 tokens
     big = Case("simple_gla", "chunk", B=1, T=2 ** 16 + 3, H=1, K=128, V=128, gate=G, lens=(1, 1, 1, 2 ** 16))
     assert "32.0 GiB" in leg.supports(op, big)
     assert leg.supports(op, big.replace(lens=None, T=2 ** 10)) is None
-    assert RefLeg(method="chunk").supports(op, big) is None
+    assert make_leg("ref", method="chunk").supports(op, big) is None
 
 
 # ---------------------------------------------------------------------------------------- GPU leg
 @pytest.fixture(scope="module")
 def gpu_leg():
-    from harness.legs.gpu import GpuLeg
 
-    return GpuLeg()
+    return make_leg("gpu")
 
 
 @pytest.mark.parametrize("op_name", sorted(SMALL))
@@ -111,7 +111,7 @@ def test_gpu_binding_passes_a_long_tensor_on_the_tensors_device(gpu_leg, monkeyp
     import torch
 
     import fla.ops.simple_gla as fla_simple_gla
-    from harness.ops.simple_gla import gpu_forward
+    from harness.ops.simple_gla import fla_forward
 
     seen = []
 
@@ -123,8 +123,8 @@ def test_gpu_binding_passes_a_long_tensor_on_the_tensors_device(gpu_leg, monkeyp
     monkeypatch.setattr(fla_simple_gla, "fused_chunk_simple_gla", fake)
     t = {n: torch.zeros(1, 32, 1, 32) for n in ("q", "k", "v")}
     for case in (SMALL["simple_gla"], SMALL["simple_gla"].replace(variant="fused_chunk")):
-        gpu_forward(case, t)
-    gpu_forward(SMALL["simple_gla"].replace(lens=None), t)
+        fla_forward(case, t)
+    fla_forward(SMALL["simple_gla"].replace(lens=None), t)
     packed, fused, unpacked = seen
     assert packed.dtype == fused.dtype == torch.long and packed.device == t["q"].device
     assert packed.tolist() == [0, 5, 25, 32] and unpacked == "absent"
@@ -144,9 +144,8 @@ TPU_CASE = Case("simple_gla", "chunk", B=1, T=48, H=1, K=128, V=128, dtype="floa
 def test_tpu_leg_runs_or_refuses_a_packed_case_with_a_reason():
     """Kernels that take cu_seqlens run the packed case (ok rows); kernels that do not are refused with the
     reason, never a number."""
-    from harness.legs.tpu import TpuLeg
 
-    rows = Runner(TpuLeg(compile_targets=()), ReferenceCache(None)).run_case(TPU_CASE)
+    rows = Runner(make_leg("tpu", compile_targets=()), ReferenceCache(None)).run_case(TPU_CASE)
     if _tpu_takes_cu_seqlens():
         assert set(_statuses(rows).values()) == {"ok"}, [(r["tensor"], r["status"], r["reason"]) for r in rows]
         assert '"cu_seqlens": [0, 5, 41, 48]' in rows[0]["details"]
@@ -174,11 +173,10 @@ def _tpu_forward_pre_varlen(case, a, ctx):
 
 def test_kernels_without_cu_seqlens_make_unsupported_rows():
     """A kernel without the keyword: the TPU leg's supports (kernel_refusal) refuses the packed case with the reason."""
-    from harness.legs.tpu import TpuLeg
 
     op = get_op("simple_gla")
-    old = dataclasses.replace(op, tpu=LegBinding(_tpu_forward_pre_varlen))
-    leg = TpuLeg(compile_targets=())
+    old = dataclasses.replace(op, pallas=LegBinding(_tpu_forward_pre_varlen))
+    leg = make_leg("tpu", compile_targets=())
     rows = Runner(leg, ReferenceCache(None), ops={"simple_gla": old}).run_case(TPU_CASE)
     assert set(_statuses(rows).values()) == {"unsupported"}
     assert all("_pre_varlen_chunk_simple_gla does not take cu_seqlens" in r["reason"] and "lens=5+36+7"
@@ -256,7 +254,7 @@ def test_isolation_redraws_one_sequence_its_state_and_cotangents_only():
 @pytest.mark.parametrize("op_name", sorted(SMALL))
 def test_reference_leg_is_causal_and_isolates_sequences_bit_exactly(op_name):
     case = SMALL[op_name]
-    rows = check_case(RefLeg(method="chunk"), case)
+    rows = check_case(make_leg("ref", method="chunk"), case)
     t0 = default_t0(case)  # inside the middle sequence [5, 25): 23 at C = 16, 14 at C = 32
     causal = [(r.tensor, r.status, r.bit_exact, r.t0) for r in rows if r.check == "causality"]
     assert causal == [("o", "ok", True, t0), ("dq", "ok", True, t0)] and 5 <= t0 < 24
@@ -266,7 +264,7 @@ def test_reference_leg_is_causal_and_isolates_sequences_bit_exactly(op_name):
 
 
 def test_the_isolation_check_runs_every_sequence_of_two():
-    rows = check_case(RefLeg(method="chunk"), SMALL["simple_gla"].replace(lens=(9, 23)))
+    rows = check_case(make_leg("ref", method="chunk"), SMALL["simple_gla"].replace(lens=(9, 23)))
     iso = [r for r in rows if r.check == "isolation"]
     assert {r.seq for r in iso} == {0, 1} and {r.status for r in iso} == {"ok"}
 
@@ -347,12 +345,11 @@ def test_suites_carry_packed_cases_at_their_edges():
 def test_kernels_that_raise_while_asked_make_error_rows_not_an_aborted_run():
     """A kernel raising anything but NotImplementedError on a valid case (here a ValueError for the packed
     states) is that case's error rows; the run goes on."""
-    from harness.legs.tpu import TpuLeg
 
     def forward(case, a, ctx):
         raise ValueError(f"initial_state must be [B,H,K,V], got {a['h0'].shape}")
 
-    old = dataclasses.replace(get_op("simple_gla"), tpu=LegBinding(forward))
-    rows = Runner(TpuLeg(compile_targets=()), ReferenceCache(None), ops={"simple_gla": old}).run_case(TPU_CASE)
+    old = dataclasses.replace(get_op("simple_gla"), pallas=LegBinding(forward))
+    rows = Runner(make_leg("tpu", compile_targets=()), ReferenceCache(None), ops={"simple_gla": old}).run_case(TPU_CASE)
     assert set(_statuses(rows).values()) == {"error"}
     assert all(r["reason"].startswith("supports failed: ValueError: initial_state must be") for r in rows)

@@ -48,7 +48,8 @@ class Environment:
 
 
 class Leg:
-    """Base class: subclasses set ``name`` and implement ``environment`` and ``run``."""
+    """Base class: subclasses implement ``binding`` (or ``sources``), ``environment`` and ``run``. A leg's
+    ``name`` is the one the leg registry gave it (:func:`harness.legs.registry.make_leg`)."""
 
     name: str = ""
 
@@ -57,7 +58,15 @@ class Leg:
 
     def binding(self, op: OpDescriptor):
         """How this leg runs ``op`` (a :class:`harness.ops.base.LegBinding`), or None."""
-        return op.binding(self.name)
+        return None
+
+    def sources(self, op: OpDescriptor) -> tuple:
+        """The functions this leg's output on ``op`` depends on, besides the leg's own module (what a cache
+        of its output hashes): the binding's, and the op's list of differentiable inputs."""
+        binding = self.binding(op)
+        if binding is None:
+            return ()
+        return binding.forward, binding.supports, binding.describe, op.differentiable
 
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
         """None when this leg can run the case, else the reason it cannot."""

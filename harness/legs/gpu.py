@@ -52,7 +52,7 @@ FLA_DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
 
 
 class GpuLeg(Leg):
-    name = "gpu"
+    """fla's Triton kernels: native on CUDA, else through the Triton interpreter (harness/emulation)."""
 
     def __init__(self, dot_precision: str | None = None, force_emulation: bool = False):
         """``dot_precision`` plays TRITON_F32_DEFAULT for f32 dots that do not set
@@ -115,11 +115,14 @@ class GpuLeg(Leg):
                       "autotune": "pinned: first config after the kernel's pruning"},
         )
 
+    def binding(self, op: OpDescriptor):
+        return op.fla
+
     def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
         import torch
 
         device = "cuda" if self.native else "cpu"
-        binding = op.gpu
+        binding = self.binding(op)
         tensors = {name: to_torch(a, device) for name, a in inputs.arrays.items()}
         diff_names = op.differentiable(case)
         for n in diff_names:

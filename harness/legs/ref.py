@@ -25,7 +25,7 @@ MAX_RECURRENT_STATES_GB = 2.0
 
 
 class RefLeg(Leg):
-    name = "ref"
+    """The op's float64 reference, recomputed another way (recurrent, or chunked at float32)."""
 
     def __init__(self, method: str = "recurrent", compute_dtype: str = "float64"):
         self.method = method
@@ -38,6 +38,9 @@ class RefLeg(Leg):
             versions={"jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__},
             settings={"method": self.method, "compute_dtype": self.compute_dtype},
         )
+
+    def sources(self, op: OpDescriptor) -> tuple:
+        return op.reference, op.differentiable  # the float64 reference, not a leg binding
 
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
         if self.method == "recurrent":

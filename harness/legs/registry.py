@@ -37,6 +37,9 @@ class LegSpec:
     requires: tuple[str, ...]  # importable modules it needs
     install: str  # how to get them
     build: Callable[..., Any]  # options -> a harness.legs.base.Leg
+    # the sources (globs in this repository) its output depends on besides the op's binding: a leg that
+    # declares them is a baseline whose outputs harness.baseline_cache keeps; a candidate declares none
+    cache_sources: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -59,9 +62,12 @@ def _builder(module: str, cls: str):
 
 BUILTIN = (
     LegSpec("ref", "reference", "native, on the CPU: the float64 reference recomputed another way", "numpy",
-            ("jax",), "pip install -e .", _builder("harness.legs.ref", "RefLeg")),
+            ("jax",), "pip install -e .", _builder("harness.legs.ref", "RefLeg"),
+            # its recurrent recompute: the references and the argument contract they check
+            cache_sources=("harness/legs/ref.py", "references/**/*.py", "op_contract/**/*.py", "cases/inputs.py")),
     LegSpec("gpu", "baseline", "fla's Triton kernels: native on CUDA, else the Triton interpreter", "triton",
-            ("torch", "triton", "fla"), "pip install -e '.[gpu]'", _builder("harness.legs.gpu", "GpuLeg")),
+            ("torch", "triton", "fla"), "pip install -e '.[gpu]'", _builder("harness.legs.gpu", "GpuLeg"),
+            cache_sources=("harness/emulation/**/*.py", "harness/legs/gpu.py")),
     LegSpec("tpu", "candidate", "this project's Pallas kernels: native on a TPU, else interpret mode", "libtpu",
             ("jax",), "pip install -e '.[tpu]'", _builder("harness.legs.tpu", "TpuLeg")),
 )
@@ -139,6 +145,12 @@ def version_key(name: str) -> str:
     return known[name].version_key if name in known else name
 
 
+def role_of(name: str) -> str:
+    """A leg's role; a leg not registered here (an implementation's rows from another machine) is a candidate."""
+    known = legs()
+    return known[name].role if name in known else "candidate"
+
+
 def well_formed(name: str) -> bool:
     """Whether ``name`` can be a leg's name (result files may come from implementations not installed here)."""
     return bool(NAME.match(str(name)))
@@ -150,5 +162,8 @@ def default_leg(role: str) -> str:
 
 
 def make_leg(name: str, **options):
-    """Build a leg by name; heavy frameworks are imported only here, on demand."""
-    return leg_spec(name).build(**options)
+    """Build a leg by name; heavy frameworks are imported only here, on demand. The leg carries the name it
+    was registered under: the registry is the one place a leg's name is written."""
+    leg = leg_spec(name).build(**options)
+    leg.name = name
+    return leg

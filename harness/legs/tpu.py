@@ -61,7 +61,7 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=N
     import jax
     import jax.numpy as jnp
 
-    binding = op.tpu if binding is None else binding
+    binding = op.pallas if binding is None else binding
     diff_names = op.differentiable(case)
 
     def fn(arrays):
@@ -111,7 +111,7 @@ def kernel_refusal(op: OpDescriptor, case: Case, binding=None) -> str | None:
     """
     import jax
 
-    binding = op.tpu if binding is None else binding
+    binding = op.pallas if binding is None else binding
 
     from cases.inputs import input_shapes
 
@@ -129,8 +129,6 @@ class TpuLeg(Leg):
     targets (:mod:`harness.tpu_compile`; None: v6e); a case that does not compile gets ``error``
     rows."""
 
-    name = "tpu"
-
     def __init__(self, force_interpret: bool = False, compile_targets: tuple[str, ...] | None = None):
         from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
@@ -139,6 +137,9 @@ class TpuLeg(Leg):
         if targets:  # an explicit () compiles nothing: the rows then say so (compiled_for is empty)
             parse_targets(",".join(targets), LEG_DEFAULT_TARGETS)
         self.compile_targets = () if self.native else targets
+
+    def binding(self, op: OpDescriptor):
+        return op.pallas
 
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
         return super().supports(op, case) or kernel_refusal(op, case, self.binding(op))

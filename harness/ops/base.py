@@ -15,8 +15,8 @@ Binding contracts
 - ``reference(case, inputs64, method="chunk", compute_dtype="float64") ->
   dict[name, ndarray]``: every tensor of ``tensors(case)`` (forward and
   backward) from the float64 inputs; the defaults give the golden result.
-- ``gpu_forward(case, tensors) -> dict[name, torch.Tensor]`` and
-  ``tpu_forward(case, arrays, ctx) -> dict[name, jax.Array]``: the forward
+- ``fla_forward(case, tensors) -> dict[name, torch.Tensor]`` and
+  ``pallas_forward(case, arrays, ctx) -> dict[name, jax.Array]``: the forward
   outputs (``o``, ``ht``) from framework tensors that hold the case's exact bits.
   The leg takes gradients itself with the loss ``sum(o*do) + sum(ht*dht)`` and
   names the gradient of input ``x`` as ``d<x>``. A gradient the framework does
@@ -88,12 +88,9 @@ class OpDescriptor:
     cotangents: Mapping[str, str]  # output -> its upstream-gradient input, e.g. {"o": "do", "ht": "dht"}
     validate: Callable[[Case], None]  # raises ValueError with a fix for a case no leg can run
     reference: Callable[..., Mapping[str, np.ndarray]]
-    gpu: LegBinding | None = None
-    tpu: LegBinding | None = None
+    fla: LegBinding | None = None  # fla's Triton kernels (the baseline leg runs them)
+    pallas: LegBinding | None = None  # this project's Pallas kernels (the built-in candidate leg runs them)
     notes: Mapping[str, str] = field(default_factory=dict)
-
-    def binding(self, leg: str) -> LegBinding | None:
-        return {"gpu": self.gpu, "tpu": self.tpu}.get(leg)
 
     def tensor_names(self, case: Case) -> list[str]:
         return [t.name for t in self.tensors(case)]

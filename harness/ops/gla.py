@@ -69,7 +69,7 @@ def fla_chunk_size(T: int) -> int:
     return min(64, max(16, 1 << max(T - 1, 0).bit_length()))
 
 
-def gpu_forward(case: Case, t: dict) -> dict:
+def fla_forward(case: Case, t: dict) -> dict:
     """fla's public chunk_gla; a g_gamma gate is broadcast (detached) to a per-channel g."""
     from fla.ops.gla import chunk_gla
 
@@ -82,14 +82,14 @@ def gpu_forward(case: Case, t: dict) -> dict:
     return {"o": o, "ht": ht}
 
 
-def gpu_supports(case: Case) -> str | None:
+def fla_supports(case: Case) -> str | None:
     if case.chunk_size != fla_chunk_size(case.T):
         return (f"fla's chunk_gla picks its own chunk size ({fla_chunk_size(case.T)} for T={case.T}); "
                 f"the case asks for {case.chunk_size}")
     return None
 
 
-def gpu_describe(case: Case) -> dict:
+def fla_describe(case: Case) -> dict:
     out = {"entry": "fla.ops.gla.chunk_gla", "chunk_size": fla_chunk_size(case.T)}
     if case.gate.kind == "g_gamma":
         out["gate_mapping"] = ("g_gamma [H] broadcast (detached) to g [B,T,H,K]; dg_gamma not provided by "
@@ -97,7 +97,7 @@ def gpu_describe(case: Case) -> dict:
     return out
 
 
-def tpu_forward(case: Case, a: dict, ctx) -> dict:
+def pallas_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu.gla import chunk_gla
 
     o, ht = call_tpu_kernel(chunk_gla, case, a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=a.get("g_gamma"),
@@ -117,7 +117,7 @@ def _dispatch(case: Case) -> str:
                         and case.final_state)
 
 
-def tpu_describe(case: Case) -> dict:
+def pallas_describe(case: Case) -> dict:
     try:
         path = _dispatch(case)
     except (ValueError, NotImplementedError) as e:
@@ -135,8 +135,8 @@ GLA = OpDescriptor(
     cotangents={"o": "do", "ht": "dht"},
     validate=validate,
     reference=reference,
-    gpu=LegBinding(gpu_forward, gpu_supports, describe=gpu_describe),
-    tpu=LegBinding(tpu_forward, describe=tpu_describe),
+    fla=LegBinding(fla_forward, fla_supports, describe=fla_describe),
+    pallas=LegBinding(pallas_forward, describe=pallas_describe),
     notes={"g_gamma on GPU": "fla's chunk_gla has no g_gamma: broadcast to a per-channel g, dg_gamma not provided",
            "tpu dispatch": "auto: g_gamma -> fused single-pallas_call kernels, g -> chunk kernels"},
 )

@@ -127,8 +127,8 @@ def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "
     return out
 
 
-def gpu_forward(case: Case, t: dict) -> dict:
-    """fla's public ``fla.ops.kda.chunk_kda`` with the case's options (Triton pinned, see gpu_supports)."""
+def fla_forward(case: Case, t: dict) -> dict:
+    """fla's public ``fla.ops.kda.chunk_kda`` with the case's options (Triton pinned, see fla_supports)."""
     from fla.ops.kda import chunk_kda
 
     extra = dict(A_log=t["A_log"], dt_bias=t["dt_bias"]) if gate_in_kernel(case) else {}
@@ -138,7 +138,7 @@ def gpu_forward(case: Case, t: dict) -> dict:
     return {"o": o, "ht": ht}
 
 
-def gpu_supports(case: Case) -> str | None:
+def fla_supports(case: Case) -> str | None:
     """fla's own limits for chunk_kda (the GPU leg keeps fla on its Triton kernels: FLA_DISABLE_BACKEND_DISPATCH)."""
     if case.chunk_size not in (32, 64):
         return f"fla's chunk_kda supports chunk_size 32 or 64, got {case.chunk_size}"
@@ -147,7 +147,7 @@ def gpu_supports(case: Case) -> str | None:
     return None
 
 
-def tpu_forward(case: Case, a: dict, ctx) -> dict:
+def pallas_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu import kda as kernels
 
     extra = dict(A_log=a["A_log"], dt_bias=a["dt_bias"]) if gate_in_kernel(case) else {}
@@ -168,11 +168,11 @@ KDA = OpDescriptor(
     cotangents={"o": "do", "ht": "dht"},
     validate=validate,
     reference=reference,
-    gpu=LegBinding(gpu_forward, gpu_supports,
+    fla=LegBinding(fla_forward, fla_supports,
                    describe=lambda c: {"entry": "fla.ops.kda.chunk_kda",
                                        "dispatch": f"{FLA_DISPATCH_ENV}={os.environ.get(FLA_DISPATCH_ENV)}",
                                        "options": _fla_kwargs(c)}),
-    tpu=LegBinding(tpu_forward,
+    pallas=LegBinding(pallas_forward,
                    describe=lambda c: {"entry": "kernels_tpu.kda.chunk_kda", "options": _fla_kwargs(c)}),
     notes={"options": "in-kernel options are applied by the TPU public function with float32 jax ops "
                       "before the Pallas kernels (same function; gradients by autodiff)"},

@@ -38,7 +38,7 @@ def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "
     return gated_reference(chunk_simple_gla, chunk_simple_gla_bwd, case, x, method, compute_dtype)
 
 
-def gpu_forward(case: Case, t: dict) -> dict:
+def fla_forward(case: Case, t: dict) -> dict:
     """fla's public entry points, called with the case's tensors (and fla's ``cu_seqlens`` when packed: both
     entry points take it)."""
     from fla.ops.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
@@ -52,13 +52,13 @@ def gpu_forward(case: Case, t: dict) -> dict:
     return {"o": o, "ht": ht}
 
 
-def gpu_supports(case: Case) -> str | None:
+def fla_supports(case: Case) -> str | None:
     if case.variant == "fused_chunk" and case.chunk_size != 64:
         return "fla's fused_chunk_simple_gla has a fixed chunk size of 64"
     return None
 
 
-def tpu_forward(case: Case, a: dict, ctx) -> dict:
+def pallas_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu import simple_gla as kernels
 
     fn = kernels.chunk_simple_gla if case.variant == "chunk" else kernels.fused_chunk_simple_gla
@@ -78,8 +78,8 @@ SIMPLE_GLA = OpDescriptor(
     cotangents={"o": "do", "ht": "dht"},
     validate=validate,
     reference=reference,
-    gpu=LegBinding(gpu_forward, gpu_supports,
+    fla=LegBinding(fla_forward, fla_supports,
                    describe=lambda c: {"entry": f"fla.ops.simple_gla.{c.variant}_simple_gla"}),
-    tpu=LegBinding(tpu_forward,
+    pallas=LegBinding(pallas_forward,
                    describe=lambda c: {"entry": f"kernels_tpu.simple_gla.{c.variant}_simple_gla"}),
 )

@@ -1,4 +1,4 @@
-"""The GPU-baseline cache (harness/gpu_cache.py): what the GPU leg returned is served again only while
+"""The baseline cache (harness/baseline_cache.py): what the GPU leg returned is served again only while
 nothing it depends on has moved, is verified before use, and never holds a failed run.
 
 The GPU leg runs for real once (the smallest smoke case, emulated); every other test serves that
@@ -17,11 +17,11 @@ import pandas as pd
 import pytest
 
 import harness.emulation
-import harness.gpu_cache as gc
+import harness.baseline_cache as gc
 from cases.inputs import Inputs, inputs_sha256, make_inputs
 from cases.suites import get_suite
 from harness.cli import main
-from harness.gpu_cache import GpuBaselineCache, GpuCacheWarning
+from harness.baseline_cache import BaselineCache, BaselineCacheWarning
 from harness.legs.base import LegOutput
 from harness.legs.gpu import GpuLeg
 from harness.ops import get_op
@@ -29,6 +29,7 @@ from harness.ops.base import LegBinding
 from harness.reference_cache import ReferenceCache
 from harness.reports import rows_to_frame
 from harness.runner import Runner
+from harness.legs import make_leg
 
 pytest_plugins = ["pytester"]
 
@@ -41,7 +42,7 @@ VOLATILE = ["timestamp", "details"]  # the run's own time; details gain the "ser
 
 @pytest.fixture(scope="module")
 def leg():
-    return GpuLeg()
+    return make_leg("gpu")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def _serve(monkeypatch, target, output):
 
 
 def _runner(leg, directory, read=True):
-    return Runner(leg, REFS, leg_cache=GpuBaselineCache(leg, directory, read=read))
+    return Runner(leg, REFS, leg_cache=BaselineCache(leg, directory, read=read))
 
 
 def _entries(directory):
@@ -87,23 +88,23 @@ def test_a_hit_gives_the_rows_of_the_run_it_stored(leg, real, tmp_path, monkeypa
     # every column the gate reads, wall_s included (the original run's time), is the fresh run's
     pd.testing.assert_frame_equal(_frame(served), _frame(fresh))
     for f, s in zip(fresh, served):
-        note = json.loads(s["details"]).pop("gpu_cache")
-        assert note.startswith("served from the cache: computed ") and "gpu_cache" not in json.loads(f["details"])
-        assert {k: v for k, v in json.loads(s["details"]).items() if k != "gpu_cache"} == json.loads(f["details"])
+        note = json.loads(s["details"]).pop("baseline_cache")
+        assert note.startswith("served from the cache: computed ") and "baseline_cache" not in json.loads(f["details"])
+        assert {k: v for k, v in json.loads(s["details"]).items() if k != "baseline_cache"} == json.loads(f["details"])
 
 
 def test_served_arrays_are_bit_identical_and_absent_tensors_stay_absent(leg, real, tmp_path):
     out = LegOutput({**real.tensors, "dnothing": None}, real.details, {"extra": 3})
-    cache = GpuBaselineCache(leg, tmp_path)
+    cache = BaselineCache(leg, tmp_path)
     assert cache.store(OP, CASE, INPUTS, out, 1.25, "abc123")
-    served, wall = GpuBaselineCache(leg, tmp_path).load(OP, CASE, INPUTS)
+    served, wall = BaselineCache(leg, tmp_path).load(OP, CASE, INPUTS)
     assert wall == 1.25 and dict(served.columns) == {"extra": 3}
     assert served.tensors["dnothing"] is None
     for name, a in real.tensors.items():
         b = served.tensors[name]
         assert b.dtype == a.dtype and b.shape == a.shape
         assert b.tobytes() == a.tobytes(), name
-    assert "abc123" in served.details["gpu_cache"]
+    assert "abc123" in served.details["baseline_cache"]
 
 
 def test_served_rows_are_judged_by_the_current_comparison_code(leg, real, tmp_path, monkeypatch):
@@ -128,7 +129,7 @@ def test_served_rows_are_judged_by_the_current_comparison_code(leg, real, tmp_pa
 
 # ----------------------------------------------------------------------- the key
 def _key(leg, op=OP, case=CASE, inputs=INPUTS):
-    return GpuBaselineCache(leg, "unused").key(op, case, inputs)
+    return BaselineCache(leg, "unused").key(op, case, inputs)
 
 
 def _other_inputs():
@@ -154,7 +155,7 @@ def test_key_changes_with_case_inputs_dot_precision_mode_and_device(leg, monkeyp
     assert _key(leg) == base  # deterministic
     assert _key(leg, case=CASE.replace(seed=CASE.seed + 1)) != base
     assert _key(leg, inputs=_other_inputs()) != base
-    assert _key(GpuLeg(dot_precision="ieee")) != base
+    assert _key(make_leg("gpu", dot_precision="ieee")) != base
     env = leg.environment()
     native = dataclasses.replace(env, mode="native", device="NVIDIA H100 80GB HBM3")
     with monkeypatch.context() as m:
@@ -169,14 +170,14 @@ def test_key_follows_the_emulation_layer_and_the_gpu_leg_but_not_the_tpu_side(tm
     for part in ("harness", "cases"):
         shutil.copytree(gc._ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(gc, "_ROOT", tmp_path)
-    base = gc.sources_fingerprint()
+    base = gc.sources_fingerprint("gpu")
 
     def edited(relative):
         path = tmp_path / relative
         text = path.read_text()
         path.write_text(text + "\n# edited\n")
         try:
-            return gc.sources_fingerprint()
+            return gc.sources_fingerprint("gpu")
         finally:
             path.write_text(text)
 
@@ -189,7 +190,7 @@ def test_key_follows_the_emulation_layer_and_the_gpu_leg_but_not_the_tpu_side(tm
 
 def _binding_module(path, extra=""):
     path.write_text("from harness.ops import get_op\n\n\ndef forward(case, t):\n"
-                    f"    return get_op({OP.name!r}).gpu.forward(case, t)\n{extra}")
+                    f"    return get_op({OP.name!r}).fla.forward(case, t)\n{extra}")
     spec = importlib.util.spec_from_file_location(f"gpu_binding_{abs(hash(extra))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -199,20 +200,20 @@ def _binding_module(path, extra=""):
 def test_key_follows_the_source_of_the_descriptors_gpu_binding(leg, tmp_path):
     base = _key(leg)
     module = _binding_module(tmp_path / "binding.py")
-    op = dataclasses.replace(OP, gpu=LegBinding(module.forward, OP.gpu.supports, OP.gpu.describe))
+    op = dataclasses.replace(OP, fla=LegBinding(module.forward, OP.fla.supports, OP.fla.describe))
     key = _key(leg, op=op)
     assert key != base
-    one = GpuBaselineCache(leg, "unused")  # one cache, two descriptors of the same op name
+    one = BaselineCache(leg, "unused")  # one cache, two descriptors of the same op name
     assert one.key(OP, CASE, INPUTS) == base and one.key(op, CASE, INPUTS) == key
     _binding_module(tmp_path / "binding.py", extra="# a comment moves the source\n")
     assert _key(leg, op=op) != key
-    tpu_changed = dataclasses.replace(OP, tpu=LegBinding(module.forward))
+    tpu_changed = dataclasses.replace(OP, pallas=LegBinding(module.forward))
     assert _key(leg, op=tpu_changed) == base
 
 
 def test_a_binding_without_source_is_never_cached(leg, real, tmp_path):
-    op = dataclasses.replace(OP, gpu=LegBinding(dict, OP.gpu.supports, OP.gpu.describe))  # a builtin: no source
-    cache = GpuBaselineCache(leg, tmp_path)
+    op = dataclasses.replace(OP, fla=LegBinding(dict, OP.fla.supports, OP.fla.describe))  # a builtin: no source
+    cache = BaselineCache(leg, tmp_path)
     assert cache.key(op, CASE, INPUTS) is None
     assert not cache.store(op, CASE, INPUTS, real, 1.0)
     assert cache.load(op, CASE, INPUTS) is None and _entries(tmp_path) == []
@@ -224,8 +225,8 @@ def test_native_and_emulated_entries_never_serve_each_other(leg, real, tmp_path,
     native_out = LegOutput({n: None if a is None else a * 2 for n, a in real.tensors.items()}, real.details)
     with monkeypatch.context() as m:
         m.setattr(leg, "environment", lambda: native_env)
-        native = GpuBaselineCache(leg, tmp_path)
-    emulated = GpuBaselineCache(leg, tmp_path)
+        native = BaselineCache(leg, tmp_path)
+    emulated = BaselineCache(leg, tmp_path)
     assert native.store(OP, CASE, INPUTS, native_out, 0.1)
     assert emulated.load(OP, CASE, INPUTS) is None and emulated.misses == 1
     assert emulated.store(OP, CASE, INPUTS, real, 2.0)
@@ -264,13 +265,13 @@ def test_a_damaged_entry_is_recomputed_and_replaced(leg, real, tmp_path, monkeyp
     fresh = _runner(leg, tmp_path).run_case(CASE)
     (entry,) = _entries(tmp_path)
     damage(entry)
-    with pytest.warns(GpuCacheWarning, match=problem):
+    with pytest.warns(BaselineCacheWarning, match=problem):
         again = _runner(leg, tmp_path).run_case(CASE)
     assert len(calls) == 2  # recomputed
     pd.testing.assert_frame_equal(_frame(again).drop(columns="wall_s"), _frame(fresh).drop(columns="wall_s"))
     runner = _runner(leg, tmp_path)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", GpuCacheWarning)
+        warnings.simplefilter("error", BaselineCacheWarning)
         runner.run_case(CASE)  # the replaced entry is a clean hit
     assert runner.leg_cache.hits == 1 and len(calls) == 2
 
@@ -298,7 +299,7 @@ def test_an_unwritable_directory_never_fails_a_run(leg, real, tmp_path, monkeypa
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache directory should be")
     _serve(monkeypatch, leg, real)
-    rows = _runner(leg, blocker / "gpu-baseline").run_case(CASE)
+    rows = _runner(leg, blocker / "baselines").run_case(CASE)
     assert {r["status"] for r in rows} == {"ok"}
 
 
@@ -319,21 +320,21 @@ def cli(tmp_path, monkeypatch, real):
     return run
 
 
-def test_parity_run_reuses_the_cache_says_so_and_no_gpu_cache_recomputes(cli, capsys, tmp_path):
-    where = tmp_path / "cache" / "gpu-baseline"
+def test_parity_run_reuses_the_cache_says_so_and_no_baseline_cache_recomputes(cli, capsys, tmp_path):
+    where = tmp_path / "cache" / "baselines"
     code, first = cli("run")
     assert code == 0 and len(cli.calls) == 1
-    assert f"gpu: 0/1 cases from the GPU-baseline cache ({where})" in capsys.readouterr().out
+    assert f"gpu: 0/1 cases from the baseline cache ({where})" in capsys.readouterr().out
     code, second = cli("run")
     assert code == 0 and len(cli.calls) == 1
-    assert f"gpu: 1/1 cases from the GPU-baseline cache ({where})" in capsys.readouterr().out
+    assert f"gpu: 1/1 cases from the baseline cache ({where})" in capsys.readouterr().out
     a, b = (pd.read_csv(next(d.glob("gpu*.csv")), keep_default_na=False) for d in (first, second))
     pd.testing.assert_frame_equal(a.drop(columns=VOLATILE), b.drop(columns=VOLATILE))
     (entry,) = _entries(where)
     inode = entry.stat().st_ino
-    code, _ = cli("run", "--no-gpu-cache")
+    code, _ = cli("run", "--no-baseline-cache")
     assert code == 0 and len(cli.calls) == 2
-    assert "1 cases recomputed, not read from the GPU-baseline cache; entries rewritten" in capsys.readouterr().out
+    assert "1 cases recomputed, not read from the baseline cache; entries rewritten" in capsys.readouterr().out
     assert entry.stat().st_ino != inode  # rewritten (a new file renamed over the old one)
 
 
@@ -341,12 +342,12 @@ def test_parity_causality_reuses_the_cache(cli, capsys):
     code, first = cli("causality")
     runs = len(cli.calls)
     assert code == 0 and runs >= 2  # the case's inputs, and the perturbed ones
-    assert f"gpu causality: 0/{runs} runs from the GPU-baseline cache" in capsys.readouterr().out
+    assert f"gpu causality: 0/{runs} runs from the baseline cache" in capsys.readouterr().out
     code, second = cli("causality")
     assert code == 0 and len(cli.calls) == runs
-    assert f"gpu causality: {runs}/{runs} runs from the GPU-baseline cache" in capsys.readouterr().out
+    assert f"gpu causality: {runs}/{runs} runs from the baseline cache" in capsys.readouterr().out
     pd.testing.assert_frame_equal(pd.read_csv(first / "causality-gpu.csv"), pd.read_csv(second / "causality-gpu.csv"))
-    code, _ = cli("causality", "--no-gpu-cache")
+    code, _ = cli("causality", "--no-baseline-cache")
     assert code == 0 and len(cli.calls) == 2 * runs
 
 
@@ -355,7 +356,7 @@ def test_an_empty_cache_dir_setting_turns_the_cache_off(cli, capsys, monkeypatch
     for _ in range(2):
         assert cli("run")[0] == 0
     assert len(cli.calls) == 2
-    assert "GPU-baseline cache off" in capsys.readouterr().out
+    assert "baseline cache off" in capsys.readouterr().out
     assert not (tmp_path / "cache").exists()
 
 
@@ -368,14 +369,14 @@ def test_caches(parity_runner):
 '''
 
 
-@pytest.mark.parametrize("flag, read", [((), True), (("--parity-no-gpu-cache",), False)])
+@pytest.mark.parametrize("flag, read", [((), True), (("--parity-no-baseline-cache",), False)])
 def test_the_pytest_plugins_gpu_runner_uses_the_cache(leg, pytester, monkeypatch, tmp_path, flag, read):
     """(``leg``: torch and fla are imported before pytester snapshots the modules.)"""
     monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "c"))
     pytester.makepyfile(test_inline=PLUGIN_INLINE)
     result = pytester.runpytest("-s", "-p", "no:cacheprovider", *flag)
     result.assert_outcomes(passed=1)
-    where = tmp_path / "c" / "gpu-baseline"
+    where = tmp_path / "c" / "baselines"
     result.stdout.fnmatch_lines([f"*LEG_CACHE gpu ({where!r}, {read})", f"LEG_CACHE ref ({where!r}, {read})",
                                  "LEG_CACHE tpu None"])  # the baselines are cached, the leg under development never
 
@@ -405,6 +406,6 @@ def test_the_reference_legs_key_follows_the_references_not_fla_nor_the_tpu_side(
         assert edited(moved) != base, moved
     for unmoved in ("harness/emulation/dots.py", "harness/legs/gpu.py", "harness/legs/tpu.py", "harness/metrics.py"):
         assert edited(unmoved) == base, unmoved
-    ref = GpuBaselineCache(make_leg("ref"), directory=tmp_path / "c")
-    assert ref.key(OP, CASE, INPUTS) not in (None, GpuBaselineCache(GpuLeg(), directory=tmp_path / "c").key(
+    ref = BaselineCache(make_leg("ref"), directory=tmp_path / "c")
+    assert ref.key(OP, CASE, INPUTS) not in (None, BaselineCache(make_leg("gpu"), directory=tmp_path / "c").key(
         OP, CASE, INPUTS))

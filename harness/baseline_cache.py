@@ -1,4 +1,4 @@
-"""The GPU-baseline cache: the GPU leg's results, kept on disk and reused while nothing they depend on moves.
+"""The baseline cache: the GPU leg's results, kept on disk and reused while nothing they depend on moves.
 
 The reference leg (the float64 recurrent recompute that cross-checks the chunked golden) is a baseline a
 TPU change cannot move either, so its outputs are kept the same way, keyed by its own sources (the
@@ -8,7 +8,7 @@ A kernel engineer changing a TPU kernel re-runs the whole job, yet fla has not
 changed: its leg (and its causality runs) would give the very same bits again.
 So what the GPU leg returned for a case (every tensor it produced, the
 per-case details, its wall time) is kept under
-``$PARITY_CACHE_DIR/gpu-baseline/`` (the reference cache's directory) as one
+``$PARITY_CACHE_DIR/baselines/`` (the reference cache's directory) as one
 ``.npz`` per (case, inputs) and served instead of running fla again.
 
 What is cached is the leg's *output*, not the rows: rows are rebuilt from it
@@ -33,13 +33,13 @@ The key (sha256 of a JSON record) covers:
 
 An entry is used only when it reads cleanly, names its key and format, and
 matches its checksum (name, dtype, shape and bytes of every array); anything
-else is recomputed and atomically replaced with a :class:`GpuCacheWarning`.
+else is recomputed and atomically replaced with a :class:`BaselineCacheWarning`.
 
 Only completed runs with finite results are stored: a run that raised (an
 ``error`` or ``unsupported`` row, a crash, a timeout) or returned NaN/Inf is
 recomputed next time, so a transient failure never sticks and a failure is
 always reproduced for real. A served run says so in its rows' ``details``
-(``"gpu_cache"``: when and at which commit it was computed); ``wall_s`` is the
+(``"baseline_cache"``: when and at which commit it was computed); ``wall_s`` is the
 original run's.
 """
 
@@ -68,34 +68,35 @@ from .ops.base import OpDescriptor
 from .reference_cache import _META, _checksum, default_cache_dir, entry_metadata
 
 _ROOT = Path(__file__).resolve().parent.parent
-SUBDIR = "gpu-baseline"
+SUBDIR = "baselines"
 FORMAT = 1
-_COMMON = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/ops/base.py", "cases/case.py")
-_SOURCES = {
-    "gpu": _COMMON + ("harness/emulation/**/*.py", "harness/legs/gpu.py"),
-    # the reference leg's recurrent recompute: the references and the argument contract they check
-    "ref": _COMMON + ("harness/legs/ref.py", "references/**/*.py", "op_contract/**/*.py", "cases/inputs.py"),
-}
-"""What each cached leg's output depends on in this repository, besides the op's own binding."""
+_COMMON = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/registry.py", "harness/ops/base.py",
+           "cases/case.py")
+"""What every cached leg's output depends on; each leg adds its own (``LegSpec.cache_sources``)."""
 
-CACHED_LEGS = tuple(_SOURCES)
-"""The legs whose outputs are cached: the baselines a TPU change cannot move (fla, and the reference leg's
-recurrent cross-check), never the TPU leg under development."""
-
-LABELS = {"gpu": "GPU-baseline cache", "ref": "baseline cache (reference leg)"}
+LABEL = "baseline cache"
 
 
-def for_leg(leg: Leg, read: bool = True) -> "GpuBaselineCache | None":
+def cached(leg_name: str) -> bool:
+    """Whether a leg's outputs are cached: the legs that declare their sources (the baselines a candidate's
+    change cannot move: fla, and the reference leg's cross-check), never a candidate under development."""
+    from .legs.registry import legs
+
+    spec = legs().get(leg_name)
+    return spec is not None and bool(spec.cache_sources)
+
+
+def for_leg(leg: Leg, read: bool = True) -> "BaselineCache | None":
     """The cache a run of ``leg`` uses (at the default directory), or None for a leg that is not cached."""
-    return GpuBaselineCache(leg, read=read) if leg.name in CACHED_LEGS else None
+    return BaselineCache(leg, read=read) if cached(leg.name) else None
 
 
-class GpuCacheWarning(UserWarning):
-    """A GPU-baseline cache entry was not used: it is recomputed and replaced."""
+class BaselineCacheWarning(UserWarning):
+    """A baseline cache entry was not used: it is recomputed and replaced."""
 
 
 def default_directory() -> Path | None:
-    """``<reference cache directory>/gpu-baseline``; None when ``PARITY_CACHE_DIR`` is set empty."""
+    """``<reference cache directory>/baselines``; None when ``PARITY_CACHE_DIR`` is set empty."""
     base = default_cache_dir()
     return None if base is None else base / SUBDIR
 
@@ -108,9 +109,11 @@ def _hash_files(paths) -> str:
     return h.hexdigest()
 
 
-def sources_fingerprint(leg: str = "gpu") -> str:
-    """sha256 of the sources ``leg``'s output depends on (:data:`_SOURCES`)."""
-    return _hash_files(p for pattern in _SOURCES[leg] for p in _ROOT.glob(pattern))
+def sources_fingerprint(leg: str) -> str:
+    """sha256 of the sources the cached leg ``leg``'s output depends on (:data:`_COMMON` and its own)."""
+    from .legs.registry import leg_spec
+
+    return _hash_files(p for pattern in _COMMON + leg_spec(leg).cache_sources for p in _ROOT.glob(pattern))
 
 
 def _source_file(fn: Callable) -> str | None:
@@ -122,18 +125,13 @@ def _source_file(fn: Callable) -> str | None:
         return None
 
 
-def binding_fingerprint(op: OpDescriptor, leg: str) -> str | None:
-    """sha256 of the modules the op's ``leg`` binding (and its list of differentiable inputs) is defined in,
-    plus the cotangent map; None when one has no source file (such an op is never cached)."""
-    if leg == "ref":  # the reference leg calls the op's float64 reference, not a leg binding
-        functions = (op.reference, op.differentiable)
-    else:
-        binding = op.binding(leg)
-        if binding is None:
-            return None
-        functions = (binding.forward, binding.supports, binding.describe, op.differentiable)
+def binding_fingerprint(op: OpDescriptor, leg: Leg) -> str | None:
+    """sha256 of the modules the functions ``leg`` runs ``op`` with are defined in (:meth:`Leg.sources`:
+    its binding and the op's list of differentiable inputs, or the reference), plus the cotangent map;
+    None when there are none, or one has no source file (such an op is never cached)."""
+    functions = leg.sources(op)
     files = [_source_file(fn) for fn in functions]
-    if any(f is None or not os.path.isfile(f) for f in files):
+    if not files or any(f is None or not os.path.isfile(f) for f in files):
         return None
     return hashlib.sha256((_hash_files(files) + json.dumps(dict(op.cotangents), sort_keys=True)).encode()).hexdigest()
 
@@ -142,9 +140,9 @@ def _finite(out: LegOutput) -> bool:
     return all(a is None or bool(np.isfinite(np.asarray(a, dtype=np.float64)).all()) for a in out.tensors.values())
 
 
-class GpuBaselineCache:
+class BaselineCache:
     """Leg outputs by (case, inputs, environment, sources). ``read=False`` recomputes every run and rewrites
-    its entry (``--no-gpu-cache``); ``directory=None`` disables the cache."""
+    its entry (``--no-baseline-cache``); ``directory=None`` disables the cache."""
 
     def __init__(self, leg: Leg, directory: Path | None | str = "default", read: bool = True):
         self.directory = default_directory() if directory == "default" else (Path(directory) if directory else None)
@@ -166,7 +164,7 @@ class GpuBaselineCache:
     def key(self, op: OpDescriptor, case: Case, inputs: Inputs) -> str | None:
         """The entry's key, or None when the op's binding has no source to hash (then nothing is cached)."""
         if id(op) not in self._bindings:  # per descriptor object (kept alive here, so its id is not reused)
-            self._bindings[id(op)] = (op, binding_fingerprint(op, self.leg.name))
+            self._bindings[id(op)] = (op, binding_fingerprint(op, self.leg))
         binding = self._bindings[id(op)][1]
         if binding is None:
             return None
@@ -196,8 +194,8 @@ class GpuBaselineCache:
         except Exception as exc:  # noqa: BLE001 - BadZipFile, zlib.error, EOFError...: a torn file is recomputed
             found = f"it is unreadable ({type(exc).__name__}: {' '.join(str(exc).split())})"
         if isinstance(found, str):
-            warnings.warn(f"GPU-baseline cache: not using {path}: {found}; recomputing and replacing it",
-                          GpuCacheWarning, stacklevel=3)
+            warnings.warn(f"baseline cache: not using {path}: {found}; recomputing and replacing it",
+                          BaselineCacheWarning, stacklevel=3)
             self.misses += 1
             return None
         self.hits += 1
@@ -242,7 +240,7 @@ class GpuBaselineCache:
 
     def summary(self, hits: int, runs: int, what: str = "cases") -> str:
         """One line for the terminal: how many of ``runs`` came from the cache."""
-        label = LABELS[self.leg.name]
+        label = LABEL
         if not self.enabled:
             return f"{label} off (PARITY_CACHE_DIR is empty): {runs} {what} computed"
         if not self.read:
@@ -273,6 +271,6 @@ def _decode(arrays: dict[str, np.ndarray], key: str) -> tuple[LegOutput, float] 
     if _checksum(out) != checksum:
         return "its checksum does not match its values"
     out.update({name: None for name in absent})
-    details = {**details, "gpu_cache": f"served from the cache: computed {computed.get('timestamp', '?')} "
+    details = {**details, "baseline_cache": f"served from the cache: computed {computed.get('timestamp', '?')} "
                                       f"at commit {computed.get('git_commit') or '?'}"}
     return LegOutput(tensors=out, details=details, columns=columns), wall
