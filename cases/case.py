@@ -20,7 +20,7 @@ import math
 import numbers
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 """Case dtypes and their short labels used in case ids."""
@@ -214,7 +214,7 @@ class Case:
         return math.ceil(self.T / self.chunk_size)
 
     @classmethod
-    def from_id(cls, text: str, *, validate: bool = True) -> "Case":
+    def from_id(cls, text: str, *, ops: "Callable[[str], Any] | None" = None) -> "Case":
         """The case a case id names: the inverse of :attr:`id` (``Case.from_id(c.id) == c``).
 
         ``op.variant/B..-T..-H..-K..-V../dtype[/gate]/C..[/flags]``: the dtype as its label (``bf16``) or its
@@ -224,16 +224,15 @@ class Case:
         reads as the id writes it: ``1``/``0`` (or ``true``/``false``) a bool, ``-5`` an int (equal to -5.0),
         ``0.5`` a float, anything else a string (a case file, :mod:`cases.case_file`, gives exact types).
 
-        A malformed id raises ValueError with one line naming the bad part; with ``validate`` (the default) so
-        does a well-formed id of a case its op cannot run: the op descriptor's own ``validate`` (the contract
-        every leg shares, ``harness.ops``), looked up by the op's name in the registry.
+        A malformed id raises ValueError with one line naming the bad part. Given ``ops`` (an op registry's
+        lookup, name -> descriptor: ``harness.ops.get_op``), so does a well-formed id of a case its op cannot
+        run: the descriptor's own ``validate``, the contract every leg shares. The case layer imports no op:
+        the layer above passes its registry in (``harness.app.case_from_id``).
         """
         case = _parse_id(text)
-        if validate:
-            from harness.ops import get_op  # the op contract lives with the harness; cases stays plain data
-
+        if ops is not None:
             try:
-                get_op(case.op).validate(case)
+                ops(case.op).validate(case)
             except ValueError as exc:
                 raise ValueError(f"case id {text.strip()!r}: {_one_line(exc)}") from None
         return case

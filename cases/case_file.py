@@ -177,16 +177,15 @@ def _blame(message: str, fields: dict) -> str | None:
     return None
 
 
-def _make_case(fields: dict) -> Case:
-    """A validated case from checked field values; _EntryError naming what is wrong."""
-    from harness.ops import get_op  # the op contract, as Case.from_id validates
-
+def _make_case(fields: dict, ops: Callable[[str], Any]) -> Case:
+    """A case from checked field values, validated by its op (``ops``: name -> descriptor); _EntryError naming
+    what is wrong."""
     missing = [n for n in REQUIRED if n not in fields]
     if missing:
         raise _EntryError(missing[0], f"missing (required: {', '.join(REQUIRED)}; with lens, T and B may be "
                                       f"left out)")
     try:
-        op = get_op(fields["op"])
+        op = ops(fields["op"])
     except ValueError as exc:
         raise _EntryError("op", str(exc)) from None
     if fields["variant"] not in op.variants:
@@ -246,7 +245,7 @@ def _show(name: str, value) -> str:
     return str(value)
 
 
-def _entry_cases(entry, kind: str) -> list[tuple[str, Case]]:
+def _entry_cases(entry, kind: str, ops: Callable[[str], Any]) -> list[tuple[str, Case]]:
     """(combination label, case) for one entry; _EntryError naming the bad part."""
     if not isinstance(entry, dict):
         raise _EntryError(None, f"must be a table ([[{kind}]]), got {entry!r}")
@@ -257,13 +256,13 @@ def _entry_cases(entry, kind: str) -> list[tuple[str, Case]]:
         if not isinstance(entry["id"], str):
             raise _EntryError("id", f"must be a case id string, got {entry['id']!r}")
         try:
-            return [("", Case.from_id(entry["id"]))]
+            return [("", Case.from_id(entry["id"], ops=ops))]
         except ValueError as exc:
             raise _EntryError("id", str(exc)) from None
     out = []
     for label, fields in _expand(_entry_fields(entry, kind), kind):
         try:
-            out.append((label, _make_case(fields)))
+            out.append((label, _make_case(fields, ops)))
         except _EntryError as exc:
             exc.combo = label
             raise
@@ -285,9 +284,11 @@ def _file_order(text: str, data: dict) -> list[tuple[str, int]]:
     return [(kind, i) for kind in data for i in range(len(data[kind]))]
 
 
-def load_cases(path) -> list[Case]:
+def load_cases(path, ops: Callable[[str], Any]) -> list[Case]:
     """The cases of a case file, in file order (the ``[[case]]`` and ``[[grid]]`` headers as the file
-    interleaves them, each grid expanded in place); :class:`CaseFileError` with one line on anything wrong."""
+    interleaves them, each grid expanded in place); :class:`CaseFileError` with one line on anything wrong.
+    ``ops`` is the op registry's lookup (name -> descriptor, ``harness.ops.get_op``): each case is checked
+    against its op's variants and ``validate``, and this layer imports no op (``harness.app.load_cases``)."""
     import tomllib
 
     path = Path(path)
@@ -313,7 +314,7 @@ def load_cases(path) -> list[Case]:
     for kind, i in _file_order(text, data):
         entry, name = data[kind][i], f"{kind}[{i}]"
         try:
-            made = _entry_cases(entry, kind)
+            made = _entry_cases(entry, kind, ops)
         except _EntryError as exc:
             entry_name = f"{name} ({exc.combo})" if exc.combo else name
             field = f" field {exc.field!r}:" if exc.field else ""

@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import itertools
-import re
+from typing import Any, Callable
 
 from .case import Case, Gate
 
@@ -288,11 +288,12 @@ def with_draws(cases: list[Case], draws: int) -> list[Case]:
     return [case.replace(seed=seed) for case in cases for seed in range(case.seed, case.seed + draws)]
 
 
-def find_case(case_id: str) -> Case:
+def find_case(case_id: str, ops: Callable[[str], Any]) -> Case:
     """The case this id names, for one-line repros and user cases: the suite case when a suite holds it (at
     any draw, ``seed=N`` in the id), otherwise the case the id describes (:meth:`Case.from_id`, validated
-    against its op). A malformed id, or one naming a case its op cannot run, raises ValueError (one line)."""
-    parsed = Case.from_id(case_id)
+    against its op, looked up with ``ops``: ``harness.app.find_case`` passes the registry's). A malformed id,
+    or one naming a case its op cannot run, raises ValueError (one line)."""
+    parsed = Case.from_id(case_id, ops=ops)
     for name in SUITES:
         for case in get_suite(name):
             if case.replace(seed=parsed.seed).id == parsed.id:

@@ -24,33 +24,17 @@ class UsageError(Exception):
     pass
 
 
-def _by_id(args) -> bool:
-    """Whether the run's cases are chosen one by one (--case, --cases-file) rather than as a suite."""
-    return bool(getattr(args, "case", None) or getattr(args, "cases_file", None))
+def _selection(args):
+    """The run's cases, as the pytest plugin selects them too (:class:`harness.app.Selection`)."""
+    from harness.app import Selection
+
+    return Selection(suite=getattr(args, "suite", "") or "", case_ids=tuple(getattr(args, "case", None) or ()),
+                     cases_files=tuple(getattr(args, "cases_file", None) or ()), ops=tuple(getattr(args, "op", None) or ()),
+                     draws=getattr(args, "draws", 1), shard=getattr(args, "shard", None))
 
 
 def _select_cases(args) -> list:
-    from cases.case_file import load_cases
-    from cases.suites import find_case, get_suite, with_draws
-    from harness.runner import parse_shard, shard
-
-    if _by_id(args):  # suite cases or your own: any well-formed id, any case file; in order, each once
-        chosen = [find_case(c) for c in args.case] + [c for f in args.cases_file for c in load_cases(f)]
-        first: dict = {}
-        for c in chosen:
-            first.setdefault(c.id, c)
-        cases = list(first.values())
-    else:
-        names = [n.strip() for n in args.suite.split(",") if n.strip()]
-        cases = [c for name in names for c in get_suite(name)]
-    if getattr(args, "op", None):
-        cases = [c for c in cases if c.op in args.op]
-    cases = with_draws(cases, getattr(args, "draws", 1))
-    if getattr(args, "shard", None):
-        cases = shard(cases, *parse_shard(args.shard))
-    if not cases:
-        raise UsageError("the selection is empty: check --suite, --op, --case and --cases-file")
-    return cases
+    return _selection(args).cases()
 
 
 def _leg_options(args, name: str) -> dict:
@@ -64,14 +48,6 @@ def _leg_options(args, name: str) -> dict:
     from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
     return {"compile_targets": parse_targets(args.tpu_targets, LEG_DEFAULT_TARGETS)}
-
-
-def _result_name(leg: str, args, cases) -> str:
-    from harness.result_file import result_name
-
-    return result_name(leg, tag=getattr(args, "tag", None), case_ids=[c.id for c in cases] if _by_id(args) else (),
-                       ops=getattr(args, "op", None) or (), draws=getattr(args, "draws", 1),
-                       shard=getattr(args, "shard", None))
 
 
 def _out_dir(path) -> Path:
@@ -116,17 +92,15 @@ def _leg_cache(leg, args):
 
 def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
     from harness.legs import make_leg
-    from harness.reports import summarize
+    from harness.results import summarize
     from harness.result_file import ResultFile
     from harness.runner import Runner
 
     leg = make_leg(name, **_leg_options(args, name))
-    suite = "" if _by_id(args) else (getattr(args, "suite", "") or "")
-    if suite and args.draws > 1:
-        suite += f"@draws={args.draws}"
+    selection = _selection(args)
     leg_cache = _leg_cache(leg, args)
-    runner = Runner(leg, cache, suite=suite, leg_cache=leg_cache)
-    path = Path(args.out) / _result_name(name, args, cases)
+    runner = Runner(leg, cache, suite=selection.suite_label, leg_cache=leg_cache)
+    path = Path(args.out) / selection.result_name(name, tag=getattr(args, "tag", None))
     t0 = time.perf_counter()
     with ResultFile(path, runner.provenance, force=args.force, resume=args.resume) as out:
         todo = [c for c in cases if c.id not in out.done]
@@ -150,8 +124,9 @@ def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
 def _run_causality(name: str, args, cases) -> "object":
     from harness.causality import causality_cases, run_causality
     from harness.legs import make_leg
-    from harness.reports import write_csv
+    from harness.result_file import write_check_file
 
+    path = Path(args.out) / ("causality-" + _selection(args).result_name(name, tag=getattr(args, "tag", None)))
     chosen = causality_cases(cases)
     t0 = time.perf_counter()
     options = _leg_options(args, name)
@@ -160,7 +135,7 @@ def _run_causality(name: str, args, cases) -> "object":
     leg = make_leg(name, **options)
     leg_cache = _leg_cache(leg, args)
     df = run_causality(leg, chosen, progress=not args.no_progress, leg_cache=leg_cache)
-    path = write_csv(df, Path(args.out) / f"causality-{name}.csv")
+    path = write_check_file(df, path, name, force=getattr(args, "force", False))
     bad = df[df["status"].isin(CAUSALITY_FAILING)]
     exact = int(df["bit_exact"].sum())
     print(f"{name} causality: {len(chosen)} cases in {time.perf_counter() - t0:.1f} s, {exact}/{len(df)} "
@@ -192,7 +167,7 @@ def _junit_target(args) -> Path | None:
 
 
 def _report_gate(result, out: Path, junit: Path | None = None, force: bool = False) -> int:
-    from harness.reports import write_gate
+    from harness.app import write_gate
 
     csv_path, md_path = write_gate(result, out)
     counts = result.parity.groupby("verdict").size().to_dict()
@@ -211,11 +186,18 @@ def _report_gate(result, out: Path, junit: Path | None = None, force: bool = Fal
 
 # -------------------------------------------------------------------- verbs
 def cmd_cases(args) -> int:
+    """One line per case: its id and compared tensors. For your own cases (by id or file), a note on stderr
+    where a kernel binding already refuses the case, so the refusal is seen when the case is made."""
     from harness.ops import get_op
 
-    for case in _select_cases(args):
+    selection = _selection(args)
+    for case in selection.cases():
         op = get_op(case.op)
         print(f"{case.id}\t{','.join(op.tensor_names(case))}")
+        if selection.by_id:
+            for binding, why in op.binding_refusals(case).items():
+                print(f"parity cases: note: {case.id}: the {binding} binding refuses it, so the legs that run "
+                      f"{binding} give unsupported rows: {why}", file=sys.stderr)
     return EXIT_PASS
 
 
@@ -248,13 +230,18 @@ def cmd_gate(args) -> int:
     out = _out_dir(args.out)
     _step_summary()
     junit = _junit_target(args)
-    return _report_gate(gate_files(Path(args.gpu_csv), Path(args.tpu_csv), policy, **_gate_options(args)), out,
-                        junit, args.force)
+    from harness.app import result_in
+
+    options = _gate_options(args)
+    baseline = result_in(args.gpu_csv, options["baseline_leg"])
+    candidate = result_in(args.tpu_csv, options["candidate_leg"])
+    return _report_gate(gate_files(baseline, candidate, policy, **options), out, junit, args.force)
 
 
 def cmd_compile(args) -> int:
-    from harness.reports import write_csv
-    from harness.tpu_compile import COMPILE_DEFAULT_TARGETS, case_rows, compile_frame, parse_targets, versions
+    from harness.results import write_csv
+    from harness.compile_cases import case_rows, compile_frame
+    from harness.tpu_compile import COMPILE_DEFAULT_TARGETS, parse_targets, versions
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
     cases = _select_cases(args)
@@ -301,7 +288,7 @@ def cmd_compile(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from harness.reports import merge_results, write_csv
+    from harness.results import merge_results, write_csv
 
     output, inputs = Path(args.output), [Path(p) for p in args.inputs]
     for p in inputs:
@@ -321,7 +308,7 @@ def cmd_calibrate(args) -> int:
     from harness.calibrate import calibration_table, derive_policy, markdown, summary
     from harness.metrics import METRICS
     from harness.reference_cache import ReferenceCache
-    from harness.reports import atomic_write_text, column_values, provenance_line, read_results, write_csv
+    from harness.results import atomic_write_text, column_values, provenance_line, read_results, write_csv
 
     policy = _policy(args)
     out = _out_dir(args.out)
@@ -405,7 +392,7 @@ def cmd_all(args) -> int:
                                           _out_dir(out / name)))
     if extra:
         from harness.peer_report import peer_markdown, peer_table
-        from harness.reports import atomic_write_text, write_csv
+        from harness.results import atomic_write_text, write_csv
 
         table = peer_table(frames[base], [frames[n] for n in [ours, *extra] if n in frames], policy)
         write_csv(table, out / "peers.csv")
@@ -440,11 +427,12 @@ def _add_impl(p):
                         "a binding of its forward, refusals and packed sequences); repeatable")
 
 
-def _add_run_options(p):
+def _add_run_options(p, resume: bool = True):
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--tag", help="insert a tag in result file names, e.g. gpu.<tag>.csv")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run from its <leg>.partial.csv, skipping the cases it has")
+    if resume:
+        p.add_argument("--resume", action="store_true",
+                       help="continue an interrupted run from its <leg>.partial.csv, skipping the cases it has")
     p.add_argument("--force", action="store_true",
                    help="overwrite a result file of another suite, or discard an interrupted run's partial file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -513,12 +501,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"which leg to check: {', '.join(legs())}, or an implementation named by --impl")
     _add_impl(p)
     _add_selection(p)
-    _add_run_options(p)
+    _add_run_options(p, resume=False)  # a check is re-run whole: there is nothing to resume
     p.set_defaults(fn=cmd_causality)
 
     p = sub.add_parser("gate", help="apply eps_TPU <= eps_GPU to two result files")
-    p.add_argument("gpu_csv", help="baseline result file (the GPU leg)")
-    p.add_argument("tpu_csv", help="candidate result file (the TPU leg)")
+    p.add_argument("gpu_csv", help="baseline result file (the GPU leg), or a directory holding exactly one")
+    p.add_argument("tpu_csv", help="candidate result file (the TPU leg), or a directory holding exactly one")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="where parity.csv and parity.md go")
     _add_policy(p)
     _add_gate_options(p)
@@ -577,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help is 0, bad usage is 2
         return int(exc.code or 0)
-    from harness.reports import ReportError
+    from harness.results import ReportError
 
     try:
         for text in getattr(args, "impl", []):

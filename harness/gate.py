@@ -53,7 +53,7 @@ import pandas as pd
 from .legs.registry import default_leg, version_key
 from .metrics import METRICS, parse_blocks
 from .policy import Policy
-from .reports import KEY, ReportError, check_results, read_table
+from .results import KEY, ReportError, check_results, read_table
 from .status import FAILING, FORWARD_ONLY, Status
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "ratio_lower", "allowed", "verdict",

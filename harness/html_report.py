@@ -33,8 +33,9 @@ from matplotlib.colors import LogNorm, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from .reports import _fmt, atomic_write_bytes, atomic_write_text, gate_notes, provenance_line
+from .results import atomic_write_bytes, atomic_write_text, provenance_line
 
+from .reports import _fmt, gate_notes
 if TYPE_CHECKING:
     from .gate import GateResult
 

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from .reports import ReportError, atomic_write_text, column_values, compiled_note
+from .results import ReportError, atomic_write_text, column_values
 
+from .reports import compiled_note
 if TYPE_CHECKING:
     from .gate import GateResult
 

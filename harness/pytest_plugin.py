@@ -6,7 +6,9 @@
   (repeatable) and ``--parity-cases-file TOML`` (``$PARITY_CASES_FILE``; see
   ``cases.case_file``) choose cases one by one instead, suite cases or your own,
   as ``parity run --case/--cases-file`` do; their result files are named as
-  that run's (``<leg>.cases-<hash>.csv``).
+  that run's (``<leg>.cases-<hash>.csv``). Suites joined with commas, ``--parity-draws N`` and
+  ``--parity-shard i/n`` select as ``parity run --suite a,b --draws N --shard i/n``: both front ends
+  ask :class:`harness.app.Selection`.
 - ``parity_results`` collects rows per leg; at the end of the session they
   are written to ``--parity-out`` (``$PARITY_OUT``, default
   ``reports/runs/pytest``) as ``<leg>.csv`` (``<leg>.op-<ops>.csv`` with
@@ -32,7 +34,8 @@ _PARTS = ".parts"
 def pytest_addoption(parser):
     group = parser.getgroup("parity", "linear-attention parity harness")
     group.addoption("--parity-suite", default=os.environ.get("PARITY_SUITE", "smoke"),
-                    help="suite for gpu/tpu-marked tests (env PARITY_SUITE; default smoke)")
+                    help="suite for gpu/tpu-marked tests, or several joined with commas (env PARITY_SUITE; "
+                         "default smoke)")
     group.addoption("--parity-case", action="append", default=[], metavar="ID",
                     help="run just this case (repeatable; overrides --parity-suite): a suite case's id or any "
                          "well-formed case id of your own")
@@ -41,6 +44,10 @@ def pytest_addoption(parser):
                          "to --parity-case); see cases/examples/my_cases.toml")
     group.addoption("--parity-op", action="append", default=[],
                     help="keep only cases of this op (repeatable)")
+    group.addoption("--parity-draws", type=int, default=int(os.environ.get("PARITY_DRAWS", "1")), metavar="N",
+                    help="run each case over N input draws, seeds 0..N-1 (env PARITY_DRAWS; default 1)")
+    group.addoption("--parity-shard", default=os.environ.get("PARITY_SHARD"), metavar="i/n",
+                    help="run only shard i of n of the cases, as `parity run --shard` (env PARITY_SHARD)")
     group.addoption("--parity-out", default=os.environ.get("PARITY_OUT", str(Path("reports") / "runs" / "pytest")),
                     help="directory for the legs' result CSVs (env PARITY_OUT)")
     group.addoption("--gpu-results", default=os.environ.get("PARITY_GPU_RESULTS"),
@@ -88,7 +95,7 @@ def pytest_configure(config):
                              f"{leg_spec(config.option.parity_candidate).role} leg, not a candidate")
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if _by_id(config):  # a bad id or case file stops the session at once, one line, not at collection
+    if _selection(config).by_id:  # a bad id or case file stops the session at once, one line, not at collection
         _selected_cases(config)
 
 
@@ -97,43 +104,25 @@ def pytest_configure_node(node):  # xdist controller -> workers: share one run i
     node.workerinput["parity_run_id"] = node.config._parity_run_id
 
 
-def _by_id(config) -> bool:
-    """Whether the session's cases are chosen one by one (--parity-case, --parity-cases-file), not as a suite."""
-    return bool(config.option.parity_case or config.option.parity_cases_file)
+def _selection(config):
+    """The session's selection, as ``parity run`` makes it (:class:`harness.app.Selection`)."""
+    from harness.app import Selection
 
-
-def _suite(config) -> str:
-    """The suite column of the session's rows: empty for cases chosen one by one, as ``parity run --case``."""
-    return "" if _by_id(config) else config.option.parity_suite
+    opts = config.option
+    cases_files = (opts.parity_cases_file,) if opts.parity_cases_file else ()
+    return Selection(suite=opts.parity_suite, case_ids=tuple(opts.parity_case), cases_files=cases_files,
+                     ops=tuple(opts.parity_op), draws=opts.parity_draws, shard=opts.parity_shard)
 
 
 def _selected_cases(config) -> list:
-    """The session's cases (computed once): the suite, or the cases chosen by id and file; then --parity-op."""
+    """The session's cases (computed once); a bad id, file, suite or shard stops the session with one line."""
     cached = getattr(config, "_parity_cases", None)
-    if cached is not None:
-        return cached
-    from cases.case_file import load_cases
-    from cases.suites import find_case, get_suite
-
-    opts = config.option
-    try:
-        if _by_id(config):
-            chosen = [find_case(c) for c in opts.parity_case]
-            chosen += load_cases(opts.parity_cases_file) if opts.parity_cases_file else []
-            first: dict = {}
-            for c in chosen:
-                first.setdefault(c.id, c)
-            cases, what = list(first.values()), "--parity-case/--parity-cases-file"
-        else:
-            cases, what = get_suite(opts.parity_suite), f"suite {opts.parity_suite!r}"
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    if opts.parity_op:
-        cases = [c for c in cases if c.op in opts.parity_op]
-    if not cases:
-        raise pytest.UsageError(f"{what} with ops {opts.parity_op} selects no case")
-    config._parity_cases = cases
-    return cases
+    if cached is None:
+        try:
+            cached = config._parity_cases = _selection(config).cases()
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return cached
 
 
 def pytest_generate_tests(metafunc):
@@ -183,7 +172,7 @@ def parity_runner(request, reference_cache):
         if leg not in runners:
             candidate = leg_spec(leg).role == "candidate"  # every candidate compiles for real TPUs first
             made = make_leg(leg, **({"compile_targets": targets} if candidate else {}))
-            runners[leg] = Runner(made, reference_cache, suite=_suite(request.config),
+            runners[leg] = Runner(made, reference_cache, suite=_selection(request.config).suite_label,
                                   leg_cache=for_leg(made, read=not request.config.option.parity_no_baseline_cache))
         return runners[leg]
 
@@ -215,13 +204,13 @@ def gpu_baseline(request):
                     "(make one with `pytest -m gpu` or `parity run --backend gpu`)")
     if not Path(path).exists():
         pytest.skip(f"GPU result file {path!r} does not exist")
-    from harness.reports import read_results
+    from harness.results import read_results
 
     return read_results(Path(path))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from harness.reports import merge_results, rows_to_frame, write_csv
+    from harness.results import merge_results, rows_to_frame, write_csv
 
     config = session.config
     out = Path(config.option.parity_out)
@@ -265,14 +254,13 @@ def _forward_only_rows(path: Path) -> int:
 def _write_result(df, out: Path, leg: str, config, run_id: str) -> Path:
     """The session's result file, under ``parity run``'s rules (:mod:`harness.result_file`); where those
     refuse (another run writes it, or it holds another suite's result) the rows go to a file of their own."""
-    from harness.reports import ReportError, write_csv
-    from harness.result_file import ResultFile, result_name
+    from harness.results import ReportError, write_csv
+    from harness.result_file import ResultFile
 
-    opts = config.option
-    case_ids = [c.id for c in _selected_cases(config)] if _by_id(config) else ()
-    path = out / result_name(leg, case_ids=case_ids, ops=opts.parity_op)
+    selection = _selection(config)
+    path = out / selection.result_name(leg)
     try:
-        with ResultFile(path, {"leg": leg, "suite": _suite(config)}):
+        with ResultFile(path, {"leg": leg, "suite": selection.suite_label}):
             return write_csv(df, path)
     except ReportError as exc:
         reporter = config.pluginmanager.get_plugin("terminalreporter")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .reports import ReportError, column_values, read_results, rows_to_frame, write_csv
+from .results import ReportError, column_values, read_results, rows_to_frame, write_csv
 
 _RESUME_MUST_MATCH = ("leg", "mode", "suite", "git_commit")
 
@@ -143,3 +143,30 @@ class ResultFile:
         write_csv(df, self.path)
         self.partial.unlink()
         return df
+
+
+def write_check_file(df: pd.DataFrame, path: Path, leg: str, *, force: bool = False) -> Path:
+    """Write a check's rows (``parity causality``: one leg's causality and isolation rows) under the rules of
+    a result file: locked while written; an existing file is replaced only when it holds this check of the
+    same leg (a re-run), anything else only with ``force``."""
+    path = Path(path)
+    lock_path = path.with_name(f".{path.name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ReportError(f"another parity run is writing {path} right now (it holds {lock_path}); wait for "
+                              f"it, or write elsewhere with --out or --tag") from None
+        if path.exists() and not force:
+            try:
+                old = pd.read_csv(path, usecols=["leg", "check"])
+            except (ValueError, OSError, pd.errors.ParserError, pd.errors.EmptyDataError):
+                raise ReportError(f"{path} exists and is not a check file this run may replace; pass --force to "
+                                  f"overwrite it") from None
+            theirs = sorted(set(old["leg"].dropna().astype(str)))
+            if theirs and theirs != [leg]:
+                raise ReportError(f"{path} holds the checks of leg {theirs[0]}, this run is leg {leg}; pass "
+                                  f"--force to overwrite it, or write elsewhere with --out or --tag")
+        return write_csv(df, path)
+

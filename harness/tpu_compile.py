@@ -14,6 +14,9 @@ of the case's inputs placed on one device of the target topology.
 
 Targets are named by TPU generation; :data:`TARGETS` maps each to the
 topology it is compiled for (one chip is used).
+
+This is the library (targets, one compile, its result); the TPU leg uses it before each emulated case, and
+``parity compile`` runs it over cases through :mod:`harness.compile_cases`.
 """
 
 from __future__ import annotations
@@ -156,61 +159,3 @@ def compile_for(fn, args, target: str) -> CompileResult:
     stats = compiled.memory_analysis()
     memory = {col: getattr(stats, attr, None) for col, attr in MEMORY_FIELDS.items()} if stats else {}
     return CompileResult(target, Status.OK, seconds, memory=memory)
-
-
-COMPILE_COLUMNS = [
-    "case_id", "op", "variant", "dtype", "target", "topology", "mode", "status", "reason", "compile_s", "error",
-    *MEMORY_FIELDS, "hbm_bytes", "program", "jax", "jaxlib", "libtpu", "input_sha256", "git_commit", "timestamp",
-    "repro",
-]
-
-
-def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dict]:
-    """One row per target for one case: ``ok``, ``error`` or ``unsupported`` (with its reason).
-
-    The case goes through the TPU leg's own runner steps (validation, inputs, supports) first;
-    ``runner`` (a ``Runner`` over a ``TpuLeg``, or over any candidate leg: an external implementation's
-    binding compiles the same way) is built when not given.
-    """
-    from harness.legs.registry import default_leg, make_leg
-    from harness.legs.tpu import NATIVE, device_arrays, program
-    from harness.reference_cache import ReferenceCache
-    from harness.runner import Refusal, Runner
-
-    runner = runner or Runner(make_leg(default_leg("candidate"), compile_targets=()), ReferenceCache(None), ops=ops)
-    leg = runner.leg
-    backend = "" if leg.name == default_leg("candidate") else f" --backend {leg.name}"
-    base = {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype, "mode": COMPILE_MODE,
-            "program": f"forward + backward (jax.vjp of the {leg.name} binding)", **versions(),
-            "git_commit": runner.provenance["git_commit"],
-            "repro": f"parity compile{backend} --case '{case.id}' --target {','.join(targets)}"}
-    try:
-        op, inputs = runner.prepare(case)
-    except Refusal as r:
-        return [{**base, "target": t, "topology": TARGETS[t], "status": r.status, "reason": r.reason,
-                 "input_sha256": r.columns.get("input_sha256")} for t in targets]
-    base["input_sha256"] = inputs.sha256
-    binding = leg.binding(op)
-    if not binding.differentiable:
-        base["program"] = f"forward (the {leg.name} binding is forward-only)"
-    fn, arrays = program(op, case, NATIVE, binding=binding), device_arrays(inputs)
-    out = []
-    for target in targets:
-        r = leg.compile_for(compile_for, fn, arrays, target)
-        out.append({**base, "target": target, "topology": TARGETS[target], "status": r.status, "reason": r.reason,
-                    "compile_s": r.seconds, "error": "" if r.ok else r.error, **(r.memory or {}),
-                    "hbm_bytes": r.hbm_bytes})
-    return out
-
-
-def compile_frame(rows: list[dict]):
-    import datetime as _dt
-
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    df["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    for col in COMPILE_COLUMNS:
-        if col not in df.columns:
-            df[col] = pd.NA
-    return df[COMPILE_COLUMNS]

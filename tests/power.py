@@ -32,7 +32,7 @@ from cases.suites import get_suite  # noqa: E402
 from harness.gate import apply_gate  # noqa: E402
 from harness.policy import Policy, default_policy  # noqa: E402
 from harness.reference_cache import ReferenceCache  # noqa: E402
-from harness.reports import atomic_write_text, read_results, rows_to_frame, write_csv  # noqa: E402
+from harness.results import atomic_write_text, read_results, rows_to_frame, write_csv  # noqa: E402
 from harness.runner import Runner  # noqa: E402
 from harness.legs import make_leg
 

@@ -27,7 +27,7 @@ from harness.legs.gpu import GpuLeg
 from harness.ops import get_op
 from harness.ops.base import LegBinding
 from harness.reference_cache import ReferenceCache
-from harness.reports import rows_to_frame
+from harness.results import rows_to_frame
 from harness.runner import Runner
 from harness.legs import make_leg
 

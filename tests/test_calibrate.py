@@ -7,13 +7,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cases.suites import find_case, get_suite, with_draws
+from cases.suites import get_suite, with_draws
+from harness.app import find_case
 from harness.calibrate import calibration_table, summary
 from harness.cli import main
 from harness.metrics import METRICS
 from harness.policy import Policy
 from harness.reference_cache import ReferenceCache
-from harness.reports import rows_to_frame, write_csv
+from harness.results import rows_to_frame, write_csv
 from harness.result_file import result_name
 from harness.runner import Runner
 from test_runner_and_gate import CASE, FakeLeg
@@ -86,7 +87,7 @@ def test_the_shipped_policy_is_the_checked_in_calibration():
     re-deriving it from those rows gives the same margins and no false alarm on them."""
     from harness.calibrate import derive_policy
     from harness.policy import DEFAULT_POLICY_FILE, default_policy
-    from harness.reports import read_results
+    from harness.results import read_results
 
     assert DEFAULT_POLICY_FILE.read_text() == (CHECKED_IN / "policy.toml").read_text()
     shipped = default_policy()

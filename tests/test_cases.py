@@ -6,7 +6,8 @@ import pytest
 
 from cases.case import Case, Gate
 from cases.inputs import alibi_g_gamma, alibi_slopes, make_inputs
-from cases.suites import SUITES, find_case, get_suite
+from cases.suites import SUITES, get_suite
+from harness.app import find_case
 from harness.ops import get_op
 
 

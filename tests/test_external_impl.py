@@ -13,7 +13,7 @@ import textwrap
 import pandas as pd
 import pytest
 
-from cases.suites import find_case
+from harness.app import find_case
 from harness.cli import main
 from harness.legs import registry
 

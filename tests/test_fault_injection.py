@@ -18,7 +18,7 @@ from harness.gate import apply_gate
 from harness.ops import get_op
 from harness.policy import Policy
 from harness.reference_cache import ReferenceCache
-from harness.reports import rows_to_frame
+from harness.results import rows_to_frame
 from harness.runner import Runner
 from harness.legs import make_leg
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
-from harness.reports import read_results, write_csv
+from harness.results import read_results, write_csv
 from harness.result_file import ResultFile
 from harness.runner import Runner
 from test_runner_and_gate import CASE, FakeLeg, _frame
@@ -37,7 +37,7 @@ def files(tmp_path):
 
 def _rows(leg, case):
     from harness.reference_cache import ReferenceCache
-    from harness.reports import rows_to_frame
+    from harness.results import rows_to_frame
 
     return rows_to_frame(Runner(FakeLeg(leg), ReferenceCache(None)).run_case(case))
 
@@ -98,6 +98,45 @@ def test_a_run_of_another_suite_or_leg_does_not_overwrite_without_force(tmp_path
     with pytest.raises(ValueError, match="not a result file"):
         with ResultFile(tmp_path / "notes.csv", {"leg": "ref", "suite": "smoke"}):
             pass
+
+
+def test_a_check_file_is_locked_and_replaces_only_its_own_leg(tmp_path):
+    import fcntl
+
+    import pandas as pd
+
+    from harness.result_file import write_check_file
+
+    rows = pd.DataFrame({"case_id": ["c"], "leg": ["ref"], "check": ["causality"], "status": ["ok"]})
+    path = write_check_file(rows, tmp_path / "causality-ref.csv", "ref")
+    assert write_check_file(rows.assign(status="fail"), path, "ref") == path  # a re-run replaces its own
+    assert pd.read_csv(path)["status"].tolist() == ["fail"]
+    with pytest.raises(ValueError, match="holds the checks of leg ref, this run is leg gpu.*--force"):
+        write_check_file(rows.assign(leg="gpu"), path, "gpu")
+    (tmp_path / "notes.csv").write_text("my,own\nfile,1\n")
+    with pytest.raises(ValueError, match="not a check file"):
+        write_check_file(rows, tmp_path / "notes.csv", "ref")
+    assert (tmp_path / "notes.csv").read_text() == "my,own\nfile,1\n"
+    write_check_file(rows.assign(leg="gpu"), path, "gpu", force=True)
+    with open(tmp_path / ".causality-ref.csv.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(ValueError, match="another parity run is writing"):
+            write_check_file(rows, path, "gpu")
+
+
+def test_the_gate_takes_a_directory_holding_one_result_file_per_leg(tmp_path):
+    from harness.app import result_in
+
+    (tmp_path / "gpu.cases-0123abcd.csv").write_text("")
+    (tmp_path / "gpu.cases-0123abcd.partial.csv").write_text("")
+    (tmp_path / "gpu-notes.csv").write_text("")
+    assert result_in(tmp_path, "gpu") == tmp_path / "gpu.cases-0123abcd.csv"
+    assert result_in(tmp_path / "x.csv", "gpu") == tmp_path / "x.csv"  # a file is itself
+    with pytest.raises(ValueError, match="holds none; name the file"):
+        result_in(tmp_path, "tpu")
+    (tmp_path / "gpu.csv").write_text("")
+    with pytest.raises(ValueError, match="holds gpu.cases-0123abcd.csv, gpu.csv; name the file"):
+        result_in(tmp_path, "gpu")
 
 
 # 3. merge never overwrites an input and refuses mixed runs ------------------------------------------

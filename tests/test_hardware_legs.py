@@ -8,7 +8,7 @@ and enforces eps_TPU <= eps_GPU. Without the hardware both run emulated.
 import pytest
 
 from harness.gate import apply_gate
-from harness.reports import rows_to_frame
+from harness.results import rows_to_frame
 from harness.runner import FAILING_STATUSES
 
 

@@ -23,7 +23,7 @@ from harness.cli import main
 from harness.gate import apply_gate
 from harness.metrics import format_blocks, parse_blocks
 from harness.policy import default_policy
-from harness.reports import read_table, write_csv
+from harness.results import read_table, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLDOUT = ROOT / "reports" / "calibration" / "smoke-seeds5-9-holdout"

@@ -12,7 +12,7 @@ from harness.cli import main
 from harness.gate import apply_gate
 from harness.junit import GATE_CLASSNAME, junit_tree, write_junit
 from harness.policy import Policy
-from harness.reports import ReportError, write_csv
+from harness.results import ReportError, write_csv
 from test_runner_and_gate import CASE, _frame
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from faults import REGRESSIONS, round_fraction
-from cases.suites import find_case
+from harness.app import find_case
 from harness.gate import apply_gate
 from harness.policy import default_policy
 from harness.reference_cache import ReferenceCache
-from harness.reports import rows_to_frame
+from harness.results import rows_to_frame
 from harness.runner import Runner
 from power import caught_at
 from harness.legs import make_leg

@@ -26,6 +26,7 @@ from cases import suites
 from cases.case import Case, Gate
 from cases.inputs import InputSpec, make_inputs, normal
 from references import gla, kda, simple_gla
+from harness.ops import get_op
 
 LENS = (37, 1, 90)  # T = 128; with C = 32 the boundaries 37 and 38 fall inside the chunk [32, 64)
 CU = np.cumsum((0,) + LENS)
@@ -282,8 +283,8 @@ def test_packed_case_id_round_trips_through_find_case(monkeypatch):
     cases = [_case(), _case(lens=(27, 64, 37)), _case(lens=(128,)), _case(lens=None)]
     monkeypatch.setitem(suites.SUITES, "varlen-test", (lambda: cases,))
     for c in cases:
-        assert suites.find_case(c.id) == c
-        assert suites.find_case(c.replace(seed=4).id) == c.replace(seed=4)
+        assert suites.find_case(c.id, get_op) == c
+        assert suites.find_case(c.replace(seed=4).id, get_op) == c.replace(seed=4)
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -14,7 +14,7 @@ from harness.legs.base import Environment, Leg, LegOutput
 from harness.ops import get_op
 from harness.policy import Policy
 from harness.reference_cache import ReferenceCache
-from harness.reports import read_results, rows_to_frame, write_csv
+from harness.results import read_results, rows_to_frame, write_csv
 from harness.runner import Runner
 
 CASE = Case("simple_gla", "chunk", B=1, T=16, H=2, K=8, V=8, dtype="float32", gate=Gate(), chunk_size=8,

@@ -19,10 +19,11 @@ from harness.legs import make_leg
 from harness.ops import get_op
 from harness.policy import Policy
 from harness.reference_cache import ReferenceCache
-from harness.reports import rows_to_frame
+from harness.results import rows_to_frame
 from harness.runner import Runner
-from harness.tpu_compile import (COMPILE_DEFAULT_TARGETS, ERROR_CHARS, TARGETS, CompileResult, case_rows,
-                                 compile_for, first_error_line, libtpu_version, parse_targets)
+from harness.compile_cases import case_rows
+from harness.tpu_compile import (COMPILE_DEFAULT_TARGETS, ERROR_CHARS, TARGETS, CompileResult, compile_for,
+                                 first_error_line, libtpu_version, parse_targets)
 
 
 # ------------------------------------------------------------------ definitions

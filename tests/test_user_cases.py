@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from cases.case import Case, Gate
-from cases.case_file import CaseFileError, load_cases
-from cases.suites import SUITES, find_case, get_suite, with_draws
+from cases.case_file import CaseFileError
+from cases.suites import SUITES, get_suite, with_draws
+from harness.app import case_from_id, find_case, load_cases
 from harness.cli import _select_cases, build_parser, main
 
 pytest_plugins = ["pytester"]
@@ -99,7 +100,7 @@ def test_option_values_read_as_the_id_writes_them():
 ])
 def test_a_malformed_id_is_a_one_line_error_naming_the_bad_part(bad, part):
     with pytest.raises(ValueError) as info:
-        Case.from_id(bad)
+        case_from_id(bad)
     message = str(info.value)
     assert "\n" not in message and part in message, message
     assert message.startswith("case id ")
@@ -302,3 +303,13 @@ def test_a_file_lists_its_cases_in_the_order_it_writes_them(tmp_path):
                     "[[case]]\nid = 'simple_gla.chunk/B1-T8-H1-K64-V64/bf16/g=logsigmoid/16/C64'\n\n"
                     "[[grid]]\nop = 'kda'\nvariant = 'chunk'\nB = 1\nT = 8\nH = 1\nK = 64\nV = 64\n")
     assert [(c.op, c.T) for c in load_cases(path)] == [("gla", 16), ("gla", 32), ("simple_gla", 8), ("kda", 8)]
+
+
+def test_parity_cases_notes_a_binding_refusal_when_your_case_is_made(capsys):
+    mismatch = "gla.chunk/B1-T15-H1-K64-V64/bf16/g=logsigmoid/16/C64"  # fla picks C16 for T=15
+    assert main(["cases", "--case", mismatch]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(mismatch)
+    assert "the fla binding refuses it" in err and "16 for T=15" in err and err.count("\n") == 1
+    assert main(["cases", "--case", mismatch.replace("/C64", "/C16")]) == 0
+    assert capsys.readouterr().err == ""

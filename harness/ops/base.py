@@ -37,7 +37,7 @@ Binding contracts
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -94,6 +94,18 @@ class OpDescriptor:
 
     def tensor_names(self, case: Case) -> list[str]:
         return [t.name for t in self.tensors(case)]
+
+    def binding_refusals(self, case: Case) -> dict[str, str]:
+        """What each kernel binding already refuses of a valid ``case`` by its own ``supports`` (no kernel
+        runs): binding field -> reason. A leg running that binding makes the case's rows ``unsupported``."""
+        out = {}
+        for f in dataclasses.fields(self):
+            binding = getattr(self, f.name)
+            if isinstance(binding, LegBinding):
+                why = binding.supports(case)
+                if why:
+                    out[f.name] = why
+        return out
 
 
 def grad_name(input_name: str) -> str:
@@ -155,29 +167,33 @@ def fla_varlen(case: Case, like) -> dict:
     return {"cu_seqlens": torch.tensor(case.cu_seqlens, dtype=torch.long, device=like.device)}
 
 
-_REJECTS_CU_SEQLENS = re.compile(r"unexpected keyword argument '?cu_seqlens'?|unknown options \[[^\]]*'cu_seqlens'")
-"""How a function without the keyword rejects it: Python's unexpected keyword, or kda's unknown option."""
+def takes_cu_seqlens(fn) -> bool:
+    """Whether ``fn``'s signature names a ``cu_seqlens`` parameter (a ``**options`` catch-all does not count:
+    kda's public functions take their options that way, and would reject it as an unknown option)."""
+    import inspect
+
+    try:
+        return "cu_seqlens" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin): it does not say it takes the keyword
+        return False
 
 
 def call_tpu_kernel(fn, case: Case, *args, **kwargs):
     """``fn(*args, **kwargs)``, a ``kernels_tpu`` public function; a packed case adds ``cu_seqlens=case.cu_seqlens``
     (the N+1 offsets as a static tuple of ints).
 
-    Kernels that do not take packed sequences reject the keyword with a TypeError naming it (an unexpected
-    keyword, or kda's unknown option): that becomes a NotImplementedError, the kernels' own way of refusing
-    a valid case, so the TPU leg's supports (``harness.legs.tpu.kernel_refusal``, which traces this call on
-    shape-only inputs) and the compile leg report the case ``unsupported`` with the reason, never a number.
-    Once the kernels take the keyword the same call runs them."""
+    A kernel whose signature has no ``cu_seqlens`` parameter (:func:`takes_cu_seqlens`) does not take packed
+    sequences: the call raises NotImplementedError, the kernels' own way of refusing a valid case, so the TPU
+    leg's supports (``harness.legs.tpu.kernel_refusal``, which traces this call on shape-only inputs) and the
+    compile leg report the case ``unsupported`` with the reason, never a number. Once a kernel names the
+    keyword the same call runs it, and whatever it raises is its own error."""
     if case.cu_seqlens is None:
         return fn(*args, **kwargs)
-    try:
-        return fn(*args, cu_seqlens=case.cu_seqlens, **kwargs)
-    except TypeError as exc:
-        if not _REJECTS_CU_SEQLENS.search(str(exc)):
-            raise  # a TypeError of a kernel that takes the keyword is an error, not a refusal
+    if not takes_cu_seqlens(fn):
         name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn)}"
         raise NotImplementedError(f"{name} does not take cu_seqlens (packed variable-length sequences, "
-                                  f"lens={'+'.join(map(str, case.lens))}): {exc}") from None
+                                  f"lens={'+'.join(map(str, case.lens))}): its signature has no such parameter")
+    return fn(*args, cu_seqlens=case.cu_seqlens, **kwargs)
 
 
 def gated_reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: str, compute_dtype: str) -> dict:

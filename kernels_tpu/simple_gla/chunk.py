@@ -371,7 +371,7 @@ def chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_stat
     return forward(cfg, 1, q, k, v, g, g_gamma, initial_state)
 
 
-def chunk_simple_gla_bwd(q, k, v, do, g=None, g_gamma=None, scale=None, initial_state=None, dht=None,
+def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
                          chunk_size=64, interpret=None, mxu_model=None, *, cu_seqlens=None):
     """Backward of ``loss = sum(o * do) + sum(ht * dht)``.
 

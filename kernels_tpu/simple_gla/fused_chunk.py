@@ -176,7 +176,7 @@ def fused_chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initia
     return forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, initial_state)
 
 
-def fused_chunk_simple_gla_bwd(q, k, v, do, g=None, g_gamma=None, scale=None, initial_state=None, dht=None,
+def fused_chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
                                chunk_size=64, interpret=None, mxu_model=None, num_steps=2, *, cu_seqlens=None):
     """Two-pass backward; args and returned dict as chunk_simple_gla_bwd."""
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret, mxu_model,

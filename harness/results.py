@@ -1,0 +1,253 @@
+"""Result files: the schema every leg's rows follow, reading and checking them, merging, and writing pandas
+tables atomically (temp file, then rename).
+
+A leg's result CSV has one row per (case, tensor) with every metric and the
+row's provenance (leg, mode, device, versions, git commit, timestamp, input
+hash, wall time). Columns are fixed in :data:`RESULT_COLUMNS`; rows are the
+only interface between running and judging. The gate reads files through this module; rendering them
+(:mod:`harness.reports`, :mod:`harness.html_report`, :mod:`harness.junit`) sits above the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from .legs.registry import well_formed
+from .legs.base import MODES
+from .metrics import METRICS, parse_blocks
+from .status import Status
+
+
+MXU_COLUMNS = ["mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd", "mxu_pass_macs_bwd"]
+"""TPU rows, emulated: modeled MXU work (kernels_tpu.mxu.MxuTally), not a timing."""
+
+RESULT_COLUMNS = [
+    "case_id", "op", "variant", "dtype", "draw", "tensor", "tensor_dtype", "leg", "status", "reason",
+    *METRICS, "rel_l2_blocks", "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
+    "input_sha256", "mode", "device", "compiled_for", *MXU_COLUMNS, "versions", "settings", "details", "git_commit",
+    "timestamp", "suite", "wall_s", "repro",
+]
+KEY = ["case_id", "tensor"]
+
+
+class ReportError(ValueError):
+    """A result file is missing, malformed or inconsistent (exit code 2)."""
+
+
+def rows_to_frame(rows: Iterable[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(list(rows))
+    for col in RESULT_COLUMNS:
+        if col not in df.columns:
+            df[col] = pd.NA
+    return df[RESULT_COLUMNS]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; results are meant to be shared
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> Path:
+    # no float_format: pandas writes the shortest repr that round-trips, so a metric
+    # read back from a file compares exactly as it did in memory
+    atomic_write_text(Path(path), df.to_csv(index=False))
+    return Path(path)
+
+
+REQUIRED_COLUMNS = ["case_id", "tensor", "leg", "status", "reason", "input_sha256", "mode", *METRICS, "rel_l2_blocks"]
+"""Columns a result file must have for the gate to judge it."""
+
+RESULT_STATUSES = (Status.OK, Status.BOUND, Status.NONFINITE, Status.NOT_PROVIDED, Status.UNSUPPORTED,
+                   Status.ERROR)
+_MEASURED = (Status.OK, Status.BOUND)  # statuses whose metrics must be finite numbers >= 0
+_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def _where(path: Path, index, column: str) -> str:
+    """``file:line: column 'c'`` of a data row (line 1 is the header; fields hold no newlines)."""
+    return f"{path}:{int(index) + 2}: column {column!r}"
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A CSV as pandas reads it, unchecked (ReportError if it is not a readable CSV); see :func:`read_results`."""
+    path = Path(path)
+    if path.is_dir():
+        raise ReportError(f"{path} is a directory, not a result CSV")
+    if not path.exists():
+        raise ReportError(f"result file {str(path)!r} does not exist")
+    try:
+        return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"input_sha256": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        raise ReportError(f"{path}: not a result CSV ({str(exc).splitlines()[0]})") from None
+
+
+def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Every rule a result file must meet, row by row; the first violation is a :class:`ReportError`
+    naming the file, the line and the column. Returns ``df`` with the metric columns as floats."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ReportError(f"{path}: not a parity result file, missing columns {missing}")
+    for column in ("case_id", "tensor"):
+        blank = df[df[column].isna()]
+        if len(blank):
+            raise ReportError(f"{_where(path, blank.index[0], column)}: empty")
+    for column, allowed in (("status", RESULT_STATUSES), ("mode", MODES)):
+        bad = df[~df[column].isin(allowed)]
+        if len(bad):
+            raise ReportError(f"{_where(path, bad.index[0], column)}: unknown value {bad[column].iloc[0]!r}; "
+                              f"one of {', '.join(allowed)}")
+    bad = df[~df["leg"].map(well_formed)]  # any leg's: an implementation's rows gate where it is not installed
+    if len(bad):
+        raise ReportError(f"{_where(path, bad.index[0], 'leg')}: {bad['leg'].iloc[0]!r} is not a leg name "
+                          f"(lower-case letters, digits, '-' or '_')")
+    df = df.copy()
+    for metric in METRICS:
+        values = pd.to_numeric(df[metric], errors="coerce")
+        text = df[metric].notna() & values.isna()
+        if text.any():
+            i = text[text].index[0]
+            raise ReportError(f"{_where(path, i, metric)}: {df.at[i, metric]!r} is not a number")
+        negative = values < 0
+        if negative.any():
+            i = negative[negative].index[0]
+            raise ReportError(f"{_where(path, i, metric)}: {float(values[i])!r} is negative; an error is >= 0")
+        unmeasured = df["status"].isin(_MEASURED) & ~np.isfinite(values.astype(float))
+        if unmeasured.any():
+            i = unmeasured[unmeasured].index[0]
+            raise ReportError(f"{_where(path, i, metric)}: a {df.at[i, 'status']} row needs a finite value, "
+                              f"got {df.at[i, metric]!r}")
+        df[metric] = values.astype(float)
+    _check_blocks(df, path)
+    hashes = df["input_sha256"].astype("string")
+    needs = df["status"] != Status.ERROR  # an invalid case errors before its inputs exist
+    bad = (hashes.notna() | needs) & ~hashes.fillna("").str.fullmatch(_HASH)
+    if bad.any():
+        i = bad[bad].index[0]
+        raise ReportError(f"{_where(path, i, 'input_sha256')}: {df.at[i, 'input_sha256']!r} is not a sha256 "
+                          f"(64 hex digits); only an error row may leave it blank")
+    per_case = df.dropna(subset=["input_sha256"]).groupby("case_id")["input_sha256"].nunique()
+    if (per_case > 1).any():
+        case = per_case[per_case > 1].index[0]
+        lines = [int(i) + 2 for i in df.index[df["case_id"] == case]]
+        raise ReportError(f"{path}: the rows of case {case} (lines {lines}) disagree on input_sha256")
+    dupes = df[df.duplicated(KEY, keep=False)]
+    if len(dupes):
+        raise ReportError(f"{path}: duplicate (case, tensor) rows, e.g. {dupes.iloc[0]['case_id']} / "
+                          f"{dupes.iloc[0]['tensor']} (lines {[int(i) + 2 for i in dupes.index[:2]]}); "
+                          f"merge shards with `parity merge`")
+    legs = sorted(df["leg"].unique())
+    if len(legs) > 1:
+        raise ReportError(f"{path}: rows from several legs {legs}; a result file holds one leg")
+    return df
+
+
+BLOCKS_RTOL = 1e-5
+"""How closely sqrt(sum of rel_l2_blocks) must equal rel_l2 (the blocks carry 7 significant digits)."""
+
+
+def _check_blocks(df: pd.DataFrame, path: Path) -> None:
+    """A measured row's ``rel_l2_blocks`` are numbers >= 0 whose sum is rel_l2² (empty only when rel_l2 is 0):
+    the gate's noise estimate and the reported error must describe the same tensor."""
+    for i in df.index[df["status"].isin(_MEASURED)]:
+        cell = df.at[i, "rel_l2_blocks"]
+        try:
+            blocks = parse_blocks(cell)
+        except ValueError:
+            raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: {cell!r} is not ';'-joined numbers") from None
+        rel = float(df.at[i, "rel_l2"])
+        if blocks is None:
+            if rel != 0:
+                raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: empty, but rel_l2 is {rel!r}")
+            continue
+        if not (np.all(np.isfinite(blocks)) and np.all(blocks >= 0)):
+            raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: blocks must be finite and >= 0")
+        total = math.sqrt(float(blocks.sum()))
+        if abs(total - rel) > BLOCKS_RTOL * rel:
+            raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: the blocks give rel_l2 {total!r}, the row says "
+                              f"{rel!r}")
+
+
+def read_results(path: Path) -> pd.DataFrame:
+    """A result CSV, checked by :func:`check_results` (ReportError, exit 2, on any violation)."""
+    return check_results(read_table(path), Path(path))
+
+
+def column_values(df: pd.DataFrame, column: str) -> list[str]:
+    """The distinct non-empty values of a column, as sorted text ([] when the column is absent)."""
+    return sorted(str(v) for v in df[column].dropna().unique()) if column in df.columns else []
+
+
+def mixed_provenance(df: pd.DataFrame) -> dict[str, list]:
+    """Provenance columns whose rows disagree (suite, commit, mode, device), with their values."""
+    values = {c: column_values(df, c) for c in ("suite", "git_commit", "mode", "device")}
+    return {c: v for c, v in values.items() if len(v) > 1}
+
+
+def merge_results(paths: Iterable[Path], allow_mixed: bool = False) -> pd.DataFrame:
+    """Concatenate shard files of one leg; refuses overlapping (case, tensor) rows, and rows of
+    different suites, commits, modes or devices unless ``allow_mixed``."""
+    paths = list(paths)
+    frames = [read_results(p) for p in paths]
+    if not frames:
+        raise ReportError("no result files to merge")
+    df = pd.concat(frames, ignore_index=True)
+    dupes = df[df.duplicated(KEY, keep=False)]
+    if len(dupes):
+        raise ReportError(f"shards overlap on {dupes.iloc[0]['case_id']} / {dupes.iloc[0]['tensor']}")
+    legs = sorted(df["leg"].dropna().unique())
+    if len(legs) > 1:
+        raise ReportError(f"cannot merge files of different legs {legs}")
+    mixed = mixed_provenance(df)
+    if mixed and not allow_mixed:
+        what = "; ".join(f"{c}: {', '.join(v)}" for c, v in mixed.items())
+        raise ReportError(f"the files were made by different runs ({what}); pass --allow-mixed to merge them anyway")
+    return df.sort_values(KEY, kind="stable").reset_index(drop=True)
+
+
+def summarize(df: pd.DataFrame) -> str:
+    """One line per status, for the terminal."""
+    counts = df.groupby("status").size().to_dict()
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
+def provenance_line(df: pd.DataFrame) -> str:
+    """Mode, device, versions and commit of a file's rows; every distinct value, and **mixed** when they differ."""
+    if df.empty:
+        return "no rows"
+
+    versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(json.loads(text).items()))
+                       for text in column_values(df, "versions")})
+    parts = [f"mode **{'/'.join(column_values(df, 'mode'))}** on {' / '.join(column_values(df, 'device'))}",
+             " / ".join(versions), f"commit {' / '.join(column_values(df, 'git_commit'))}"]
+    mixed = mixed_provenance(df)
+    if len(versions) > 1:
+        mixed["versions"] = versions
+    text = "; ".join(p for p in parts if p)
+    if mixed:
+        text += f" (**mixed**: the rows differ in {', '.join(mixed)})"
+    return text
