@@ -265,37 +265,45 @@ def _causality_rows(leg, case, t0, mode, sha, wall, base, moved) -> list[Causali
     return out
 
 
+CAUSALITY_CHUNKS = 3
+"""A checked sequence spans at most this many chunks: two whole ones and its own last (partial) chunk, so the
+intra-chunk mask, the inter-chunk state pass and the partial-chunk masking are all exercised; a longer
+sequence adds more of the same chunk steps, not another kernel path."""
+
+
+def _bounded(n: int, chunk: int) -> int:
+    """A sequence of ``n`` tokens cut to at most CAUSALITY_CHUNKS chunks, keeping its last chunk's length."""
+    last = n % chunk or chunk
+    return min(n, (CAUSALITY_CHUNKS - 1) * chunk + last)
+
+
+def bounded_case(case: Case) -> Case:
+    """The case the causality check runs for ``case``: the same op, variant, gate, dtype, heads, head dims,
+    options and packing, every sequence cut to at most :data:`CAUSALITY_CHUNKS` chunks (:func:`_bounded`).
+    A case that short already is itself. The check's cost is then bounded whatever T the suite has (fla's
+    own test shapes run T = 1000-2000), and its power is the kernel paths', which the cut case keeps."""
+    if case.lens is None:
+        T = _bounded(case.T, case.chunk_size)
+        return case if T == case.T else case.replace(T=T)
+    lens = tuple(_bounded(n, case.chunk_size) for n in case.lens)
+    return case if lens == case.lens else case.replace(T=sum(lens), lens=lens)
+
+
 def causality_cases(cases: list[Case]) -> list[Case]:
     """One case per (op, variant, gate kind) of a suite, so every kernel path (the fused g_gamma
     ones included) is checked, and one more per (op, variant, gate kind) of its packed cases (the
     varlen paths, and the isolation check); the first with K and V multiples of 128, so every leg
     runs it, and among packed cases preferably one of three or more sequences (one isolation run
-    checks both directions)."""
-    def merit(case: Case) -> tuple[bool, bool]:
-        return not (case.K % 128 or case.V % 128), case.num_seqs >= 3 if case.lens is not None else True
+    checks both directions); among equals the cheapest. Each is cut to a bounded length
+    (:func:`bounded_case`)."""
+    def merit(case: Case) -> tuple[bool, bool, int]:
+        cost = case.B * case.T * case.H * case.K * case.V  # the recurrence's work, up to a constant
+        return (not (case.K % 128 or case.V % 128), case.num_seqs >= 3 if case.lens is not None else True,
+                -cost)
 
     chosen: dict[tuple, Case] = {}
-    for case in cases:
+    for case in map(bounded_case, cases):
         key = (case.op, case.variant, case.gate and case.gate.kind, case.lens is not None)
         if key not in chosen or merit(case) > merit(chosen[key]):
             chosen[key] = case
     return list(chosen.values())
-
-
-def run_causality(leg: Leg, cases: list[Case], progress: bool = True, leg_cache: BaselineCache | None = None):
-    """Rows (a pandas DataFrame) for every case on one leg; ``leg_cache`` serves and keeps the leg's runs
-    (each keyed by the inputs it was given: the case's own, or a perturbed copy)."""
-    import dataclasses
-
-    import pandas as pd
-
-    rows = []
-    iterator = cases
-    if progress:
-        from tqdm import tqdm
-
-        iterator = tqdm(cases, desc=f"{leg.name} causality", unit="case", dynamic_ncols=True, disable=None)
-    runner = Runner(leg, ReferenceCache(None), leg_cache=leg_cache)
-    for case in iterator:
-        rows.extend(dataclasses.asdict(r) for r in check_case(leg, case, runner=runner))
-    return pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(CausalityRow)])

@@ -72,3 +72,20 @@ def test_unsupported_rows_carry_reason_and_input_hash():
     rows = check_case(RefusingLeg(), CASE)
     assert {r.status for r in rows} == {"unsupported"}
     assert all("multiples of 128" in r.reason and len(r.input_sha256) == 64 and r.mode == "native" for r in rows)
+
+
+def test_a_long_case_is_checked_cut_to_three_chunks_keeping_its_last_chunk():
+    from harness.causality import bounded_case
+
+    long = CASE.replace(T=1000, chunk_size=64)
+    assert bounded_case(long).T == 2 * 64 + 1000 % 64 == 168  # two whole chunks, then its own partial one
+    assert bounded_case(long.replace(T=1024)).T == 192  # no partial chunk: three whole ones
+    assert bounded_case(long.replace(T=150)) is not None and bounded_case(long.replace(T=150)).T == 150
+    packed = long.replace(B=1, T=37 + 300 + 91, lens=(37, 300, 91))
+    cut = bounded_case(packed)
+    assert cut.lens == (37, 2 * 64 + 300 % 64, 91) and cut.T == sum(cut.lens)
+    assert (cut.op, cut.variant, cut.gate, cut.dtype, cut.H, cut.K, cut.V, cut.h0, cut.dht) == \
+        (packed.op, packed.variant, packed.gate, packed.dtype, packed.H, packed.K, packed.V, packed.h0, packed.dht)
+    # a file of fla-like shapes: each checked case is cut, so the check costs what a short case does
+    chosen = causality_cases([long, long.replace(T=2000, H=4)])
+    assert [c.T for c in chosen] == [168]  # one per (op, variant, gate kind): the cheaper after the cut
