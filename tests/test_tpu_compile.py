@@ -90,7 +90,7 @@ def test_compile_verb_writes_compile_csv_and_fails_on_an_error(tmp_path, monkeyp
     assert {"compile_s", "error", "mem_temp_bytes", "hbm_bytes", "jax", "jaxlib", "libtpu"} <= set(df.columns)
     assert main(["compile", "--case", case.id, "--target", "v9", "--out", str(tmp_path)]) == 2
 
-    import harness.tpu_compile as tc
+    import harness.compile_cases as tc  # parity compile calls compile_for from here
 
     def refuse(fn, args, target):
         return CompileResult(target, "error", 0.01, error="MosaicError: INTERNAL: Mosaic failed to compile")
