@@ -166,20 +166,27 @@ def test_key_changes_with_case_inputs_dot_precision_mode_and_device(leg, monkeyp
     assert len({base, native_key, other_device}) == 3
 
 
-def test_key_follows_the_emulation_layer_and_the_gpu_leg_but_not_the_tpu_side(tmp_path, monkeypatch):
-    for part in ("harness", "cases"):
+def _fingerprints(tmp_path, monkeypatch, leg, parts):
+    """``leg``'s sources fingerprint over a copy of ``parts`` of the repository, and a function giving it
+    after a one-line edit of one file (the edit is undone after)."""
+    for part in parts:
         shutil.copytree(gc._ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(gc, "_ROOT", tmp_path)
-    base = gc.sources_fingerprint("gpu")
 
     def edited(relative):
         path = tmp_path / relative
         text = path.read_text()
         path.write_text(text + "\n# edited\n")
         try:
-            return gc.sources_fingerprint("gpu")
+            return gc.sources_fingerprint(leg)
         finally:
             path.write_text(text)
+
+    return gc.sources_fingerprint(leg), edited
+
+
+def test_key_follows_the_emulation_layer_and_the_gpu_leg_but_not_the_tpu_side(tmp_path, monkeypatch):
+    base, edited = _fingerprints(tmp_path, monkeypatch, "gpu", ("harness", "cases"))
 
     for moved in ("harness/emulation/dots.py", "harness/emulation/setup.py", "harness/legs/gpu.py",
                   "harness/legs/base.py", "harness/ops/base.py"):
@@ -387,19 +394,7 @@ def test_the_reference_legs_key_follows_the_references_not_fla_nor_the_tpu_side(
     input conversion, and not with fla's emulation layer or the TPU leg."""
     from harness.legs import make_leg
 
-    for part in ("harness", "cases", "references", "op_contract"):
-        shutil.copytree(gc._ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(gc, "_ROOT", tmp_path)
-    base = gc.sources_fingerprint("ref")
-
-    def edited(relative):
-        path = tmp_path / relative
-        text = path.read_text()
-        path.write_text(text + "\n# edited\n")
-        try:
-            return gc.sources_fingerprint("ref")
-        finally:
-            path.write_text(text)
+    base, edited = _fingerprints(tmp_path, monkeypatch, "ref", ("harness", "cases", "references", "op_contract"))
 
     for moved in ("references/simple_gla.py", "references/_varlen.py", "op_contract/ops.py", "cases/inputs.py",
                   "harness/legs/ref.py"):
