@@ -307,3 +307,22 @@ def causality_cases(cases: list[Case]) -> list[Case]:
         if key not in chosen or merit(case) > merit(chosen[key]):
             chosen[key] = case
     return list(chosen.values())
+
+
+def run_causality(leg: Leg, cases: list[Case], progress: bool = True, leg_cache: BaselineCache | None = None):
+    """Rows (a pandas DataFrame) for every case on one leg; ``leg_cache`` serves and keeps the leg's runs
+    (each keyed by the inputs it was given: the case's own, or a perturbed copy)."""
+    import dataclasses
+
+    import pandas as pd
+
+    rows = []
+    iterator = cases
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(cases, desc=f"{leg.name} causality", unit="case", dynamic_ncols=True, disable=None)
+    runner = Runner(leg, ReferenceCache(None), leg_cache=leg_cache)
+    for case in iterator:
+        rows.extend(dataclasses.asdict(r) for r in check_case(leg, case, runner=runner))
+    return pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(CausalityRow)])
