@@ -115,6 +115,33 @@ def result_in(path, leg: str) -> Path:
     return found[0]
 
 
+def gate_case(case: Case, run_rows, baseline, policy, candidate_leg: str) -> tuple[GateResult, list[dict]]:
+    """One case's gate as the pytest plugin runs it: the candidate's rows (``run_rows(case) -> rows``) against
+    ``baseline``'s rows of the same draws. While a comparison is inconclusive and ``baseline`` holds the draws
+    that would decide it (``pytest -m gpu --parity-draws N`` makes them), the candidate runs those draws too
+    and the gate pools them, as ``parity all`` does. Returns the result and every row the candidate made."""
+    import pandas as pd
+
+    from .gate import apply_gate, undrawn_id
+    from .results import rows_to_frame
+
+    base_id = undrawn_id(case.id)
+    mine = baseline[baseline["case_id"].map(undrawn_id) == base_id]
+    rows = list(run_rows(case))
+    result = apply_gate(mine[mine["case_id"] == case.id], rows_to_frame(rows), policy, candidate_leg=candidate_leg)
+    while not result.inconclusive.empty and result.draws_needed:
+        ran = {r["case_id"] for r in rows}
+        more = [d for d in (case.replace(seed=s) for s in range(result.draws_needed)) if d.id not in ran]
+        if not more or not set(d.id for d in more) <= set(mine["case_id"]):
+            break  # the baseline lacks the draws: the result stays inconclusive and says which draws decide it
+        for d in more:
+            rows += run_rows(d)
+        ids = {r["case_id"] for r in rows}
+        result = apply_gate(mine[mine["case_id"].isin(ids)], pd.DataFrame(rows_to_frame(rows)), policy,
+                            candidate_leg=candidate_leg)
+    return result, rows
+
+
 def write_gate(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
     """parity.csv, parity.md, parity.html and parity.png in ``out_dir``; parity.md is also appended to
     ``$GITHUB_STEP_SUMMARY`` when it is set. Returns (parity.csv, parity.md)."""

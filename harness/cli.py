@@ -16,6 +16,13 @@ from harness.legs.registry import BUILTIN, default_leg, leg_spec, legs, parse_im
 from harness.status import CAUSALITY_FAILING, FAILING, Status
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_INCONCLUSIVE = 3  # the gate's draws did not decide a comparison: never a pass
+_SEVERITY = (EXIT_PASS, EXIT_INCONCLUSIVE, EXIT_FAIL)
+
+
+def _worse(a: int, b: int) -> int:
+    """The exit status of two outcomes together: a failure outranks an inconclusive gate, which outranks a pass."""
+    return max(a, b, key=_SEVERITY.index)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as the shell reports it
 DEFAULT_OUT = Path("reports") / "runs"
 
@@ -90,7 +97,7 @@ def _leg_cache(leg, args):
     return for_leg(leg, read=not getattr(args, "no_baseline_cache", False))
 
 
-def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
+def _run_leg(name: str, args, cases, cache, path: Path | None = None) -> tuple[Path, "object"]:
     from harness.legs import make_leg
     from harness.results import summarize
     from harness.result_file import ResultFile
@@ -100,9 +107,10 @@ def _run_leg(name: str, args, cases, cache) -> tuple[Path, "object"]:
     selection = _selection(args)
     leg_cache = _leg_cache(leg, args)
     runner = Runner(leg, cache, suite=selection.suite_label, leg_cache=leg_cache)
-    path = Path(args.out) / selection.result_name(name, tag=getattr(args, "tag", None))
+    resume = args.resume and path is None
+    path = path or Path(args.out) / selection.result_name(name, tag=getattr(args, "tag", None))
     t0 = time.perf_counter()
-    with ResultFile(path, runner.provenance, force=args.force, resume=args.resume) as out:
+    with ResultFile(path, runner.provenance, force=args.force, resume=resume) as out:
         todo = [c for c in cases if c.id not in out.done]
         if out.done:
             print(f"{name}: resuming {out.partial}: {len(cases) - len(todo)} of {len(cases)} cases already done")
@@ -181,7 +189,43 @@ def _report_gate(result, out: Path, junit: Path | None = None, force: bool = Fal
         print(f"  FAIL {r['case_id']} {r['tensor']} {r['metric']}: {r['reason']}\n       repro: {r['repro']}")
     if len(result.failures) > 20:
         print(f"  ... and {len(result.failures) - 20} more in {csv_path}")
+    if result.failures.empty and not result.inconclusive.empty:
+        for r in result.inconclusive.to_dict("records")[:20]:
+            print(f"  INCONCLUSIVE {r['case_id']} {r['tensor']} {r['metric']}: {r['reason']}")
+        return EXIT_INCONCLUSIVE
     return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, cases, cache):
+    """``parity all``'s sequential test: while the gate has inconclusive comparisons short of the cap, run
+    both legs on those cases at the draws that decide them (seeds the files do not have yet), fold the rows
+    into each leg's result file (so ``parity gate`` on the files gives the same verdict), and gate again."""
+    import pandas as pd
+
+    from harness.gate import apply_gate, undrawn_id
+    from harness.result_file import ResultFile
+    from harness.results import write_csv
+
+    by_id = {c.replace(seed=0).id: c.replace(seed=0) for c in cases}
+    while not result.inconclusive.empty and result.draws_needed:
+        need = result.draws_needed
+        todo = []
+        for base_id in sorted({undrawn_id(c) for c in result.inconclusive["case_id"]}):
+            have = {int(d) for d in frames[legs[1]].loc[frames[legs[1]]["case_id"].map(undrawn_id) == base_id,
+                                                        "draw"].dropna()}
+            todo += [by_id[base_id].replace(seed=s) for s in range(need) if s not in have]
+        print(f"gate: {len(result.inconclusive)} comparison(s) inconclusive: {len(todo)} more draws of "
+              f"{len({c.replace(seed=0).id for c in todo})} case(s), up to {need} draws")
+        for name in legs:
+            extra = paths[name].with_name(f"{paths[name].stem}.redraws.csv")
+            _, rows = _run_leg(name, args, todo, cache, path=extra)
+            frames[name] = pd.concat([frames[name], rows], ignore_index=True)
+            with ResultFile(paths[name], {"leg": name, "suite": _selection(args).suite_label}, force=True):
+                write_csv(frames[name], paths[name])
+            extra.unlink()
+            print(f"{name}: {len(rows)} rows of the new draws folded into {paths[name]}")
+        result = apply_gate(frames[legs[0]], frames[legs[1]], _policy(args), **_gate_options(args))
+    return result
 
 
 # -------------------------------------------------------------------- verbs
@@ -363,14 +407,14 @@ def cmd_all(args) -> int:
     _step_summary()
     junit = _junit_target(args)
     cache = ReferenceCache(None if args.no_ref_cache else "default")
-    frames, status = {}, EXIT_PASS
+    frames, paths, status = {}, {}, EXIT_PASS
     runs = [(name, why_not, True) for name, why_not in available_legs().items()]
     runs += [(name, leg_spec(name).missing(), False) for name in args.candidate]  # gated below; no causality
     for name, why_not, causality in runs:
         if why_not:
             print(f"{name}: skipped, {why_not}")
             continue
-        _, frames[name] = _run_leg(name, args, cases, cache)
+        paths[name], frames[name] = _run_leg(name, args, cases, cache)
         if _failing(frames[name]):
             status = EXIT_FAIL
         if causality and not args.no_causality:
@@ -379,17 +423,17 @@ def cmd_all(args) -> int:
                 status = EXIT_FAIL
     base, ours = default_leg("baseline"), default_leg("candidate")
     if base in frames and ours in frames:
-        gate_status = _report_gate(apply_gate(frames[base], frames[ours], policy, **_gate_options(args)), out,
-                                   junit, args.force)
-        status = max(status, gate_status)
+        result = apply_gate(frames[base], frames[ours], policy, **_gate_options(args))
+        result = _redraw(result, frames, paths, (base, ours), args, cases, cache)
+        status = _worse(status, _report_gate(result, out, junit, args.force))
     else:
         print(f"gate: skipped, it needs both the {base} and the {ours} legs" + (f"; no {junit} written" if junit else ""))
     extra = [name for name in args.candidate if name in frames and base in frames]
     for name in extra:
         print(f"gate of {name} (in {out / name}):")
         options = {**_gate_options(args), "candidate_leg": name}
-        status = max(status, _report_gate(apply_gate(frames[base], frames[name], policy, **options),
-                                          _out_dir(out / name)))
+        status = _worse(status, _report_gate(apply_gate(frames[base], frames[name], policy, **options),
+                                             _out_dir(out / name)))
     if extra:
         from harness.peer_report import peer_markdown, peer_table
         from harness.results import atomic_write_text, write_csv

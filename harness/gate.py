@@ -18,7 +18,14 @@ Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
 ``pass``/``fail`` gated metric: ``eps_tpu <= eps_gpu*(1+margin)+floor``; for
                   rel_l2 a point failure stands only if the paired block
                   bootstrap's lower bound of the ratio (``ratio_lower``)
-                  exceeds 1 + margin too (:meth:`Policy.judge`)
+                  exceeds 1 + margin too (:meth:`Policy.judge`); then the
+                  failure is weighed against the case's other draws in the
+                  files (:func:`harness.noise.pooled_decision`): it stands
+                  only if the draws' pooled ratio is beyond the limit with
+                  confidence, and passes if their geometric mean is within it
+``inconclusive``  a failure the draws do not decide (one draw alone never
+                  does): the reason names the draws that would (3, then 8,
+                  the cap); it never reads as a pass
 ``info``          a metric reported but not gated by the policy
 ``fail``          TPU row ``error``, ``nonfinite`` or ``bound``; the TPU
                   gives no tensor the GPU gives; the GPU row is an ``error``
@@ -37,8 +44,8 @@ Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
 
 A gate that compares no gated metric at all fails (a ``coverage`` row, unless
 it already fails for another reason).
-Only ``fail`` makes the gate fail. Every failure is collected; the caller
-exits once.
+``fail`` makes the gate fail, and ``inconclusive`` keeps it from passing (exit 3 on the CLI). Every failure
+is collected; the caller exits once.
 """
 
 from __future__ import annotations
@@ -50,14 +57,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from cases.case import Case
+
 from .legs.registry import default_leg, version_key
 from .metrics import METRICS, parse_blocks
+from .noise import next_look, pooled_decision
 from .policy import Policy
 from .results import KEY, ReportError, check_results, read_table
 from .status import FAILING, FORWARD_ONLY, Status
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "ratio_lower", "allowed", "verdict",
-                  "reason",
+                  "reason", "draws",
                   "gpu_status", "tpu_status", "gpu_mode", "tpu_mode", "tpu_mxu_cost", "input_sha256", "repro"]
 
 
@@ -79,8 +89,22 @@ class GateResult:
         return self.parity[self.parity["verdict"] == "fail"]
 
     @property
+    def inconclusive(self) -> pd.DataFrame:
+        """Comparisons the draws in the files do not decide (:func:`harness.noise.pooled_decision`)."""
+        return self.parity[self.parity["verdict"] == "inconclusive"]
+
+    @property
+    def draws_needed(self) -> int | None:
+        """The number of input draws that would decide every inconclusive comparison's next look; None when
+        none is inconclusive, or when each is at the cap already."""
+        pooled = self.inconclusive["draws"].dropna()
+        looks = [next_look(int(d)) for d in pooled]
+        return max((n for n in looks if n is not None), default=None)
+
+    @property
     def passed(self) -> bool:
-        return self.failures.empty
+        """No failure and nothing inconclusive: an inconclusive comparison never reads as a pass."""
+        return self.failures.empty and self.inconclusive.empty
 
     @property
     def forward_only(self) -> int:
@@ -90,8 +114,11 @@ class GateResult:
     @property
     def headline(self) -> str:
         """``FAIL``, ``PASS``, or a PASS that says it covers the forward only: never a plain PASS then."""
-        if not self.passed:
+        if not self.failures.empty:
             return "FAIL"
+        if not self.inconclusive.empty:
+            more = f"run with --draws {self.draws_needed}" if self.draws_needed else "at the cap of draws"
+            return f"INCONCLUSIVE ({len(self.inconclusive)} comparison(s) not decided by the draws: {more})"
         n = self.forward_only
         return "PASS" if not n else f"PASS, FORWARD ONLY ({n} gradient tensor(s) of the baseline not compared)"
 
@@ -133,6 +160,8 @@ def _ratio(eps_tpu: float, eps_gpu: float) -> float:
 
 
 def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
+    """The verdicts of one (case, tensor) on one draw; a metric row's failure is then weighed against the
+    other draws of the case by :func:`_pool_draws`."""
     case_id, tensor = key
     base = {"case_id": case_id, "tensor": tensor,
             "gpu_status": None if g is None else g["status"], "tpu_status": None if t is None else t["status"],
@@ -187,7 +216,55 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
         else:
             verdict, reason = "fail", f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}"
         rows.append({**base, "metric": metric, "eps_gpu": eps_g, "eps_tpu": eps_t, "ratio": _ratio(eps_t, eps_g),
-                     "ratio_lower": lower, "allowed": allowed, "verdict": verdict, "reason": reason})
+                     "ratio_lower": lower, "allowed": allowed, "verdict": verdict, "reason": reason, "draws": 1,
+                     "_limit": limit})
+    return rows
+
+
+def undrawn_id(case_id: str) -> str:
+    """The case's id at draw 0: the key its draws share (an id that does not parse is its own key)."""
+    try:
+        return Case.from_id(case_id).replace(seed=0).id
+    except ValueError:
+        return case_id
+
+
+def _pool_draws(rows: list[dict], policy: Policy) -> list[dict]:
+    """Weigh every gated metric that failed on a draw against all the draws of its case (the files' rows of
+    the same case at other seeds): :func:`harness.noise.pooled_decision` over their ratios says fail, pass
+    or undecided; one draw alone is undecided. An undecided failure is ``inconclusive``: it names the draws
+    that would decide it, and it never reads as a pass. With ``alpha = 0`` (no noise allowance) a draw's
+    failure is final, as before."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["metric"] in policy.metrics and r["verdict"] in ("pass", "fail") and "_limit" in r:
+            groups.setdefault((undrawn_id(r["case_id"]), r["tensor"], r["metric"]), []).append(r)
+    for group in groups.values():
+        failed = [r for r in group if r["verdict"] == "fail"]
+        if not failed or policy.alpha <= 0:
+            continue
+        n = len(group)
+        limit = group[0]["_limit"]
+        decision, mean, lower = ("undecided", math.nan, math.nan) if n == 1 else \
+            pooled_decision([r["ratio"] for r in group], limit, policy.alpha)
+        for r in failed:
+            r["draws"] = n
+            if decision == "fail":
+                r["reason"] += (f"; over {n} draws the ratio's geometric mean is {mean:.4g}, its lower bound "
+                                f"{lower:.4g} > {limit:.4g}")
+            elif decision == "pass":
+                r["verdict"] = "pass"
+                r["reason"] += (f"; but over {n} draws the ratio's geometric mean is {mean:.4g} <= {limit:.4g}: "
+                                f"this draw is within the draws' spread")
+            else:
+                look = next_look(n)
+                r["verdict"] = "inconclusive"
+                r["reason"] += (f"; one draw does not decide it: run with --draws {look}" if n == 1 else
+                                f"; {n} draws do not decide it (geometric mean {mean:.4g}, lower bound "
+                                f"{lower:.4g}): " + (f"run with --draws {look}" if look else
+                                                     "inconclusive at the cap of draws"))
+    for r in rows:
+        r.pop("_limit", None)
     return rows
 
 
@@ -208,8 +285,8 @@ def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_mi
     rows = []
     for key in keys:
         rows.extend(_judge(key, g_rows.get(key), t_rows.get(key), policy, allow_missing))
-    parity = pd.DataFrame(rows, columns=PARITY_COLUMNS)
-    gated = parity["metric"].isin(policy.metrics) & parity["verdict"].isin(["pass", "fail"])
+    parity = pd.DataFrame(_pool_draws(rows, policy), columns=PARITY_COLUMNS)
+    gated = parity["metric"].isin(policy.metrics) & parity["verdict"].isin(["pass", "fail", "inconclusive"])
     if not gated.any() and not (parity["verdict"] == "fail").any():  # nothing failed, but nothing was measured
         parity = pd.concat([parity, pd.DataFrame([{
             "case_id": "*", "tensor": "*", "metric": "coverage", "verdict": "fail",

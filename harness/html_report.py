@@ -98,7 +98,7 @@ def heatmap_data(result: GateResult) -> Heatmap:
     for r in p.to_dict("records"):
         i, j = row[r["case_id"]], col[r["tensor"]]
         present[i, j] = True
-        failing[i, j] |= r["verdict"] == "fail"
+        failing[i, j] |= r["verdict"] in ("fail", "inconclusive")
         if r["metric"] == metric and r["ratio"] is not None and not math.isnan(r["ratio"]):
             ratio[i, j] = r["ratio"]
     positive = ratio[np.isfinite(ratio) & (ratio > 0)]
@@ -235,7 +235,7 @@ def _row_html(r: dict) -> str:
              *(f'<td class="num">{html.escape(_fmt(r[c]))}</td>' for c in ("eps_gpu", "eps_tpu", "ratio")),
              f'<td class="verdict">{html.escape(str(r["verdict"]))}</td>',
              f"<td>{html.escape(_fmt(r['reason']))}</td>", f"<td><code>{html.escape(_fmt(r['repro']))}</code></td>"]
-    css = ' class="fail"' if r["verdict"] == "fail" else ""
+    css = ' class="fail"' if r["verdict"] in ("fail", "inconclusive") else ""
     return f"<tr{css}>{''.join(cells)}</tr>"
 
 
@@ -249,8 +249,8 @@ def page(result: GateResult, h: Heatmap, png: bytes) -> str:
     """``parity.html``: counts, heatmap, rows (failing first, with repro) and provenance, self-contained."""
     p = result.parity
     counts = p.groupby("verdict").size().to_dict()
-    failing = p[p["verdict"] == "fail"]
-    rest = p[(p["verdict"] != "fail") & p["metric"].isin([h.metric, "status"])]
+    failing = p[p["verdict"].isin(["fail", "inconclusive"])]
+    rest = p[~p["verdict"].isin(["fail", "inconclusive"]) & p["metric"].isin([h.metric, "status"])]
     width, height = png_size(png)
     verdict = result.headline
     provenance = [f"<li>baseline ({html.escape(result.baseline_leg)}): {_inline(provenance_line(result.baseline))}</li>",

@@ -89,14 +89,15 @@ def junit_tree(result: GateResult, timestamp: datetime | None = None) -> ET.Elem
         case = ET.SubElement(suite, "testcase", classname=GATE_CLASSNAME if gate_wide else str(case_id),
                              name=rows[0]["metric"] if gate_wide else str(tensor))
         counts["tests"] += 1
-        fails = [r for r in rows if r["verdict"] == "fail"]
-        compared = [r for r in rows if r["verdict"] in ("pass", "fail", "info")]
+        fails = [r for r in rows if r["verdict"] in ("fail", "inconclusive")]  # an undecided one never passes
+        compared = [r for r in rows if r["verdict"] in ("pass", "fail", "inconclusive", "info")]
         if fails:
             counts["failures"] += 1
             from .runner import repro as repro_command  # the runner's own repro, for a row that has none
 
             repro = "" if gate_wide else (_text(rows[0]["repro"]) or repro_command(result.candidate_leg, case_id))
-            failure = ET.SubElement(case, "failure", type="parity",
+            kind = "parity" if any(r["verdict"] == "fail" for r in fails) else "inconclusive"
+            failure = ET.SubElement(case, "failure", type=kind,
                                     message="; ".join(f"{r['metric']}: {_text(r['reason'])}" for r in fails))
             failure.text = "\n".join([_metric_line(r) for r in fails] + ([f"repro: {repro}"] if repro else []))
         elif not compared:

@@ -16,6 +16,7 @@ reproducible bit for bit.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -57,3 +58,47 @@ def ratio_lower_bound(gpu_blocks: np.ndarray, tpu_blocks: np.ndarray, alpha: flo
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha}")
     return float(np.quantile(ratio_replicates(gpu_blocks, tpu_blocks), alpha, method="lower"))
+
+
+# ------------------------------------------------------------ between draws: the sequential test
+LOOKS = (1, 3, 8)
+"""The numbers of input draws at which a comparison is decided: one draw first; where its verdict is not a
+pass, 3, then 8, the cap. An input draw redraws every input (the case's seed), so the between-draw spread
+of the ratio is its whole noise: what the block bootstrap of one draw only estimates, and underestimates
+for a small tensor whose elements are correlated (a reverse cumulative sum over time, such as dg)."""
+
+
+def next_look(draws: int) -> int | None:
+    """The number of draws the sequential test decides at next, after ``draws``; None at the cap."""
+    return next((n for n in LOOKS if n > draws), None)
+
+
+def pooled_decision(ratios, limit: float, alpha: float) -> tuple[str, float, float]:
+    """``(decision, geometric mean, lower bound)`` of the ratio ε_TPU/ε_GPU over D ≥ 2 input draws.
+
+    The draws' log ratios x_d = ln R_d are taken as independent normal draws (each draw redraws every
+    input; a ratio of two errors is close to log-normal). With their mean x̄ and sample standard deviation
+    s, the one-sided (1 − α') lower confidence bound of the mean log ratio is L = x̄ − t(1 − α', D − 1)·s/√D,
+    where α' = α / (len(LOOKS) − 1) spreads α over the pooled looks (Bonferroni), so a kernel whose true
+    geometric-mean ratio is within ``limit`` fails with probability at most α over the whole sequence.
+
+    - ``fail``: exp(L) > limit, the ratio exceeds the limit beyond the draws' noise;
+    - ``pass``: exp(x̄) ≤ limit, the point rule on the pooled ratio (as one draw's point rule);
+    - ``undecided``: neither, so more draws are needed (``inconclusive`` at the cap).
+
+    A ratio of 0 (the TPU exact) or ∞ (the GPU exact, the TPU not) is clipped to 1e-300 / 1e300 first.
+    """
+    from scipy import stats
+
+    r = np.clip(np.asarray(ratios, dtype=np.float64), 1e-300, 1e300)
+    if r.ndim != 1 or r.size < 2 or not np.isfinite(r).all():
+        raise ValueError(f"the pooled test needs two or more finite ratios, got {ratios!r}")
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5), got {alpha}")
+    x = np.log(r)
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    q = float(stats.t.ppf(1 - alpha / (len(LOOKS) - 1), r.size - 1))
+    lower = mean - q * sd / math.sqrt(r.size)
+    log_limit = math.log(limit)
+    decision = "fail" if lower > log_limit else "pass" if mean <= log_limit else "undecided"
+    return decision, math.exp(mean), math.exp(lower)

@@ -39,8 +39,8 @@ def peer_table(baseline: pd.DataFrame, candidates: list[pd.DataFrame], policy: P
         verdict = {}
         for key, group in parity.groupby(["case_id", "tensor"]):
             judged = group[group["metric"].isin(policy.metrics)]
-            verdict[key] = ("fail" if (group["verdict"] == "fail").any() else "pass") if len(judged) else \
-                str(group["verdict"].iloc[0])
+            worst = next((v for v in ("fail", "inconclusive") if (group["verdict"] == v).any()), "pass")
+            verdict[key] = worst if len(judged) else str(group["verdict"].iloc[0])
         for r in cand[cand["tensor"].isin(FORWARD)].to_dict("records"):
             key = (r["case_id"], r["tensor"])
             g = base.loc[key] if key in base.index else None

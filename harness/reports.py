@@ -100,6 +100,17 @@ def markdown(result: GateResult) -> str:
         for r in fails.to_dict("records"):
             lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {_fmt(r['eps_gpu'])} | "
                          f"{_fmt(r['eps_tpu'])} | {_fmt(r['ratio'])} | {r['reason']} | `{_fmt(r['repro'])}` |")
+    undecided = result.inconclusive
+    if len(undecided):
+        more = f"`--draws {result.draws_needed}`" if result.draws_needed else "no more draws (the cap)"
+        lines += ["", "### Inconclusive: not decided by the draws in the files", "",
+                  f"Each failed its own draw's rule, and the draws of its case do not decide whether the ratio is "
+                  f"beyond the margin (`harness/noise.py`, the sequential test). This is not a pass: run both legs "
+                  f"with {more} (`parity all` does so itself).", "",
+                  "| case | tensor | metric | ε_GPU | ε_TPU | ratio | draws | reason |", "|---|---|---|---|---|---|---|---|"]
+        for r in undecided.to_dict("records"):
+            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {_fmt(r['eps_gpu'])} | "
+                         f"{_fmt(r['eps_tpu'])} | {_fmt(r['ratio'])} | {_fmt(r['draws'])} | {r['reason']} |")
     rel = p[p["metric"] == "rel_l2"]
     if len(rel):
         lines += ["", "<details><summary>rel_l2 per case and tensor</summary>", "",

@@ -250,8 +250,9 @@ def test_bad_paths_are_one_line_errors_before_any_work(files, capsys, monkeypatc
     assert main(["run", "--backend", "ref", "--suite", "smoke", "--out", "/proc/parity-x"]) == 2
     assert "not a writable directory" in _err(capsys)
     assert time.perf_counter() - started < 10  # refused before the leg ran a single case
-    assert gate(tmp / "gpu.csv", tmp) == 2
-    assert "is a directory" in _err(capsys)
+    (tmp / "empty").mkdir()
+    assert gate(tmp / "gpu.csv", tmp / "empty") == 2  # a directory with no candidate result file in it
+    assert "is a directory: it must hold exactly one result file of the tpu leg, it holds none" in _err(capsys)
     assert gate(tmp / "gpu.csv", tmp / "tpu.csv", "--out", str(a_file)) == 2
     _err(capsys)
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp))

@@ -7,8 +7,9 @@ and enforces eps_TPU <= eps_GPU. Without the hardware both run emulated.
 
 import pytest
 
-from harness.gate import apply_gate
-from harness.results import rows_to_frame
+import pandas as pd
+
+from harness.app import gate_case
 from harness.runner import FAILING_STATUSES
 
 
@@ -27,9 +28,9 @@ def test_gpu_leg(parity_case, parity_runner, parity_results):
 def test_tpu_leg_against_gpu(parity_case, parity_runner, parity_results, gpu_baseline, parity_policy,
                              parity_candidate):
     """The candidate (this project's kernels, or --parity-candidate) against the GPU rows of the case."""
-    rows = parity_runner(parity_candidate).run_case(parity_case)
+    result, rows = gate_case(parity_case, parity_runner(parity_candidate).run_case, gpu_baseline, parity_policy,
+                             parity_candidate)
     parity_results.add(parity_candidate, rows)
-    baseline = gpu_baseline[gpu_baseline["case_id"] == parity_case.id]
-    result = apply_gate(baseline, rows_to_frame(rows), parity_policy, candidate_leg=parity_candidate)
-    fails = [f"{r['tensor']} {r['metric']}: {r['reason']}" for r in result.failures.to_dict("records")]
+    fails = [f"{r['tensor']} {r['metric']}: {r['verdict']}: {r['reason']}"
+             for r in pd.concat([result.failures, result.inconclusive]).to_dict("records")]
     assert not fails, f"{parity_case.id}: {fails}\nrepro: {rows[0]['repro']}"

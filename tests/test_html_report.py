@@ -141,10 +141,10 @@ def test_the_page_has_counts_failing_rows_first_with_repro_and_provenance(gated,
     assert {v: int(n) for v, n in counts[1:]} == expected
     header = rows[0]
     verdict, repro = header.index("verdict"), header.index("repro")
-    fails = failing.failures
-    assert len(fails) >= 2  # the worsened tensor and the error row
-    assert [r[verdict] for r in rows[1:len(fails) + 1]] == ["fail"] * len(fails)
-    assert "fail" not in [r[verdict] for r in rows[len(fails) + 1:]] and len(rows) > len(fails) + 1
+    fails = _unsettled(failing)
+    assert len(fails) >= 2  # the worsened tensor (one draw: inconclusive) and the error row (a failure)
+    assert [r[verdict] for r in rows[1:len(fails) + 1]] == list(fails["verdict"])
+    assert not {"fail", "inconclusive"} & {r[verdict] for r in rows[len(fails) + 1:]} and len(rows) > len(fails) + 1
     assert [r[repro] for r in rows[1:len(fails) + 1]] == list(fails["repro"])
     assert all(r.startswith("parity run --backend tpu --case ") for r in fails["repro"])
     text = " ".join(" ".join(page.text).split())
@@ -162,7 +162,7 @@ def test_the_page_has_counts_failing_rows_first_with_repro_and_provenance(gated,
 def test_the_heatmap_marks_failures_and_centres_the_scale_on_one(results):
     passing, failing = results
     h = html_report.heatmap_data(failing)
-    fails = failing.failures
+    fails = _unsettled(failing)
     marked = {(h.cases[i], h.tensors[j]) for i, j in zip(*np.nonzero(h.failing))}
     assert marked == set(zip(fails["case_id"], fails["tensor"]))
     errored = fails[fails["metric"] == "status"]
@@ -171,6 +171,11 @@ def test_the_heatmap_marks_failures_and_centres_the_scale_on_one(results):
         assert np.isnan(h.ratio[i, j]) and np.allclose(h.colors()[i, j, :3], to_rgb(html_report.NO_RATIO_COLOR))
     assert h.norm(1.0) == pytest.approx(0.5)
     assert not html_report.heatmap_data(passing).failing.any()
+
+
+def _unsettled(result) -> pd.DataFrame:
+    """The rows a gate did not pass, failures and inconclusive comparisons, in the parity table's order."""
+    return result.parity[result.parity["verdict"].isin(["fail", "inconclusive"])]
 
 
 def _has(image: np.ndarray, color: str, tol: float = 0.12) -> np.ndarray:

@@ -133,7 +133,9 @@ def test_cli_gate_exit_codes(tmp_path):
     gpu, tpu = _frame("gpu"), _frame("tpu", edit={"o": lambda x: x * (1 + 1e-3)})
     write_csv(gpu, tmp_path / "gpu.csv")
     write_csv(tpu, tmp_path / "tpu.csv")
-    assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path)]) == 1
+    # the strict rule (no noise allowance): a draw's failure is final, exit 1
+    assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path),
+                 "--alpha", "0"]) == 1
     parity = pd.read_csv(tmp_path / "parity.csv")
     assert list(parity.columns[:8]) == ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "ratio_lower",
                                        "allowed"]
@@ -148,6 +150,11 @@ def test_cli_gate_exit_codes(tmp_path):
     assert main(["gate", str(tmp_path / "stale.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path)]) == 2
     assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path),
                  "--floor", "rel_l2=2e-3,max_abs=1"]) == 0
+    # with a noise allowance one draw's failure is not decided: exit 3, never a pass, naming the draws needed
+    assert main(["gate", str(tmp_path / "gpu.csv"), str(tmp_path / "tpu.csv"), "--out", str(tmp_path),
+                 "--alpha", "0.01"]) == 3
+    md = (tmp_path / "parity.md").read_text()
+    assert "INCONCLUSIVE" in md and "--draws 3" in md
 
 
 def test_csv_round_trip_keeps_metrics(tmp_path):
