@@ -25,6 +25,7 @@ import itertools
 from typing import Any, Callable
 
 from .case import Case, Gate
+from .user_like import user_like_cases
 
 G = Gate("g", "logsigmoid", normalizer=16)
 
@@ -267,6 +268,8 @@ SUITES = {
     "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress),
+    # a seeded sample of the shapes users add, not the suites' own: where the false-alarm rate is measured
+    "user-like": (user_like_cases,),
 }
 
 

@@ -95,3 +95,22 @@ def test_regressions_reach_the_overflow_regime():
     assert any(c.gate.kind == "g_gamma" and c.chunk_size == 128 and c.H >= 16 and c.gate.layer_idx == 0
                for c in cases)
     assert any(c.dht and c.gate.kind == "g" for c in cases)
+
+
+def test_the_user_like_sample_is_fixed_valid_and_covers_what_users_write():
+    from cases.user_like import HEAD_DIMS, MAX_T, SIZE, user_like_cases
+
+    cases = get_suite("user-like")
+    assert [c.id for c in cases] == [c.id for c in user_like_cases()]  # the same sample on every call
+    assert len(cases) == SIZE == len({c.id for c in cases})
+    for c in cases:
+        get_op(c.op).validate(c)
+        assert 1 <= c.T <= MAX_T and 1 <= c.H <= 4 and c.K in HEAD_DIMS and c.V in HEAD_DIMS
+    kinds = {(c.op, c.variant, c.gate.kind) for c in cases}
+    assert kinds == {("simple_gla", "chunk", "g"), ("simple_gla", "chunk", "g_gamma"),
+                     ("simple_gla", "fused_chunk", "g"), ("simple_gla", "fused_chunk", "g_gamma"),
+                     ("gla", "chunk", "g"), ("gla", "chunk", "g_gamma"), ("kda", "chunk", "g")}
+    assert {c.dtype for c in cases} == {"bfloat16", "float16", "float32"}
+    assert sum(c.T % c.chunk_size != 0 for c in cases) > SIZE // 2  # partial last chunks are the rule
+    assert SIZE // 5 <= sum(c.lens is not None for c in cases) <= SIZE // 2
+    assert not any(get_op(c.op).binding_refusals(c) for c in cases)  # fla's own chunk size for gla
