@@ -214,10 +214,14 @@ def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, case
             have = {int(d) for d in frames[legs[1]].loc[frames[legs[1]]["case_id"].map(undrawn_id) == base_id,
                                                         "draw"].dropna()}
             todo += [by_id[base_id].replace(seed=s) for s in range(need) if s not in have]
+        if not todo:  # the legs could not give the draws (refused or errored): the verdict stays inconclusive
+            break
         print(f"gate: {len(result.inconclusive)} comparison(s) inconclusive: {len(todo)} more draws of "
               f"{len({c.replace(seed=0).id for c in todo})} case(s), up to {need} draws")
         for name in legs:
             extra = paths[name].with_name(f"{paths[name].stem}.redraws.csv")
+            for scratch in (extra, extra.with_name(f"{extra.stem}.partial.csv")):  # parity all's own, from a crash
+                scratch.unlink(missing_ok=True)
             _, rows = _run_leg(name, args, todo, cache, path=extra)
             frames[name] = pd.concat([frames[name], rows], ignore_index=True)
             with ResultFile(paths[name], {"leg": name, "suite": _selection(args).suite_label}, force=True):

@@ -50,6 +50,7 @@ is collected; the caller exits once.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -221,6 +222,7 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
     return rows
 
 
+@functools.lru_cache(maxsize=4096)
 def undrawn_id(case_id: str) -> str:
     """The case's id at draw 0: the key its draws share (an id that does not parse is its own key)."""
     try:
