@@ -62,7 +62,7 @@ from cases.case import Case
 
 from .legs.registry import default_leg, version_key
 from .metrics import METRICS, parse_blocks
-from .noise import next_look, pooled_decision
+from .noise import BOOTSTRAP_MIN_ELEMENTS, next_look, pooled_decision
 from .policy import Policy
 from .results import KEY, ReportError, check_results, read_table
 from .status import FAILING, FORWARD_ONLY, Status
@@ -216,10 +216,21 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
                                        f"lower bound of the ratio {lower:.4g} > {limit:.4g}")
         else:
             verdict, reason = "fail", f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}"
+        # one draw decides a failure only where its bootstrap is trusted: rel_l2 on a large enough tensor
+        trusted = lower is not None and _numel(t) >= BOOTSTRAP_MIN_ELEMENTS
         rows.append({**base, "metric": metric, "eps_gpu": eps_g, "eps_tpu": eps_t, "ratio": _ratio(eps_t, eps_g),
                      "ratio_lower": lower, "allowed": allowed, "verdict": verdict, "reason": reason, "draws": 1,
-                     "_limit": limit})
+                     **({} if trusted else {"_limit": limit})})
     return rows
+
+
+def _numel(row) -> int:
+    """The compared tensor's element count; 0 where the file does not say (files written before the column)."""
+    try:
+        n = float(row.get("numel"))
+    except (TypeError, ValueError):
+        return 0
+    return int(n) if math.isfinite(n) else 0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -235,18 +246,19 @@ def _pool_draws(rows: list[dict], policy: Policy) -> list[dict]:
     """Weigh every gated metric that failed on a draw against all the draws of its case (the files' rows of
     the same case at other seeds): :func:`harness.noise.pooled_decision` over their ratios says fail, pass
     or undecided; one draw alone is undecided. An undecided failure is ``inconclusive``: it names the draws
-    that would decide it, and it never reads as a pass. With ``alpha = 0`` (no noise allowance) a draw's
-    failure is final, as before."""
+    that would decide it, and it never reads as a pass. A rel_l2 failure the block bootstrap confirmed on a
+    tensor of :data:`harness.noise.BOOTSTRAP_MIN_ELEMENTS` or more is final from one draw (its rows carry no
+    ``_limit``), as is every failure with ``alpha = 0`` (no noise allowance)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["metric"] in policy.metrics and r["verdict"] in ("pass", "fail") and "_limit" in r:
+        if r["metric"] in policy.metrics and r["verdict"] in ("pass", "fail") and "ratio" in r:
             groups.setdefault((undrawn_id(r["case_id"]), r["tensor"], r["metric"]), []).append(r)
     for group in groups.values():
-        failed = [r for r in group if r["verdict"] == "fail"]
+        failed = [r for r in group if r["verdict"] == "fail" and "_limit" in r]  # not decided by their own draw
         if not failed or policy.alpha <= 0:
             continue
         n = len(group)
-        limit = group[0]["_limit"]
+        limit = failed[0]["_limit"]
         decision, mean, lower = ("undecided", math.nan, math.nan) if n == 1 else \
             pooled_decision([r["ratio"] for r in group], limit, policy.alpha)
         for r in failed:

@@ -131,8 +131,8 @@ def compare(y: np.ndarray, r: np.ndarray, dtype: str) -> dict:
     abs_err = np.where(np.isnan(abs_err), np.inf, abs_err)  # a NaN is the worst error there is
     u = ulp_error(y64, r, dtype)
     if y.size == 0:
-        return dict(max_abs=0.0, rel_l2=0.0, ulp_max=0.0, ulp_mean=0.0, ulp_p99=0.0, rel_l2_blocks="", nan=0, inf=0,
-                    ref_nonfinite=0, worst_index="", ref_at_worst=math.nan, got_at_worst=math.nan)
+        return dict(max_abs=0.0, rel_l2=0.0, ulp_max=0.0, ulp_mean=0.0, ulp_p99=0.0, rel_l2_blocks="", numel=0, nan=0,
+                    inf=0, ref_nonfinite=0, worst_index="", ref_at_worst=math.nan, got_at_worst=math.nan)
     worst = np.unravel_index(int(np.argmax(abs_err)), y.shape)
     return dict(
         max_abs=float(abs_err.max()),
@@ -141,6 +141,7 @@ def compare(y: np.ndarray, r: np.ndarray, dtype: str) -> dict:
         ulp_mean=float(u.mean()),
         ulp_p99=float(np.percentile(u, 99, method="higher")),
         rel_l2_blocks=format_blocks(rel_l2_blocks(y64, r)),
+        numel=int(y.size),  # how many elements the blocks split: the gate trusts one draw's bootstrap on large ones
         nan=nan,
         inf=inf,
         ref_nonfinite=ref_nonfinite,

@@ -61,6 +61,12 @@ def ratio_lower_bound(gpu_blocks: np.ndarray, tpu_blocks: np.ndarray, alpha: flo
 
 
 # ------------------------------------------------------------ between draws: the sequential test
+BOOTSTRAP_MIN_ELEMENTS = 1024
+"""A tensor the block bootstrap may decide a failure on from one draw: at least 32 elements in each of its 32
+blocks. On fewer the blocks are too few elements to stand for one another, and their errors are correlated
+(a reverse cumulative sum over time): an 80-element dg (2 or 3 per block) had bootstrap bounds of 1.22 and
+1.24 on clean kernels whose 8-draw geometric-mean ratio is 1.07. Such a failure goes to the draws."""
+
 LOOKS = (1, 3, 8)
 """The numbers of input draws at which a comparison is decided: one draw first; where its verdict is not a
 pass, 3, then 8, the cap. An input draw redraws every input (the case's seed), so the between-draw spread

@@ -9,7 +9,7 @@ import pytest
 
 from harness.calibrate import CALIBRATION_COLUMNS, derive_policy
 from harness.metrics import ERROR_BLOCKS, compare, format_blocks, parse_blocks, rel_l2_blocks
-from harness.noise import (LOOKS, RESAMPLES, next_look, pooled_decision, ratio_lower_bound, ratio_replicates,
+from harness.noise import (BOOTSTRAP_MIN_ELEMENTS, LOOKS, RESAMPLES, next_look, pooled_decision, ratio_lower_bound, ratio_replicates,
                            resample_indices)
 from harness.policy import DEFAULT_POLICY_FILE, MarginRule, Policy, default_policy, policy_from_options
 
@@ -250,7 +250,7 @@ def test_the_gate_pools_the_draws_in_the_files():
 
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
 
-    def draws(ratios):
+    def draws(ratios, numel=None):
         gpu, tpu = [], []
         g0 = _frame("gpu")
         blocks = parse_blocks(g0.loc[g0["tensor"] == "o", "rel_l2_blocks"].iloc[0])
@@ -260,12 +260,14 @@ def test_the_gate_pools_the_draws_in_the_files():
             case_id = g["case_id"].iloc[0] + (f",seed={seed}" if seed else "")
             for df in (g, t):
                 df["case_id"], df["draw"] = case_id, seed
+                df["numel"] = df["numel"] if numel is None else numel
             gpu.append(g)
             tpu.append(t)
         draws.last = pd.concat(gpu, ignore_index=True), pd.concat(tpu, ignore_index=True)
         result = apply_gate(*draws.last, policy)
         return result, result.parity[(result.parity["tensor"] == "o") & (result.parity["metric"] == "rel_l2")]
 
+    assert (_frame("gpu")["numel"] < BOOTSTRAP_MIN_ELEMENTS).all()  # the case's tensors are small: 256 elements
     result, o = draws([1.45])  # one draw past the margin: not decided, and not a pass
     assert list(o["verdict"]) == ["inconclusive"] and not result.passed and result.draws_needed == 3
     assert "run with --draws 3" in o["reason"].iloc[0] and result.headline.startswith("INCONCLUSIVE")
@@ -274,6 +276,8 @@ def test_the_gate_pools_the_draws_in_the_files():
     result, o = draws([1.45, 1.65, 1.25, 0.91, 1.09, 0.76, 0.90, 0.82])  # eight: the geometric mean is 1.07
     assert result.passed and set(o["verdict"]) == {"pass"}
     assert "over 8 draws the ratio's geometric mean is 1.066" in o["reason"].iloc[0]
+    result, o = draws([1.45], numel=BOOTSTRAP_MIN_ELEMENTS)  # a large tensor: its blocks decide one draw
+    assert list(o["verdict"]) == ["fail"] and result.headline == "FAIL" and "beyond noise" in o["reason"].iloc[0]
     result, o = draws([2.54, 2.4, 2.6])  # a real violation fails at three draws
     assert set(o["verdict"]) == {"fail"} and len(result.failures) == 3 and result.headline == "FAIL"
     strict = apply_gate(*draws.last, policy.with_overrides(alpha=0.0))

@@ -86,22 +86,16 @@ def test_the_strong_decay_class_is_caught_on_the_suites(baselines, monkeypatch):
     gpu, cache = baselines
     policy, case = default_policy(), find_case(STRONG_FP16)
 
-    def gate(draws=(case,), baseline=gpu[STRONG_FP16]):
+    def gate():
         jax.clear_caches()
-        runner = Runner(make_leg("tpu", compile_targets=()), cache)
-        tpu = rows_to_frame([r for d in draws for r in runner.run_case(d)])
+        tpu = rows_to_frame(Runner(make_leg("tpu", compile_targets=()), cache).run_case(case))
         jax.clear_caches()
-        return apply_gate(baseline, tpu, policy)
+        return apply_gate(gpu[STRONG_FP16], tpu, policy)
 
     assert gate().passed
     result = caught_at("products at fewer bits", 16, [case], gpu[STRONG_FP16], policy, cache)
     assert result["caught"] and result["tensor"] == "ht", result
     monkeypatch.setitem(mxu.F32_DOT_PRECISION, "float16", mxu.BF16X3)
-    before = gate()  # one draw: beyond its noise, and not decided by one draw
-    assert not before.passed and set(unsettled(before)["tensor"]) == {"ht"}, unsettled(before)
-    assert before.draws_needed == 3
-    # the sequential test's next look: three draws of both legs, pooled, fail the kernels before the fix
-    draws = [case.replace(seed=s) for s in range(3)]
-    gpu_draws = rows_to_frame([r for d in draws for r in Runner(make_leg("gpu"), cache).run_case(d)])
-    pooled = gate(draws, gpu_draws)
-    assert set(pooled.failures["tensor"]) == {"ht"} and set(pooled.failures["draws"]) == {3}, pooled.parity
+    # one draw decides it: ht has 16384 elements, where the block bootstrap is trusted (harness.noise)
+    before = gate()
+    assert not before.passed and set(before.failures["tensor"]) == {"ht"}, unsettled(before)
