@@ -11,6 +11,23 @@ def pytest_collection_modifyitems(session, config, items):
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_leg(name, ...): the test runs these legs; where a leg's frameworks "
+                                       "are not installed (a TPU-side install has no torch) it is skipped, saying why")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Skip a ``needs_leg`` test before its fixtures (which may build the leg) are set up."""
+    from harness.legs.registry import leg_spec
+
+    for mark in item.iter_markers("needs_leg"):
+        for name in mark.args:
+            why = leg_spec(name).missing()
+            if why:
+                pytest.skip(f"needs the {name} leg: {why}")
+
+
 @pytest.fixture
 def inject(monkeypatch):
     """``inject(module, name, replacement)``: swap a named kernel helper for a faulty one, test side only.

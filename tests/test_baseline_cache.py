@@ -75,6 +75,7 @@ def _frame(rows) -> pd.DataFrame:
     return rows_to_frame(rows).drop(columns=VOLATILE)
 
 
+@pytest.mark.needs_leg("gpu")
 def test_a_hit_gives_the_rows_of_the_run_it_stored(leg, real, tmp_path, monkeypatch):
     calls = _serve(monkeypatch, leg, real)
     fresh = _runner(leg, tmp_path).run_case(CASE)
@@ -93,6 +94,7 @@ def test_a_hit_gives_the_rows_of_the_run_it_stored(leg, real, tmp_path, monkeypa
         assert {k: v for k, v in json.loads(s["details"]).items() if k != "baseline_cache"} == json.loads(f["details"])
 
 
+@pytest.mark.needs_leg("gpu")
 def test_served_arrays_are_bit_identical_and_absent_tensors_stay_absent(leg, real, tmp_path):
     out = LegOutput({**real.tensors, "dnothing": None}, real.details, {"extra": 3})
     cache = BaselineCache(leg, tmp_path)
@@ -107,6 +109,7 @@ def test_served_arrays_are_bit_identical_and_absent_tensors_stay_absent(leg, rea
     assert "abc123" in served.details["baseline_cache"]
 
 
+@pytest.mark.needs_leg("gpu")
 def test_served_rows_are_judged_by_the_current_comparison_code(leg, real, tmp_path, monkeypatch):
     """Rows are rebuilt from the cached output: a change of the metrics reaches served rows too."""
     _serve(monkeypatch, leg, real)
@@ -140,6 +143,7 @@ def _other_inputs():
     return Inputs(arrays, inputs_sha256(arrays))
 
 
+@pytest.mark.needs_leg("gpu")
 @pytest.mark.parametrize("package", ["fla-core", "triton", "torch"])
 def test_key_changes_with_each_version(leg, monkeypatch, package):
     base = _key(leg)
@@ -150,6 +154,7 @@ def test_key_changes_with_each_version(leg, monkeypatch, package):
     assert _key(leg) == base
 
 
+@pytest.mark.needs_leg("gpu")
 def test_key_changes_with_case_inputs_dot_precision_mode_and_device(leg, monkeypatch):
     base = _key(leg)
     assert _key(leg) == base  # deterministic
@@ -204,6 +209,7 @@ def _binding_module(path, extra=""):
     return module
 
 
+@pytest.mark.needs_leg("gpu")
 def test_key_follows_the_source_of_the_descriptors_gpu_binding(leg, tmp_path):
     base = _key(leg)
     module = _binding_module(tmp_path / "binding.py")
@@ -218,6 +224,7 @@ def test_key_follows_the_source_of_the_descriptors_gpu_binding(leg, tmp_path):
     assert _key(leg, op=tpu_changed) == base
 
 
+@pytest.mark.needs_leg("gpu")
 def test_a_binding_without_source_is_never_cached(leg, real, tmp_path):
     op = dataclasses.replace(OP, fla=LegBinding(dict, OP.fla.supports, OP.fla.describe))  # a builtin: no source
     cache = BaselineCache(leg, tmp_path)
@@ -227,6 +234,7 @@ def test_a_binding_without_source_is_never_cached(leg, real, tmp_path):
 
 
 # ------------------------------------------------------------- what is (not) read
+@pytest.mark.needs_leg("gpu")
 def test_native_and_emulated_entries_never_serve_each_other(leg, real, tmp_path, monkeypatch):
     native_env = dataclasses.replace(leg.environment(), mode="native", device="NVIDIA H100 80GB HBM3")
     native_out = LegOutput({n: None if a is None else a * 2 for n, a in real.tensors.items()}, real.details)
@@ -265,6 +273,7 @@ def _restamp(path):
     np.savez(path, **arrays)
 
 
+@pytest.mark.needs_leg("gpu")
 @pytest.mark.parametrize("damage, problem", [(_truncate, "unreadable"), (_tamper, "checksum"),
                                              (_restamp, "cache format 0")])
 def test_a_damaged_entry_is_recomputed_and_replaced(leg, real, tmp_path, monkeypatch, damage, problem):
@@ -283,6 +292,7 @@ def test_a_damaged_entry_is_recomputed_and_replaced(leg, real, tmp_path, monkeyp
     assert runner.leg_cache.hits == 1 and len(calls) == 2
 
 
+@pytest.mark.needs_leg("gpu")
 def test_failed_runs_are_not_cached(leg, real, tmp_path, monkeypatch):
     def crash(op, case, inputs):
         raise RuntimeError("device lost")
@@ -302,6 +312,7 @@ def test_failed_runs_are_not_cached(leg, real, tmp_path, monkeypatch):
     assert {r["status"] for r in rows} == {"ok"} and len(_entries(tmp_path)) == 1
 
 
+@pytest.mark.needs_leg("gpu")
 def test_an_unwritable_directory_never_fails_a_run(leg, real, tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache directory should be")
@@ -327,6 +338,7 @@ def cli(tmp_path, monkeypatch, real):
     return run
 
 
+@pytest.mark.needs_leg("gpu")
 def test_parity_run_reuses_the_cache_says_so_and_no_baseline_cache_recomputes(cli, capsys, tmp_path):
     where = tmp_path / "cache" / "baselines"
     code, first = cli("run")
@@ -345,6 +357,7 @@ def test_parity_run_reuses_the_cache_says_so_and_no_baseline_cache_recomputes(cl
     assert entry.stat().st_ino != inode  # rewritten (a new file renamed over the old one)
 
 
+@pytest.mark.needs_leg("gpu")
 def test_parity_causality_reuses_the_cache(cli, capsys):
     code, first = cli("causality")
     runs = len(cli.calls)
@@ -358,6 +371,7 @@ def test_parity_causality_reuses_the_cache(cli, capsys):
     assert code == 0 and len(cli.calls) == 2 * runs
 
 
+@pytest.mark.needs_leg("gpu")
 def test_an_empty_cache_dir_setting_turns_the_cache_off(cli, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("PARITY_CACHE_DIR", "")
     for _ in range(2):
@@ -376,6 +390,7 @@ def test_caches(parity_runner):
 '''
 
 
+@pytest.mark.needs_leg("gpu")
 @pytest.mark.parametrize("flag, read", [((), True), (("--parity-no-baseline-cache",), False)])
 def test_the_pytest_plugins_gpu_runner_uses_the_cache(leg, pytester, monkeypatch, tmp_path, flag, read):
     """(``leg``: torch and fla are imported before pytester snapshots the modules.)"""
@@ -389,6 +404,7 @@ def test_the_pytest_plugins_gpu_runner_uses_the_cache(leg, pytester, monkeypatch
 
 
 
+@pytest.mark.needs_leg("gpu")
 def test_the_reference_legs_key_follows_the_references_not_fla_nor_the_tpu_side(tmp_path, monkeypatch):
     """The reference leg is the other cached baseline: its entries move with references/, op_contract/ and the
     input conversion, and not with fla's emulation layer or the TPU leg."""

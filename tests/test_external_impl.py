@@ -177,6 +177,7 @@ def test_the_registry_describes_every_leg():
         registry.leg_spec("nope")
 
 
+@pytest.mark.needs_leg("gpu")
 def test_an_installed_implementation_gates_through_the_cli(installed, baseline, tmp_path):
     assert "tiny" in registry.legs()  # from its entry point
     assert main(["run", "--backend", "tiny", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 0
@@ -195,6 +196,7 @@ def test_an_installed_implementation_gates_through_the_cli(installed, baseline, 
     assert md.startswith("## Linear-attention parity: PASS\n") and "candidate (tiny)" in md
 
 
+@pytest.mark.needs_leg("gpu")
 def test_a_forward_only_pass_says_so(installed, baseline, tmp_path):
     assert main(["run", "--backend", "tiny-fwd", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 0
     path, rows = _rows(tmp_path, "tiny-fwd")
@@ -217,6 +219,7 @@ def test_a_forward_only_pass_says_so(installed, baseline, tmp_path):
                  "--out", str(tmp_path / "g2")]) == 1
 
 
+@pytest.mark.needs_leg("gpu")
 def test_an_implementation_that_does_not_compile_fails(installed, baseline, tmp_path):
     assert main(["run", "--backend", "tiny-broken", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 1
     path, rows = _rows(tmp_path, "tiny-broken")
@@ -239,6 +242,7 @@ def test_impl_on_the_command_line_and_a_raising_binding(installed, tmp_path, cap
     assert find_case(CASE)  # the case is the suite's, unchanged
 
 
+@pytest.mark.needs_leg("gpu")
 def test_pytest_gates_an_installed_candidate(installed, baseline, pytester, monkeypatch):
     """``pytest -m tpu --parity-candidate NAME``: the tpu-marked test runs the named candidate; a forward-only
     one passes and the terminal says loudly that the gradients were not compared."""
@@ -260,6 +264,7 @@ def test_pytest_gates_an_installed_candidate(installed, baseline, pytester, monk
     result.stderr.fnmatch_lines(["*--parity-candidate gpu is the baseline leg, not a candidate*"])
 
 
+@pytest.mark.needs_leg("gpu")
 def test_rows_of_an_implementation_not_installed_here_are_gated(baseline, tmp_path, capsys):
     """Gating needs only the files: a candidate's rows name their leg in `versions`, as an external leg writes
     them, whether or not the implementation is installed on the machine that gates."""

@@ -95,6 +95,7 @@ def _tpu_verdicts(case, fault_forward, baseline, cache):
     return {r["tensor"]: r for r in rows}, result
 
 
+@pytest.mark.needs_leg("gpu")
 def test_zero_dg_gamma_is_caught_by_bounds_without_a_gpu_number(cache, gpu_rows):
     """fla gives no dg_gamma, so only the absolute bound can see a zero gate gradient."""
     baseline = gpu_rows(GLA_CASE, cache)
@@ -104,6 +105,7 @@ def test_zero_dg_gamma_is_caught_by_bounds_without_a_gpu_number(cache, gpu_rows)
     assert set(result.failures["tensor"]) == {"dg_gamma"}
 
 
+@pytest.mark.needs_leg("gpu")
 def test_dropped_k_tile_reduction_is_caught_by_the_gate(cache, gpu_rows, inject):
     from faults import first_k_tile_only
     from kernels_tpu.gla import fused
@@ -117,6 +119,7 @@ def test_dropped_k_tile_reduction_is_caught_by_the_gate(cache, gpu_rows, inject)
     assert "o" in set(result.failures["tensor"])
 
 
+@pytest.mark.needs_leg("gpu")
 def test_missing_transpose_in_the_inverse_gradient_is_caught_by_the_gate(cache, gpu_rows, inject):
     """dX = -Aᵀ dA Aᵀ with one transpose dropped: kda's dk, dg and dbeta go wrong."""
     from faults import inverse_grad_missing_transpose

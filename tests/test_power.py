@@ -65,6 +65,7 @@ def test_every_regression_class_is_pinned():
     assert set(PINNED) == set(REGRESSIONS)
 
 
+@pytest.mark.needs_leg("gpu")
 @pytest.mark.parametrize("regression", list(PINNED))
 def test_the_shipped_policy_catches_each_class_at_bf16_precision(baselines, regression):
     gpu, cache = baselines
@@ -77,6 +78,7 @@ def test_the_shipped_policy_catches_each_class_at_bf16_precision(baselines, regr
     assert result["patched"]  # the fault reached at least one kernel helper
 
 
+@pytest.mark.needs_leg("gpu")
 def test_the_strong_decay_class_is_caught_on_the_suites(baselines, monkeypatch):
     """Issue 20's class on the regressions suite's fp16 strong-decay case (fla's normalizer 0.1): ht is about
     k_T v_T^T, which fla multiplies exactly, so the gate sees the fp16 policy of before (three bf16 passes,

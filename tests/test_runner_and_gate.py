@@ -192,6 +192,7 @@ def test_reference_cache_on_disk(tmp_path):
         assert b[name].dtype == np.float64
 
 
+@pytest.mark.needs_leg("gpu")
 def test_gpu_leg_refuses_when_fla_may_leave_triton(monkeypatch):
     """fla's backend dispatch must stay off: otherwise the GPU numbers are not fla's Triton kernels."""
     from cases.suites import get_suite

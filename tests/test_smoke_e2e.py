@@ -8,6 +8,7 @@ second worker (module fixtures are per worker); each check names itself.
 import json
 
 import pandas as pd
+import pytest
 
 from cases.suites import get_suite
 from harness.cli import main
@@ -19,6 +20,7 @@ from kernels_tpu.mxu import F32_DOT_PRECISION, PASSES
 SMOKE = get_suite("smoke")
 
 
+@pytest.mark.needs_leg("ref", "gpu", "tpu")  # every leg end to end; a TPU-side install has no GPU leg
 def test_smoke_suite_end_to_end(tmp_path):
     code = main(["all", "--suite", "smoke", "--out", str(tmp_path), "--no-progress"])
     frames = {leg: pd.read_csv(tmp_path / f"{leg}.csv") for leg in ("ref", "gpu", "tpu")}

@@ -8,12 +8,15 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
-from harness.emulation import autotune, setup
-from harness.emulation import triton_interpreter as emu
-from harness.emulation.triton_interpreter import (bf16_bits_to_f32, f32_to_bf16_bits, pinned_autotune, round_to_tf32,
-                                                  triton_emulation)
+# the GPU leg's frameworks: a TPU-side install (the tpu extra, no torch nor triton) skips this module
+torch = pytest.importorskip("torch", reason="the Triton interpreter tests need torch (the gpu or cpu extra)")
+pytest.importorskip("triton", reason="the Triton interpreter tests need triton (the gpu or cpu extra)")
+
+from harness.emulation import autotune, setup  # noqa: E402
+from harness.emulation import triton_interpreter as emu  # noqa: E402
+from harness.emulation.triton_interpreter import (bf16_bits_to_f32, f32_to_bf16_bits, pinned_autotune,  # noqa: E402
+                                                  round_to_tf32, triton_emulation)
 
 if not emu.native_cuda_available():
     # No GPU: the GPU leg can only run interpreted; do what the leg does.

@@ -97,6 +97,7 @@ def gpu_leg():
     return make_leg("gpu")
 
 
+@pytest.mark.needs_leg("gpu")
 @pytest.mark.parametrize("op_name", sorted(SMALL))
 def test_gpu_leg_runs_fla_with_cu_seqlens(gpu_leg, op_name):
     """fla's chunk kernels with cu_seqlens (emulated): every row ok against the float64 golden."""
@@ -106,6 +107,7 @@ def test_gpu_leg_runs_fla_with_cu_seqlens(gpu_leg, op_name):
     assert '"cu_seqlens": [0, 5, 25, 32]' in rows[0]["details"]
 
 
+@pytest.mark.needs_leg("gpu")
 def test_gpu_binding_passes_a_long_tensor_on_the_tensors_device(gpu_leg, monkeypatch):
     """fla gets ``cu_seqlens`` as torch.long on q's device when packed, and no such keyword otherwise."""
     import torch
@@ -304,6 +306,7 @@ def test_a_leak_between_sequences_far_below_epsilon_is_caught(leg, leaked):
     assert {r.status for r in rows if r.check == "causality"} == {"ok"}
 
 
+@pytest.mark.needs_leg("gpu")
 def test_gpu_leg_isolates_sequences_bit_exactly(gpu_leg):
     """fla with cu_seqlens (emulated): causal inside a sequence, and sequence 1 never reaches 0 or 2."""
     rows = check_case(gpu_leg, SMALL["simple_gla"])
