@@ -366,7 +366,8 @@ def test_parity_causality_reuses_the_cache(cli, capsys):
     code, second = cli("causality")
     assert code == 0 and len(cli.calls) == runs
     assert f"gpu causality: {runs}/{runs} runs from the baseline cache" in capsys.readouterr().out
-    pd.testing.assert_frame_equal(pd.read_csv(first / "causality-gpu.csv"), pd.read_csv(second / "causality-gpu.csv"))
+    # a --case run names its check file like its result file: causality-gpu.cases-<hash>.csv
+    pd.testing.assert_frame_equal(*(pd.read_csv(next(d.glob("causality-gpu.cases-*.csv"))) for d in (first, second)))
     code, _ = cli("causality", "--no-baseline-cache")
     assert code == 0 and len(cli.calls) == 2 * runs
 
