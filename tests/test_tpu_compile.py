@@ -69,7 +69,9 @@ def test_the_compiler_refuses_what_interpret_mode_runs():
     assert ok.ok and ok.memory["mem_argument_bytes"] == 16 * 128 * 4 and ok.hbm_bytes > 0
 
 
-@pytest.mark.parametrize("suite", ["smoke", "regressions"])
+# regressions' 40-odd cases x 3 targets take about 5 minutes here: behind `slow`, and .ci/run compiles them
+# with `parity compile --suite regressions --target v5e,v6e,v7x`, which fails on any error row
+@pytest.mark.parametrize("suite", ["smoke", pytest.param("regressions", marks=pytest.mark.slow)])
 def test_every_case_compiles_for_v5e_v6e_v7x(suite):
     rows = pd.DataFrame([r for case in get_suite(suite) for r in case_rows(case, COMPILE_DEFAULT_TARGETS)])
     bad = rows[rows["status"] == "error"]
