@@ -93,9 +93,10 @@ class Selection:
                              f"{f', shard {self.shard}' if self.shard else ''} selects no case")
         return cases
 
-    def result_name(self, leg: str, tag: str | None = None) -> str:
-        """The result file's name for ``leg``'s rows over this selection."""
-        ids = [c.id for c in self.cases()] if self.by_id else ()
+    def result_name(self, leg: str, tag: str | None = None, cases: list[Case] | None = None) -> str:
+        """The result file's name for ``leg``'s rows over this selection (``cases``: its cases, when the caller
+        has them already, so case files are not read again)."""
+        ids = [c.id for c in (self.cases() if cases is None else cases)] if self.by_id else ()
         return result_name(leg, tag=tag, case_ids=ids, ops=self.ops, draws=self.draws, shard=self.shard)
 
 
@@ -120,8 +121,6 @@ def gate_case(case: Case, run_rows, baseline, policy, candidate_leg: str) -> tup
     ``baseline``'s rows of the same draws. While a comparison is inconclusive and ``baseline`` holds the draws
     that would decide it (``pytest -m gpu --parity-draws N`` makes them), the candidate runs those draws too
     and the gate pools them, as ``parity all`` does. Returns the result and every row the candidate made."""
-    import pandas as pd
-
     from .gate import apply_gate, undrawn_id
     from .results import rows_to_frame
 
@@ -137,7 +136,7 @@ def gate_case(case: Case, run_rows, baseline, policy, candidate_leg: str) -> tup
         for d in more:
             rows += run_rows(d)
         ids = {r["case_id"] for r in rows}
-        result = apply_gate(mine[mine["case_id"].isin(ids)], pd.DataFrame(rows_to_frame(rows)), policy,
+        result = apply_gate(mine[mine["case_id"].isin(ids)], rows_to_frame(rows), policy,
                             candidate_leg=candidate_leg)
     return result, rows
 

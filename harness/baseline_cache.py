@@ -2,7 +2,7 @@
 
 The reference leg (the float64 recurrent recompute that cross-checks the chunked golden) is a baseline a
 TPU change cannot move either, so its outputs are kept the same way, keyed by its own sources (the
-references, the argument contract, the input conversion) and labelled "baseline cache (reference leg)".
+references, the argument contract, the input conversion); its summary lines start with the leg's name.
 
 A kernel engineer changing a TPU kernel re-runs the whole job, yet fla has not
 changed: its leg (and its causality runs) would give the very same bits again.
@@ -240,12 +240,11 @@ class BaselineCache:
 
     def summary(self, hits: int, runs: int, what: str = "cases") -> str:
         """One line for the terminal: how many of ``runs`` came from the cache."""
-        label = LABEL
         if not self.enabled:
-            return f"{label} off (PARITY_CACHE_DIR is empty): {runs} {what} computed"
+            return f"{LABEL} off (PARITY_CACHE_DIR is empty): {runs} {what} computed"
         if not self.read:
-            return f"{runs} {what} recomputed, not read from the {label}; entries rewritten ({self.directory})"
-        return f"{hits}/{runs} {what} from the {label} ({self.directory})"
+            return f"{runs} {what} recomputed, not read from the {LABEL}; entries rewritten ({self.directory})"
+        return f"{hits}/{runs} {what} from the {LABEL} ({self.directory})"
 
 
 def _decode(arrays: dict[str, np.ndarray], key: str) -> tuple[LegOutput, float] | str:

@@ -108,7 +108,7 @@ def _run_leg(name: str, args, cases, cache, path: Path | None = None) -> tuple[P
     leg_cache = _leg_cache(leg, args)
     runner = Runner(leg, cache, suite=selection.suite_label, leg_cache=leg_cache)
     resume = args.resume and path is None
-    path = path or Path(args.out) / selection.result_name(name, tag=getattr(args, "tag", None))
+    path = path or Path(args.out) / selection.result_name(name, tag=getattr(args, "tag", None), cases=cases)
     t0 = time.perf_counter()
     with ResultFile(path, runner.provenance, force=args.force, resume=resume) as out:
         todo = [c for c in cases if c.id not in out.done]
@@ -134,7 +134,8 @@ def _run_causality(name: str, args, cases) -> "object":
     from harness.legs import make_leg
     from harness.result_file import write_check_file
 
-    path = Path(args.out) / ("causality-" + _selection(args).result_name(name, tag=getattr(args, "tag", None)))
+    path = Path(args.out) / ("causality-" + _selection(args).result_name(name, tag=getattr(args, "tag", None),
+                                                                        cases=cases))
     chosen = causality_cases(cases)
     t0 = time.perf_counter()
     options = _leg_options(args, name)

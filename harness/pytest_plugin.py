@@ -258,7 +258,7 @@ def _write_result(df, out: Path, leg: str, config, run_id: str) -> Path:
     from harness.result_file import ResultFile
 
     selection = _selection(config)
-    path = out / selection.result_name(leg)
+    path = out / selection.result_name(leg, cases=_selected_cases(config))
     try:
         with ResultFile(path, {"leg": leg, "suite": selection.suite_label}):
             return write_csv(df, path)

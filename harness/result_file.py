@@ -47,6 +47,20 @@ def result_name(leg: str, *, tag: str | None = None, case_ids=(), ops=(), draws:
     return ".".join(parts) + ".csv"
 
 
+def lock_exclusively(path: Path):
+    """An open lock file holding an exclusive ``flock`` for ``path`` (``.<name>.lock`` beside it); closing it
+    releases the lock. Another run holding it is a one-line ReportError, at once."""
+    lock_path = path.with_name(f".{path.name}.lock")
+    lock = open(lock_path, "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ReportError(f"another parity run is writing {path} right now (it holds {lock_path}); "
+                          f"wait for it, or write elsewhere with --out or --tag") from None
+    return lock
+
+
 class ResultFile:
     """``with ResultFile(path, provenance, ...) as out:`` then ``out.append(rows)`` per case and
     ``out.finish()``; ``out.done`` holds the case ids a resumed run already has."""
@@ -54,20 +68,13 @@ class ResultFile:
     def __init__(self, path: Path, provenance: dict, *, force: bool = False, resume: bool = False):
         self.path = Path(path)
         self.partial = self.path.with_name(f"{self.path.stem}.partial.csv")
-        self.lock_path = self.path.with_name(f".{self.path.name}.lock")
         self.provenance, self.force, self.resume = provenance, force, resume
         self.done: set[str] = set()
         self._lock = None
 
     # ------------------------------------------------------------ checks
     def __enter__(self) -> "ResultFile":
-        self._lock = open(self.lock_path, "a")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise ReportError(f"another parity run is writing {self.path} right now (it holds {self.lock_path}); "
-                              f"wait for it, or write elsewhere with --out or --tag") from None
+        self._lock = lock_exclusively(self.path)
         try:
             self._check_target()
             self._check_partial()
@@ -150,14 +157,8 @@ def write_check_file(df: pd.DataFrame, path: Path, leg: str, *, force: bool = Fa
     a result file: locked while written; an existing file is replaced only when it holds this check of the
     same leg (a re-run), anything else only with ``force``."""
     path = Path(path)
-    lock_path = path.with_name(f".{path.name}.lock")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ReportError(f"another parity run is writing {path} right now (it holds {lock_path}); wait for "
-                              f"it, or write elsewhere with --out or --tag") from None
+    with lock_exclusively(path):
         if path.exists() and not force:
             try:
                 old = pd.read_csv(path, usecols=["leg", "check"])
