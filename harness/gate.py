@@ -26,7 +26,7 @@ Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
 ``inconclusive``  a failure the draws do not decide (one draw decides only
                   a rel_l2 failure its bootstrap confirms on a tensor of
                   BOOTSTRAP_MIN_ELEMENTS or more): the reason names the
-                  draws that would (3, then 8, the cap); never a pass
+                  draws that would (3, 8, then 24, the cap); never a pass
 ``info``          a metric reported but not gated by the policy
 ``fail``          TPU row ``error``, ``nonfinite`` or ``bound``; the TPU
                   gives no tensor the GPU gives; the GPU row is an ``error``
