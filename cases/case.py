@@ -121,16 +121,22 @@ class Case:
     seed: int = 0  # extra seed, mixed into the id hash
     options: tuple[tuple[str, Any], ...] = ()  # op-specific options, sorted (name, value) pairs
     lens: tuple[int, ...] | None = None  # packed sequence lengths (B=1, T=sum): fla's cu_seqlens; None: not packed
+    HV: int | None = None  # value heads (fla's GVA: v, the gate, beta and the state have HV; q, k have H); None: H
 
     def __post_init__(self):
         if self.gate is not None and not isinstance(self.gate, Gate):
             raise ValueError(f"gate={self.gate!r} must be a Gate or None (a gate-less op)")
         if self.dtype not in DTYPES:
             raise ValueError(f"{self.dtype=} must be one of {tuple(DTYPES)}")
-        for name in ("B", "T", "H", "K", "V", "chunk_size"):
+        if self.HV is None:
+            object.__setattr__(self, "HV", self.H)  # no grouped value heads: Case(H=2) == Case(H=2, HV=2)
+        for name in ("B", "T", "H", "HV", "K", "V", "chunk_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a positive int")
+        if self.HV % self.H:
+            raise ValueError(f"HV={self.HV} value heads must be a multiple of H={self.H} query/key heads "
+                             f"(fla's grouped value attention)")
         if self.dht and not self.final_state:
             raise ValueError("dht=True needs final_state=True: dht is the gradient of ht")
         object.__setattr__(self, "options", tuple(sorted(dict(self.options).items())))
@@ -167,7 +173,7 @@ class Case:
         lead the flags: ``.../C64/lens=37+64+27,h0,dht`` (T = 128 = 37 + 64 + 27, in packing order)."""
         parts = [
             f"{self.op}.{self.variant}",
-            f"B{self.B}-T{self.T}-H{self.H}-K{self.K}-V{self.V}",
+            f"B{self.B}-T{self.T}-H{self.H}{self._hv_part}-K{self.K}-V{self.V}",
             DTYPES[self.dtype],
             *([self.gate.label] if self.gate is not None else []),
             f"C{self.chunk_size}",
@@ -184,6 +190,17 @@ class Case:
         if flags:
             parts.append(",".join(flags))
         return "/".join(parts)
+
+    @property
+    def _hv_part(self) -> str:
+        """``-HV<n>`` in the shape part when value heads are grouped (HV > H); nothing otherwise, so every
+        case without GVA keeps its id (and its inputs)."""
+        return f"-HV{self.HV}" if self.HV != self.H else ""
+
+    @property
+    def grouped_values(self) -> bool:
+        """Grouped value heads (GVA): HV > H, each q/k head serving HV // H value heads."""
+        return self.HV != self.H
 
     @property
     def rng_seed(self) -> int:
@@ -203,8 +220,8 @@ class Case:
 
     @property
     def state_shape(self) -> tuple[int, int, int, int]:
-        """[N,H,K,V]: the shape of h0, ht, dht and dh0, one state per sequence."""
-        return (self.num_seqs, self.H, self.K, self.V)
+        """[N,HV,K,V]: the shape of h0, ht, dht and dh0, one state per sequence and value head."""
+        return (self.num_seqs, self.HV, self.K, self.V)
 
     @property
     def num_chunks(self) -> int:
@@ -217,7 +234,7 @@ class Case:
     def from_id(cls, text: str, *, ops: "Callable[[str], Any] | None" = None) -> "Case":
         """The case a case id names: the inverse of :attr:`id` (``Case.from_id(c.id) == c``).
 
-        ``op.variant/B..-T..-H..-K..-V../dtype[/gate]/C..[/flags]``: the dtype as its label (``bf16``) or its
+        ``op.variant/B..-T..-H..[-HV..]-K..-V../dtype[/gate]/C..[/flags]``: the dtype as its label (``bf16``) or its
         name (``bfloat16``); the gate as :attr:`Gate.label` writes it (``g=logsigmoid/16,lb-5``,
         ``g_gamma=alibi(L32,l0)``), absent for a gate-less op; flags in any order, each at most once: ``lens=a+b``,
         ``h0``, ``dht``, ``noht``, ``scale=x``, ``seed=n`` and the op's options ``name=value``. An option's value
@@ -257,12 +274,12 @@ def _opt(v: Any) -> str:
 _NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _INT = re.compile(r"-?\d+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SHAPE = re.compile(r"B(\d+)-T(\d+)-H(\d+)-K(\d+)-V(\d+)")
+_SHAPE = re.compile(r"B(\d+)-T(\d+)-H(\d+)(?:-HV(\d+))?-K(\d+)-V(\d+)")
 _ALIBI = re.compile(r"alibi\(L(\d+),l(\d+)\)")
 _LOWER_BOUND = re.compile(rf",lb({_NUMBER})")
 _LABELS = {label: name for name, label in DTYPES.items()}
 _BARE_FLAGS = {"h0": ("h0", True), "dht": ("dht", True), "noht": ("final_state", False)}
-ID_FORMAT = "op.variant/B<n>-T<n>-H<n>-K<n>-V<n>/<dtype>[/<gate>]/C<n>[/<flag>,...]"
+ID_FORMAT = "op.variant/B<n>-T<n>-H<n>[-HV<n>]-K<n>-V<n>/<dtype>[/<gate>]/C<n>[/<flag>,...]"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -381,8 +398,9 @@ def _parse_parts(parts: list[str]) -> Case:
     shape = parts.pop(0)
     match = _SHAPE.fullmatch(shape)
     if not match:
-        raise ValueError(f"part {shape!r} must read B<n>-T<n>-H<n>-K<n>-V<n>, e.g. B1-T128-H2-K128-V128")
-    dims = dict(zip("BTHKV", map(int, match.groups())))
+        raise ValueError(f"part {shape!r} must read B<n>-T<n>-H<n>[-HV<n>]-K<n>-V<n>, e.g. B1-T128-H2-K128-V128 "
+                         f"(or B1-T128-H2-HV4-K128-V128 with grouped value heads)")
+    dims = {name: int(n) for name, n in zip(("B", "T", "H", "HV", "K", "V"), match.groups()) if n is not None}
     label = parts.pop(0)
     dtype = _LABELS.get(label, label if label in DTYPES else None)
     if dtype is None:

@@ -142,7 +142,8 @@ def _lens(v):
 
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "op": _name, "variant": _name, "B": _positive_int, "T": _positive_int, "H": _positive_int,
-    "K": _positive_int, "V": _positive_int, "dtype": _dtype, "gate": _gate, "chunk_size": _positive_int,
+    "HV": _positive_int, "K": _positive_int, "V": _positive_int, "dtype": _dtype, "gate": _gate,
+    "chunk_size": _positive_int,
     "h0": _bool, "final_state": _bool, "dht": _bool, "scale": _number, "seed": _non_negative_int,
     "options": _options, "lens": _lens,
 }

@@ -6,7 +6,9 @@
   covering both gate kinds, h0, dht, every dtype, chunk 64 and 128, both
   variants, K = V = 64 (below the 128-lane width: the TPU kernels pad it), and per op one case of packed
   variable-length sequences (``lens``, fla's ``cu_seqlens``) whose boundaries
-  fall inside chunks, one sequence spanning two of its own chunks.
+  fall inside chunks, one sequence spanning two of its own chunks; for gdn and kda one case with grouped
+  value heads (``HV`` > H), and for gdn a decode step (one- and three-token sequences from carried states)
+  packed beside a prefill.
 - ``regressions``: cases reproducing known failure classes (see each entry);
   packed sequences at their edges: a one-token sequence, boundaries one token
   before and one after a chunk edge, sequences of C - 1 and C + 1 tokens, h0
@@ -262,12 +264,80 @@ def _kda_stress() -> list[Case]:
              h0=True, dht=True, lens=STRESS_LENS, options=(("use_qk_l2norm_in_kernel", True),))]
 
 
+DECODE_LENS = (1, 1, 3, 59)
+"""A decode step packed with a prefill (T = 64): two one-token and one three-token sequences, each from its own
+carried state (h0), then a prefill of 59 tokens, as a serving batch mixes them."""
+
+GDN_OPTIONS = (("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel", True))
+"""Qwen3-Next's gdn layer: q and k normalised and beta squashed inside the op."""
+
+GDN_GATE = (("use_gate_in_kernel", True),)
+"""The gate computed in the op from A_log and dt_bias (fla's ``use_gate_in_kernel``)."""
+
+
+def _gdn_smoke() -> list[Case]:
+    base = dict(op="gdn", variant="chunk", B=1, chunk_size=64)
+    return [
+        # grouped value heads (two per q/k head), K = V = 64, a partial last chunk (T = 64 + 36)
+        Case(T=100, H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=G, h0=True, dht=True, options=GDN_OPTIONS,
+             **base),
+        # the gate computed in the op; pre-normalised q/k and beta
+        Case(T=64, H=2, K=128, V=128, dtype="bfloat16", gate=G, h0=True, options=GDN_GATE, **base),
+        # packed sequences: boundaries inside chunks, the middle one two chunks of its own
+        Case(T=sum(SMOKE_LENS), H=1, K=128, V=128, dtype="float32", gate=G, h0=True, dht=True, lens=SMOKE_LENS,
+             **base),
+        # decode: one-token and three-token sequences from carried states, beside a prefill
+        Case(T=sum(DECODE_LENS), H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=G, h0=True, lens=DECODE_LENS,
+             options=GDN_OPTIONS, **base),
+    ]
+
+
+def _gdn_regressions() -> list[Case]:
+    base = dict(op="gdn", variant="chunk", B=1, K=128, V=128, chunk_size=64)
+    return [
+        # fp16 never reaches a Mosaic kernel: widened to f32 at the boundary; GVA sums dq/dk over each group
+        Case(T=128, H=1, HV=2, dtype="float16", gate=G, h0=True, dht=True, options=GDN_OPTIONS, **base),
+        # the in-op gate in fp32 and fp16, several chunks
+        Case(T=192, H=2, dtype="float32", gate=G, h0=True, dht=True, options=GDN_GATE, **base),
+        Case(T=128, H=1, dtype="float16", gate=G, h0=True, options=GDN_GATE, **base),
+        # packing edges: C - 1, an exact multiple of C next to a longer sequence, C + 1, one token
+        Case(T=193, H=1, dtype="float32", gate=G, h0=True, dht=True, lens=(63, 64, 65, 1), **base),
+        Case(T=sum(DECODE_LENS), H=2, HV=4, dtype="float16", gate=G, h0=True, dht=True, lens=DECODE_LENS,
+             options=GDN_OPTIONS, **base),
+        # fla's gate strengths per dtype (no clamp: gdn has no lower bound)
+        *gate_strength_cases("gdn"),
+    ]
+
+
+def _gdn_standard() -> list[Case]:
+    out = [Case("gdn", "chunk", B=2, T=512, H=2, HV=4, K=128, V=128, dtype=dtype, gate=G, chunk_size=64, h0=True,
+                dht=True, options=opts)
+           for dtype, opts in itertools.product(("bfloat16", "float16", "float32"),
+                                                (GDN_OPTIONS, GDN_OPTIONS + GDN_GATE))]
+    out.append(Case("gdn", "chunk", B=1, T=sum(STANDARD_LENS), H=2, HV=4, K=128, V=128, dtype="bfloat16", gate=G,
+                    chunk_size=64, h0=True, dht=True, lens=STANDARD_LENS, options=GDN_OPTIONS + GDN_GATE))
+    return out + gate_strength_cases("gdn", ("float16",), T=1000, H=4)
+
+
+def _gdn_stress() -> list[Case]:
+    # Qwen3-Next's gdn layer: 16 q/k heads, 32 value heads, K = V = 128, a training-like packing
+    return [Case("gdn", "chunk", B=1, T=sum(STRESS_LENS), H=16, HV=32, K=128, V=128, dtype="bfloat16", gate=G,
+                 chunk_size=64, h0=True, dht=True, lens=STRESS_LENS, options=GDN_OPTIONS + GDN_GATE)]
+
+
+def _kda_gva() -> list[Case]:
+    """kda with grouped value heads (fla's chunk_kda takes HV > H)."""
+    return [Case("kda", "chunk", B=1, T=100, H=1, HV=2, K=64, V=64, dtype="bfloat16",
+                 gate=Gate("g", normalizer=16, lower_bound=-5.0), chunk_size=64, h0=True, dht=True,
+                 options=(("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel", True)))]
+
+
 # suite name -> the per-op case lists it is made of (adding an op adds its lists here)
 SUITES = {
-    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke),
-    "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions),
-    "standard": (_simple_gla_standard, _gla_standard, _kda_standard),
-    "stress": (_simple_gla_stress, _gla_stress, _kda_stress),
+    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva, _gdn_smoke),
+    "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _gdn_regressions),
+    "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
+    "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),
     # a seeded sample of the shapes users add, not the suites' own: where the false-alarm rate is measured
     "user-like": (user_like_cases,),
 }

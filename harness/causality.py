@@ -100,7 +100,7 @@ def perturb_future(op: OpDescriptor, case: Case, inputs: Inputs, t0: int) -> Inp
     alt = make_inputs(case.replace(seed=case.seed + 7919), op.inputs(case))
     arrays = dict(inputs.arrays)
     for name, a in inputs.arrays.items():
-        if name in cotangent_names or a.ndim < 3 or a.shape[:3] != (case.B, case.T, case.H):
+        if name in cotangent_names or not _per_token(case, a.shape):
             continue
         b = a.copy()
         b[:, t0 + 1:] = alt[name][:, t0 + 1:]
@@ -128,11 +128,16 @@ def perturb_sequence(op: OpDescriptor, case: Case, inputs: Inputs, i: int) -> In
     return Inputs(arrays, inputs_sha256(arrays))
 
 
+def _per_token(case: Case, shape) -> bool:
+    """Whether ``shape`` is a per-token array's: [B,T,H,...] (q, k) or [B,T,HV,...] (v, o, the gate, beta)."""
+    return len(shape) >= 3 and tuple(shape[:2]) == (case.B, case.T) and shape[2] in (case.H, case.HV)
+
+
 def _layout(case: Case, shape) -> str | None:
     """``"token"`` for a per-token array ([B,T,...]), ``"state"`` for a per-sequence one (``case.state_shape``),
     None for anything else (a parameter every sequence shares)."""
     shape = tuple(shape)
-    if len(shape) >= 3 and shape[:3] == (case.B, case.T, case.H):
+    if _per_token(case, shape):
         return "token"
     if shape == tuple(case.state_shape):
         return "state"
@@ -297,7 +302,7 @@ def causality_cases(cases: list[Case]) -> list[Case]:
     checks both directions); among equals the cheapest. Each is cut to a bounded length
     (:func:`bounded_case`)."""
     def merit(case: Case) -> tuple[bool, bool, int]:
-        cost = case.B * case.T * case.H * case.K * case.V  # the recurrence's work, up to a constant
+        cost = case.B * case.T * case.HV * case.K * case.V  # the recurrence's work, up to a constant
         return (not (case.K % 128 or case.V % 128), case.num_seqs >= 3 if case.lens is not None else True,
                 -cost)
 

@@ -8,7 +8,9 @@ Dimension numbers and the precision policy live in :mod:`kernels_tpu.mxu`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -33,6 +35,33 @@ def check_limits(q, dims: Dims) -> None:
     del dims  # every head dim runs, through HeadPadding
     if jnp.dtype(q.dtype) not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"supported dtypes are bfloat16, float16, float32; got {q.dtype=}; cast the inputs")
+
+
+# ------------------------------------------------------------------ grouped value heads
+def value_heads(x, v):
+    """q or k [B,T,H,K] repeated to v's HV heads (fla's grouped value attention: value head j reads q/k head
+    j // (HV // H)). Exact. Its gradient sums each group's HV // H per-value-head gradients in float32 and
+    rounds once to x's dtype, as fla does (``dq.view(B,T,H,G,K).sum(3)``)."""
+    H, HV = x.shape[2], v.shape[2]
+    return x if HV == H else _repeat_heads(x, HV // H)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _repeat_heads(x, group: int):
+    return jnp.repeat(x, group, axis=2)
+
+
+def _repeat_heads_fwd(x, group):
+    return _repeat_heads(x, group), None
+
+
+def _repeat_heads_bwd(group, _, dx):
+    B, T, HV, K = dx.shape
+    summed = dx.astype(jnp.float32).reshape(B, T, HV // group, group, K).sum(axis=3)
+    return (summed.astype(dx.dtype),)
+
+
+_repeat_heads.defvjp(_repeat_heads_fwd, _repeat_heads_bwd)
 
 
 # ------------------------------------------------------------------ head dims

@@ -76,6 +76,24 @@ def test_invalid_cases(kw, match):
         _case(**kw)
 
 
+def test_grouped_value_heads_in_the_case_model():
+    gva = Case("gdn", "chunk", B=1, T=64, H=2, HV=6, K=64, V=32, dtype="bfloat16", h0=True, dht=True)
+    assert gva.id == "gdn.chunk/B1-T64-H2-HV6-K64-V32/bf16/g=logsigmoid/16/C64/h0,dht"
+    assert Case.from_id(gva.id) == gva and gva.grouped_values
+    assert gva.state_shape == (1, 6, 64, 32)
+    shapes = {s.name: s.shape(gva) for s in get_op("gdn").inputs(gva)}
+    assert shapes["q"] == shapes["k"] == (1, 64, 2, 64)
+    assert shapes["v"] == shapes["do"] == (1, 64, 6, 32) and shapes["g"] == shapes["beta"] == (1, 64, 6)
+    assert shapes["h0"] == shapes["dht"] == (1, 6, 64, 32)
+    # without GVA the id, and so every input draw, is what it always was
+    plain = Case("kda", "chunk", B=1, T=64, H=2, K=64, V=64)
+    assert plain == plain.replace(HV=2) and "HV" not in plain.id and not plain.grouped_values
+    with pytest.raises(ValueError, match="HV=3 value heads must be a multiple of H=2"):
+        Case("gdn", "chunk", B=1, T=64, H=2, HV=3, K=64, V=64)
+    with pytest.raises(ValueError, match="simple_gla has no grouped value heads"):
+        Case.from_id("simple_gla.chunk/B1-T64-H1-HV2-K64-V64/bf16/g=logsigmoid/16/C64", ops=get_op)
+
+
 def test_gate_validation():
     with pytest.raises(ValueError, match="alibi"):
         Gate("g_gamma", "logsigmoid")

@@ -47,7 +47,7 @@ class RefLeg(Leg):
             # a vjp through a per-token scan keeps all T states; packed sequences run as N rows of the longest
             # sequence's length (references._varlen), so N x max(lens) states
             tokens = case.B * case.T if case.lens is None else case.num_seqs * max(case.lens)
-            states_gb = tokens * case.H * case.K * case.V * 8 / 2**30
+            states_gb = tokens * case.HV * case.K * case.V * 8 / 2**30
             if states_gb > MAX_RECURRENT_STATES_GB:
                 return (f"the recurrent reference would keep T states ({states_gb:.1f} GiB > "
                         f"{MAX_RECURRENT_STATES_GB} GiB); use --ref-method chunk")

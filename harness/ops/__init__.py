@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from .base import LegBinding, OpDescriptor, TensorSpec
+from .gdn import GDN
 from .gla import GLA
 from .kda import KDA
 from .simple_gla import SIMPLE_GLA
 
-REGISTRY: dict[str, OpDescriptor] = {d.name: d for d in (SIMPLE_GLA, GLA, KDA)}
+REGISTRY: dict[str, OpDescriptor] = {d.name: d for d in (SIMPLE_GLA, GLA, KDA, GDN)}
 
 
 def get_op(name: str) -> OpDescriptor:

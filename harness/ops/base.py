@@ -114,11 +114,19 @@ def grad_name(input_name: str) -> str:
 
 
 # ----------------------------------------------------------- shared helpers
+def refuse_grouped_values(case: Case) -> None:
+    """ValueError for a case with grouped value heads (HV > H) on an op that has none (fla's simple_gla and gla)."""
+    if case.grouped_values:
+        raise ValueError(f"{case.op} has no grouped value heads (HV={case.HV} > H={case.H}): fla's {case.op} takes "
+                         f"v with q and k's H heads; drop HV (gdn and kda take it)")
+
+
 def forward_tensors(case: Case) -> list[TensorSpec]:
     """o in the case dtype; ht (float32, as fla returns it) when final_state."""
-    out = [TensorSpec("o", "case", "output", "output [B,T,H,V]")]
+    out = [TensorSpec("o", "case", "output", "output [B,T,HV,V]")]
     if case.final_state:
-        out.append(TensorSpec("ht", "float32", "output", "final state [N,H,K,V] (N = B, or the packed sequences)"))
+        out.append(TensorSpec("ht", "float32", "output",
+                              "final state [N,HV,K,V] (N = B, or the packed sequences)"))
     return out
 
 
@@ -128,12 +136,12 @@ def grad_tensors(case: Case, differentiable: list[str], dtypes: Mapping[str, str
 
 
 def qkv_specs(case: Case, qk_law: Law | None = None) -> list[InputSpec]:
-    """q, k [B,T,H,K] and v [B,T,H,V] in the case dtype; q, k ~ ``qk_law`` (default N(0,1)), v ~ N(0,1)."""
+    """q, k [B,T,H,K] and v [B,T,HV,V] in the case dtype; q, k ~ ``qk_law`` (default N(0,1)), v ~ N(0,1)."""
     qk_law = qk_law or normal()
     return [
         InputSpec("q", lambda c: (c.B, c.T, c.H, c.K), "case", qk_law),
         InputSpec("k", lambda c: (c.B, c.T, c.H, c.K), "case", qk_law),
-        InputSpec("v", lambda c: (c.B, c.T, c.H, c.V), "case", normal()),
+        InputSpec("v", lambda c: (c.B, c.T, c.HV, c.V), "case", normal()),
     ]
 
 
@@ -144,12 +152,12 @@ def gate_spec(case: Case, per_token_shape) -> InputSpec:
 
 
 def state_and_cotangent_specs(case: Case) -> list[InputSpec]:
-    """h0 (float32) if the case has one, do [B,T,H,V] (case dtype), dht (float32) if any.
+    """h0 (float32) if the case has one, do [B,T,HV,V] (case dtype), dht (float32) if any.
 
-    h0 and dht are ``case.state_shape`` = [N,H,K,V]: one state per sequence (N = B unless packed, so an
+    h0 and dht are ``case.state_shape`` = [N,HV,K,V]: one state per sequence (N = B unless packed, so an
     unpacked case draws exactly the arrays it always drew)."""
     specs = [InputSpec("h0", lambda c: c.state_shape, "float32", normal())] if case.h0 else []
-    specs.append(InputSpec("do", lambda c: (c.B, c.T, c.H, c.V), "case", normal()))
+    specs.append(InputSpec("do", lambda c: (c.B, c.T, c.HV, c.V), "case", normal()))
     if case.dht:
         specs.append(InputSpec("dht", lambda c: c.state_shape, "float32", normal()))
     return specs

@@ -28,7 +28,7 @@ from cases.case import Case
 from cases.inputs import InputSpec
 
 from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen, gate_spec, gated_differentiable,
-                   gated_reference, gated_tensors, qkv_specs, state_and_cotangent_specs)
+                   gated_reference, gated_tensors, qkv_specs, refuse_grouped_values, state_and_cotangent_specs)
 
 VARIANTS = ("chunk",)
 OPTIONS = {"tpu_path": ("auto", "fused", "chunk")}
@@ -46,6 +46,7 @@ def tpu_path(case: Case) -> str:
 def validate(case: Case) -> None:
     if case.variant not in VARIANTS:
         raise ValueError(f"gla {case.variant=} must be one of {VARIANTS}")
+    refuse_grouped_values(case)
     if case.gate is None or case.gate.kind not in ("g", "g_gamma"):
         raise ValueError(f"gla takes a g or g_gamma gate, got {case.gate}")
     unknown = set(case.opt) - set(OPTIONS)

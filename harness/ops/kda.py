@@ -3,16 +3,19 @@
     S'_t = Diag(exp g_t) S_{t-1}
     S_t  = S'_t + beta_t k_t (v_t - S'_tᵀ k_t)ᵀ,   o_t = scale · S_tᵀ q_t,   ht = S_T
 
-Gate: ``g`` [B,T,H,K] per-token, per-key-channel log decay (``Gate(kind="g")``; the gate's
+Grouped value heads (``Case.HV`` > H, fla's GVA): v, g, beta, A_log, dt_bias and the state have HV heads;
+value head j reads q/k head j // (HV // H).
+
+Gate: ``g`` [B,T,HV,K] per-token, per-key-channel log decay (``Gate(kind="g")``; the gate's
 ``lower_bound`` clamps it from below, i.e. the pre-computed bounded gate fla expects with
-``safe_gate``). ``beta`` [B,T,H].
+``safe_gate``). ``beta`` [B,T,HV].
 
 Case options (``Case.options``), each passed to every leg under fla's keyword of the same name:
 
 - ``use_qk_l2norm_in_kernel`` (bool): q and k are drawn N(0,1) and normalised in the op;
   otherwise they are drawn already L2-normalised.
-- ``use_gate_in_kernel`` (bool): ``g`` is the raw gate input ~ N(0,1); ``A_log`` [H] and
-  ``dt_bias`` [H*K] (float32, N(0,1)) become inputs, and their gradients are compared.
+- ``use_gate_in_kernel`` (bool): ``g`` is the raw gate input ~ N(0,1); ``A_log`` [HV] and
+  ``dt_bias`` [HV*K] (float32, N(0,1)) become inputs, and their gradients are compared.
 - ``lower_bound`` (float): fla's in-kernel gate ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))``;
   only meaningful with ``use_gate_in_kernel`` (fla ignores it otherwise, so it is refused).
 - ``safe_gate`` (bool): fla's bounded-gate fast path (numerics only, same function); with
@@ -26,11 +29,11 @@ from __future__ import annotations
 import os
 
 from cases.case import Case
+from cases.inputs import InputSpec
 from kernels_tpu.kda import check_options
-from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_normal
 
-from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen, forward_tensors, grad_tensors, qkv_specs,
-                   state_and_cotangent_specs)
+from . import delta_rule
+from .base import LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen
 
 VARIANTS = ("chunk",)
 BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
@@ -49,43 +52,16 @@ def options(case: Case) -> dict:
     return opts
 
 
-def gate_in_kernel(case: Case) -> bool:
-    return bool(case.opt.get("use_gate_in_kernel", False))
-
-
 def inputs(case: Case) -> list[InputSpec]:
-    """q, k, v, beta, do in the case dtype; g, A_log, dt_bias, h0, dht in float32."""
-    opts = options(case)
-    g_law = normal() if opts["use_gate_in_kernel"] else gate_law
-    specs = qkv_specs(case, qk_law=normal() if opts["use_qk_l2norm_in_kernel"] else l2normed_normal) + [
-        InputSpec("g", lambda c: (c.B, c.T, c.H, c.K), "float32", g_law),
-        InputSpec("beta", lambda c: (c.B, c.T, c.H), "case",
-                  normal() if opts["use_beta_sigmoid_in_kernel"] else sigmoid_normal),
-    ]
-    if opts["use_gate_in_kernel"]:
-        specs.append(InputSpec("A_log", lambda c: (c.H,), "float32", normal()))
-        specs.append(InputSpec("dt_bias", lambda c: (c.H * c.K,), "float32", normal()))
-    return specs + state_and_cotangent_specs(case)
-
-
-def differentiable(case: Case) -> list[str]:
-    names = ["q", "k", "v", "g", "beta"]
-    if gate_in_kernel(case):
-        names += ["A_log", "dt_bias"]
-    return names + (["h0"] if case.h0 else [])
-
-
-def tensors(case: Case):
-    dtypes = {"q": "case", "k": "case", "v": "case", "g": "float32", "beta": "case", "h0": "float32",
-              "A_log": "float32", "dt_bias": "float32"}
-    return forward_tensors(case) + grad_tensors(case, differentiable(case), dtypes)
+    """q, k, v, beta, do in the case dtype; g [B,T,HV,K], A_log, dt_bias [HV*K], h0, dht in float32."""
+    return delta_rule.inputs(case, options(case), lambda c: (c.B, c.T, c.HV, c.K), lambda c: (c.HV * c.K,))
 
 
 def validate(case: Case) -> None:
     if case.variant not in VARIANTS:
         raise ValueError(f"kda {case.variant=} must be one of {VARIANTS}")
     if case.gate is None or case.gate.kind != "g" or case.gate.law != "logsigmoid":
-        raise ValueError(f"kda takes a per-token g gate [B,T,H,K] (Gate(kind='g')), got {case.gate}")
+        raise ValueError(f"kda takes a per-token g gate [B,T,HV,K] (Gate(kind='g')), got {case.gate}")
     unknown = set(case.opt) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown kda options {sorted(unknown)}; known: {OPTIONS}")
@@ -101,7 +77,7 @@ def validate(case: Case) -> None:
             raise ValueError("lower_bound acts only with use_gate_in_kernel=True (fla ignores it otherwise); "
                              "bound a pre-computed gate with Gate(lower_bound=...)")
     check_options(opts)  # fla's option rules, as the TPU kernels write them
-    if gate_in_kernel(case) and case.gate.lower_bound is not None:
+    if delta_rule.gate_in_kernel(case) and case.gate.lower_bound is not None:
         raise ValueError("with use_gate_in_kernel g is the raw gate input: use the lower_bound option, "
                          "not Gate(lower_bound=...)")
 
@@ -115,23 +91,14 @@ def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "
     """float64 reference (references.kda): chunked WY form; the reference leg may ask for the recurrence."""
     from references.kda import chunk_kda, chunk_kda_bwd
 
-    common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
-                  method=method, compute_dtype=compute_dtype, A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
-                  cu_seqlens=case.cu_seqlens, **_fla_kwargs(case))
-    qkvgb = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    o, ht = chunk_kda(*qkvgb, output_final_state=True, **common)
-    grads = chunk_kda_bwd(*qkvgb, x["do"], x.get("dht"), **common)
-    out = {"o": o, "ht": ht}
-    for n in differentiable(case):
-        out["d" + n] = grads["d" + n]
-    return out
+    return delta_rule.reference(chunk_kda, chunk_kda_bwd, case, x, method, compute_dtype, _fla_kwargs(case))
 
 
 def fla_forward(case: Case, t: dict) -> dict:
     """fla's public ``fla.ops.kda.chunk_kda`` with the case's options (Triton pinned, see fla_supports)."""
     from fla.ops.kda import chunk_kda
 
-    extra = dict(A_log=t["A_log"], dt_bias=t["dt_bias"]) if gate_in_kernel(case) else {}
+    extra = delta_rule.gate_params(case, t)
     o, ht = chunk_kda(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale,
                       initial_state=t.get("h0"), output_final_state=case.final_state,
                       chunk_size=case.chunk_size, **_fla_kwargs(case), **extra, **fla_varlen(case, t["q"]))
@@ -150,7 +117,7 @@ def fla_supports(case: Case) -> str | None:
 def pallas_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu import kda as kernels
 
-    extra = dict(A_log=a["A_log"], dt_bias=a["dt_bias"]) if gate_in_kernel(case) else {}
+    extra = delta_rule.gate_params(case, a)
     o, ht = call_tpu_kernel(kernels.chunk_kda, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
                             scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
                             chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
@@ -163,8 +130,8 @@ KDA = OpDescriptor(
     variants=VARIANTS,
     doc=__doc__,
     inputs=inputs,
-    tensors=tensors,
-    differentiable=differentiable,
+    tensors=delta_rule.tensors,
+    differentiable=delta_rule.differentiable,
     cotangents={"o": "do", "ht": "dht"},
     validate=validate,
     reference=reference,

@@ -56,7 +56,7 @@ from jax.experimental import pallas as pl
 from op_contract import check_kda, kda_options
 from kernels_tpu import mxu
 from kernels_tpu.common import (BlockSizes, HeadPadding, causal_mask, check_limits, chunk_map, chunk_states_map, iota,
-                                masked_exp, reversed_in_time, start_state, state_map, state_pass)
+                                masked_exp, reversed_in_time, start_state, state_map, state_pass, value_heads)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 from kernels_tpu.varlen import Packing
 
@@ -442,6 +442,7 @@ def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bia
     cumulative gate."""
     C = cfg.blocks.chunk_size
     q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
+    q, k = (value_heads(x, v) for x in (q, k))
     pad = HeadPadding.of(q, v)
     rows = cfg.packing.rows
     qh, kh, vh, gh = (_head_major(rows(x), C) for x in (pad.keys(q), pad.keys(k), pad.values(v), pad.keys(g)))
@@ -482,27 +483,29 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     """Chunked KDA, differentiable (jax.vjp / jax.grad) through a custom VJP of Pallas kernels.
 
     Args:
-      q, k: [B, T, H, K]; v: [B, T, H, V] (bf16, fp16 or fp32); any K, V (zero-padded to multiples of
-        128 internally, exact: kernels_tpu.common.HeadPadding).
-      g: [B, T, H, K] log decay (<= 0: a concrete positive g is a ValueError, a traced one is not
+      q, k: [B, T, H, K]; v: [B, T, HV, V] (bf16, fp16 or fp32); any K, V (zero-padded to multiples of
+        128 internally, exact: kernels_tpu.common.HeadPadding). HV a multiple of H: grouped value heads,
+        q and k repeated to HV (kernels_tpu.common.value_heads); g, beta, A_log, dt_bias and the state
+        then have HV heads.
+      g: [B, T, HV, K] log decay (<= 0: a concrete positive g is a ValueError, a traced one is not
         checked), or the raw gate input (any sign) with ``use_gate_in_kernel``.
-      beta: [B, T, H] (or raw logits with ``use_beta_sigmoid_in_kernel``).
+      beta: [B, T, HV] (or raw logits with ``use_beta_sigmoid_in_kernel``).
       scale: K**-0.5 when None.
-      initial_state: [N, H, K, V] float32, optional (N = B, or the number of packed sequences).
-      output_final_state: also return ht [N, H, K, V] float32.
+      initial_state: [N, HV, K, V] float32, optional (N = B, or the number of packed sequences).
+      output_final_state: also return ht [N, HV, K, V] float32.
       chunk_size: a multiple of 16; T need not be a multiple (zero-padded internally, exact).
       interpret: None/False -> native TPU; True -> pltpu.InterpretParams(uninitialized_memory="nan");
         a pltpu.InterpretParams is passed through.
       mxu_model: model MXU rounding in every dot; None means "iff interpreting".
-      options (as fla.ops.kda.chunk_kda): use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log [H],
-        dt_bias [H*K], use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound.
+      options (as fla.ops.kda.chunk_kda): use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log [HV],
+        dt_bias [HV*K], use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound.
         Applied with float32 jax ops before the kernels (same function, autodiff gradients).
       cu_seqlens: packed variable-length sequences (fla): N+1 static int offsets (tuple, list or numpy
         array) 0 < ... < T with B = 1; sequence i starts from initial_state[i] and ends in ht[i]
         (kernels_tpu.varlen).
 
     Returns:
-      (o [B, T, H, V] in q's dtype (as fla), ht [N, H, K, V] float32 or None).
+      (o [B, T, HV, V] in q's dtype (as fla), ht [N, HV, K, V] float32 or None).
     """
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
                                        mxu_model, cu_seqlens, options)
@@ -530,18 +533,18 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
                   interpret=None, mxu_model=None, *, cu_seqlens=None, **options):
     """Backward of ``loss = sum(o * do) + sum(ht * dht)`` (forward kernel, then backward kernel).
 
-    do: [B, T, H, V]; dht: [N, H, K, V] or None (zero). Other args as chunk_kda.
+    do: [B, T, HV, V]; dht: [N, HV, K, V] or None (zero). Other args as chunk_kda.
     Returns dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias), each in its input's dtype;
     dh0 is None without initial_state, dA_log / ddt_bias None unless use_gate_in_kernel and given.
     """
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
                                        mxu_model, cu_seqlens, options, do=do, dht=dht)
-    H, K = q.shape[2:]
-    V = v.shape[-1]
+    K = q.shape[-1]
+    HV, V = v.shape[2:]
     primals = dict(q=q, k=k, v=v, g=g, beta=beta, h0=initial_state, A_log=A_log, dt_bias=dt_bias)
     primals = {n: x for n, x in primals.items() if x is not None}
 
-    dht = jnp.zeros((cfg.packing.N, H, K, V), F32) if dht is None else jnp.asarray(dht, F32)
+    dht = jnp.zeros((cfg.packing.N, HV, K, V), F32) if dht is None else jnp.asarray(dht, F32)
     grads = _bwd_only(cfg, opts, primals, jnp.asarray(do), dht)
     names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
     return {"d" + n: grads.get(n) for n in names}

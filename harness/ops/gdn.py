@@ -1,0 +1,118 @@
+"""gdn: the gated delta rule (Qwen3-Next's linear attention), a scalar decay per token and head (variant ``chunk``).
+
+    S'_t = exp(g_t) S_{t-1}
+    S_t  = S'_t + beta_t k_t (v_t - S'_tᵀ k_t)ᵀ,   o_t = scale · S_tᵀ q_t,   ht = S_T
+
+fla's ``chunk_gated_delta_rule``. Grouped value heads (``Case.HV`` > H): v, g, beta, A_log, dt_bias and the state
+have HV heads; value head j reads q/k head j // (HV // H).
+
+Gate: ``g`` [B,T,HV] per-token log decay (``Gate(kind="g")``, fla's log-sigmoid law). ``beta`` [B,T,HV].
+
+Case options (``Case.options``), each passed to every leg under fla's keyword of the same name:
+
+- ``use_qk_l2norm_in_kernel`` (bool): q and k are drawn N(0,1) and normalised in the op; otherwise they are
+  drawn already L2-normalised.
+- ``use_gate_in_kernel`` (bool): ``g`` is the raw gate input ~ N(0,1) and the op computes
+  ``-exp(A_log) * softplus(g + dt_bias)`` with ``A_log`` [HV] and ``dt_bias`` [HV] (float32, N(0,1)), whose
+  gradients are compared.
+- ``use_beta_sigmoid_in_kernel`` (bool): ``beta`` is drawn as logits N(0,1) and passed through a sigmoid in
+  the op; ``allow_neg_eigval`` (bool) doubles it (fla requires the sigmoid with it).
+"""
+
+from __future__ import annotations
+
+from cases.case import Case
+from cases.inputs import InputSpec
+
+from . import delta_rule
+from .base import LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen
+
+VARIANTS = ("chunk",)
+OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
+FLA_CHUNK_SIZES = (16, 32, 64)
+
+
+def options(case: Case) -> dict:
+    """The case's gdn options with fla's defaults (all False) filled in."""
+    return {name: bool(case.opt.get(name, False)) for name in OPTIONS}
+
+
+def inputs(case: Case) -> list[InputSpec]:
+    """q, k, v, beta, do in the case dtype; g [B,T,HV], A_log [HV], dt_bias [HV], h0, dht in float32."""
+    return delta_rule.inputs(case, options(case), lambda c: (c.B, c.T, c.HV), lambda c: (c.HV,))
+
+
+def validate(case: Case) -> None:
+    if case.variant not in VARIANTS:
+        raise ValueError(f"gdn {case.variant=} must be one of {VARIANTS}")
+    if case.gate is None or case.gate.kind != "g" or case.gate.law != "logsigmoid":
+        raise ValueError(f"gdn takes a per-token g gate [B,T,HV] (Gate(kind='g')), got {case.gate}")
+    unknown = set(case.opt) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown gdn options {sorted(unknown)}; known: {OPTIONS}")
+    for name, value in case.opt.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"gdn option {name}={value!r} must be a bool")
+    opts = options(case)
+    if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
+        raise ValueError("gdn option allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in fla)")
+    if opts["use_gate_in_kernel"] and case.gate.lower_bound is not None:
+        raise ValueError("with use_gate_in_kernel g is the raw gate input: drop Gate(lower_bound=...)")
+
+
+# ----------------------------------------------------------------- bindings
+def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "float64") -> dict:
+    """float64 reference (references.gdn): chunked WY form; the reference leg may ask for the recurrence."""
+    from references.gdn import chunk_gdn, chunk_gdn_bwd
+
+    return delta_rule.reference(chunk_gdn, chunk_gdn_bwd, case, x, method, compute_dtype, options(case))
+
+
+def fla_forward(case: Case, t: dict) -> dict:
+    """fla's public ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` with the case's options."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    o, ht = chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale,
+                                   initial_state=t.get("h0"), output_final_state=case.final_state,
+                                   chunk_size=case.chunk_size, **options(case), **delta_rule.gate_params(case, t),
+                                   **fla_varlen(case, t["q"]))
+    return {"o": o, "ht": ht}
+
+
+def fla_supports(case: Case) -> str | None:
+    """fla's own limits for chunk_gated_delta_rule."""
+    if case.chunk_size not in FLA_CHUNK_SIZES:
+        return f"fla's chunk_gated_delta_rule supports chunk_size {FLA_CHUNK_SIZES}, got {case.chunk_size}"
+    if case.K > 256:
+        return f"fla's chunk_gated_delta_rule supports K <= 256, got K={case.K}"
+    return None
+
+
+def pallas_forward(case: Case, a: dict, ctx) -> dict:
+    from kernels_tpu import gdn as kernels
+
+    o, ht = call_tpu_kernel(kernels.chunk_gated_delta_rule, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
+                            scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
+                            chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
+                            **options(case), **delta_rule.gate_params(case, a))
+    return {"o": o, "ht": ht}
+
+
+GDN = OpDescriptor(
+    name="gdn",
+    variants=VARIANTS,
+    doc=__doc__,
+    inputs=inputs,
+    tensors=delta_rule.tensors,
+    differentiable=delta_rule.differentiable,
+    cotangents={"o": "do", "ht": "dht"},
+    validate=validate,
+    reference=reference,
+    fla=LegBinding(fla_forward, fla_supports,
+                   describe=lambda c: {"entry": "fla.ops.gated_delta_rule.chunk_gated_delta_rule",
+                                       "options": options(c)}),
+    pallas=LegBinding(pallas_forward,
+                      describe=lambda c: {"entry": "kernels_tpu.gdn.chunk_gated_delta_rule", "options": options(c)}),
+    notes={"kernels": "kda's Pallas kernels with the scalar decay broadcast over K (exact); the in-kernel gate is "
+                      "applied with float32 jax ops before them (same function; gradients by autodiff)"},
+)
