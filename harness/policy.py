@@ -60,6 +60,13 @@ BOUNDS: list[Bound] = [
     # dg sums q.dq - k.dk, terms that cancel; under a strong decay (fla's normalizer 0.1) fla's TF32 dots leave
     # rel_l2 1.2e-2 on an H100 (reports/h100-native), which 1e-2 would turn into a GPU row without a number.
     Bound(5e-2, "fp32 inputs: dg sums cancelling TF32 terms", tensor="dg", dtype="float32"),
+    # A_log and dt_bias's gradients reduce dg over every token (gdn's are one number per head), and the sum
+    # cancels: fla's TF32 dots leave dA_log 2.9e-2 and ddt_bias 3.1e-2 on the regressions case
+    # gdn.chunk/B1-T192-H2-K128-V128/fp32 with the in-kernel gate (emulated; its dg: 4.6e-3).
+    Bound(1e-1, "fp32 inputs: the gate parameters' gradients sum cancelling TF32 dg terms", tensor="dA_log",
+          dtype="float32"),
+    Bound(1e-1, "fp32 inputs: the gate parameters' gradients sum cancelling TF32 dg terms", tensor="ddt_bias",
+          dtype="float32"),
     # the reference leg at float32 compute: float32 rounding only.
     Bound(1e-4, "float32 re-computation of the reference", role="reference"),
 ]

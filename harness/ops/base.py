@@ -91,6 +91,8 @@ class OpDescriptor:
     fla: LegBinding | None = None  # fla's Triton kernels (the baseline leg runs them)
     pallas: LegBinding | None = None  # this project's Pallas kernels (the built-in candidate leg runs them)
     notes: Mapping[str, str] = field(default_factory=dict)
+    # the kernel path a case takes beyond its variant (gla: "fused" or "chunk" kernels), for coverage rules
+    kernel_path: Callable[[Case], str] = lambda case: case.variant
 
     def tensor_names(self, case: Case) -> list[str]:
         return [t.name for t in self.tensors(case)]

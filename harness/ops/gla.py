@@ -138,6 +138,7 @@ GLA = OpDescriptor(
     reference=reference,
     fla=LegBinding(fla_forward, fla_supports, describe=fla_describe),
     pallas=LegBinding(pallas_forward, describe=pallas_describe),
+    kernel_path=_dispatch,
     notes={"g_gamma on GPU": "fla's chunk_gla has no g_gamma: broadcast to a per-channel g, dg_gamma not provided",
            "tpu dispatch": "auto: g_gamma -> fused single-pallas_call kernels, g -> chunk kernels"},
 )
