@@ -292,6 +292,9 @@ def packing_edge_cases() -> list[Case]:
     ]
 
 
+DECODE = "fused_recurrent"
+"""The decode variant of kda and gdn (fla's fused_recurrent kernels; forward only)."""
+
 DECODE_LENS = (1, 1, 3, 59)
 """A decode step packed with a prefill (T = 64): two one-token and one three-token sequences, each from its own
 carried state (h0), then a prefill of 59 tokens, as a serving batch mixes them."""
@@ -314,9 +317,10 @@ def _gdn_smoke() -> list[Case]:
         # packed sequences: boundaries inside chunks, the middle one two chunks of its own
         Case(T=sum(SMOKE_LENS), H=1, K=128, V=128, dtype="float32", gate=G, h0=True, dht=True, lens=SMOKE_LENS,
              **base),
-        # decode: one-token and three-token sequences from carried states, beside a prefill
+        # decode: one-token and three-token sequences from carried states, beside a prefill; fla runs its
+        # fused_recurrent kernel (forward only)
         Case(T=sum(DECODE_LENS), H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=G, h0=True, lens=DECODE_LENS,
-             options=GDN_OPTIONS, **base),
+             options=GDN_OPTIONS, **{**base, "variant": DECODE}),
     ]
 
 
@@ -332,6 +336,13 @@ def _gdn_regressions() -> list[Case]:
         Case(T=193, H=1, dtype="float32", gate=G, h0=True, dht=True, lens=EDGE_LENS, **base),
         Case(T=sum(DECODE_LENS), H=2, HV=4, dtype="float16", gate=G, h0=True, dht=True, lens=DECODE_LENS,
              options=GDN_OPTIONS, **base),
+        # decode through fla's fused_recurrent kernel in fp32 and fp16, the gate in the op; and the packing edges
+        Case(T=sum(DECODE_LENS), H=2, HV=4, dtype="float32", gate=G, h0=True, lens=DECODE_LENS,
+             options=GDN_OPTIONS + GDN_GATE, **{**base, "variant": DECODE}),
+        Case(T=sum(DECODE_LENS), H=1, dtype="float16", gate=G, h0=True, lens=DECODE_LENS,
+             **{**base, "variant": DECODE}),
+        Case(T=sum(EDGE_LENS), H=1, dtype="bfloat16", gate=G, h0=True, lens=EDGE_LENS, options=GDN_OPTIONS,
+             **{**base, "variant": DECODE}),
         # fla's gate strengths per dtype (no clamp: gdn has no lower bound)
         *gate_strength_cases("gdn"),
     ]
@@ -353,18 +364,32 @@ def _gdn_stress() -> list[Case]:
                  chunk_size=64, h0=True, dht=True, lens=STRESS_LENS, options=GDN_OPTIONS + GDN_GATE)]
 
 
-def _kda_gva() -> list[Case]:
-    """kda with grouped value heads (fla's chunk_kda takes HV > H)."""
-    return [Case("kda", "chunk", B=1, T=100, H=1, HV=2, K=64, V=64, dtype="bfloat16",
-                 gate=Gate("g", normalizer=16, lower_bound=-5.0), chunk_size=64, h0=True, dht=True,
-                 options=(("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel", True)))]
+def _kda_gva_and_decode() -> list[Case]:
+    """kda with grouped value heads (fla's chunk_kda takes HV > H), and kda's decode (fla's fused_recurrent_kda)."""
+    gate, opts = (Gate("g", normalizer=16, lower_bound=-5.0),
+                  (("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel", True)))
+    return [Case("kda", "chunk", B=1, T=100, H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=gate, chunk_size=64,
+                 h0=True, dht=True, options=opts),
+            Case("kda", DECODE, B=1, T=sum(DECODE_LENS), H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=gate,
+                 chunk_size=64, h0=True, lens=DECODE_LENS, options=opts)]
+
+
+def _kda_decode_regressions() -> list[Case]:
+    """kda's decode in fp32 and fp16 (the gate in the op, fla's lower bound), and at the packing edges."""
+    base = dict(B=1, H=1, K=128, V=128, gate=G, chunk_size=64, h0=True)
+    return [Case("kda", DECODE, T=sum(DECODE_LENS), dtype="float32", lens=DECODE_LENS,
+                 options=(("use_gate_in_kernel", True), ("lower_bound", -5.0)), **base),
+            Case("kda", DECODE, T=sum(DECODE_LENS), dtype="float16", lens=DECODE_LENS,
+                 options=(("use_qk_l2norm_in_kernel", True),), **base),
+            Case("kda", DECODE, T=sum(EDGE_LENS), dtype="bfloat16", lens=EDGE_LENS,
+                 options=(("use_qk_l2norm_in_kernel", True),), **base)]
 
 
 # suite name -> the per-op case lists it is made of (adding an op adds its lists here)
 SUITES = {
-    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva, _gdn_smoke),
-    "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _gdn_regressions,
-                    packing_edge_cases),
+    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke),
+    "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _kda_decode_regressions,
+                    _gdn_regressions, packing_edge_cases),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),
     # a seeded sample of the shapes users add, not the suites' own: where the false-alarm rate is measured

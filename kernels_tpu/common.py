@@ -41,7 +41,7 @@ def check_limits(q, dims: Dims) -> None:
 def value_heads(x, v):
     """q or k [B,T,H,K] repeated to v's HV heads (fla's grouped value attention: value head j reads q/k head
     j // (HV // H)). Exact. Its gradient sums each group's HV // H per-value-head gradients in float32 and
-    rounds once to x's dtype, as fla does (``dq.view(B,T,H,G,K).sum(3)``)."""
+    rounds once to x's dtype (fla sums per-head gradients already rounded to it: ``dq.view(B,T,H,G,K).sum(3)``)."""
     H, HV = x.shape[2], v.shape[2]
     return x if HV == H else _repeat_heads(x, HV // H)
 

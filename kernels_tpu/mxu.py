@@ -34,6 +34,7 @@ import contextlib
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +84,14 @@ lo·lo term (up to 2^-16 of each product), which is the whole error of a state t
 product, as under a strong decay (ht = k_T v_T^T + e^{g_T}(...): 2.5x fla's error at normalizer 0.1)."""
 
 
+DECODE_F32_PRECISION = Precision.HIGHEST
+"""The decode path's f32-operand dots (kda's and gdn's chunk forward on one-to-few-token sequences from a carried
+state). fla decodes with its fused_recurrent kernels: float32 elementwise products and sums, no dot. A bf16x3 dot
+of the carried state (``S^T k``, ``S^T q``) drops up to 2^-16 of each product, which at one token is the whole
+error: measured emulated, ht 5-28x and fp32 o 14-18x fla's error over 3 draws (smoke and regressions decode
+cases). HIGHEST (bf16x6) is float32-accurate; decode's dots are small, so its 2x passes cost little."""
+
+
 @dataclass(frozen=True)
 class Policy:
     """How every kernel of ``kernels_tpu`` feeds the MXU for one input dtype (hashable, static).
@@ -100,6 +109,7 @@ class Policy:
 
     input_dtype: str
     mxu_model: bool
+    f32_precision: Any = None  # overrides F32_DOT_PRECISION[input_dtype] for a path that needs it (one of PRECISIONS)
 
     @property
     def operand_dtype(self):
@@ -107,7 +117,9 @@ class Policy:
 
     def precision(self, a, b):
         both_bf16 = a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16
-        return Precision.DEFAULT if both_bf16 else F32_DOT_PRECISION[self.input_dtype]
+        if both_bf16:
+            return Precision.DEFAULT
+        return F32_DOT_PRECISION[self.input_dtype] if self.f32_precision is None else self.f32_precision
 
     def dot(self, a, b, dims=None):
         precision = self.precision(a, b)
@@ -121,12 +133,15 @@ class Policy:
                    dimension_numbers=NN if dims is None else dims, mxu_model=self.mxu_model)
 
 
-def policy_for(dtype, mxu_model: bool) -> Policy:
-    """The policy for inputs of ``dtype`` (bfloat16, float16 or float32)."""
+def policy_for(dtype, mxu_model: bool, f32_precision=None) -> Policy:
+    """The policy for inputs of ``dtype`` (bfloat16, float16 or float32); ``f32_precision`` (one of
+    :data:`PRECISIONS`) replaces the table's precision of f32-operand dots."""
     name = jnp.dtype(dtype).name
     if name not in F32_DOT_PRECISION:
         raise ValueError(f"no MXU policy for {name}; kernels take bfloat16, float16 or float32")
-    return Policy(name, bool(mxu_model))
+    if f32_precision is not None and f32_precision not in PRECISIONS:
+        raise ValueError(f"f32_precision={f32_precision!r} must be one of {PRECISIONS}")
+    return Policy(name, bool(mxu_model), f32_precision)
 
 
 # ------------------------------------------------------------ modeled MXU work

@@ -16,8 +16,12 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Dims:
-    """The sizes of one call: batch, time, heads, key and value head dims, and ``N`` the number of
-    independent sequences, i.e. of states (B, or the number of packed sequences with ``cu_seqlens``)."""
+    """The sizes of one call: batch, time, heads, key and value head dims, ``N`` the number of
+    independent sequences, i.e. of states (B, or the number of packed sequences with ``cu_seqlens``),
+    and ``HV`` the number of value heads (H, or a multiple of H with grouped value heads).
+
+    A layout names its axes: a string of one-letter axes (``"BTHK"``) or a tuple of axis names
+    (``("B", "T", "HV", "V")``); an axis ``"HV*K"`` is the product of its factors."""
 
     B: int
     T: int
@@ -25,14 +29,30 @@ class Dims:
     K: int
     V: int
     N: int | None = None  # None: B (no packed sequences)
+    HV: int | None = None  # None: H (no grouped value heads)
 
     def __post_init__(self):
         if self.N is None:
             object.__setattr__(self, "N", self.B)
+        if self.HV is None:
+            object.__setattr__(self, "HV", self.H)
 
-    def shape(self, layout: str) -> tuple:
-        """``layout`` as letters, e.g. ``"BTHK"`` -> ``(B, T, H, K)``."""
-        return tuple(getattr(self, axis) for axis in layout)
+    def shape(self, layout) -> tuple:
+        """``layout`` as sizes, e.g. ``"BTHK"`` -> ``(B, T, H, K)``, ``("HV*K",)`` -> ``(HV * K,)``."""
+        return tuple(math.prod(getattr(self, f) for f in axis.split("*")) for axis in layout)
+
+    def name(self, layout) -> str:
+        """``layout`` as messages write it, e.g. ``[B,T,HV,V]``. The value-head axis HV reads H when the call
+        has no grouped value heads (HV == H), so the messages of an ungrouped call name one head count."""
+        grouped = self.HV != self.H
+        rename = lambda f: "H" if f == "HV" and not grouped else f  # noqa: E731
+        return "[" + ",".join("*".join(map(rename, axis.split("*"))) for axis in layout) + "]"
+
+
+# the layouts every op shares (value heads HV: H unless the op takes grouped value heads)
+VALUES = ("B", "T", "HV", "V")
+STATE = ("B", "HV", "K", "V")
+PACKED_STATE = ("N", "HV", "K", "V")  # one state per packed sequence, named N in the messages
 
 
 def shape_of(x):
@@ -51,47 +71,53 @@ def check_floating(name: str, x) -> None:
         raise ValueError(f"{name} must be floating point, got {name}.dtype={x.dtype}; cast it to a float dtype")
 
 
-def expect(name: str, x, layout: str, dims: Dims, *, required: bool = False) -> None:
-    """ValueError unless ``x`` is a floating array of shape ``layout`` (letters of :class:`Dims`).
+def expect(name: str, x, layout, dims: Dims, *, required: bool = False) -> None:
+    """ValueError unless ``x`` is a floating array of shape ``layout`` (axes of :class:`Dims`).
 
     ``None`` passes unless ``required``."""
     if x is None and not required:
         return
     want = dims.shape(layout)
     if shape_of(x) != want:
-        raise ValueError(f"{name} must be [{','.join(layout)}] = {want}, got {described(x)}")
+        raise ValueError(f"{name} must be {dims.name(layout)} = {want}, got {described(x)}")
     check_floating(name, x)
 
 
-def check_qkv(q, k, v, *, initial_state=None, do=None, dht=None, cu_seqlens=None) -> Dims:
-    """q, k [B,T,H,K] and v [B,T,H,V] of one floating dtype, none empty; and, when given, the state
-    and cotangents every op shares: initial_state and dht [N,H,K,V], do [B,T,H,V]. N is B, or with
+def check_qkv(q, k, v, *, initial_state=None, do=None, dht=None, cu_seqlens=None,
+              grouped_values: bool = False) -> Dims:
+    """q, k [B,T,H,K] and v [B,T,HV,V] of one floating dtype, none empty; and, when given, the state
+    and cotangents every op shares: initial_state and dht [N,HV,K,V], do [B,T,HV,V]. N is B, or with
     ``cu_seqlens`` (:func:`check_cu_seqlens`) the number of packed sequences: one state each.
 
-    v with other heads than q and k (grouped value heads) is valid in fla but implemented by
-    neither the references nor the kernels: NotImplementedError saying the fix."""
+    HV is H unless ``grouped_values`` (fla's grouped value attention, GVA, of kda and gdn): then v may
+    have HV heads, a multiple of H (value head j reads q/k head j // (HV // H)); an HV that is not is
+    a ValueError. Without ``grouped_values`` (simple_gla, gla) another head count of v is valid in
+    fla but implemented nowhere here: NotImplementedError saying the fix."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if shape_of(x) is None or len(x.shape) != 4:
             raise ValueError(f"{name} must be a [B,T,H,*] array, got {described(x)}")
     B, T, H, K = q.shape
-    dims = Dims(B, T, H, K, v.shape[-1])
+    dims = Dims(B, T, H, K, v.shape[-1], HV=v.shape[2])
     if tuple(k.shape) != dims.shape("BTHK") or tuple(v.shape[:2]) != (B, T):
-        raise ValueError(f"need q, k [B,T,H,K] and v [B,T,H,V]: got {q.shape=} {k.shape=} {v.shape=}")
-    if v.shape[2] != H:
-        raise NotImplementedError(f"grouped value heads are not supported: v has {v.shape[2]} heads, q and k {H}; "
-                                  "repeat q and k to the value heads (repeat(q, HV // H, axis=2))")
-    if min(B, T, H, dims.K, dims.V) < 1:
+        raise ValueError(f"need q, k [B,T,H,K] and v {dims.name(VALUES)}: got {q.shape=} {k.shape=} {v.shape=}")
+    if min(B, T, H, dims.HV, dims.K, dims.V) < 1:
         raise ValueError(f"empty input: {q.shape=} {v.shape=}")
+    if dims.HV != H and not grouped_values:
+        raise NotImplementedError(f"grouped value heads are not supported: v has {dims.HV} heads, q and k {H}; "
+                                  "repeat q and k to the value heads (repeat(q, HV // H, axis=2))")
+    if dims.HV % H:
+        raise ValueError(f"grouped value heads: v's HV={dims.HV} value heads must be a multiple of H={H}, the heads "
+                         f"of q and k (value head j reads q/k head j // (HV // H)); give v a multiple of {H} heads")
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_floating(name, x)
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"q, k, v must share one floating dtype: {q.dtype=} {k.dtype=} {v.dtype=}")
-    state = "BHKV"
+    state = STATE
     if cu_seqlens is not None:
         dims = dataclasses.replace(dims, N=check_cu_seqlens(cu_seqlens, dims))
-        state = "NHKV"  # one state per packed sequence, named N in the messages
+        state = PACKED_STATE
     expect("initial_state", initial_state, state, dims)
-    expect("do", do, "BTHV", dims)
+    expect("do", do, VALUES, dims)
     expect("dht", dht, state, dims)
     return dims
 

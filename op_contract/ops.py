@@ -1,24 +1,26 @@
-"""Each op's argument contract, written once: simple_gla, gla and kda.
+"""Each op's argument contract, written once: simple_gla, gla, kda and gdn (the gated delta rule).
 
 ``check_<op>`` validates one call from its arguments (shapes, dtypes, gates, chunk_size, scale,
 packed sequence offsets ``cu_seqlens``) and returns ``(dims, scale)`` with the scale resolved;
 ``dims.N`` is the number of states (B, or the number of packed sequences). The references call it before computing,
 the kernels before tracing and before their own limits (K, V lane multiples, dtypes, block sizes:
 NotImplementedError). Gradients' cotangents ``do``/``dht`` are checked when given.
+
+kda and gdn take grouped value heads (fla's GVA): v, do, the gate, beta, A_log, dt_bias and the state have
+HV heads, a multiple of q and k's H (:func:`check_qkv`); simple_gla and gla do not.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from .checks import (Dims, check_chunk_size, check_floating, check_log_decay, check_qkv, described, expect,
-                     resolve_scale, shape_of)
+from .checks import Dims, check_chunk_size, check_log_decay, check_qkv, expect, resolve_scale
 
 
-def check_gate_choice(g, g_gamma, g_layout: str, *, required: bool) -> None:
+def check_gate_choice(g, g_gamma, g_layout, *, required: bool) -> None:
     """``g`` (per-token log decay, shape ``g_layout``) or ``g_gamma`` [H]: never both; one of them
     when ``required`` (else neither means no decay). Only which one is present is looked at."""
-    per_token = "per-channel" if g_layout.endswith("K") else "per-token"
+    per_token = "per-channel" if g_layout[-1] == "K" else "per-token"
     gates = f"g [{','.join(g_layout)}] ({per_token} log decay) and g_gamma [H] (per-head log decay)"
     if required and (g is None) == (g_gamma is None):
         raise ValueError(f"pass exactly one of {gates}")
@@ -55,39 +57,84 @@ KDA_OPTIONS = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_
                    allow_neg_eigval=False, safe_gate=False, lower_bound=None)
 """fla's ``chunk_kda`` options and their defaults."""
 
+GDN_OPTIONS = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                   allow_neg_eigval=False)
+"""fla's ``chunk_gated_delta_rule`` options and their defaults (``A_log`` and ``dt_bias`` are arguments)."""
+
+
+def _options(op: str, defaults: Mapping, options: Mapping) -> dict:
+    """``options`` over ``defaults``; an unknown name is a TypeError (as an unknown keyword of ``op``)."""
+    unknown = set(options) - set(defaults)
+    if unknown:
+        raise TypeError(f"{op} got unknown options {sorted(unknown)}")
+    return {**defaults, **options}
+
 
 def kda_options(options: Mapping) -> dict:
     """``options`` over :data:`KDA_OPTIONS`; an unknown name is a TypeError (as an unknown keyword)."""
-    unknown = set(options) - set(KDA_OPTIONS)
-    if unknown:
-        raise TypeError(f"chunk_kda got unknown options {sorted(unknown)}")
-    return {**KDA_OPTIONS, **options}
+    return _options("chunk_kda", KDA_OPTIONS, options)
+
+
+def gdn_options(options: Mapping) -> dict:
+    """``options`` over :data:`GDN_OPTIONS`; an unknown name is a TypeError (as an unknown keyword)."""
+    return _options("chunk_gated_delta_rule", GDN_OPTIONS, options)
+
+
+def _check_delta_rule(q, k, v, g, g_layout, beta, initial_state, do, dht, cu_seqlens) -> Dims:
+    """What kda and gdn share: q, k, v with grouped value heads, the state and cotangents, the gate ``g`` of
+    shape ``g_layout`` (its values are the op's business) and beta [B,T,HV]."""
+    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht, cu_seqlens=cu_seqlens,
+                     grouped_values=True)
+    expect("g", g, g_layout, dims, required=True)
+    expect("beta", beta, ("B", "T", "HV"), dims, required=True)
+    return dims
 
 
 def check_kda(q, k, v, g, beta, scale=None, initial_state=None, chunk_size=64, *, opts: Mapping | None = None,
               A_log=None, dt_bias=None, do=None, dht=None, cu_seqlens=None) -> tuple[Dims, float]:
-    """kda: g [B,T,H,K], beta [B,T,H]; ``opts`` as :func:`kda_options` returns (defaults when None).
+    """kda: v [B,T,HV,V] (grouped value heads: HV a multiple of H), g [B,T,HV,K], beta [B,T,HV], the state
+    [N,HV,K,V]; ``opts`` as :func:`kda_options` returns (defaults when None).
 
     g is a log decay (<= 0) unless ``use_gate_in_kernel``: then it is the raw gate input (any sign),
-    ``A_log`` [H] is needed unless ``lower_bound`` is given, ``dt_bias`` is [H*K], and
+    ``A_log`` [HV] is needed unless ``lower_bound`` is given, ``dt_bias`` is [HV*K], and
     ``lower_bound`` (the decay's floor) must be <= 0. A_log and dt_bias are ignored otherwise, as in fla.
     fla's rules on the option combination (safe_gate, allow_neg_eigval) are the kernels' own."""
     opts = kda_options(opts or {})
-    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht, cu_seqlens=cu_seqlens)
-    expect("g", g, "BTHK", dims, required=True)
-    expect("beta", beta, "BTH", dims, required=True)
+    dims = _check_delta_rule(q, k, v, g, ("B", "T", "HV", "K"), beta, initial_state, do, dht, cu_seqlens)
     if opts["use_gate_in_kernel"]:
         lower_bound = opts["lower_bound"]
         if A_log is None and lower_bound is None:
             raise ValueError("A_log must be given when use_gate_in_kernel=True and lower_bound is None")
-        expect("A_log", A_log, "H", dims)
-        if dt_bias is not None:
-            if shape_of(dt_bias) != (dims.H * dims.K,):
-                raise ValueError(f"dt_bias must be [H*K] = ({dims.H * dims.K},), got {described(dt_bias)}")
-            check_floating("dt_bias", dt_bias)
+        expect("A_log", A_log, ("HV",), dims)
+        expect("dt_bias", dt_bias, ("HV*K",), dims)
         if lower_bound is not None and lower_bound > 0:
             raise ValueError(f"lower_bound={lower_bound!r} makes the in-kernel gate lower_bound * sigmoid(...) a "
                              f"positive log decay, which is not a decay; pass lower_bound <= 0")
+    else:
+        check_log_decay("g", g)
+    check_chunk_size(chunk_size)
+    return dims, resolve_scale(scale, dims.K)
+
+
+def check_gdn(q, k, v, g, beta, scale=None, initial_state=None, chunk_size=64, *, opts: Mapping | None = None,
+              A_log=None, dt_bias=None, do=None, dht=None, cu_seqlens=None) -> tuple[Dims, float]:
+    """gdn (fla's ``chunk_gated_delta_rule``): v [B,T,HV,V] (grouped value heads: HV a multiple of H),
+    g [B,T,HV] (one log decay per token and value head), beta [B,T,HV], the state [N,HV,K,V]; ``opts`` as
+    :func:`gdn_options` returns (defaults when None).
+
+    g is a log decay (<= 0) unless ``use_gate_in_kernel``: then it is the raw gate input (any sign),
+    ``A_log`` [HV] is needed and ``dt_bias`` [HV] is optional. A_log and dt_bias are ignored otherwise, as
+    in fla. As in fla, ``allow_neg_eigval`` needs ``use_beta_sigmoid_in_kernel``."""
+    opts = gdn_options(opts or {})
+    dims = _check_delta_rule(q, k, v, g, ("B", "T", "HV"), beta, initial_state, do, dht, cu_seqlens)
+    if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
+        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (it doubles the "
+                         "sigmoid of beta); pass raw beta logits with use_beta_sigmoid_in_kernel=True")
+    if opts["use_gate_in_kernel"]:
+        if A_log is None:
+            raise ValueError("A_log must be given when use_gate_in_kernel=True")
+        expect("A_log", A_log, ("HV",), dims)
+        expect("dt_bias", dt_bias, ("HV",), dims)
     else:
         check_log_decay("g", g)
     check_chunk_size(chunk_size)

@@ -8,9 +8,15 @@ Per head, with ``S`` of shape ``[K, V]`` and ``exp(g_t)`` acting on the key rows
 
 ``S_0 = initial_state`` (zeros when absent) and ``ht = S_T``.
 
+Grouped value heads (fla's GVA): q, k [B,T,H,K] and v [B,T,HV,V] with HV a multiple of H; g, beta, the
+state, A_log and dt_bias have HV heads. Value head j reads q/k head ``j // (HV // H)``, as fla's kernels
+(``i_h = i_hv // (HV // H)``) and its naive reference (``q.repeat_interleave(HV // H, dim=2)``): q and k
+are repeated to the HV heads after the l2norm option (exact), and autodiff of the repeat sums each group's
+HV // H gradients into dq, dk [B,T,H,K].
+
 Packed variable-length sequences (``cu_seqlens``, B = 1, see :mod:`references._varlen`): the
 recurrence runs on each sequence alone, from ``initial_state[i]`` (or 0) to ``ht[i]``, and chunks
-restart at each sequence start; ``initial_state``, ``ht``, ``dht`` and ``dh0`` are [N,H,K,V]. The
+restart at each sequence start; ``initial_state``, ``ht``, ``dht`` and ``dh0`` are [N,HV,K,V]. The
 in-kernel options act token by token (l2norm, gate, beta sigmoid), so they commute with packing.
 
 Options follow ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0), checked against its source:
@@ -20,9 +26,9 @@ Options follow ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0), checked against its s
 - ``use_gate_in_kernel``: ``g`` is the raw gate input. Without ``lower_bound``:
   ``g = -exp(A_log[h]) * softplus(g + dt_bias[h, :])``; with ``lower_bound``:
   ``g = lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h, :]))``, or
-  ``lower_bound * sigmoid(g + dt_bias[h, :])`` when ``A_log`` is None. ``A_log`` has shape ``[H]``,
-  ``dt_bias`` ``[H*K]`` (viewed ``[H, K]``), both optional as in fla. fla's Triton softplus switches
-  to the identity above 20 (an error below 2.1e-9); this reference uses the exact softplus.
+  ``lower_bound * sigmoid(g + dt_bias[h, :])`` when ``A_log`` is None (h a value head). ``A_log`` has
+  shape ``[HV]``, ``dt_bias`` ``[HV*K]`` (viewed ``[HV, K]``), both optional as in fla. fla's Triton
+  softplus switches to the identity above 20 (an error below 2.1e-9); this reference uses the exact softplus.
   ``lower_bound`` only acts through the gate: fla ignores it when ``use_gate_in_kernel=False``.
 - ``use_beta_sigmoid_in_kernel``: ``beta = sigmoid(beta)``, times 2 with ``allow_neg_eigval``.
 - ``safe_gate``: a numerics switch of fla's intra-chunk kernel (M=16 tensor-core path for
@@ -31,6 +37,9 @@ Options follow ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0), checked against its s
 fla 0.6.0 has no gate sentinel: the only "sentinel" in KDA is the graph-mode varlen chunk
 index ``i_n = -1`` (``prepare_chunk_indices_static``) on padded chunk rows, which kernels skip.
 A gate of ``-inf`` (a hard state reset) is not special-cased by fla and is not supported here.
+
+The driver (:func:`forward`, :func:`backward`: contract, in-kernel options, value heads, float64 core) is
+shared with :mod:`references.gdn`, whose scalar gate is broadcast over the key channels (:class:`DeltaRule`).
 
 Two formulations check each other: ``method="recurrent"`` (token by token) and
 ``method="chunk"`` (WY form: per chunk ``Akk``, its unit-lower-triangular inverse, ``w``, ``u``,
@@ -46,6 +55,9 @@ to float64. Results are float64 numpy arrays (checked).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,7 +72,8 @@ L2NORM_EPS = 1e-6
 METHODS = ("chunk", "recurrent")
 _HI = lax.Precision.HIGHEST
 
-__all__ = ["chunk_kda", "chunk_kda_bwd", "preprocess", "METHODS", "L2NORM_EPS"]
+__all__ = ["chunk_kda", "chunk_kda_bwd", "preprocess", "METHODS", "L2NORM_EPS", "DeltaRule", "forward", "backward",
+           "qk_beta_options"]
 
 
 def _to_np(x, dtype: str) -> np.ndarray:
@@ -69,6 +82,18 @@ def _to_np(x, dtype: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ options
+def qk_beta_options(q, k, beta, *, use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                    allow_neg_eigval=False):
+    """The in-kernel options kda and gdn share (the same functions in fla): q, k l2-normalised over K,
+    beta through a sigmoid (doubled with ``allow_neg_eigval``). Returns (q, k, beta)."""
+    if use_qk_l2norm_in_kernel:
+        q = q * lax.rsqrt(jnp.sum(q * q, axis=-1, keepdims=True) + L2NORM_EPS)
+        k = k * lax.rsqrt(jnp.sum(k * k, axis=-1, keepdims=True) + L2NORM_EPS)
+    if use_beta_sigmoid_in_kernel:
+        beta = jax.nn.sigmoid(beta) * (2.0 if allow_neg_eigval else 1.0)
+    return q, k, beta
+
+
 def preprocess(q, k, g, beta, A_log=None, dt_bias=None, *, use_qk_l2norm_in_kernel=False,
                use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                lower_bound=None, **_unused):
@@ -76,20 +101,18 @@ def preprocess(q, k, g, beta, A_log=None, dt_bias=None, *, use_qk_l2norm_in_kern
 
     Works in whatever dtype its inputs have (the reference calls it in float64).
     """
-    if use_qk_l2norm_in_kernel:
-        q = q * lax.rsqrt(jnp.sum(q * q, axis=-1, keepdims=True) + L2NORM_EPS)
-        k = k * lax.rsqrt(jnp.sum(k * k, axis=-1, keepdims=True) + L2NORM_EPS)
+    q, k, beta = qk_beta_options(q, k, beta, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                                 allow_neg_eigval=allow_neg_eigval)
     if use_gate_in_kernel:
-        H, K = g.shape[-2:]
-        x = g if dt_bias is None else g + dt_bias.reshape(H, K)
+        HV, K = g.shape[-2:]
+        x = g if dt_bias is None else g + dt_bias.reshape(HV, K)
         if lower_bound is None:
-            g = -jnp.exp(A_log).reshape(H, 1) * jax.nn.softplus(x)
+            g = -jnp.exp(A_log).reshape(HV, 1) * jax.nn.softplus(x)
         else:
             if A_log is not None:
-                x = jnp.exp(A_log).reshape(H, 1) * x
+                x = jnp.exp(A_log).reshape(HV, 1) * x
             g = lower_bound * jax.nn.sigmoid(x)
-    if use_beta_sigmoid_in_kernel:
-        beta = jax.nn.sigmoid(beta) * (2.0 if allow_neg_eigval else 1.0)
     return q, k, g, beta
 
 
@@ -155,7 +178,8 @@ def _chunk_step_recurrent(scale, S, xs):
 
 
 def _core(q, k, v, g, beta, h0, scale, chunk_size, method, offs=None):
-    """Core recurrence on float64 jax arrays. Returns (o [B,T,H,V], ht [N,H,K,V]); with packed offsets
+    """Core recurrence on float64 jax arrays, H heads each with its own q, k (the value heads: q and k are
+    already repeated to them). Returns (o [B,T,H,V], ht [N,H,K,V]); with packed offsets
     ``offs`` every sequence runs alone from its own state (state reset, chunks restarting at its start)."""
     return over_sequences(lambda *xs: _core_one(*xs, scale, chunk_size, method), offs, (q, k, v, g, beta), h0)
 
@@ -177,18 +201,34 @@ def _core_one(q, k, v, g, beta, h0, scale, chunk_size, method):
     return _from_chunks(o)[:, :T], ht
 
 
-def _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw, compute_dtype, do=None,
-           dht=None, cu_seqlens=None):
-    """The op contract (:func:`op_contract.check_kda`) on the inputs as given, plus the reference's own arguments."""
+# ------------------------------------------------------------------ the driver kda and gdn share
+@dataclasses.dataclass(frozen=True)
+class DeltaRule:
+    """What a gated delta rule op brings to the shared driver (:func:`forward`, :func:`backward`).
+
+    ``check``: its op contract (``op_contract.check_kda``-like: ``(q, k, v, g, beta, scale, initial_state,
+    chunk_size, *, opts, A_log, dt_bias, do, dht, cu_seqlens) -> (dims, scale)``); ``options``: its options
+    with fla's defaults filled in (unknown name: TypeError); ``preprocess``: its in-kernel options,
+    ``(q, k, g, beta, A_log, dt_bias, **opts) -> (q, k, g, beta)``, g the log decay [B,T,HV,K] or, one per
+    value head, [B,T,HV] (then broadcast over the K key channels: exact)."""
+
+    check: Callable
+    options: Callable
+    preprocess: Callable
+
+
+def _setup(op: DeltaRule, q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw,
+           compute_dtype, do=None, dht=None, cu_seqlens=None):
+    """The op contract (``op.check``) on the inputs as given, plus the reference's own arguments."""
     check_compute_dtype(compute_dtype)
     if method not in METHODS:
         raise ValueError(f"{method=} must be one of {METHODS}")
-    opts = kda_options(kw)
+    opts = op.options(kw)
     q, k, v, g, beta, initial_state, A_log, dt_bias, do, dht = as_arrays(q, k, v, g, beta, initial_state, A_log,
                                                                          dt_bias, do, dht)
-    _, scale = check_kda(q, k, v, g, beta, scale, initial_state, chunk_size, opts=opts, A_log=A_log,
-                         dt_bias=dt_bias, do=do, dht=dht, cu_seqlens=cu_seqlens)
-    # fla's rules on the option combination (safe_gate's lower_bound range, allow_neg_eigval only with the
+    _, scale = op.check(q, k, v, g, beta, scale, initial_state, chunk_size, opts=opts, A_log=A_log,
+                        dt_bias=dt_bias, do=do, dht=dht, cu_seqlens=cu_seqlens)
+    # fla's rules on kda's option combination (safe_gate's lower_bound range, allow_neg_eigval only with the
     # beta sigmoid) are the kernels' rules, written once in kernels_tpu.kda.check_options: the float64
     # maths here is defined without them, and safe_gate only chooses kernel numerics.
     if not use_gate(opts):
@@ -200,25 +240,31 @@ def use_gate(opts) -> bool:
     return bool(opts["use_gate_in_kernel"])
 
 
-# ------------------------------------------------------------------ public
-def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *,
-              A_log=None, dt_bias=None, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64",
-              **options):
-    """KDA forward. Returns ``(o, ht)`` float64 numpy; ``ht`` is None unless ``output_final_state``.
+def _recurrence_inputs(op: DeltaRule, q, k, v, g, beta, A_log, dt_bias, opts):
+    """The core recurrence's q, k, g [B,T,HV,K] and beta [B,T,HV]: the op's in-kernel options, then q and
+    k repeated to v's HV value heads (grouped value heads; nothing when HV == H) and a per-head gate
+    broadcast over the key channels."""
+    q, k, g, beta = op.preprocess(q, k, g, beta, A_log, dt_bias, **opts)
+    H, HV = q.shape[2], v.shape[2]
+    if HV != H:
+        q, k = (jnp.repeat(x, HV // H, axis=2) for x in (q, k))
+    if g.ndim == 3:
+        g = jnp.broadcast_to(g[..., None], q.shape)
+    return q, k, g, beta
 
-    ``cu_seqlens``: N+1 offsets of packed sequences (B = 1); initial_state and ht are then [N,H,K,V].
-    ``options``: use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-    allow_neg_eigval, safe_gate, lower_bound (see the module docstring). ``compute_dtype="float32"``
-    runs the same maths in float32 (results still returned as float64).
-    """
-    arrs, opts, scale, A_log, dt_bias, offs = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
+
+def forward(op: DeltaRule, q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias, cu_seqlens,
+            method, chunk_size, compute_dtype, options):
+    """``op``'s forward (see :func:`chunk_kda`): ``(o, ht)`` float64 numpy, ``ht`` None unless
+    ``output_final_state``."""
+    arrs, opts, scale, A_log, dt_bias, offs = _setup(op, q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
                                                      chunk_size, method, options, compute_dtype,
                                                      cu_seqlens=cu_seqlens)
     cd = compute_dtype
     with float64_cpu(cd == "float64"):
         q, k, v, g, beta = (to_jax(x, cd) for x in arrs)
         h0, A_log, dt_bias = (to_jax(x, cd) for x in (initial_state, A_log, dt_bias))
-        q, k, g, beta = preprocess(q, k, g, beta, A_log, dt_bias, **opts)
+        q, k, g, beta = _recurrence_inputs(op, q, k, v, g, beta, A_log, dt_bias, opts)
         o, ht = _core_jit(q, k, v, g, beta, h0, scale, chunk_size, method, offs)
         o = _to_np(o, cd)
         ht = _to_np(ht, cd) if output_final_state else None
@@ -228,15 +274,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 _core_jit = jax.jit(_core, static_argnums=(6, 7, 8, 9))
 
 
-def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, *, A_log=None,
-                  dt_bias=None, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64", **options):
-    """Gradients of ``sum(o*do) + sum(ht*dht)`` w.r.t. the raw inputs given, in float64.
-
-    Returns dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias); ``dh0`` is None without
-    ``initial_state``, ``dA_log`` / ``ddt_bias`` are None unless ``use_gate_in_kernel`` and that
-    parameter is given. With ``cu_seqlens``, dht, initial_state and dh0 are [N,H,K,V].
-    """
-    arrs, opts, scale, A_log, dt_bias, offs = _setup(q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
+def backward(op: DeltaRule, q, k, v, g, beta, do, dht, scale, initial_state, A_log, dt_bias, cu_seqlens, method,
+             chunk_size, compute_dtype, options):
+    """``op``'s gradients (see :func:`chunk_kda_bwd`): dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias)."""
+    arrs, opts, scale, A_log, dt_bias, offs = _setup(op, q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
                                                      chunk_size, method, options, compute_dtype, do, dht,
                                                      cu_seqlens)
     cd = compute_dtype
@@ -247,19 +288,57 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
                 primals[name] = to_jax(x, cd)
         do64 = to_jax(do, cd)
         B, T, H, K = primals["q"].shape
-        V = primals["v"].shape[-1]
-        dht64 = jnp.zeros((num_states(B, offs), H, K, V), cd) if dht is None else to_jax(dht, cd)
+        HV, V = primals["v"].shape[2:]
+        dht64 = jnp.zeros((num_states(B, offs), HV, K, V), cd) if dht is None else to_jax(dht, cd)
 
-        def loss_fn(p):
-            q_, k_, g_, b_ = preprocess(p["q"], p["k"], p["g"], p["beta"], p.get("A_log"), p.get("dt_bias"),
-                                        **opts)
-            o, ht = _core(q_, k_, p["v"], g_, b_, p.get("h0"), scale, chunk_size, method, offs)
-            return o, ht
-
-        def grads(p, do_, dht_):
-            _, vjp = jax.vjp(loss_fn, p)
-            return vjp((do_, dht_))[0]
-
-        out = jax.jit(grads)(primals, do64, dht64)
+        out = _grads_jit(op, tuple(opts.items()), scale, chunk_size, method, offs, primals, do64, dht64)
         names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
         return {"d" + n: (_to_np(out[n], cd) if n in out else None) for n in names}
+
+
+def _grads(op: DeltaRule, opts: tuple, scale, chunk_size, method, offs, primals, do, dht):
+    """The vjp of (o, ht) w.r.t. the raw ``primals`` (a dict; h0, A_log, dt_bias when given) at (do, dht);
+    ``opts`` as (name, value) pairs, static (hashable) like the other arguments before ``primals``."""
+    def loss_fn(p):
+        q_, k_, g_, b_ = _recurrence_inputs(op, p["q"], p["k"], p["v"], p["g"], p["beta"], p.get("A_log"),
+                                            p.get("dt_bias"), dict(opts))
+        return _core(q_, k_, p["v"], g_, b_, p.get("h0"), scale, chunk_size, method, offs)
+
+    _, vjp = jax.vjp(loss_fn, primals)
+    return vjp((do, dht))[0]
+
+
+_grads_jit = jax.jit(_grads, static_argnums=(0, 1, 2, 3, 4, 5))  # compiled once per op, options and shapes
+
+
+KDA = DeltaRule(check=check_kda, options=kda_options, preprocess=preprocess)
+
+
+# ------------------------------------------------------------------ public
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *,
+              A_log=None, dt_bias=None, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64",
+              **options):
+    """KDA forward. Returns ``(o [B,T,HV,V], ht [N,HV,K,V])`` float64 numpy; ``ht`` is None unless
+    ``output_final_state``.
+
+    q, k [B,T,H,K]; v [B,T,HV,V], g [B,T,HV,K], beta [B,T,HV] (HV a multiple of H: grouped value heads).
+    ``cu_seqlens``: N+1 offsets of packed sequences (B = 1); initial_state and ht are then [N,HV,K,V].
+    ``options``: use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+    allow_neg_eigval, safe_gate, lower_bound (see the module docstring). ``compute_dtype="float32"``
+    runs the same maths in float32 (results still returned as float64).
+    """
+    return forward(KDA, q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias, cu_seqlens,
+                   method, chunk_size, compute_dtype, options)
+
+
+def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, *, A_log=None,
+                  dt_bias=None, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64", **options):
+    """Gradients of ``sum(o*do) + sum(ht*dht)`` w.r.t. the raw inputs given, in float64.
+
+    Returns dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias), each shaped as its input (dq, dk [B,T,H,K]
+    with grouped value heads); ``dh0`` is None without ``initial_state``, ``dA_log`` / ``ddt_bias`` are None
+    unless ``use_gate_in_kernel`` and that parameter is given. With ``cu_seqlens``, dht, initial_state and
+    dh0 are [N,HV,K,V].
+    """
+    return backward(KDA, q, k, v, g, beta, do, dht, scale, initial_state, A_log, dt_bias, cu_seqlens, method,
+                    chunk_size, compute_dtype, options)

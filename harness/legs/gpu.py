@@ -135,7 +135,8 @@ class GpuLeg(Leg):
                 cot = tensors.get(cot_name) if cot_name else None
                 outs.append(value)
                 cots.append(torch.zeros_like(value) if cot is None else cot.to(value.dtype))
-            grads = torch.autograd.grad(outs, [tensors[n] for n in diff_names], cots, allow_unused=True)
+            grads = (torch.autograd.grad(outs, [tensors[n] for n in diff_names], cots, allow_unused=True)
+                     if diff_names else ())  # a forward-only case (a decode variant) differentiates nothing
         result = {name: to_numpy(value) for name, value in outputs.items()}
         for n, g in zip(diff_names, grads):
             result[grad_name(n)] = None if g is None else to_numpy(g)

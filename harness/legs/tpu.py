@@ -65,7 +65,7 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=N
     diff_names = op.differentiable(case)
 
     def fn(arrays):
-        if not binding.differentiable:  # forward only: nothing to differentiate, no gradients
+        if not binding.differentiable or not diff_names:  # forward only: nothing to differentiate, no gradients
             out = binding.forward(case, arrays, ctx)
             return {name: value for name, value in out.items() if value is not None}, {}
         primals = {n: arrays[n] for n in diff_names}

@@ -15,8 +15,25 @@ from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_n
 from .base import forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs
 
 Shape = Callable[[Case], tuple]
+DECODE = "fused_recurrent"
+VARIANTS = ("chunk", DECODE)
+"""``chunk``: fla's chunk kernels, forward and backward. ``fused_recurrent``: the decode path, forward only (fla's
+``fused_recurrent_*`` kernels raise in backward: serving never differentiates), token by token on fla's side."""
 DTYPES = {"q": "case", "k": "case", "v": "case", "g": "float32", "beta": "case", "h0": "float32",
           "A_log": "float32", "dt_bias": "float32"}
+
+
+def forward_only(case: Case) -> bool:
+    """The decode variant compares o and ht only."""
+    return case.variant == DECODE
+
+
+def validate_variant(case: Case) -> None:
+    if case.variant not in VARIANTS:
+        raise ValueError(f"{case.op} {case.variant=} must be one of {VARIANTS}")
+    if forward_only(case) and case.dht:
+        raise ValueError(f"{case.op}.{DECODE} is forward only (fla's fused_recurrent kernels have no backward): "
+                         f"drop dht")
 
 
 def gate_in_kernel(case: Case) -> bool:
@@ -40,7 +57,9 @@ def inputs(case: Case, opts: dict, g_shape: Shape, dt_bias_shape: Shape) -> list
 
 
 def differentiable(case: Case) -> list[str]:
-    """q, k, v, g, beta; A_log and dt_bias with the in-kernel gate; h0 when given."""
+    """q, k, v, g, beta; A_log and dt_bias with the in-kernel gate; h0 when given. None for the decode variant."""
+    if forward_only(case):
+        return []
     names = ["q", "k", "v", "g", "beta"]
     if gate_in_kernel(case):
         names += ["A_log", "dt_bias"]
@@ -59,8 +78,9 @@ def reference(fwd, bwd, case: Case, x: dict, method: str, compute_dtype: str, op
                   cu_seqlens=case.cu_seqlens, **opts)
     qkvgb = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     o, ht = fwd(*qkvgb, output_final_state=True, **common)
-    grads = bwd(*qkvgb, x["do"], x.get("dht"), **common)
-    return {"o": o, "ht": ht, **{"d" + n: grads["d" + n] for n in differentiable(case)}}
+    names = differentiable(case)
+    grads = bwd(*qkvgb, x["do"], x.get("dht"), **common) if names else {}
+    return {"o": o, "ht": ht, **{"d" + n: grads["d" + n] for n in names}}
 
 
 def gate_params(case: Case, t: dict) -> dict:

@@ -3,7 +3,8 @@
     S'_t = exp(g_t) S_{t-1}
     S_t  = S'_t + beta_t k_t (v_t - S'_tᵀ k_t)ᵀ,   o_t = scale · S_tᵀ q_t,   ht = S_T
 
-fla's ``chunk_gated_delta_rule``. Grouped value heads (``Case.HV`` > H): v, g, beta, A_log, dt_bias and the state
+Variants: ``chunk`` (fla's ``chunk_gated_delta_rule``, forward and backward) and ``fused_recurrent``, the decode
+path (fla's ``fused_recurrent_gated_delta_rule``; forward only, o and ht; the TPU runs its chunk forward). Grouped value heads (``Case.HV`` > H): v, g, beta, A_log, dt_bias and the state
 have HV heads; value head j reads q/k head j // (HV // H).
 
 Gate: ``g`` [B,T,HV] per-token log decay (``Gate(kind="g")``, fla's log-sigmoid law). ``beta`` [B,T,HV].
@@ -21,13 +22,15 @@ Case options (``Case.options``), each passed to every leg under fla's keyword of
 
 from __future__ import annotations
 
+import functools
+
 from cases.case import Case
 from cases.inputs import InputSpec
 
 from . import delta_rule
 from .base import LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen
 
-VARIANTS = ("chunk",)
+VARIANTS = delta_rule.VARIANTS
 OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
 FLA_CHUNK_SIZES = (16, 32, 64)
 
@@ -43,8 +46,7 @@ def inputs(case: Case) -> list[InputSpec]:
 
 
 def validate(case: Case) -> None:
-    if case.variant not in VARIANTS:
-        raise ValueError(f"gdn {case.variant=} must be one of {VARIANTS}")
+    delta_rule.validate_variant(case)
     if case.gate is None or case.gate.kind != "g" or case.gate.law != "logsigmoid":
         raise ValueError(f"gdn takes a per-token g gate [B,T,HV] (Gate(kind='g')), got {case.gate}")
     unknown = set(case.opt) - set(OPTIONS)
@@ -69,18 +71,24 @@ def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "
 
 
 def fla_forward(case: Case, t: dict) -> dict:
-    """fla's public ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` with the case's options."""
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    """fla's public ``chunk_gated_delta_rule``, or ``fused_recurrent_gated_delta_rule`` for the decode variant (no
+    chunk size), with the case's options."""
+    from fla.ops import gated_delta_rule as fla_gdn
 
-    o, ht = chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale,
-                                   initial_state=t.get("h0"), output_final_state=case.final_state,
-                                   chunk_size=case.chunk_size, **options(case), **delta_rule.gate_params(case, t),
-                                   **fla_varlen(case, t["q"]))
+    if delta_rule.forward_only(case):
+        fn, chunking = fla_gdn.fused_recurrent_gated_delta_rule, {}
+    else:
+        fn, chunking = fla_gdn.chunk_gated_delta_rule, dict(chunk_size=case.chunk_size)
+    o, ht = fn(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], scale=case.resolved_scale,
+               initial_state=t.get("h0"), output_final_state=case.final_state, **chunking, **options(case),
+               **delta_rule.gate_params(case, t), **fla_varlen(case, t["q"]))
     return {"o": o, "ht": ht}
 
 
 def fla_supports(case: Case) -> str | None:
-    """fla's own limits for chunk_gated_delta_rule."""
+    """fla's own limits for chunk_gated_delta_rule (the decode variant has no chunks)."""
+    if delta_rule.forward_only(case):
+        return None
     if case.chunk_size not in FLA_CHUNK_SIZES:
         return f"fla's chunk_gated_delta_rule supports chunk_size {FLA_CHUNK_SIZES}, got {case.chunk_size}"
     if case.K > 256:
@@ -89,9 +97,15 @@ def fla_supports(case: Case) -> str | None:
 
 
 def pallas_forward(case: Case, a: dict, ctx) -> dict:
+    """The chunk kernels; the decode variant runs their forward alone (no VJP machinery) at the decode path's dot
+    precision (``kernels_tpu.mxu.DECODE_F32_PRECISION``)."""
+    from kernels_tpu import mxu
     from kernels_tpu import gdn as kernels
 
-    o, ht = call_tpu_kernel(kernels.chunk_gated_delta_rule, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
+    fn = kernels.chunk_gated_delta_rule
+    if delta_rule.forward_only(case):  # decode: the forward kernel, its state dots float32-accurate
+        fn = functools.partial(kernels.chunk_gated_delta_rule_fwd, dot_precision=mxu.DECODE_F32_PRECISION)
+    o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
                             scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
                             chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
                             **options(case), **delta_rule.gate_params(case, a))
@@ -109,10 +123,12 @@ GDN = OpDescriptor(
     validate=validate,
     reference=reference,
     fla=LegBinding(fla_forward, fla_supports,
-                   describe=lambda c: {"entry": "fla.ops.gated_delta_rule.chunk_gated_delta_rule",
+                   describe=lambda c: {"entry": f"fla.ops.gated_delta_rule.{c.variant}_gated_delta_rule",
                                        "options": options(c)}),
     pallas=LegBinding(pallas_forward,
-                      describe=lambda c: {"entry": "kernels_tpu.gdn.chunk_gated_delta_rule", "options": options(c)}),
+                      describe=lambda c: {"entry": "kernels_tpu.gdn.chunk_gated_delta_rule"
+                                                   + ("_fwd" if delta_rule.forward_only(c) else ""),
+                                          "options": options(c)}),
     notes={"kernels": "kda's Pallas kernels with the scalar decay broadcast over K (exact); the in-kernel gate is "
                       "applied with float32 jax ops before them (same function; gradients by autodiff)"},
 )

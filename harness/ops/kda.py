@@ -1,4 +1,7 @@
-"""kda: Kimi delta attention, the gated delta rule with a per-key-channel decay (variant ``chunk``).
+"""kda: Kimi delta attention, the gated delta rule with a per-key-channel decay.
+
+Variants: ``chunk`` (fla's ``chunk_kda``, forward and backward) and ``fused_recurrent``, the decode path (fla's
+``fused_recurrent_kda``; forward only, o and ht; the TPU runs its chunk forward).
 
     S'_t = Diag(exp g_t) S_{t-1}
     S_t  = S'_t + beta_t k_t (v_t - S'_tᵀ k_t)ᵀ,   o_t = scale · S_tᵀ q_t,   ht = S_T
@@ -26,6 +29,8 @@ Case options (``Case.options``), each passed to every leg under fla's keyword of
 
 from __future__ import annotations
 
+import functools
+
 import os
 
 from cases.case import Case
@@ -35,7 +40,7 @@ from kernels_tpu.kda import check_options
 from . import delta_rule
 from .base import LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen
 
-VARIANTS = ("chunk",)
+VARIANTS = delta_rule.VARIANTS
 BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
                 "allow_neg_eigval", "safe_gate")
 OPTIONS = BOOL_OPTIONS + ("lower_bound",)
@@ -58,8 +63,7 @@ def inputs(case: Case) -> list[InputSpec]:
 
 
 def validate(case: Case) -> None:
-    if case.variant not in VARIANTS:
-        raise ValueError(f"kda {case.variant=} must be one of {VARIANTS}")
+    delta_rule.validate_variant(case)
     if case.gate is None or case.gate.kind != "g" or case.gate.law != "logsigmoid":
         raise ValueError(f"kda takes a per-token g gate [B,T,HV,K] (Gate(kind='g')), got {case.gate}")
     unknown = set(case.opt) - set(OPTIONS)
@@ -95,18 +99,28 @@ def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "
 
 
 def fla_forward(case: Case, t: dict) -> dict:
-    """fla's public ``fla.ops.kda.chunk_kda`` with the case's options (Triton pinned, see fla_supports)."""
-    from fla.ops.kda import chunk_kda
+    """fla's public ``fla.ops.kda.chunk_kda``, or ``fused_recurrent_kda`` for the decode variant (no chunk size,
+    no safe_gate), with the case's options (Triton pinned, see fla_supports)."""
+    from fla.ops import kda as fla_kda
 
-    extra = delta_rule.gate_params(case, t)
-    o, ht = chunk_kda(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale,
-                      initial_state=t.get("h0"), output_final_state=case.final_state,
-                      chunk_size=case.chunk_size, **_fla_kwargs(case), **extra, **fla_varlen(case, t["q"]))
+    kwargs = _fla_kwargs(case)
+    if delta_rule.forward_only(case):
+        fn = fla_kda.fused_recurrent_kda
+        kwargs.pop("safe_gate")  # a chunk-kernel numerics switch; fla_supports refuses it here
+    else:
+        fn, kwargs["chunk_size"] = fla_kda.chunk_kda, case.chunk_size
+    o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale, initial_state=t.get("h0"),
+               output_final_state=case.final_state, **kwargs, **delta_rule.gate_params(case, t),
+               **fla_varlen(case, t["q"]))
     return {"o": o, "ht": ht}
 
 
 def fla_supports(case: Case) -> str | None:
     """fla's own limits for chunk_kda (the GPU leg keeps fla on its Triton kernels: FLA_DISABLE_BACKEND_DISPATCH)."""
+    if delta_rule.forward_only(case):
+        if options(case)["safe_gate"]:
+            return "fla's fused_recurrent_kda has no safe_gate (a chunk-kernel numerics switch)"
+        return None
     if case.chunk_size not in (32, 64):
         return f"fla's chunk_kda supports chunk_size 32 or 64, got {case.chunk_size}"
     if case.K > 256:
@@ -115,10 +129,16 @@ def fla_supports(case: Case) -> str | None:
 
 
 def pallas_forward(case: Case, a: dict, ctx) -> dict:
+    """The chunk kernels; the decode variant runs their forward alone (no VJP machinery) at the decode path's dot
+    precision (``kernels_tpu.mxu.DECODE_F32_PRECISION``)."""
+    from kernels_tpu import mxu
     from kernels_tpu import kda as kernels
 
     extra = delta_rule.gate_params(case, a)
-    o, ht = call_tpu_kernel(kernels.chunk_kda, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
+    fn = kernels.chunk_kda
+    if delta_rule.forward_only(case):  # decode: the forward kernel, its state dots float32-accurate
+        fn = functools.partial(kernels.chunk_kda_fwd, dot_precision=mxu.DECODE_F32_PRECISION)
+    o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
                             scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
                             chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
                             **_fla_kwargs(case), **extra)
@@ -136,11 +156,13 @@ KDA = OpDescriptor(
     validate=validate,
     reference=reference,
     fla=LegBinding(fla_forward, fla_supports,
-                   describe=lambda c: {"entry": "fla.ops.kda.chunk_kda",
+                   describe=lambda c: {"entry": f"fla.ops.kda.{c.variant}_kda",
                                        "dispatch": f"{FLA_DISPATCH_ENV}={os.environ.get(FLA_DISPATCH_ENV)}",
                                        "options": _fla_kwargs(c)}),
     pallas=LegBinding(pallas_forward,
-                   describe=lambda c: {"entry": "kernels_tpu.kda.chunk_kda", "options": _fla_kwargs(c)}),
+                   describe=lambda c: {"entry": "kernels_tpu.kda.chunk_kda" + ("_fwd" if delta_rule.forward_only(c)
+                                                                               else ""),
+                                       "options": _fla_kwargs(c)}),
     notes={"options": "in-kernel options are applied by the TPU public function with float32 jax ops "
                       "before the Pallas kernels (same function; gradients by autodiff)"},
 )

@@ -85,10 +85,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
 
 
 def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                               chunk_size=64, interpret=None, mxu_model=None, *, cu_seqlens=None, **options):
-    """Forward only: (o, ht or None), kda's forward kernel without the VJP machinery. Args as above."""
+                               chunk_size=64, interpret=None, mxu_model=None, *, cu_seqlens=None, dot_precision=None,
+                               **options):
+    """Forward only: (o, ht or None), kda's forward kernel without the VJP machinery. Args as above, plus
+    ``dot_precision`` as :func:`kernels_tpu.kda.chunk_kda_fwd` takes it (the decode path: ``HIGHEST``)."""
     return _kda_call(kda.chunk_kda_fwd, q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
-                     mxu_model, cu_seqlens, options, output_final_state=output_final_state)
+                     mxu_model, cu_seqlens, options, output_final_state=output_final_state,
+                     dot_precision=dot_precision)
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, chunk_size=64,

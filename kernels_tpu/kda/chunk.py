@@ -76,10 +76,11 @@ class Config:
     mxu_model: bool
     dtype: str  # the public q/k/v dtype: picks the dot policy
     packing: Packing  # the public token axis -> the kernels' batch rows (cu_seqlens)
+    f32_precision: Any = None  # None: the policy's table; the decode path asks for f32-accurate dots
 
     @property
     def policy(self) -> mxu.Policy:
-        return mxu.policy_for(self.dtype, self.mxu_model)
+        return mxu.policy_for(self.dtype, self.mxu_model, self.f32_precision)
 
 
 # ============================================================ in-kernel maths
@@ -390,11 +391,12 @@ def check_options(opts: dict) -> None:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
 
 
-def _make_config(scale, chunk_size, interpret, mxu_model, dtype, packing: Packing) -> Config:
+def _make_config(scale, chunk_size, interpret, mxu_model, dtype, packing: Packing, f32_precision=None) -> Config:
     interpret = resolve_interpret(interpret)
     mxu_model = resolve_mxu_model(mxu_model, interpret)
+    mxu.policy_for(dtype, mxu_model, f32_precision)  # a bad precision is a ValueError before tracing
     return Config(scale=scale, blocks=BlockSizes(chunk_size=chunk_size), interpret=interpret,
-                  mxu_model=mxu_model, dtype=jnp.dtype(dtype).name, packing=packing)
+                  mxu_model=mxu_model, dtype=jnp.dtype(dtype).name, packing=packing, f32_precision=f32_precision)
 
 
 def _preprocess(q, k, g, beta, A_log, dt_bias, opts):
@@ -465,7 +467,7 @@ def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_item
 
 # ============================================================ public API
 def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, cu_seqlens, options,
-           **grads):
+           f32_precision=None, **grads):
     """Validated config and options; ``grads`` are the backward's cotangents (do, dht) to check too."""
     options = dict(options)
     A_log, dt_bias = options.pop("A_log", None), options.pop("dt_bias", None)
@@ -474,7 +476,7 @@ def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_mo
                       cu_seqlens=cu_seqlens, **grads)
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
-    cfg = _make_config(scale, chunk_size, interpret, mxu_model, q.dtype, Packing.of(cu_seqlens, q))
+    cfg = _make_config(scale, chunk_size, interpret, mxu_model, q.dtype, Packing.of(cu_seqlens, q), f32_precision)
     return cfg, tuple(sorted(opts.items())), A_log, dt_bias
 
 
@@ -514,10 +516,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
 
 def chunk_kda_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-                  interpret=None, mxu_model=None, *, cu_seqlens=None, **options):
-    """Forward only: (o, ht or None), the forward kernel without the VJP machinery. Args as chunk_kda."""
+                  interpret=None, mxu_model=None, *, cu_seqlens=None, dot_precision=None, **options):
+    """Forward only: (o, ht or None), the forward kernel without the VJP machinery. Args as chunk_kda, plus
+    ``dot_precision`` (one of ``kernels_tpu.mxu.PRECISIONS``): the precision of every f32-operand dot in place
+    of the policy's table. The decode path asks for ``HIGHEST``: fla decodes with float32 elementwise products,
+    which a bf16x3 dot of the carried state does not match (docs/precision.md)."""
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
-                                       mxu_model, cu_seqlens, options)
+                                       mxu_model, cu_seqlens, options, f32_precision=dot_precision)
     o, ht = _fwd_only(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
     return o, (ht if output_final_state else None)
 

@@ -3,8 +3,8 @@
 
 - gdn on kda's kernels is exactly kda with the scalar decay on every key channel: o and ht bit-equal, dg the
   float32 sum of kda's per-channel dg;
-- GVA is exactly q and k repeated to the value heads: o and ht bit-equal to the repeated call; dq and dk the
-  group's per-value-head gradients summed in float32 and rounded once;
+- GVA is exactly q and k repeated to the value heads: o, ht and the value-head gradients bit-equal to the
+  repeated call; dq and dk the group's sum within bf16 rounding;
 - against the float64 gdn reference within the kda kernels' tolerances (tests/kernels_tpu/test_kda_kernels.py
   states them), with the in-kernel gate, GVA and packed sequences.
 """
@@ -72,10 +72,10 @@ def test_grouped_value_heads_are_q_and_k_repeated():
     np.testing.assert_array_equal(np.asarray(ht), np.asarray(ht_rep))
     d = chunk_gated_delta_rule_bwd(**inp, do=do, dht=dht, chunk_size=C, interpret=True)
     d_rep = chunk_gated_delta_rule_bwd(**rep, do=do, dht=dht, chunk_size=C, interpret=True)
-    for name in ("dq", "dk"):
+    for name in ("dq", "dk"):  # the group's sum, rounded to bf16 once (the repeated call rounds each head first)
         per_head = np.asarray(d_rep[name], np.float32).reshape(1, 64, 1, 2, K).sum(axis=3)
-        assert d[name].shape == inp[name[1:]].shape
-        np.testing.assert_array_equal(np.asarray(d[name]), per_head.astype(ml_dtypes.bfloat16), err_msg=name)
+        assert d[name].shape == inp[name[1:]].shape and d[name].dtype == jnp.bfloat16
+        assert rel_l2(d[name], per_head) < 2.0**-8, name
     for name in ("dv", "dg", "dbeta", "dh0"):
         np.testing.assert_array_equal(np.asarray(d[name]), np.asarray(d_rep[name]), err_msg=name)
 

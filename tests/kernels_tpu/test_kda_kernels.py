@@ -224,10 +224,10 @@ def test_invalid_arguments(change, exc, match):
         chunk_kda(**args)
 
 
-def test_unsupported_shapes():
-    args = _args()  # GVA: v has more heads than q/k
+def test_grouped_value_heads_need_the_gate_and_beta_at_hv_heads():
+    args = _args()  # GVA: v has two value heads per q/k head, but g keeps q/k's one head
     args["v"] = np.zeros((1, 64, 2, V), np.float32)
-    with pytest.raises(NotImplementedError, match="grouped"):
+    with pytest.raises(ValueError, match=r"g must be \[B,T,HV,K\]"):
         chunk_kda(**args)
 
 
