@@ -255,6 +255,8 @@ class Case:
         return case
 
     def replace(self, **changes) -> "Case":
+        if "H" in changes and "HV" not in changes and not self.grouped_values:
+            changes["HV"] = None  # no grouped value heads before: none after (HV follows the new H)
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:  # pytest ids and log lines

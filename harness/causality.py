@@ -48,6 +48,14 @@ from .status import Status
 
 CAUSALITY_REL_BOUND = 1e-6
 CHECKED = ("o", "dq")
+
+
+def checked_tensors(op: OpDescriptor | None, case: Case) -> list[str]:
+    """:data:`CHECKED`, less a gradient the case does not compare (a forward-only decode variant has no dq)."""
+    if op is None:
+        return list(CHECKED)
+    names = set(op.tensor_names(case))
+    return [n for n in CHECKED if n in names]
 CAUSALITY, ISOLATION = "causality", "isolation"
 
 
@@ -182,7 +190,7 @@ def check_case(leg: Leg, case: Case, t0: int | None = None, runner: Runner | Non
 
     def rows(op, status, reason, sha="", wall=0.0):
         out = [CausalityRow(case.id, leg.name, n, t0, np.nan, np.nan, False, status, reason, mode, sha, wall)
-               for n in CHECKED]
+               for n in checked_tensors(op, case)]
         if op is not None and seqs:
             out += isolation_refusal(op, seqs, status, reason, sha)
         return out
@@ -204,7 +212,7 @@ def check_case(leg: Leg, case: Case, t0: int | None = None, runner: Runner | Non
         return rows(r.op, r.status, r.reason, r.columns.get("input_sha256", ""))
     base, base_wall = base.tensors, base_columns["wall_s"]
     out = _causality_rows(leg, case, t0, mode, inputs.sha256, base_wall + moved_columns["wall_s"], base,
-                          moved.tensors)
+                          moved.tensors, checked_tensors(op, case))
     for i in seqs:
         try:
             moved, moved_columns = runner.execute(op, case, perturb_sequence(op, case, inputs, i))
@@ -248,9 +256,9 @@ def _isolation_rows(leg, op, case, i, mode, sha, wall, base, moved) -> list[Caus
     return out
 
 
-def _causality_rows(leg, case, t0, mode, sha, wall, base, moved) -> list[CausalityRow]:
+def _causality_rows(leg, case, t0, mode, sha, wall, base, moved, names) -> list[CausalityRow]:
     out = []
-    for name in CHECKED:
+    for name in names:
         if base.get(name) is None or moved.get(name) is None:
             out.append(CausalityRow(case.id, leg.name, name, t0, np.nan, np.nan, False, Status.UNSUPPORTED,
                                     f"the {leg.name} leg does not return {name}", mode, sha, wall))

@@ -57,8 +57,8 @@ def test_one_case_per_op_variant_and_gate_that_every_leg_runs():
     assert len(keys) == len(set(keys))
     assert {("simple_gla", "fused_chunk", "g", False), ("simple_gla", "fused_chunk", "g_gamma", False),
             ("gla", "chunk", "g_gamma", False), ("kda", "chunk", "g", False), ("simple_gla", "chunk", "g", True),
-            ("gla", "chunk", "g", True), ("kda", "chunk", "g", True)} <= set(keys)
-    assert all(c.K % 128 == 0 and c.V % 128 == 0 for c in chosen)
+            ("gla", "chunk", "g", True), ("kda", "chunk", "g", True), ("gdn", "chunk", "g", True),
+            ("gdn", "fused_recurrent", "g", True), ("kda", "fused_recurrent", "g", True)} <= set(keys)
 
 
 class RefusingLeg(RefLeg):

@@ -44,7 +44,8 @@ def test_packing_edges_on_hand_made_packings():
     assert packing_edges((1, 63, 64, 65), 64) == EDGES
     assert packing_edges((1, 63, 65), 64) == EDGES - {"C", "multiple of C next to a longer one"}
     assert packing_edges((64, 65), 64) == {"C", "C + 1", "multiple of C next to a longer one"}
-    assert packing_edges((128, 64), 64) == {"C"}  # 128 is a multiple, but 64 is shorter
+    assert packing_edges((128, 64), 64) == {"C", "multiple of C next to a longer one"}  # 64 next to 128
+    assert packing_edges((64, 37), 64) == {"C"}  # a multiple of C, but next to a shorter one
     assert packing_edges((37, 70, 21), 64) == set()
 
 

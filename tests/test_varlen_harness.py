@@ -16,7 +16,7 @@ import pytest
 
 from cases.case import Case, Gate
 from cases.inputs import make_inputs
-from cases.suites import get_suite
+from cases.suites import DECODE, SMOKE_LENS, get_suite
 from harness.causality import (causality_cases, check_case, default_t0, isolation_seqs, isolation_tensors,
                                perturb_future, perturb_sequence)
 from harness.legs.base import LegOutput
@@ -324,7 +324,7 @@ def test_gpu_leg_isolates_sequences_bit_exactly_for_every_op(gpu_leg, op_name):
 def test_causality_picks_a_packed_case_per_op_variant_and_gate_as_well():
     chosen = causality_cases(get_suite("smoke") + get_suite("regressions"))
     packed = [(c.op, c.variant, c.gate.kind) for c in chosen if c.lens]
-    assert len(packed) == len(set(packed)) and {op for op, _, _ in packed} == {"simple_gla", "gla", "kda"}
+    assert len(packed) == len(set(packed)) and {op for op, _, _ in packed} == {"simple_gla", "gla", "kda", "gdn"}
     assert all(c.num_seqs >= 3 and c.K % 128 == 0 for c in chosen if c.lens)
     unpacked = causality_cases(get_suite("smoke"))
     assert [c for c in unpacked if not c.lens] == causality_cases([c for c in get_suite("smoke") if not c.lens])
@@ -332,17 +332,18 @@ def test_causality_picks_a_packed_case_per_op_variant_and_gate_as_well():
 
 # -------------------------------------------------------------------------------------------- suites
 def test_suites_carry_packed_cases_at_their_edges():
-    smoke = [c for c in get_suite("smoke") if c.lens]
-    assert sorted(c.op for c in smoke) == ["gla", "kda", "simple_gla"]
+    smoke = [c for c in get_suite("smoke") if c.lens == SMOKE_LENS]
+    assert sorted(c.op for c in smoke) == ["gdn", "gla", "kda", "simple_gla"]
     for c in smoke:  # a boundary inside a chunk, a sequence over two chunks of its own
         assert any(b % c.chunk_size for b in c.cu_seqlens[1:-1]) and max(c.lens) > c.chunk_size
         assert c.K == c.V == 128 and c.h0 and c.dht
-    reg = [c for c in get_suite("regressions") if c.lens]
+    # the decode variants (forward only) carry no dht; gla's fused g_gamma edge case carries no ht
+    reg = [c for c in get_suite("regressions") if c.lens and c.variant != DECODE and c.final_state]
     assert any(1 in c.lens for c in reg)
     edges = {b % c.chunk_size for c in reg for b in c.cu_seqlens[1:-1]}
     assert {1, reg[0].chunk_size - 1} <= edges  # one token after and one before a chunk edge
     assert all(c.h0 and c.dht for c in reg)
-    assert not any(c.K == 64 or c.V == 64 for c in smoke + reg)
+    assert not any(c.K == 64 or c.V == 64 for c in smoke + reg)  # the decode step at K = V = 64 is its own case
 
 
 def test_kernels_that_raise_while_asked_make_error_rows_not_an_aborted_run():
