@@ -187,8 +187,12 @@ def test_an_installed_implementation_gates_through_the_cli(installed, baseline, 
     # the same kernels as the TPU leg, interpreted and MXU-rounded by the leg, not by their own arguments
     _, tpu = _rows(baseline, "tpu")
     mine, theirs = rows.set_index("tensor")["rel_l2"], tpu.set_index("tensor")["rel_l2"]
-    exact = ["o", "ht", "dq", "dk", "dv"]
-    assert mine[exact].to_dict() == theirs[exact].to_dict()
+    # equal to 1e-6 of the error: the two legs jit the same kernels into different XLA:CPU programs, and on some
+    # CPUs one bf16 rounding of o lands one ulp apart (measured here, at 9c0543d too: o's rel_l2 2.342250774e-3
+    # vs 2.342250786e-3, a 5e-9 relative difference; ht, dq, dk, dv bit-equal). A leg that rounded its own dots,
+    # or not at all, moves these by 1e-2 and more.
+    same = ["o", "ht", "dq", "dk", "dv"]
+    assert ((mine[same] / theirs[same] - 1).abs() < 1e-6).all(), (mine[same], theirs[same])
     assert abs(mine["dg"] / theirs["dg"] - 1) < 1e-4
     gpu, _ = _rows(baseline, "gpu")
     assert main(["gate", str(gpu), str(path), "--candidate-leg", "tiny", "--out", str(tmp_path / "g")]) == 0
