@@ -52,7 +52,7 @@ def _kda_call(fn, q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
     A_log, dt_bias = options.pop("A_log", None), options.pop("dt_bias", None)
     opts = gdn_options(options)
     check_gdn(q, k, v, g, beta, scale, initial_state, chunk_size, opts=opts, A_log=A_log, dt_bias=dt_bias,
-              do=extra.get("do"), dht=extra.get("dht"), cu_seqlens=cu_seqlens)
+              cu_seqlens=cu_seqlens)
     gate = log_decay(g, A_log, dt_bias, bool(opts["use_gate_in_kernel"]))
     G = jnp.broadcast_to(gate[..., None], (*gate.shape, q.shape[-1]))
     kw = {} if cu_seqlens is None else dict(cu_seqlens=cu_seqlens)
