@@ -127,7 +127,9 @@ def test_the_user_like_sample_is_fixed_valid_and_covers_what_users_write():
     kinds = {(c.op, c.variant, c.gate.kind) for c in cases}
     assert kinds == {("simple_gla", "chunk", "g"), ("simple_gla", "chunk", "g_gamma"),
                      ("simple_gla", "fused_chunk", "g"), ("simple_gla", "fused_chunk", "g_gamma"),
-                     ("gla", "chunk", "g"), ("gla", "chunk", "g_gamma"), ("kda", "chunk", "g")}
+                     ("gla", "chunk", "g"), ("gla", "chunk", "g_gamma"), ("kda", "chunk", "g"),
+                     ("gdn", "chunk", "g")}
+    assert {c.op for c in cases if c.grouped_values} == {"kda", "gdn"}  # grouped value heads, where ops take them
     assert {c.dtype for c in cases} == {"bfloat16", "float16", "float32"}
     assert sum(c.T % c.chunk_size != 0 for c in cases) > SIZE // 2  # partial last chunks are the rule
     assert SIZE // 5 <= sum(c.lens is not None for c in cases) <= SIZE // 2

@@ -1,0 +1,69 @@
+"""The first peer (issue 21): vLLM TPU's ``fused_gdn`` (``tpu-inference`` on PyPI) through its binding
+(``peers/tpu_inference.py``), as ``parity run --backend tpu-inference`` runs it: interpret mode forced by the
+candidate leg, without the package's ``__init__`` (which imports vLLM).
+
+A wrong mapping (q/k heads against value heads, the in-kernel gate's per-head parameters, the state cache's
+slots, beta's logits) gives an O(1) error, far above bf16's 1e-2: these tests bound ε against the float64
+reference, and check the refusals' reasons. CI installs the package (``pip install --no-deps tpu-inference``)
+and sets ``PARITY_REQUIRE_TPU_INFERENCE=1``, where its absence is a failure, not a skip."""
+
+import importlib.util
+import os
+
+import pandas as pd
+import pytest
+
+from harness.cli import main
+
+if importlib.util.find_spec("tpu_inference") is None:
+    if os.environ.get("PARITY_REQUIRE_TPU_INFERENCE") == "1":
+        raise ImportError("tpu-inference is not installed (pip install --no-deps tpu-inference), and "
+                          "PARITY_REQUIRE_TPU_INFERENCE=1 requires it")
+    pytest.skip("tpu-inference is not installed (pip install --no-deps tpu-inference)", allow_module_level=True)
+
+GQA = "B1-T24-H2-HV4-K128-V128/bf16/g=logsigmoid/16"
+MAPPED = {
+    # grouped value heads, the in-kernel gate per value head, two packed prefill requests on carried states
+    f"gdn.chunk/{GQA}/C64/lens=9+15,h0,use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1,use_qk_l2norm_in_kernel=1",
+    # decode: two one-token requests on carried states before two prefill requests, fla's decode variant
+    f"gdn.fused_recurrent/B1-T26-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens=1+1+9+15,h0,"
+    f"use_beta_sigmoid_in_kernel=1,use_qk_l2norm_in_kernel=1",
+    # kda's per-channel gate with grouped value heads, fresh state slots
+    f"kda.chunk/{GQA},lb-5/C64/lens=9+15,use_beta_sigmoid_in_kernel=1",
+}
+REFUSED = {
+    f"gdn.chunk/{GQA}/C64/lens=9+15": "takes beta as logits",
+    f"kda.chunk/{GQA}/C64/lens=9+15,lower_bound=-5,use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1":
+        "per channel",
+    "gdn.chunk/B1-T24-H2-K64-V64/bf16/g=logsigmoid/16/C64/use_beta_sigmoid_in_kernel=1": "multiples of 128",
+}
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("peer")
+    args = ["run", "--backend", "tpu-inference", "--out", str(out), "--no-progress", "--tpu-targets", "v6e"]
+    for case in sorted(MAPPED | set(REFUSED)):
+        args += ["--case", case]
+    assert main(args) == 0
+    return pd.read_csv(next(out.glob("tpu-inference.cases-*.csv")))
+
+
+def test_mapped_cases_match_the_float64_reference_at_bf16_level(rows):
+    fwd = rows[rows.case_id.isin(MAPPED) & rows.tensor.isin(["o", "ht"])]
+    assert len(fwd) == 2 * len(MAPPED)
+    assert (fwd.status == "ok").all(), fwd[["case_id", "tensor", "status", "reason"]]
+    assert (fwd.rel_l2 < 1e-2).all(), fwd[["case_id", "tensor", "rel_l2"]]
+    assert set(fwd.compiled_for.dropna()) == {"v6e"}
+
+
+def test_it_is_forward_only(rows):
+    grads = rows[rows.case_id.isin(MAPPED) & ~rows.tensor.isin(["o", "ht"])]
+    assert len(grads) and (grads.status == "not_provided").all()
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_does_not_map_is_refused_with_its_reason(rows, case):
+    mine = rows[rows.case_id == case]
+    assert len(mine) and (mine.status == "unsupported").all()
+    assert mine.reason.str.contains(REFUSED[case], regex=False).all(), mine.reason.iloc[0]
