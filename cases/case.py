@@ -31,7 +31,7 @@ GATE_KINDS = ("g", "g_gamma")
 
 GATE_LAWS = ("logsigmoid", "alibi")
 
-ID_FLAGS = ("lens", "h0", "dht", "noht", "scale", "seed")
+ID_FLAGS = ("lens", "h0", "dht", "noht", "state_v_first", "scale", "seed")
 """Names the id's last part uses for the case's own flags; an option may not take one."""
 
 
@@ -122,6 +122,7 @@ class Case:
     options: tuple[tuple[str, Any], ...] = ()  # op-specific options, sorted (name, value) pairs
     lens: tuple[int, ...] | None = None  # packed sequence lengths (B=1, T=sum): fla's cu_seqlens; None: not packed
     HV: int | None = None  # value heads (fla's GVA: v, the gate, beta and the state have HV; q, k have H); None: H
+    state_v_first: bool = False  # fla's state_v_first: h0, ht, dht and dh0 are [N,HV,V,K] (the state transposed)
 
     def __post_init__(self):
         if self.gate is not None and not isinstance(self.gate, Gate):
@@ -139,6 +140,8 @@ class Case:
                              f"(fla's grouped value attention)")
         if self.dht and not self.final_state:
             raise ValueError("dht=True needs final_state=True: dht is the gradient of ht")
+        if self.state_v_first and not (self.h0 or self.final_state):
+            raise ValueError("state_v_first=True lays out the state, and this case has none (no h0, noht): drop it")
         object.__setattr__(self, "options", tuple(sorted(dict(self.options).items())))
         clash = sorted(set(self.opt) & set(ID_FLAGS))
         if clash:  # an option printed as name=value could read as one of the id's own flags
@@ -182,6 +185,8 @@ class Case:
         flags += [name for name, on in (("h0", self.h0), ("dht", self.dht)) if on]
         if not self.final_state:
             flags.append("noht")
+        if self.state_v_first:
+            flags.append("state_v_first")
         if self.scale is not None:
             flags.append(f"scale={_num(self.scale)}")
         if self.seed:
@@ -220,7 +225,10 @@ class Case:
 
     @property
     def state_shape(self) -> tuple[int, int, int, int]:
-        """[N,HV,K,V]: the shape of h0, ht, dht and dh0, one state per sequence and value head."""
+        """[N,HV,K,V]: the shape of h0, ht, dht and dh0, one state per sequence and value head; [N,HV,V,K] with
+        ``state_v_first`` (fla's V-first layout: the same state, transposed)."""
+        if self.state_v_first:
+            return (self.num_seqs, self.HV, self.V, self.K)
         return (self.num_seqs, self.HV, self.K, self.V)
 
     @property
@@ -237,8 +245,8 @@ class Case:
         ``op.variant/B..-T..-H..[-HV..]-K..-V../dtype[/gate]/C..[/flags]``: the dtype as its label (``bf16``) or its
         name (``bfloat16``); the gate as :attr:`Gate.label` writes it (``g=logsigmoid/16,lb-5``,
         ``g_gamma=alibi(L32,l0)``), absent for a gate-less op; flags in any order, each at most once: ``lens=a+b``,
-        ``h0``, ``dht``, ``noht``, ``scale=x``, ``seed=n`` and the op's options ``name=value``. An option's value
-        reads as the id writes it: ``1``/``0`` (or ``true``/``false``) a bool, ``-5`` an int (equal to -5.0),
+        ``h0``, ``dht``, ``noht``, ``state_v_first``, ``scale=x``, ``seed=n`` and the op's options ``name=value``. An
+        option's value reads as the id writes it: ``1``/``0`` (or ``true``/``false``) a bool, ``-5`` an int (equal to -5.0),
         ``0.5`` a float, anything else a string (a case file, :mod:`cases.case_file`, gives exact types).
 
         A malformed id raises ValueError with one line naming the bad part. Given ``ops`` (an op registry's
@@ -280,7 +288,8 @@ _SHAPE = re.compile(r"B(\d+)-T(\d+)-H(\d+)(?:-HV(\d+))?-K(\d+)-V(\d+)")
 _ALIBI = re.compile(r"alibi\(L(\d+),l(\d+)\)")
 _LOWER_BOUND = re.compile(rf",lb({_NUMBER})")
 _LABELS = {label: name for name, label in DTYPES.items()}
-_BARE_FLAGS = {"h0": ("h0", True), "dht": ("dht", True), "noht": ("final_state", False)}
+_BARE_FLAGS = {"h0": ("h0", True), "dht": ("dht", True), "noht": ("final_state", False),
+               "state_v_first": ("state_v_first", True)}
 ID_FORMAT = "op.variant/B<n>-T<n>-H<n>[-HV<n>]-K<n>-V<n>/<dtype>[/<gate>]/C<n>[/<flag>,...]"
 
 
@@ -351,7 +360,7 @@ def _parse_flags(text: str) -> dict[str, Any]:
     for flag in text.split(","):
         name, eq, value = flag.partition("=")
         if not _NAME.fullmatch(name) or (eq and not value):
-            raise ValueError(f"flag {flag!r} in {text!r}: a flag is h0, dht, noht or name=value")
+            raise ValueError(f"flag {flag!r} in {text!r}: a flag is h0, dht, noht, state_v_first or name=value")
         if name in seen:
             raise ValueError(f"flag {name!r} appears twice in {text!r}")
         seen.add(name)

@@ -16,7 +16,7 @@ import numpy as np
 
 from cases.case import Case
 from cases.inputs import Inputs
-from harness.ops.base import OpDescriptor
+from harness.ops.base import OpDescriptor, call_k_first
 
 from .base import Environment, Leg, LegOutput
 
@@ -54,7 +54,8 @@ class RefLeg(Leg):
         return None
 
     def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
-        out = op.reference(case, inputs.as_float64(), method=self.method, compute_dtype=self.compute_dtype)
+        out = call_k_first(case, op.reference, inputs.as_float64(), method=self.method,
+                           compute_dtype=self.compute_dtype)
         details = {"method": self.method, "compute_dtype": self.compute_dtype}
         if case.cu_seqlens is not None:
             details["cu_seqlens"] = list(case.cu_seqlens)

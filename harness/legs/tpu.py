@@ -24,7 +24,7 @@ import numpy as np
 
 from cases.case import Case
 from cases.inputs import Inputs
-from harness.ops.base import OpDescriptor, grad_name
+from harness.ops.base import OpDescriptor, call_k_first, grad_name
 from harness.status import Status
 
 from .base import Environment, Leg, LegOutput, cotangent_pairs
@@ -66,13 +66,13 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=N
 
     def fn(arrays):
         if not binding.differentiable or not diff_names:  # forward only: nothing to differentiate, no gradients
-            out = binding.forward(case, arrays, ctx)
+            out = call_k_first(case, binding.forward, arrays, ctx)
             return {name: value for name, value in out.items() if value is not None}, {}
         primals = {n: arrays[n] for n in diff_names}
         rest = {n: a for n, a in arrays.items() if n not in primals}
 
         def forward(p):
-            out = binding.forward(case, {**rest, **p}, ctx)
+            out = call_k_first(case, binding.forward, {**rest, **p}, ctx)
             return {name: value for name, value in out.items() if value is not None}
 
         outputs, vjp = jax.vjp(forward, primals)
@@ -118,7 +118,7 @@ def kernel_refusal(op: OpDescriptor, case: Case, binding=None) -> str | None:
     stand_ins = {name: jax.ShapeDtypeStruct(shape, dtype) for name, (shape, dtype) in
                  input_shapes(case, op.inputs(case)).items()}
     try:
-        jax.eval_shape(lambda arrays: binding.forward(case, arrays, NATIVE), stand_ins)
+        jax.eval_shape(lambda arrays: call_k_first(case, binding.forward, arrays, NATIVE), stand_ins)
     except NotImplementedError as exc:
         return str(exc)
     return None

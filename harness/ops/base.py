@@ -29,6 +29,10 @@ Binding contracts
   :func:`call_tpu_kernel`, which adds ``cu_seqlens`` (a static tuple) and
   turns kernels that do not take it into a refusal. An unpacked case calls
   every function exactly as before (no ``cu_seqlens`` keyword at all).
+- The state layout (a case with ``state_v_first``): the state-shaped tensors are [N,HV,V,K], fla's
+  V-first layout. The fla binding passes fla's keyword (:func:`fla_state_layout`); the reference and the
+  TPU-side legs call their bindings in the K-first layout, the legs transposing the state in and out
+  (:func:`state_k_first`), so a reference or a kernel never needs to know.
 - ``*_supports(case) -> str | None``: ``None`` when the leg can run the case,
   otherwise the reason it cannot (the row becomes ``unsupported``). The TPU
   leg also asks the kernels themselves (``harness.legs.tpu.kernel_refusal``):
@@ -163,6 +167,33 @@ def state_and_cotangent_specs(case: Case) -> list[InputSpec]:
     if case.dht:
         specs.append(InputSpec("dht", lambda c: c.state_shape, "float32", normal()))
     return specs
+
+
+STATE_TENSORS = ("h0", "dht", "ht", "dh0")
+"""The state-shaped tensors of the contract (``case.state_shape``); a leg's gradient of ``h0`` is keyed ``h0``
+before it is named ``dh0``."""
+
+
+def state_k_first(case: Case, tensors: Mapping[str, Any]) -> dict:
+    """``tensors`` with each state-shaped entry's last two axes swapped when the case lays its state out V-first
+    (``state_v_first``), unchanged otherwise. The swap is its own inverse: a leg applies it to the inputs before
+    calling a K-first binding and to what comes back. Works on numpy, jax and torch arrays alike."""
+    if not case.state_v_first:
+        return dict(tensors)
+    return {name: value.swapaxes(-1, -2) if name in STATE_TENSORS and value is not None else value
+            for name, value in tensors.items()}
+
+
+def call_k_first(case: Case, fn: Callable, tensors: Mapping[str, Any], *args, **kwargs) -> dict:
+    """``fn(case, tensors, *args, **kwargs)`` for a binding that takes and returns the state K-first (a reference,
+    a Pallas forward), on and to the case's layout (:func:`state_k_first` on both sides). Under ``jax.vjp`` the
+    swaps are differentiated with the rest: the gradient of a V-first ``h0`` comes out V-first."""
+    return state_k_first(case, fn(case, state_k_first(case, tensors), *args, **kwargs))
+
+
+def fla_state_layout(case: Case) -> dict:
+    """fla's keyword for a V-first state, ``{"state_v_first": True}``; ``{}`` otherwise (fla's default)."""
+    return {"state_v_first": True} if case.state_v_first else {}
 
 
 def fla_varlen(case: Case, like) -> dict:

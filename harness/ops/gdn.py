@@ -28,7 +28,7 @@ from cases.case import Case
 from cases.inputs import InputSpec
 
 from . import delta_rule
-from .base import LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen
+from .base import LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, fla_varlen
 
 VARIANTS = delta_rule.VARIANTS
 OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
@@ -81,7 +81,7 @@ def fla_forward(case: Case, t: dict) -> dict:
         fn, chunking = fla_gdn.chunk_gated_delta_rule, dict(chunk_size=case.chunk_size)
     o, ht = fn(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], scale=case.resolved_scale,
                initial_state=t.get("h0"), output_final_state=case.final_state, **chunking, **options(case),
-               **delta_rule.gate_params(case, t), **fla_varlen(case, t["q"]))
+               **delta_rule.gate_params(case, t), **fla_varlen(case, t["q"]), **fla_state_layout(case))
     return {"o": o, "ht": ht}
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from cases.case import Case
 from cases.inputs import InputSpec
 
-from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen, gate_spec, gated_differentiable,
+from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, fla_varlen, gate_spec, gated_differentiable,
                    gated_reference, gated_tensors, qkv_specs, refuse_grouped_values, state_and_cotangent_specs)
 
 VARIANTS = ("chunk",)
@@ -79,7 +79,7 @@ def fla_forward(case: Case, t: dict) -> dict:
         B, T, H, K = t["q"].shape
         g = t["g_gamma"].detach()[None, None, :, None].expand(B, T, H, K).contiguous()
     o, ht = chunk_gla(t["q"], t["k"], t["v"], g, scale=case.resolved_scale, initial_state=t.get("h0"),
-                      output_final_state=case.final_state, **fla_varlen(case, t["q"]))
+                      output_final_state=case.final_state, **fla_varlen(case, t["q"]), **fla_state_layout(case))
     return {"o": o, "ht": ht}
 
 

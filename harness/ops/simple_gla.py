@@ -10,7 +10,7 @@ from __future__ import annotations
 from cases.case import Case
 from cases.inputs import InputSpec
 
-from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_varlen, gate_spec, gated_differentiable,
+from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, fla_varlen, gate_spec, gated_differentiable,
                    gated_reference, gated_tensors, qkv_specs, refuse_grouped_values, state_and_cotangent_specs)
 
 VARIANTS = ("chunk", "fused_chunk")
@@ -47,7 +47,8 @@ def fla_forward(case: Case, t: dict) -> dict:
     kwargs = dict(g=t.get("g"), g_gamma=t.get("g_gamma"), scale=case.resolved_scale,
                   initial_state=t.get("h0"), output_final_state=case.final_state, **fla_varlen(case, t["q"]))
     if case.variant == "chunk":
-        o, ht = chunk_simple_gla(t["q"], t["k"], t["v"], chunk_size=case.chunk_size, **kwargs)
+        o, ht = chunk_simple_gla(t["q"], t["k"], t["v"], chunk_size=case.chunk_size, **kwargs,
+                                 **fla_state_layout(case))
     else:
         o, ht = fused_chunk_simple_gla(t["q"], t["k"], t["v"], **kwargs)
     return {"o": o, "ht": ht}
@@ -56,6 +57,8 @@ def fla_forward(case: Case, t: dict) -> dict:
 def fla_supports(case: Case) -> str | None:
     if case.variant == "fused_chunk" and case.chunk_size != 64:
         return "fla's fused_chunk_simple_gla has a fixed chunk size of 64"
+    if case.variant == "fused_chunk" and case.state_v_first:
+        return "fla's fused_chunk_simple_gla has no state_v_first (its chunk_simple_gla has)"
     return None
 
 
