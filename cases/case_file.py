@@ -135,8 +135,10 @@ def _options(v):
 
 
 def _lens(v):
-    if not isinstance(v, list) or not v or any(isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in v):
-        raise ValueError(f"must be a non-empty list of positive ints (packed sequence lengths), got {v!r}")
+    if (not isinstance(v, list) or not v or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in v)
+            or not any(v)):
+        raise ValueError(f"must be a non-empty list of non-negative ints, not all 0 (packed sequence lengths), "
+                         f"got {v!r}")
     return tuple(v)
 
 

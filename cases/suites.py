@@ -348,6 +348,22 @@ def _gdn_regressions() -> list[Case]:
     ]
 
 
+def state_layout_cases() -> list[Case]:
+    """fla's V-first state (``state_v_first``: h0, ht, dht, dh0 are [N,HV,V,K]), another set of fla kernels, on
+    every op and entry point fla has it for: simple_gla's and gla's chunk, kda's and gdn's chunk and decode.
+    Packed, with K != V, so a state read on the wrong axes cannot agree."""
+    state = dict(B=1, T=sum(SMOKE_LENS), K=128, V=64, dtype="bfloat16", chunk_size=64, h0=True, lens=SMOKE_LENS,
+                 state_v_first=True)
+    kda = dict(gate=Gate("g", normalizer=16, lower_bound=-5.0), options=GDN_OPTIONS)
+    return [Case("simple_gla", "chunk", H=2, gate=G, dht=True, **state),
+            Case("gla", "chunk", H=2, gate=G, dht=True, **state),
+            Case("kda", "chunk", H=1, HV=2, dht=True, **kda, **state),
+            Case("gdn", "chunk", H=2, HV=4, gate=G, dht=True, options=GDN_OPTIONS + GDN_GATE, **state),
+            Case("kda", DECODE, H=1, **kda, **{**state, "T": sum(DECODE_LENS), "lens": DECODE_LENS}),
+            Case("gdn", DECODE, H=2, HV=4, gate=G, options=GDN_OPTIONS + GDN_GATE,
+                 **{**state, "T": sum(DECODE_LENS), "lens": DECODE_LENS})]
+
+
 def _gdn_standard() -> list[Case]:
     out = [Case("gdn", "chunk", B=2, T=512, H=2, HV=4, K=128, V=128, dtype=dtype, gate=G, chunk_size=64, h0=True,
                 dht=True, options=opts)
@@ -389,7 +405,7 @@ def _kda_decode_regressions() -> list[Case]:
 SUITES = {
     "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke),
     "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _kda_decode_regressions,
-                    _gdn_regressions, packing_edge_cases),
+                    _gdn_regressions, packing_edge_cases, state_layout_cases),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),
     # a seeded sample of the shapes users add, not the suites' own: where the false-alarm rate is measured

@@ -124,8 +124,9 @@ def check_qkv(q, k, v, *, initial_state=None, do=None, dht=None, cu_seqlens=None
 
 def check_cu_seqlens(cu_seqlens, dims: Dims) -> int:
     """fla's packed variable-length sequences: ``cu_seqlens`` holds N+1 integer offsets
-    ``0 = c_0 < c_1 < ... < c_N = T`` into the one batch row (B == 1); sequence i is tokens
-    ``[c_i, c_{i+1})``, at least one token each. Returns N.
+    ``0 = c_0 <= c_1 <= ... <= c_N = T`` into the one batch row (B == 1); sequence i is tokens
+    ``[c_i, c_{i+1})``. A sequence may be empty (``c_i == c_{i+1}``, as fla's tests pack ``[0, 0, 16]``): its
+    final state is its initial state. At least one token in all. Returns N.
 
     An array (numpy, jax) or a sequence of Python ints. Rank, length and dtype are always checked;
     the offsets themselves when their values are known (not a jax tracer, as for gates)."""
@@ -150,10 +151,10 @@ def check_cu_seqlens(cu_seqlens, dims: Dims) -> int:
     if c[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={c[0]}")
     steps = np.diff(c)
-    if (steps <= 0).any():
-        i = int(np.argmax(steps <= 0))
-        raise ValueError(f"cu_seqlens must be strictly increasing (every sequence at least one token), got "
-                         f"cu_seqlens[{i}]={c[i]} >= cu_seqlens[{i + 1}]={c[i + 1]}")
+    if (steps < 0).any():
+        i = int(np.argmax(steps < 0))
+        raise ValueError(f"cu_seqlens must be non-decreasing (a sequence has zero tokens or more), got "
+                         f"cu_seqlens[{i}]={c[i]} > cu_seqlens[{i + 1}]={c[i + 1]}")
     if c[-1] != dims.T:
         raise ValueError(f"cu_seqlens must end at T={dims.T} (the packed length of q, k, v), got "
                          f"cu_seqlens[-1]={c[-1]}")
