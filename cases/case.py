@@ -47,6 +47,9 @@ class Gate:
       the steepest decay; the steepest slope is 2**-0.5 only when H >= 16.
     - ``lower_bound``: optional clamp of a ``g`` gate from below (safe-gate
       style), recorded in the id.
+    - ``mask_p``: fla's tests' gate masking (``g * (rand > mask_p)``): each log decay
+      of a ``g`` gate is zeroed (no decay at that token) with probability ``mask_p``,
+      drawn with the gate. Recorded in the id as ``,mask<p>``.
     """
 
     kind: str = "g"
@@ -55,6 +58,7 @@ class Gate:
     num_layers: int = 32
     layer_idx: int = 0
     lower_bound: float | None = None
+    mask_p: float = 0.0
 
     def __post_init__(self):
         if self.kind not in GATE_KINDS:
@@ -65,6 +69,10 @@ class Gate:
             raise ValueError("a g_gamma gate is drawn from ALiBi slopes: use law='alibi'")
         if self.law == "alibi" and not 0 <= self.layer_idx < max(self.num_layers, 1):
             raise ValueError(f"{self.layer_idx=} must lie in [0, {self.num_layers=})")
+        if isinstance(self.mask_p, bool) or not isinstance(self.mask_p, numbers.Real) or not 0 <= self.mask_p < 1:
+            raise ValueError(f"mask_p={self.mask_p!r} must be a probability in [0, 1)")
+        if self.mask_p and self.kind != "g":
+            raise ValueError("mask_p masks a per-token g gate; a g_gamma gate has no tokens to mask")
 
     @property
     def label(self) -> str:
@@ -74,6 +82,8 @@ class Gate:
             body = f"{self.law}/{_num(self.normalizer)}"
         if self.lower_bound is not None:
             body += f",lb{_num(self.lower_bound)}"
+        if self.mask_p:
+            body += f",mask{_num(self.mask_p)}"
         return f"{self.kind}={body}"
 
     @classmethod
@@ -289,7 +299,7 @@ _INT = re.compile(r"-?\d+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SHAPE = re.compile(r"B(\d+)-T(\d+)-H(\d+)(?:-HV(\d+))?-K(\d+)-V(\d+)")
 _ALIBI = re.compile(r"alibi\(L(\d+),l(\d+)\)")
-_LOWER_BOUND = re.compile(rf",lb({_NUMBER})")
+_GATE_TAIL = re.compile(rf"(?:,lb({_NUMBER}))?(?:,mask({_NUMBER}))?")
 _LABELS = {label: name for name, label in DTYPES.items()}
 _BARE_FLAGS = {"h0": ("h0", True), "dht": ("dht", True), "noht": ("final_state", False),
                "state_v_first": ("state_v_first", True)}
@@ -344,14 +354,18 @@ def _parse_gate(kind_body: str, parts: list[str]) -> Gate:
     else:
         raise ValueError(f"gate {kind_body!r}: law must be one of {GATE_LAWS} (logsigmoid/<normalizer> or "
                          f"alibi(L<layers>,l<layer>))")
+    mask_p = 0.0
     if rest:
-        lb = _LOWER_BOUND.fullmatch(rest)
-        if not lb:
-            raise ValueError(f"gate {bad!r}: after the law only ',lb<number>' (a lower bound) may follow, "
-                             f"got {rest!r}")
-        lower_bound = _number(lb.group(1), f"gate {bad!r}: lower bound")
+        tail = _GATE_TAIL.fullmatch(rest)
+        if not tail:
+            raise ValueError(f"gate {bad!r}: after the law only ',lb<number>' (a lower bound) and then "
+                             f"',mask<p>' (a masking probability) may follow, got {rest!r}")
+        if tail.group(1) is not None:
+            lower_bound = _number(tail.group(1), f"gate {bad!r}: lower bound")
+        if tail.group(2) is not None:
+            mask_p = _number(tail.group(2), f"gate {bad!r}: mask probability")
     try:
-        return Gate(kind=kind, lower_bound=lower_bound, **fields)
+        return Gate(kind=kind, lower_bound=lower_bound, mask_p=mask_p, **fields)
     except ValueError as exc:
         raise ValueError(f"gate {bad!r}: {_one_line(exc)}") from None
 

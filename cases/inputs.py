@@ -91,7 +91,8 @@ def alibi_g_gamma(num_heads: int, num_layers: int, layer_idx: int) -> np.ndarray
 
 def gate_law(case, rng, shape):
     """The case's gate: ``logsigmoid(N(0,1)) / normalizer`` for a ``g`` gate,
-    ALiBi ``g_gamma`` otherwise; then the optional ``lower_bound`` clamp."""
+    ALiBi ``g_gamma`` otherwise; then the optional ``lower_bound`` clamp, and fla's tests' masking: each
+    log decay zeroed with probability ``mask_p`` (drawn after the gate, so ``mask_p = 0`` draws as before)."""
     gate = case.gate
     if gate.law == "alibi":
         gamma = alibi_g_gamma(case.H, gate.num_layers, gate.layer_idx)
@@ -102,6 +103,8 @@ def gate_law(case, rng, shape):
         g = logsigmoid(rng.standard_normal(shape)) / gate.normalizer
     if gate.lower_bound is not None:
         g = np.maximum(g, gate.lower_bound)
+    if gate.mask_p:
+        g = g * (rng.random(shape) > gate.mask_p)
     return g
 
 

@@ -364,6 +364,27 @@ def state_layout_cases() -> list[Case]:
                  **{**state, "T": sum(DECODE_LENS), "lens": DECODE_LENS})]
 
 
+def gate_masking_cases() -> list[Case]:
+    """fla's tests' gate masking (``mask_p = 0.5``: half the log decays zeroed, so the state keeps everything
+    at those tokens) for the ops fla masks, kda and gdn: fp16 at fla's normalizer 1, packed."""
+    base = dict(variant="chunk", B=1, T=sum(SMOKE_LENS), K=128, V=128, dtype="float16", chunk_size=64, h0=True,
+                dht=True, lens=SMOKE_LENS)
+    return [Case("kda", H=1, gate=Gate("g", normalizer=1, lower_bound=-5.0, mask_p=0.5), options=GDN_OPTIONS,
+                 **base),
+            Case("gdn", H=1, HV=2, gate=Gate("g", normalizer=1, mask_p=0.5), options=GDN_OPTIONS, **base)]
+
+
+def empty_sequence_cases() -> list[Case]:
+    """A packing with empty sequences (fla's tests' ``cu_seqlens = [0, 0, 16]``), whose final states are their
+    initial states, on every op: two empty sequences first, then one of 16 tokens, with h0 and dht."""
+    base = dict(B=1, T=16, K=128, V=128, dtype="bfloat16", chunk_size=64, h0=True, dht=True, lens=(0, 0, 16))
+    kda = dict(gate=Gate("g", normalizer=16, lower_bound=-5.0), options=GDN_OPTIONS)
+    return [Case("simple_gla", "chunk", H=2, gate=G, **base),
+            Case("gla", "chunk", H=2, gate=G, **{**base, "chunk_size": 16}),
+            Case("kda", "chunk", H=2, **kda, **base),
+            Case("gdn", "chunk", H=2, HV=4, gate=G, options=GDN_OPTIONS, **base)]
+
+
 def _gdn_standard() -> list[Case]:
     out = [Case("gdn", "chunk", B=2, T=512, H=2, HV=4, K=128, V=128, dtype=dtype, gate=G, chunk_size=64, h0=True,
                 dht=True, options=opts)
@@ -405,7 +426,8 @@ def _kda_decode_regressions() -> list[Case]:
 SUITES = {
     "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke),
     "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _kda_decode_regressions,
-                    _gdn_regressions, packing_edge_cases, state_layout_cases),
+                    _gdn_regressions, packing_edge_cases, state_layout_cases, gate_masking_cases,
+                    empty_sequence_cases),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),
     # a seeded sample of the shapes users add, not the suites' own: where the false-alarm rate is measured

@@ -58,8 +58,9 @@ def validate(case: Case) -> None:
     opts = options(case)
     if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
         raise ValueError("gdn option allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in fla)")
-    if opts["use_gate_in_kernel"] and case.gate.lower_bound is not None:
-        raise ValueError("with use_gate_in_kernel g is the raw gate input: drop Gate(lower_bound=...)")
+    if opts["use_gate_in_kernel"] and (case.gate.lower_bound is not None or case.gate.mask_p):
+        raise ValueError("with use_gate_in_kernel g is the raw gate input: drop Gate(lower_bound=...) and "
+                         "Gate(mask_p=...)")
 
 
 # ----------------------------------------------------------------- bindings

@@ -84,6 +84,9 @@ def validate(case: Case) -> None:
     if delta_rule.gate_in_kernel(case) and case.gate.lower_bound is not None:
         raise ValueError("with use_gate_in_kernel g is the raw gate input: use the lower_bound option, "
                          "not Gate(lower_bound=...)")
+    if delta_rule.gate_in_kernel(case) and case.gate.mask_p:
+        raise ValueError("with use_gate_in_kernel g is the raw gate input, drawn N(0,1): Gate(mask_p=...) "
+                         "masks fla's log-sigmoid gate law, drop it")
 
 
 def _fla_kwargs(case: Case) -> dict:
