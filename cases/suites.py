@@ -352,7 +352,7 @@ def state_layout_cases() -> list[Case]:
     """fla's V-first state (``state_v_first``: h0, ht, dht, dh0 are [N,HV,V,K]), another set of fla kernels, on
     every op and entry point fla has it for: simple_gla's and gla's chunk, kda's and gdn's chunk and decode.
     Packed, with K != V, so a state read on the wrong axes cannot agree."""
-    state = dict(B=1, T=sum(SMOKE_LENS), K=128, V=64, dtype="bfloat16", chunk_size=64, h0=True, lens=SMOKE_LENS,
+    state = dict(B=1, T=sum(SMOKE_LENS), K=128, V=256, dtype="bfloat16", chunk_size=64, h0=True, lens=SMOKE_LENS,
                  state_v_first=True)
     kda = dict(gate=Gate("g", normalizer=16, lower_bound=-5.0), options=GDN_OPTIONS)
     return [Case("simple_gla", "chunk", H=2, gate=G, dht=True, **state),
