@@ -48,7 +48,7 @@ from op_contract import check_simple_gla
 from ._varlen import num_states, offsets, over_sequences
 from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
-__all__ = ["chunk_simple_gla", "chunk_simple_gla_bwd", "chunk_simple_gla_fwd_bwd", "naive_recurrent_simple_gla"]
+__all__ = ["chunk_simple_gla", "chunk_simple_gla_bwd", "naive_recurrent_simple_gla"]
 
 
 def _log_decay(g, g_gamma, B, T, H, dtype):
@@ -130,14 +130,13 @@ def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size, offs=None):
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size", "offs"))
 def _backward(primals, d_o, d_ht, scale, method, chunk_size, offs=None):
-    """``((o, ht), grads)``: the forward and the gradients of sum(o*do) + sum(ht*dht) w.r.t. every array in
-    ``primals``, from one ``jax.vjp`` (the forward is computed once)."""
+    """Gradients of sum(o*do) + sum(ht*dht) w.r.t. every array in ``primals``."""
     def f(p):
         return _forward(p["q"], p["k"], p["v"], p.get("g"), p.get("g_gamma"), p["h0"], scale, method, chunk_size,
                         offs)
 
-    out, vjp = jax.vjp(f, primals)
-    return out, vjp((d_o, d_ht))[0]
+    _, vjp = jax.vjp(f, primals)
+    return vjp((d_o, d_ht))[0]
 
 
 def _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype, do=None, dht=None,
@@ -178,14 +177,6 @@ def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None
     ``dh0`` unless initial_state is given. All arrays are float64 numpy. With
     ``cu_seqlens``, dht, initial_state and dh0 are [N,H,K,V].
     """
-    return chunk_simple_gla_fwd_bwd(q, k, v, do, dht, g, g_gamma, scale, initial_state, cu_seqlens=cu_seqlens,
-                                    method=method, chunk_size=chunk_size, compute_dtype=compute_dtype)[2]
-
-
-def chunk_simple_gla_fwd_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
-                             *, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64"):
-    """``(o, ht, grads)``: :func:`chunk_simple_gla`'s outputs (ht always) and :func:`chunk_simple_gla_bwd`'s
-    gradients from one pass: the forward the gradients need is the forward returned, not run twice."""
     arrays, scale, offs = _prepare(q, k, v, g, g_gamma, initial_state, scale, chunk_size, compute_dtype, do, dht,
                                    cu_seqlens)
     B, T, H, K = arrays[0].shape
@@ -198,14 +189,13 @@ def chunk_simple_gla_fwd_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=
         d_o = to_jax(do, compute_dtype)
         d_ht = jnp.zeros((N, H, K, V), compute_dtype) if dht is None else to_jax(dht, compute_dtype)
         primals = {n: a for n, a in dict(q=q, k=k, v=v, g=g, g_gamma=g_gamma, h0=h0).items() if a is not None}
-        (o, ht), grads = _backward(primals, d_o, d_ht, scale=scale, method=method, chunk_size=chunk_size,
-                                   offs=offs)
-        o, ht, grads = to_numpy((o, ht, grads), compute_dtype)
+        grads = _backward(primals, d_o, d_ht, scale=scale, method=method, chunk_size=chunk_size, offs=offs)
+        grads = to_numpy(grads, compute_dtype)
     out = {f"d{n}": grads[n].astype(np.float64) for n in ("q", "k", "v")}
     out["dg"] = grads["g"].astype(np.float64) if "g" in grads else None
     out["dg_gamma"] = grads["g_gamma"].astype(np.float64) if "g_gamma" in grads else None
     out["dh0"] = grads["h0"].astype(np.float64) if initial_state is not None else None
-    return o.astype(np.float64), ht.astype(np.float64), out
+    return out
 
 
 def naive_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,

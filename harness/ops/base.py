@@ -237,17 +237,12 @@ def call_tpu_kernel(fn, case: Case, *args, **kwargs):
     return fn(*args, cu_seqlens=case.cu_seqlens, **kwargs)
 
 
-def gated_reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: str, compute_dtype: str,
-                    fwd_bwd=None) -> dict:
+def gated_reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: str, compute_dtype: str) -> dict:
     """Reference binding for ops with fla's ``(q, k, v, g=|g_gamma=, scale, initial_state)`` signature:
-    forward ``fwd`` (o, ht) and backward ``bwd`` (dict of gradients, None where not applicable); or, where the
-    reference has it, ``fwd_bwd`` (o, ht, gradients) from one pass."""
+    forward ``fwd`` (o, ht) and backward ``bwd`` (dict of gradients, None where not applicable)."""
     gates = {case.gate.kind: x[case.gate.kind]}
     common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
                   method=method, compute_dtype=compute_dtype, cu_seqlens=case.cu_seqlens)
-    if fwd_bwd is not None:
-        o, ht, grads = fwd_bwd(x["q"], x["k"], x["v"], x["do"], x.get("dht"), **gates, **common)
-        return {"o": o, "ht": ht, **{n: a for n, a in grads.items() if a is not None}}
     o, ht = fwd(x["q"], x["k"], x["v"], **gates, output_final_state=True, **common)
     grads = bwd(x["q"], x["k"], x["v"], x["do"], x.get("dht"), **gates, **common)
     return {"o": o, "ht": ht, **{n: a for n, a in grads.items() if a is not None}}

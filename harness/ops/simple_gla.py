@@ -34,10 +34,9 @@ def validate(case: Case) -> None:
 # ----------------------------------------------------------------- bindings
 def reference(case: Case, x: dict, method: str = "chunk", compute_dtype: str = "float64") -> dict:
     """float64 reference: chunked form; the reference leg asks for the recurrent cross-check."""
-    from references.simple_gla import chunk_simple_gla, chunk_simple_gla_bwd, chunk_simple_gla_fwd_bwd
+    from references.simple_gla import chunk_simple_gla, chunk_simple_gla_bwd
 
-    return gated_reference(chunk_simple_gla, chunk_simple_gla_bwd, case, x, method, compute_dtype,
-                           fwd_bwd=chunk_simple_gla_fwd_bwd)
+    return gated_reference(chunk_simple_gla, chunk_simple_gla_bwd, case, x, method, compute_dtype)
 
 
 def fla_forward(case: Case, t: dict) -> dict:
