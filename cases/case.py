@@ -259,8 +259,8 @@ class Case:
         name (``bfloat16``); the gate as :attr:`Gate.label` writes it (``g=logsigmoid/16,lb-5``,
         ``g_gamma=alibi(L32,l0)``), absent for a gate-less op; flags in any order, each at most once: ``lens=a+b``,
         ``h0``, ``dht``, ``noht``, ``state_v_first``, ``scale=x``, ``seed=n`` and the op's options ``name=value``. An
-        option's value reads as the id writes it: ``1``/``0`` (or ``true``/``false``) a bool, ``-5`` an int (equal to -5.0),
-        ``0.5`` a float, anything else a string (a case file, :mod:`cases.case_file`, gives exact types).
+        option's value reads as the id writes it: ``1``/``0`` (or ``true``/``false``) a bool, ``-5`` an int (equal
+        to -5.0), ``0.5`` a float, anything else a string (a case file, :mod:`cases.case_file`, gives exact types).
 
         A malformed id raises ValueError with one line naming the bad part. Given ``ops`` (an op registry's
         lookup, name -> descriptor: ``harness.ops.get_op``), so does a well-formed id of a case its op cannot

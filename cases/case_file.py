@@ -146,7 +146,8 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "op": _name, "variant": _name, "B": _positive_int, "T": _positive_int, "H": _positive_int,
     "HV": _positive_int, "K": _positive_int, "V": _positive_int, "dtype": _dtype, "gate": _gate,
     "chunk_size": _positive_int,
-    "h0": _bool, "final_state": _bool, "dht": _bool, "state_v_first": _bool, "scale": _number, "seed": _non_negative_int,
+    "h0": _bool, "final_state": _bool, "dht": _bool, "state_v_first": _bool, "scale": _number,
+    "seed": _non_negative_int,
     "options": _options, "lens": _lens,
 }
 assert set(CHECKS) == set(FIELDS), "a Case field without a case-file check"

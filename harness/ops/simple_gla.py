@@ -10,8 +10,9 @@ from __future__ import annotations
 from cases.case import Case
 from cases.inputs import InputSpec
 
-from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, fla_varlen, gate_spec, gated_differentiable,
-                   gated_reference, gated_tensors, qkv_specs, refuse_grouped_values, state_and_cotangent_specs)
+from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, fla_varlen, gate_spec,
+                   gated_differentiable, gated_reference, gated_tensors, qkv_specs, refuse_grouped_values,
+                   state_and_cotangent_specs)
 
 VARIANTS = ("chunk", "fused_chunk")
 
