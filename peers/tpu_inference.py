@@ -1,4 +1,4 @@
-"""vLLM's TPU backend (``tpu-inference`` on PyPI) as a candidate: its ``fused_gdn`` Pallas kernel on kda cases.
+"""vLLM's TPU backend (``tpu-inference`` on PyPI) as a candidate: its ``fused_gdn`` Pallas kernel on gdn and kda.
 
 ``tpu_inference.kernels.gdn.v1.fused_gdn_kernel_wrapper.fused_gdn`` is a forward kernel for the gated delta
 rule family, serving packed requests from a state cache: gdn's scalar decay per head ([T, H_v], which it
@@ -12,8 +12,7 @@ broadcasts over K) and kda's per-channel gate ([T, H_v, K]). This binding maps a
 - ``h0`` is the state cache ``[N, HV, K, V]`` (``state_indices = 0..N-1``; ``has_initial_state`` False
   without h0, which zeroes each slot in the kernel); the cache it returns is ``ht``;
 - ``b`` takes beta's logits (the kernel applies the sigmoid), so only cases with
-  ``use_beta_sigmoid_in_kernel`` map exactly; ``use_qk_l2norm_in_kernel`` maps to its option of the same name.
-
+  ``use_beta_sigmoid_in_kernel`` map exactly; ``use_qk_l2norm_in_kernel`` maps to its option of the same name;
 - gdn's in-kernel gate maps exactly: ``-exp(A_log) * softplus(g + dt_bias)`` with ``A_log`` and ``dt_bias`` per
   value head, fla's law and its own without ``lower_bound``.
 
@@ -61,8 +60,10 @@ def _refusal(case) -> str | None:
 
 
 def supports_kda(case) -> str | None:
+    """:func:`_refusal`, and kda's in-kernel gate, whose dt_bias fla takes per channel."""
     if case.opt.get("use_gate_in_kernel"):
-        return "fused_gdn's in-kernel gate takes dt_bias per head [H]; fla's kda takes it per channel [H*K]"
+        return _refusal(case) or ("fused_gdn's in-kernel gate takes dt_bias per head [H]; fla's kda takes it per "
+                                  "channel [H*K]")
     return _refusal(case)
 
 
@@ -71,7 +72,7 @@ def forward(case, a, ctx):
 
     del ctx  # the candidate leg forces interpret mode itself
     fused_gdn = _kernel()
-    B, T, H, K = a["q"].shape
+    B, T, _, K = a["q"].shape  # q, k keep their H heads: fused_gdn repeats them to v's HV itself
     HV, V = a["v"].shape[2:]
     offsets = case.cu_seqlens if case.cu_seqlens is not None else tuple(range(0, B * T + 1, T))
     N = len(offsets) - 1
