@@ -35,6 +35,15 @@ An entry is used only when it reads cleanly, names its key and format, and
 matches its checksum (name, dtype, shape and bytes of every array); anything
 else is recomputed and atomically replaced with a :class:`BaselineCacheWarning`.
 
+The TPU leg's outputs are kept the same way (the *candidate cache*), so that after an edit to one op's
+kernels the warm loop re-runs that op's cases alone. Its code lives in this repository, so its key hashes
+every module the op's binding imports from it, transitively (:func:`source_closure`: an edit to
+``kernels_tpu/kda/`` moves kda's and gdn's keys, not simple_gla's; one to ``kernels_tpu/common.py`` moves
+all), besides its environment (jax, jaxlib and libtpu versions, the interpret settings, the dot policy and
+the compile targets). An entry is stored only after a clean preflight and is served with its columns (the
+TPU targets it compiled for), so a served case skips the real-TPU compile too. An external candidate's
+outputs are never cached.
+
 Only completed runs with finite results are stored: a run that raised (an
 ``error`` or ``unsupported`` row, a crash, a timeout) or returned NaN/Inf is
 recomputed next time, so a transient failure never sticks and a failure is
@@ -45,6 +54,7 @@ original run's.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import datetime as _dt
 import functools
@@ -55,7 +65,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -75,11 +85,15 @@ _COMMON = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/reg
 """What every cached leg's output depends on; each leg adds its own (``LegSpec.cache_sources``)."""
 
 LABEL = "baseline cache"
+CANDIDATE_LABEL = "candidate cache"
+"""What a candidate's cache is called (this project's TPU kernels: served only while every source they import
+is unchanged); the baselines' (fla, the reference leg's recompute) is :data:`LABEL`."""
 
 
 def cached(leg_name: str) -> bool:
     """Whether a leg's outputs are cached: the legs that declare their sources (the baselines a candidate's
-    change cannot move: fla, and the reference leg's cross-check), never a candidate under development."""
+    change cannot move: fla, and the reference leg's cross-check; and this project's TPU kernels, keyed by
+    every module their binding imports), never an external candidate (no sources here to key it by)."""
     from .legs.registry import legs
 
     spec = legs().get(leg_name)
@@ -125,14 +139,64 @@ def _source_file(fn: Callable) -> str | None:
         return None
 
 
+def _module_file(name: str, root: Path) -> Path | None:
+    """The file of module ``name`` in the tree at ``root`` (a module or a package), or None (not in it)."""
+    base = root.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imported_modules(path: Path, root: Path) -> set[Path]:
+    """The files under ``root`` that ``path`` imports anywhere in its body (function-level imports too).
+
+    ``import a.b`` names a.b; ``from a import b`` names the module a.b where b is one, else a (b is defined
+    there). A package that an import only passes through is not followed: its ``__init__`` is a registry."""
+    inside = path.is_relative_to(root)
+    package = list(path.relative_to(root).parts[:-1]) if inside else []  # a module's (an __init__'s own) package
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level and not inside:
+                continue  # a relative import outside the tree: nothing of the tree's
+            anchor = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                names.append(f"{base}.{alias.name}" if _module_file(f"{base}.{alias.name}", root) else base)
+    found = (_module_file(name, root) for name in names if name)
+    return {f for f in found if f is not None}
+
+
+def source_closure(files, root: Path | None = None) -> set[Path]:
+    """``files`` and every file under ``root`` (default: this repository) they import, transitively: what a
+    kernel's numerics can depend on here, so an edit to one op's kernels changes that op's key and no other's."""
+    root = (_ROOT if root is None else Path(root)).resolve()
+    todo = [Path(f).resolve() for f in files]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        todo.extend(_imported_modules(path, root) - seen)
+    return seen
+
+
 def binding_fingerprint(op: OpDescriptor, leg: Leg) -> str | None:
     """sha256 of the modules the functions ``leg`` runs ``op`` with are defined in (:meth:`Leg.sources`:
     its binding and the op's list of differentiable inputs, or the reference), plus the cotangent map;
-    None when there are none, or one has no source file (such an op is never cached)."""
+    None when there are none, or one has no source file (such an op is never cached). A leg whose code
+    lives in this repository (``Leg.source_closure``: the TPU kernels) hashes everything those modules
+    import from it too (:func:`source_closure`)."""
     functions = leg.sources(op)
     files = [_source_file(fn) for fn in functions]
     if not files or any(f is None or not os.path.isfile(f) for f in files):
         return None
+    if leg.source_closure:
+        files = [str(p) for p in source_closure(files)]
     return hashlib.sha256((_hash_files(files) + json.dumps(dict(op.cotangents), sort_keys=True)).encode()).hexdigest()
 
 
@@ -148,6 +212,10 @@ class BaselineCache:
         self.directory = default_directory() if directory == "default" else (Path(directory) if directory else None)
         self.read = read
         self.leg = leg
+        from .legs.registry import legs
+
+        spec = legs().get(leg.name)
+        self.label = CANDIDATE_LABEL if spec is not None and spec.role == "candidate" else LABEL
         env = leg.environment()
         self._base = {"format": FORMAT, "leg": leg.name, "mode": env.mode, "device": env.device,
                       "versions": dict(env.versions), "settings": json.loads(json.dumps(dict(env.settings),
@@ -187,14 +255,14 @@ class BaselineCache:
         try:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {name: data[name] for name in data.files}
-            found = _decode(arrays, key)
+            found = _decode(arrays, key, self.label)
         except (FileNotFoundError, NotADirectoryError):
             self.misses += 1
             return None
         except Exception as exc:  # noqa: BLE001 - BadZipFile, zlib.error, EOFError...: a torn file is recomputed
             found = f"it is unreadable ({type(exc).__name__}: {' '.join(str(exc).split())})"
         if isinstance(found, str):
-            warnings.warn(f"baseline cache: not using {path}: {found}; recomputing and replacing it",
+            warnings.warn(f"{self.label}: not using {path}: {found}; recomputing and replacing it",
                           BaselineCacheWarning, stacklevel=3)
             self.misses += 1
             return None
@@ -202,8 +270,9 @@ class BaselineCache:
         return found
 
     def store(self, op: OpDescriptor, case: Case, inputs: Inputs, out: LegOutput, wall_s: float,
-              git_commit: str = "") -> bool:
-        """Keep a completed run with finite results; True when it was written. Never raises for the disk."""
+              git_commit: str = "", facts: Mapping[str, Any] | None = None) -> bool:
+        """Keep a completed run with finite results; True when it was written. Never raises for the disk.
+        ``facts``: the clean preflight's row columns (the TPU targets compiled for), served with the output."""
         if not self.enabled or not _finite(out):
             return False
         key = self.key(op, case, inputs)
@@ -211,7 +280,7 @@ class BaselineCache:
             return False
         try:
             details = json.loads(json.dumps(dict(out.details), sort_keys=True, default=str))  # as rows write it
-            columns = json.loads(json.dumps(dict(out.columns)))  # a column that is not JSON is not cached
+            columns = json.loads(json.dumps({**(facts or {}), **out.columns}))  # a column that is not JSON: not cached
         except (TypeError, ValueError):
             return False
         arrays = {name: np.ascontiguousarray(a) for name, a in out.tensors.items() if a is not None}
@@ -241,13 +310,13 @@ class BaselineCache:
     def summary(self, hits: int, runs: int, what: str = "cases") -> str:
         """One line for the terminal: how many of ``runs`` came from the cache."""
         if not self.enabled:
-            return f"{LABEL} off (PARITY_CACHE_DIR is empty): {runs} {what} computed"
+            return f"{self.label} off (PARITY_CACHE_DIR is empty): {runs} {what} computed"
         if not self.read:
-            return f"{runs} {what} recomputed, not read from the {LABEL}; entries rewritten ({self.directory})"
-        return f"{hits}/{runs} {what} from the {LABEL} ({self.directory})"
+            return f"{runs} {what} recomputed, not read from the {self.label}; entries rewritten ({self.directory})"
+        return f"{hits}/{runs} {what} from the {self.label} ({self.directory})"
 
 
-def _decode(arrays: dict[str, np.ndarray], key: str) -> tuple[LegOutput, float] | str:
+def _decode(arrays: dict[str, np.ndarray], key: str, label: str = LABEL) -> tuple[LegOutput, float] | str:
     """The entry's output and wall time, or what is wrong with it."""
     meta = entry_metadata(arrays, key, FORMAT)
     if isinstance(meta, str):
@@ -270,6 +339,6 @@ def _decode(arrays: dict[str, np.ndarray], key: str) -> tuple[LegOutput, float] 
     if _checksum(out) != checksum:
         return "its checksum does not match its values"
     out.update({name: None for name in absent})
-    details = {**details, "baseline_cache": f"served from the cache: computed {computed.get('timestamp', '?')} "
+    details = {**details, label.replace(" ", "_"): f"served from the cache: computed {computed.get('timestamp', '?')} "
                                       f"at commit {computed.get('git_commit') or '?'}"}
     return LegOutput(tensors=out, details=details, columns=columns), wall

@@ -90,8 +90,8 @@ class Interrupted(Exception):
 
 
 def _leg_cache(leg, args):
-    """The leg's baseline cache (the GPU and reference legs'; read unless --no-baseline-cache), or None for a leg
-    that is not cached (the TPU leg)."""
+    """The leg's output cache (the GPU and reference legs' baseline cache, the TPU leg's candidate cache; read
+    unless --no-baseline-cache), or None for a leg that is not cached (an external candidate)."""
     from harness.baseline_cache import for_leg
 
     return for_leg(leg, read=not getattr(args, "no_baseline_cache", False))
@@ -487,8 +487,8 @@ def _add_run_options(p, resume: bool = True):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-ref-cache", action="store_true", help="do not read or write the on-disk reference cache")
     p.add_argument("--no-baseline-cache", "--no-gpu-cache", dest="no_baseline_cache", action="store_true",
-                   help="run the GPU leg and the reference leg (and their causality runs) again instead of reusing "
-                        "the baseline cache; the fresh results replace its entries (--no-gpu-cache: the old name)")
+                   help="run the GPU, reference and TPU legs (and their causality runs) again instead of reusing "
+                        "their caches; the fresh results replace the entries (--no-gpu-cache: the old name)")
     p.add_argument("--ref-method", default="recurrent", choices=("recurrent", "chunk"),
                    help="reference leg: formulation recomputed against the chunked golden (default recurrent)")
     p.add_argument("--ref-dtype", default="float64", choices=("float64", "float32"),

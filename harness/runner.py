@@ -146,13 +146,19 @@ class Runner:
     def execute(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[LegOutput, dict]:
         """The leg's preflight and its run: (output, row columns); otherwise raises :class:`Refusal`.
 
-        The preflight (the emulated TPU leg's compile for real TPUs) runs in a thread beside the run, which
-        needs nothing from it: both are mostly XLA compiles that release the GIL. Its verdict still rules: a
-        failed preflight makes the case an error row whatever the run gave."""
+        An output ``leg_cache`` serves skips both: it was stored only after a clean preflight, whose columns
+        (the TPU targets compiled for) it carries. Otherwise the preflight (the emulated TPU leg's compile
+        for real TPUs) runs in a thread beside the run, which needs nothing from it: both are mostly XLA
+        compiles that release the GIL. Its verdict still rules: a failed preflight makes the case an error
+        row whatever the run gave."""
+        cached = self.leg_cache.load(op, case, inputs) if self.leg_cache is not None else None
+        if cached is not None:
+            out, wall_s = cached  # the original run's time; its details say it was served
+            return out, {"input_sha256": inputs.sha256, "wall_s": wall_s}
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
             preflight = pool.submit(self._preflight, op, case, inputs)
             try:
-                out, wall_s, served = self._run(op, case, inputs)
+                out, wall_s = self._run(op, case, inputs)
                 refused = None
             except Refusal as r:
                 refused = r
@@ -163,8 +169,8 @@ class Runner:
         if refused is not None:
             raise Refusal(op, refused.status, refused.reason, **{**common, **refused.columns})
         common["wall_s"] = wall_s
-        if self.leg_cache is not None and not served:
-            self.leg_cache.store(op, case, inputs, out, wall_s, self.provenance["git_commit"])
+        if self.leg_cache is not None:
+            self.leg_cache.store(op, case, inputs, out, wall_s, self.provenance["git_commit"], facts=facts)
         return out, common
 
     def _preflight(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[str | None, dict]:
@@ -173,12 +179,8 @@ class Runner:
         except Exception as exc:  # noqa: BLE001
             return f"preflight failed: {_short_error(exc)}", {}
 
-    def _run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[LegOutput, float, bool]:
-        """(the leg's output, its wall time, whether ``leg_cache`` served it)."""
-        cached = self.leg_cache.load(op, case, inputs) if self.leg_cache is not None else None
-        if cached is not None:
-            out, wall_s = cached  # the original run's time; its details say it was served
-            return out, wall_s, True
+    def _run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[LegOutput, float]:
+        """(the leg's output, its wall time)."""
         t0 = time.perf_counter()
         try:
             out = self.leg.run(op, case, inputs)
@@ -188,7 +190,7 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - a failing case is rows, never an abort
             raise Refusal(op, Status.ERROR, _short_error(exc), input_sha256=inputs.sha256,
                           wall_s=time.perf_counter() - t0) from None
-        return out, time.perf_counter() - t0, False
+        return out, time.perf_counter() - t0
 
     def run_case(self, case: Case) -> list[dict]:
         try:

@@ -34,11 +34,14 @@ def inject(monkeypatch):
 
     Kernels are traced lazily and their jitted wrappers are cached by static config, so jax's
     caches are cleared before the swap and after it is undone: no faulty trace outlives the test.
+    The on-disk caches are switched off too: the TPU leg's outputs are keyed by its source files, which a
+    swap in memory does not change, so no faulty output is stored and no clean one served.
     """
     import jax
 
     def swap(module, name, replacement):
         jax.clear_caches()
+        monkeypatch.setenv("PARITY_CACHE_DIR", "")
         monkeypatch.setattr(module, name, replacement)
 
     yield swap

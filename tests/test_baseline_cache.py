@@ -401,7 +401,7 @@ def test_the_pytest_plugins_gpu_runner_uses_the_cache(leg, pytester, monkeypatch
     result.assert_outcomes(passed=1)
     where = tmp_path / "c" / "baselines"
     result.stdout.fnmatch_lines([f"*LEG_CACHE gpu ({where!r}, {read})", f"LEG_CACHE ref ({where!r}, {read})",
-                                 "LEG_CACHE tpu None"])  # the baselines are cached, the leg under development never
+                                 f"LEG_CACHE tpu ({where!r}, {read})"])  # the TPU leg by its sources' closure
 
 
 

@@ -52,6 +52,10 @@ class Leg:
     ``name`` is the one the leg registry gave it (:func:`harness.legs.registry.make_leg`)."""
 
     name: str = ""
+    source_closure: bool = False
+    """Whether the code this leg runs an op with lives in this repository, so a cache of its outputs
+    (:mod:`harness.baseline_cache`) must hash every module the binding imports from it, not the binding's
+    own module alone (the TPU kernels; fla's code is versioned by its package)."""
 
     def environment(self) -> Environment:
         raise NotImplementedError

@@ -38,7 +38,8 @@ class LegSpec:
     install: str  # how to get them
     build: Callable[..., Any]  # options -> a harness.legs.base.Leg
     # the sources (globs in this repository) its output depends on besides the op's binding: a leg that
-    # declares them is a baseline whose outputs harness.baseline_cache keeps; a candidate declares none
+    # declares them has its outputs kept by harness.baseline_cache (the baselines, and this project's own
+    # TPU kernels, keyed by every module their binding imports); an external candidate declares none
     cache_sources: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -69,7 +70,8 @@ BUILTIN = (
             ("torch", "triton", "fla"), "pip install -e '.[gpu]'", _builder("harness.legs.gpu", "GpuLeg"),
             cache_sources=("harness/emulation/**/*.py", "harness/legs/gpu.py")),
     LegSpec("tpu", "candidate", "this project's Pallas kernels: native on a TPU, else interpret mode", "libtpu",
-            ("jax",), "pip install -e '.[tpu]'", _builder("harness.legs.tpu", "TpuLeg")),
+            ("jax",), "pip install -e '.[tpu]'", _builder("harness.legs.tpu", "TpuLeg"),
+            cache_sources=("harness/legs/tpu.py", "harness/tpu_compile.py", "harness/tpu_env.py")),
 )
 
 _LEGS: dict[str, LegSpec] = {spec.name: spec for spec in BUILTIN}

@@ -129,6 +129,8 @@ class TpuLeg(Leg):
     targets (:mod:`harness.tpu_compile`; None: v6e); a case that does not compile gets ``error``
     rows."""
 
+    source_closure = True  # the kernels are this repository's: a cached output is keyed by all they import
+
     def __init__(self, force_interpret: bool = False, compile_targets: tuple[str, ...] | None = None):
         from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 

@@ -1,0 +1,145 @@
+"""The candidate cache (harness/baseline_cache.py, the TPU leg): this project's kernels are served again only
+while every source their binding imports from the repository is unchanged, so an edit to one op's kernels
+re-runs that op's cases alone, and a served case keeps the compile facts of its clean preflight."""
+
+import pathlib
+
+import pandas as pd
+import pytest
+
+import harness.baseline_cache as gc
+from cases.inputs import make_inputs
+from cases.suites import get_suite
+from harness.baseline_cache import BaselineCache, source_closure
+from harness.legs import make_leg
+from harness.ops import REGISTRY as OPS, get_op
+from harness.reference_cache import ReferenceCache
+from harness.results import rows_to_frame
+from harness.runner import Runner
+
+ROOT = gc._ROOT
+
+
+def _write(root: pathlib.Path, relative: str, text: str) -> pathlib.Path:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_the_closure_follows_function_level_relative_and_package_imports_within_the_tree(tmp_path):
+    entry = _write(tmp_path, "app/binding.py", "import json\n\ndef forward():\n    from kern import op\n")
+    _write(tmp_path, "app/settings.py", "import kern.tables\n\nfrom kern import LIMIT\n")
+    _write(tmp_path, "app/__init__.py", "")  # a package the binding's own imports pass through: not followed
+    _write(tmp_path, "kern/__init__.py", "LIMIT = 3\n")  # a name defined here: the package file is followed
+    _write(tmp_path, "kern/tables.py", "")
+    _write(tmp_path, "kern/op.py", "from . import shared\nfrom ..outside import x\n")  # beyond the tree: skipped
+    _write(tmp_path, "kern/shared.py", "import numpy\n")
+    _write(tmp_path, "kern/other.py", "")  # in the package, never imported
+    _write(tmp_path, "registry/__init__.py", "from kern import other\n")  # a package nothing imports
+    got = {str(p.relative_to(tmp_path)) for p in source_closure([entry], root=tmp_path)}
+    assert got == {"app/binding.py", "kern/op.py", "kern/shared.py"}
+    got = {str(p.relative_to(tmp_path)) for p in source_closure([tmp_path / "app/settings.py"], root=tmp_path)}
+    assert got == {"app/settings.py", "kern/__init__.py", "kern/tables.py"}
+
+
+def _closure(op_name: str) -> set[str]:
+    leg = make_leg("tpu")
+    files = [gc._source_file(fn) for fn in leg.sources(get_op(op_name))]
+    return {str(p.relative_to(ROOT)) for p in source_closure(files)}
+
+
+def test_each_ops_key_covers_its_own_kernels_and_the_shared_ones_and_no_other_ops():
+    shared = {"kernels_tpu/common.py", "kernels_tpu/mxu.py", "kernels_tpu/varlen.py", "kernels_tpu/interpret.py"}
+    own = {"simple_gla": "kernels_tpu/simple_gla/", "gla": "kernels_tpu/gla/", "kda": "kernels_tpu/kda/",
+           "gdn": "kernels_tpu/gdn/"}
+    assert set(own) == set(OPS)
+    uses = {"gdn": {"kda"}}  # gdn runs on kda's kernels with its scalar decay broadcast over K
+    for name in OPS:
+        closure = _closure(name)
+        assert shared <= closure, name
+        for other, folder in own.items():
+            inside = any(f.startswith(folder) for f in closure)
+            assert inside == (other == name or other in uses.get(name, ())), (name, other)
+
+
+def _edit(monkeypatch, relative: str):
+    """Every read of ``relative`` sees it with one more line, as after a one-line edit."""
+    target = (ROOT / relative).resolve()
+    real = pathlib.Path.read_bytes
+
+    def read_bytes(self):
+        data = real(self)
+        return data + b"\n# edited\n" if self.resolve() == target else data
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+
+
+def _keys(tmp_path) -> dict[str, str]:
+    cache = BaselineCache(make_leg("tpu"), directory=tmp_path)
+    keys = {}
+    for name, op in OPS.items():
+        case = next(c for c in get_suite("smoke") if c.op == name)
+        keys[name] = cache.key(op, case, make_inputs(case, op.inputs(case)))
+    return keys
+
+
+@pytest.mark.parametrize("edited, moved", [
+    ("kernels_tpu/kda/chunk.py", {"kda", "gdn"}),
+    ("kernels_tpu/simple_gla/fused_chunk.py", {"simple_gla"}),
+    ("kernels_tpu/gla/fused.py", {"gla"}),
+    ("kernels_tpu/gdn/chunk.py", {"gdn"}),
+    ("kernels_tpu/common.py", {"simple_gla", "gla", "kda", "gdn"}),
+    ("harness/legs/tpu.py", {"simple_gla", "gla", "kda", "gdn"}),
+    ("harness/emulation/dots.py", set()),  # fla's emulation: not the TPU side
+    ("harness/gate.py", set()),  # the judging code: rows are rebuilt from served outputs
+])
+def test_a_one_line_edit_moves_exactly_the_keys_that_depend_on_it(tmp_path, monkeypatch, edited, moved):
+    before = _keys(tmp_path)
+    assert None not in before.values()
+    _edit(monkeypatch, edited)
+    after = _keys(tmp_path)
+    assert {name for name in OPS if after[name] != before[name]} == moved
+
+
+def test_the_compile_targets_and_the_dot_policy_are_part_of_the_key(tmp_path, monkeypatch):
+    from kernels_tpu import mxu
+
+    case = min(get_suite("smoke"), key=lambda c: (c.B * c.T * c.H * (c.K + c.V), c.id))
+    op, inputs = get_op(case.op), make_inputs(case, get_op(case.op).inputs(case))
+    base = BaselineCache(make_leg("tpu"), tmp_path).key(op, case, inputs)
+    assert BaselineCache(make_leg("tpu", compile_targets=("v5e",)), tmp_path).key(op, case, inputs) != base
+    monkeypatch.setitem(mxu.F32_DOT_PRECISION, "bfloat16", mxu.Precision.HIGHEST)
+    assert BaselineCache(make_leg("tpu"), tmp_path).key(op, case, inputs) != base
+
+
+CASE = min(get_suite("smoke"), key=lambda c: (c.B * c.T * c.H * (c.K + c.V), c.id))
+
+
+def test_a_served_case_skips_its_run_and_its_compile_and_gives_the_same_rows(tmp_path, monkeypatch):
+    leg = make_leg("tpu")
+    refs = ReferenceCache(None)
+    first = Runner(leg, refs, leg_cache=BaselineCache(leg, tmp_path)).run_case(CASE)
+    assert {r["status"] for r in first} == {"ok"} and first[0]["compiled_for"] == "v6e"
+
+    def must_not_run(*args):
+        raise AssertionError("a served case ran")
+
+    monkeypatch.setattr(leg, "run", must_not_run)
+    monkeypatch.setattr(leg, "preflight", must_not_run)
+    cache = BaselineCache(leg, tmp_path)
+    served = Runner(leg, refs, leg_cache=cache).run_case(CASE)
+    assert cache.hits == 1
+    volatile = ["timestamp", "details"]
+    pd.testing.assert_frame_equal(rows_to_frame(served).drop(columns=volatile),
+                                  rows_to_frame(first).drop(columns=volatile))
+    assert all("candidate_cache" in r["details"] for r in served)
+    assert cache.summary(1, 1) == f"1/1 cases from the candidate cache ({tmp_path})"
+
+
+def test_a_case_whose_compile_failed_is_never_stored(tmp_path, monkeypatch):
+    leg = make_leg("tpu")
+    monkeypatch.setattr(leg, "preflight", lambda op, case, inputs: ("does not compile for TPU v6e: injected", {}))
+    rows = Runner(leg, ReferenceCache(None), leg_cache=BaselineCache(leg, tmp_path)).run_case(CASE)
+    assert {r["status"] for r in rows} == {"error"}
+    assert not list(tmp_path.glob("*.npz"))
