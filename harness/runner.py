@@ -155,6 +155,7 @@ class Runner:
         if cached is not None:
             out, wall_s = cached  # the original run's time; its details say it was served
             return out, {"input_sha256": inputs.sha256, "wall_s": wall_s}
+        self.leg.start_case(case)  # before the preflight thread: nothing of the leg's runs beside it yet
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
             preflight = pool.submit(self._preflight, op, case, inputs)
             try:

@@ -143,3 +143,32 @@ def test_a_case_whose_compile_failed_is_never_stored(tmp_path, monkeypatch):
     rows = Runner(leg, ReferenceCache(None), leg_cache=BaselineCache(leg, tmp_path)).run_case(CASE)
     assert {r["status"] for r in rows} == {"error"}
     assert not list(tmp_path.glob("*.npz"))
+
+
+def test_the_tpu_leg_frees_compiled_programs_when_the_shapes_change_and_only_then(monkeypatch):
+    """Each distinct shape's programs would otherwise stay for the life of the process (a 60-shape run ran out
+    of memory); the draws of one case keep theirs, so a redraw does not recompile."""
+    import jax
+
+    cleared = []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
+    leg = make_leg("tpu")
+    other = next(c for c in get_suite("smoke") if c.replace(seed=0).id != CASE.id)
+    for case, clears in ((CASE, 0), (CASE.replace(seed=1), 0), (CASE.replace(seed=2), 0), (other, 1),
+                         (other, 1), (CASE, 2)):
+        leg.start_case(case)
+        assert len(cleared) == clears, case.id
+
+
+def test_the_runner_starts_a_case_before_its_preflight_thread_and_not_for_a_served_one(tmp_path, monkeypatch):
+    leg = make_leg("tpu", compile_targets=())
+    calls = []
+    real_run = leg.run
+    monkeypatch.setattr(leg, "start_case", lambda case: calls.append("start"))
+    monkeypatch.setattr(leg, "preflight", lambda op, case, inputs: calls.append("preflight") or (None, {}))
+    monkeypatch.setattr(leg, "run", lambda op, case, inputs: calls.append("run") or real_run(op, case, inputs))
+    runner = Runner(leg, ReferenceCache(None), leg_cache=BaselineCache(leg, tmp_path))
+    runner.run_case(CASE)
+    assert calls[0] == "start" and sorted(calls[1:]) == ["preflight", "run"]
+    runner.run_case(CASE)  # served: nothing of the leg runs
+    assert len(calls) == 3

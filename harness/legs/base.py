@@ -79,6 +79,10 @@ class Leg:
             return f"op {op.name!r} has no {self.name} binding"
         return binding.supports(case)
 
+    def start_case(self, case: Case) -> None:
+        """Called before a case's preflight and run (which may overlap): the place for per-process upkeep
+        between cases (the TPU leg frees the compiled programs of the shapes it is done with)."""
+
     def preflight(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[str | None, dict]:
         """A check before ``run``: (an error reason, or None to go on; extra columns for the case's rows).
 

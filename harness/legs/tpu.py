@@ -139,9 +139,23 @@ class TpuLeg(Leg):
         if targets:  # an explicit () compiles nothing: the rows then say so (compiled_for is empty)
             parse_targets(",".join(targets), LEG_DEFAULT_TARGETS)
         self.compile_targets = () if self.native else targets
+        self._shape: str | None = None  # the shapes of the case last started (start_case)
 
     def binding(self, op: OpDescriptor):
         return op.pallas
+
+    def start_case(self, case: Case) -> None:
+        """Free jax's compiled programs when the case's shapes change (its id less the input draw). Each
+        distinct shape otherwise keeps its interpret-mode programs and real-TPU compiles for the life of the
+        process: measured, 10 distinct user-like shapes took the leg's RSS from 0.64 to 1.28 GiB, and a run
+        over 60 of them exhausted 24 GiB; clearing between them, 0.66 to 0.89 GiB in the same time. The
+        draws of one case, and its causality runs, keep their programs."""
+        shape = case.replace(seed=0).id
+        if self._shape is not None and shape != self._shape:
+            import jax
+
+            jax.clear_caches()
+        self._shape = shape
 
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
         return super().supports(op, case) or kernel_refusal(op, case, self.binding(op))
