@@ -145,19 +145,30 @@ def test_a_case_whose_compile_failed_is_never_stored(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.npz"))
 
 
-def test_the_tpu_leg_frees_compiled_programs_when_the_shapes_change_and_only_then(monkeypatch):
+@pytest.mark.parametrize("resident, frees", [(0.5, True), (0.1, False)])
+def test_the_tpu_leg_frees_compiled_programs_when_the_shapes_change_in_a_full_process(monkeypatch, resident, frees):
     """Each distinct shape's programs would otherwise stay for the life of the process (a 60-shape run ran out
-    of memory); the draws of one case keep theirs, so a redraw does not recompile."""
+    of memory); the draws of one case keep theirs, and below the memory limit every shape keeps its own (the
+    causality runs reuse them)."""
     import jax
+
+    import harness.legs.tpu as tpu
 
     cleared = []
     monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
+    monkeypatch.setattr(tpu, "resident_fraction", lambda: resident)
     leg = make_leg("tpu")
     other = next(c for c in get_suite("smoke") if c.replace(seed=0).id != CASE.id)
     for case, clears in ((CASE, 0), (CASE.replace(seed=1), 0), (CASE.replace(seed=2), 0), (other, 1),
                          (other, 1), (CASE, 2)):
         leg.start_case(case)
-        assert len(cleared) == clears, case.id
+        assert len(cleared) == (clears if frees else 0), case.id
+
+
+def test_the_resident_fraction_is_this_process_share_of_memory():
+    import harness.legs.tpu as tpu
+
+    assert 0.0 < tpu.resident_fraction() < 1.0
 
 
 def test_the_runner_starts_a_case_before_its_preflight_thread_and_not_for_a_served_one(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ the leg first compiles every case's forward and backward for real TPU targets
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,20 @@ class TpuContext:
 
     interpret: Any  # None natively, a pltpu.InterpretParams in interpret mode
     mxu_model: bool
+
+
+CLEAR_ABOVE = 0.25
+"""The share of physical memory above which the TPU leg frees jax's compiled programs between cases."""
+
+
+def resident_fraction() -> float:
+    """This process's resident memory over the machine's physical memory (0.0 where Linux's /proc is absent)."""
+    try:
+        with open("/proc/self/statm") as f:
+            resident_pages = int(f.read().split()[1])
+        return resident_pages / os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def tpu_available() -> bool:
@@ -145,13 +160,14 @@ class TpuLeg(Leg):
         return op.pallas
 
     def start_case(self, case: Case) -> None:
-        """Free jax's compiled programs when the case's shapes change (its id less the input draw). Each
-        distinct shape otherwise keeps its interpret-mode programs and real-TPU compiles for the life of the
-        process: measured, 10 distinct user-like shapes took the leg's RSS from 0.64 to 1.28 GiB, and a run
-        over 60 of them exhausted 24 GiB; clearing between them, 0.66 to 0.89 GiB in the same time. The
-        draws of one case, and its causality runs, keep their programs."""
+        """Free jax's compiled programs when the case's shapes change (its id less the input draw) and the
+        process holds more than :data:`CLEAR_ABOVE` of this machine's memory. Each distinct shape keeps its
+        interpret-mode programs and real-TPU compiles for the life of the process: measured, 10 distinct
+        user-like shapes took the leg's RSS from 0.64 to 1.28 GiB (0.66 to 0.89 GiB clearing between them),
+        and a run over 60 of them exhausted 24 GiB. Below the limit they stay, because the causality runs
+        reuse them (clearing at every change made smoke's TPU causality 13x slower)."""
         shape = case.replace(seed=0).id
-        if self._shape is not None and shape != self._shape:
+        if self._shape is not None and shape != self._shape and resident_fraction() > CLEAR_ABOVE:
             import jax
 
             jax.clear_caches()
