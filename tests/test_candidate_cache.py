@@ -102,13 +102,16 @@ def test_a_one_line_edit_moves_exactly_the_keys_that_depend_on_it(tmp_path, monk
     assert {name for name in OPS if after[name] != before[name]} == moved
 
 
-def test_the_compile_targets_and_the_dot_policy_are_part_of_the_key(tmp_path, monkeypatch):
+def test_the_compile_targets_xla_flags_and_the_dot_policy_are_part_of_the_key(tmp_path, monkeypatch):
     from kernels_tpu import mxu
 
     case = min(get_suite("smoke"), key=lambda c: (c.B * c.T * c.H * (c.K + c.V), c.id))
     op, inputs = get_op(case.op), make_inputs(case, get_op(case.op).inputs(case))
     base = BaselineCache(make_leg("tpu"), tmp_path).key(op, case, inputs)
     assert BaselineCache(make_leg("tpu", compile_targets=("v5e",)), tmp_path).key(op, case, inputs) != base
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
+    assert BaselineCache(make_leg("tpu"), tmp_path).key(op, case, inputs) != base
+    monkeypatch.delenv("XLA_FLAGS")
     monkeypatch.setitem(mxu.F32_DOT_PRECISION, "bfloat16", mxu.Precision.HIGHEST)
     assert BaselineCache(make_leg("tpu"), tmp_path).key(op, case, inputs) != base
 

@@ -196,6 +196,8 @@ class TpuLeg(Leg):
                     "dot_policy": {k: str(v) for k, v in mxu.F32_DOT_PRECISION.items()}}
         if not self.native:
             settings["compile_targets"] = ",".join(self.compile_targets)
+        if os.environ.get("XLA_FLAGS"):  # can change XLA:CPU's numerics (fast math): recorded, and in the cache key
+            settings["xla_flags"] = os.environ["XLA_FLAGS"]
         return Environment(mode="native" if self.native else "emulated", device=device, versions=versions(),
                            settings=settings)
 
