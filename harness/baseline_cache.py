@@ -212,10 +212,9 @@ class BaselineCache:
         self.directory = default_directory() if directory == "default" else (Path(directory) if directory else None)
         self.read = read
         self.leg = leg
-        from .legs.registry import legs
+        from .legs.registry import role_of
 
-        spec = legs().get(leg.name)
-        self.label = CANDIDATE_LABEL if spec is not None and spec.role == "candidate" else LABEL
+        self.label = CANDIDATE_LABEL if role_of(leg.name) == "candidate" else LABEL
         env = leg.environment()
         self._base = {"format": FORMAT, "leg": leg.name, "mode": env.mode, "device": env.device,
                       "versions": dict(env.versions), "settings": json.loads(json.dumps(dict(env.settings),
