@@ -1,0 +1,63 @@
+"""How the emulated TPU leg compiles its interpret-mode programs (harness.legs.tpu.INTERPRET_COMPILER_OPTIONS)."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+from cases.case import Case  # noqa: E402
+from cases.inputs import make_inputs  # noqa: E402
+from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS, TpuLeg  # noqa: E402
+from harness.ops import get_op  # noqa: E402
+
+SMALL = "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64/h0,dht"
+
+
+def test_products_and_sums_round_as_written():
+    """a = b = 1 + 2^-12: a*b = 1 + 2^-11 + 2^-24 exactly. Rounded to float32 (ulp 2^-23 at 1) that is a tie,
+    which goes to the even 1 + 2^-11, so a*b - (1 + 2^-11) is 0 with two roundings and 2^-24 fused.
+    Contraction depends on the host's vector unit; the leg's options must give the two-rounding answer."""
+    a = np.full(1024, 1 + 2.0 ** -12, dtype=np.float32)
+    c = np.full(1024, -(1 + 2.0 ** -11), dtype=np.float32)
+    assert float(a[0]) * float(a[0]) + float(c[0]) == 2.0 ** -24  # the exact (fused) value
+    assert np.all(a * a + c == 0)  # numpy: two roundings
+    f = jax.jit(lambda a, b, c: a * b + c, compiler_options=dict(INTERPRET_COMPILER_OPTIONS))
+    assert np.all(np.asarray(f(a, a, c)) == 0)
+
+
+def test_leg_records_its_compile_options():
+    leg = TpuLeg(force_interpret=True, compile_targets=())
+    assert leg.context().compiler_options == INTERPRET_COMPILER_OPTIONS
+    # in the settings, so in the rows and in the candidate cache's key
+    assert leg.environment().settings["xla_compiler_options"] == dict(INTERPRET_COMPILER_OPTIONS)
+
+
+def test_another_draw_of_a_case_compiles_nothing():
+    """The staged forward and backward programs are kept per shape: the causality runs and further draws
+    reuse them; and a draw's outputs do not depend on what ran before it."""
+    from jax._src import monitoring
+
+    compiles = collections.Counter()
+
+    def count(event, duration, **kwargs):
+        compiles[event] += 1
+
+    monitoring.register_event_duration_secs_listener(count)
+    leg = TpuLeg(force_interpret=True, compile_targets=())
+    case = Case.from_id(SMALL)
+    op = get_op(case.op)
+    runs = {}
+    key = "/jax/core/compile/backend_compile_duration"
+    for seed in (0, 1, 0):
+        c = case.replace(seed=seed)
+        before = compiles[key]
+        out = leg.run(op, c, make_inputs(c, op.inputs(c)))
+        if seed in runs:
+            assert compiles[key] == before, "a second draw of the same shapes recompiled"
+            assert all(np.array_equal(runs[seed][t], v, equal_nan=True) for t, v in out.tensors.items())
+        runs.setdefault(seed, out.tensors)
+    assert not np.array_equal(runs[0]["o"], runs[1]["o"])  # the draws are different inputs
