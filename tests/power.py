@@ -2,12 +2,14 @@
 
 For each regression class, the TPU kernels keep ``bits`` fraction bits where a correct kernel keeps more
 (23: f32, so no regression; 7: bf16). The study runs the TPU leg with the fault on the cases of smoke and
-regressions (seed 0) the class can reach, gates each case against the GPU rows of the same draw with the
+regressions (seed 0) the class can reach, gates each case against the GPU rows of the same draws with the
 shipped policy, and raises ``bits`` from 7 until the gate first misses: the grade before is the smallest
 regression caught, assuming fewer bits never make a kernel more accurate. A grade stops at the first
-caught case. Caught means the gate does not pass the draw: a failure, or a comparison beyond the draw's own
-noise that one draw cannot decide (``inconclusive``: harness.noise's sequential test then takes 3 and 8
-draws; tests/test_power.py shows issue 20's class failing at 3).
+caught case. Caught means the gate, decided as ``parity all`` decides it, does not pass: a comparison one
+draw leaves inconclusive is decided by harness.noise's sequential test at 3, 8, then 24 draws of both
+legs (the GPU leg's extra draws come from its baseline cache, or are run once and kept there), and counts
+as caught only if it fails, or is still undecided at the cap. So a comparison that is inconclusive on
+clean kernels too (a draw-0 ratio within its noise) catches nothing unless the fault moves it.
 
     python tests/power.py --gpu-results GPU.csv --out reports/power
 
@@ -31,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from faults import REGRESSIONS, apply_regression, unsettled  # noqa: E402
 
 from cases.suites import get_suite  # noqa: E402
-from harness.gate import apply_gate  # noqa: E402
+from harness.app import gate_case  # noqa: E402
+from harness.baseline_cache import BaselineCache  # noqa: E402
+from harness.gate import undrawn_id  # noqa: E402
 from harness.policy import Policy, default_policy  # noqa: E402
 from harness.reference_cache import ReferenceCache  # noqa: E402
 from harness.results import atomic_write_text, read_results, rows_to_frame, write_csv  # noqa: E402
@@ -49,8 +53,25 @@ def cases_for(regression: str, suites=("smoke", "regressions")):
     return [c for s in suites for c in get_suite(s) if dtypes is None or c.dtype in dtypes]
 
 
-def caught_at(regression: str, bits: int, cases, gpu: pd.DataFrame, policy: Policy, cache) -> dict:
-    """Run the TPU leg with the regression at ``bits`` case by case; stop at the first case the gate fails."""
+def decided_gate(case, runner: Runner, gpu: pd.DataFrame, gpu_runner: Runner | None, policy: Policy):
+    """The gate of one case as ``parity all`` decides it (harness.app.gate_case): while a comparison is
+    inconclusive, both legs run the draws that decide its next look. ``gpu`` holds the baseline's rows of
+    the case's draws so far; ``gpu_runner`` gives the others (None: only the draws ``gpu`` holds). Returns
+    the result and the baseline rows, grown by the draws it ran."""
+    while True:
+        result, _ = gate_case(case, runner.run_case, gpu, policy, "tpu")
+        need = result.draws_needed
+        have = set(gpu["case_id"])
+        missing = [case.replace(seed=s) for s in range(need or 0) if case.replace(seed=s).id not in have]
+        if result.inconclusive.empty or not missing or gpu_runner is None:
+            return result, gpu
+        gpu = pd.concat([gpu] + [rows_to_frame(gpu_runner.run_case(d)) for d in missing], ignore_index=True)
+
+
+def caught_at(regression: str, bits: int, cases, gpu: pd.DataFrame, policy: Policy, cache,
+              gpu_runner: Runner | None = None) -> dict:
+    """Run the TPU leg with the regression at ``bits`` case by case; stop at the first case the gate, decided
+    over draws where one draw does not decide it (:func:`decided_gate`), does not pass."""
     t0 = time.perf_counter()
     with pytest.MonkeyPatch.context() as mp:
         jax.clear_caches()
@@ -58,34 +79,36 @@ def caught_at(regression: str, bits: int, cases, gpu: pd.DataFrame, policy: Poli
         runner = Runner(make_leg("tpu", compile_targets=()), cache)
         try:
             for n, case in enumerate(cases, 1):
-                tpu = rows_to_frame(runner.run_case(case))
-                base = gpu[gpu["case_id"] == case.id]
-                failures = unsettled(apply_gate(base, tpu, policy, allow_missing=True))
+                base = gpu[gpu["case_id"].map(undrawn_id) == case.id]
+                result, _ = decided_gate(case, runner, base, gpu_runner, policy)
+                failures = unsettled(result)
                 # a case with no GPU number to compare ("coverage") measures nothing: it catches nothing
                 failures = failures[failures["metric"] != "coverage"]
                 if len(failures):
                     worst = failures.sort_values("ratio", ascending=False).iloc[0]
                     return {"regression": regression, "bits": bits, "caught": True, "cases_run": n,
                             "case_id": case.id, "tensor": worst["tensor"], "metric": worst["metric"],
+                            "verdict": worst["verdict"], "draws": worst["draws"],
                             "ratio": worst["ratio"], "reason": worst["reason"], "patched": ", ".join(patched),
                             "wall_s": round(time.perf_counter() - t0, 1)}
         finally:
             jax.clear_caches()
     return {"regression": regression, "bits": bits, "caught": False, "cases_run": len(cases), "case_id": "",
-            "tensor": "", "metric": "", "ratio": float("nan"), "reason": "", "patched": ", ".join(patched),
-            "wall_s": round(time.perf_counter() - t0, 1)}
+            "tensor": "", "metric": "", "verdict": "", "draws": float("nan"), "ratio": float("nan"), "reason": "",
+            "patched": ", ".join(patched), "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def smallest_caught(regression: str, gpu, policy, cache, log=print) -> list[dict]:
+def smallest_caught(regression: str, gpu, policy, cache, gpu_runner=None, log=print) -> list[dict]:
     """Try bits = 7, 8, ... (ever smaller regressions) until the gate first misses one; every grade tried
     is a row. A caught grade stops at its first failing case, so only the final miss runs every case."""
     cases = cases_for(regression)
     tried = []
     for bits in range(7, TOP):
-        row = caught_at(regression, bits, cases, gpu, policy, cache)
+        row = caught_at(regression, bits, cases, gpu, policy, cache, gpu_runner)
         tried.append(row)
         log(f"  {regression} at {bits} bits: {'caught' if row['caught'] else 'not caught'} "
-            f"({row['cases_run']} cases, {row['wall_s']} s) {row['case_id']} {row['tensor']} {row['metric']}")
+            f"({row['cases_run']} cases, {row['wall_s']} s) {row['case_id']} {row['tensor']} {row['metric']} "
+            + (f"{row['verdict']} at {row['draws']:g} draw(s)" if row["caught"] else ""))
         if not row["caught"]:
             break
     return tried
@@ -102,7 +125,8 @@ def markdown(table: pd.DataFrame, policy: Policy, gpu_file: str) -> str:
         best = caught.sort_values("bits").iloc[-1] if len(caught) else None
         lines.append(f"| {name} | {int(best['bits']) if best is not None else 'none (not even 7)'} | "
                      f"{int(missed['bits'].min()) if len(missed) else '–'} | "
-                     + (f"{best['case_id']} {best['tensor']} {best['metric']} ratio {best['ratio']:.3g}"
+                     + (f"{best['case_id']} {best['tensor']} {best['metric']} ratio {best['ratio']:.3g} "
+                        f"({best['verdict']}, {best['draws']:g} draw{'s' if best['draws'] > 1 else ''})"
                         if best is not None else "") + " |")
     return "\n".join(lines) + "\n"
 
@@ -117,10 +141,12 @@ def main(argv=None) -> int:
     gpu = read_results(Path(args.gpu_results))
     gpu = gpu[gpu["draw"].fillna(0).astype(int) == 0]
     policy, cache = default_policy(), ReferenceCache("default")
+    gpu_leg = make_leg("gpu")
+    gpu_runner = Runner(gpu_leg, cache, leg_cache=BaselineCache(gpu_leg))  # the deciding draws, kept on disk
     rows = []
     for name in args.regression or list(REGRESSIONS):
         print(f"{name}:")
-        rows.extend(smallest_caught(name, gpu, policy, cache))
+        rows.extend(smallest_caught(name, gpu, policy, cache, gpu_runner))
     table = pd.DataFrame(rows)
     out = Path(args.out)
     write_csv(table, out / "power.csv")
