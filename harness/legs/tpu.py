@@ -81,9 +81,9 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=N
 
     ``fn(arrays) -> (outputs, grads)``: the binding's forward, then its
     ``jax.vjp`` with the case's cotangents (``do``; ``dht``, zeros when the case
-    has none). The emulated run calls it eagerly; :mod:`harness.tpu_compile`
-    compiles the very same function for real TPU targets. With a
-    ``kernels_tpu.mxu.MxuTally`` (eager runs only) the forward's modeled MXU
+    has none). The emulated run calls it as two programs (:func:`_stages`);
+    :mod:`harness.tpu_compile` compiles the very same function for real TPU targets. With a
+    ``kernels_tpu.mxu.MxuTally`` (emulated runs only) the forward's modeled MXU
     work is tallied as phase "forward" and the rest as "backward". ``binding`` defaults to the op's own
     TPU binding; a forward-only binding (``differentiable=False``) returns no gradients.
     """
