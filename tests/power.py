@@ -143,14 +143,13 @@ def main(argv=None) -> int:
     policy, cache = default_policy(), ReferenceCache("default")
     gpu_leg = make_leg("gpu")
     gpu_runner = Runner(gpu_leg, cache, leg_cache=BaselineCache(gpu_leg))  # the deciding draws, kept on disk
-    rows = []
+    rows, out = [], Path(args.out)
     for name in args.regression or list(REGRESSIONS):
         print(f"{name}:")
         rows.extend(smallest_caught(name, gpu, policy, cache, gpu_runner))
-    table = pd.DataFrame(rows)
-    out = Path(args.out)
-    write_csv(table, out / "power.csv")
-    atomic_write_text(out / "power.md", markdown(table, policy, args.gpu_results))
+        table = pd.DataFrame(rows)  # written after each class: a study of an hour keeps what it finished
+        write_csv(table, out / "power.csv")
+        atomic_write_text(out / "power.md", markdown(table, policy, args.gpu_results))
     print(markdown(table, policy, args.gpu_results))
     return 0
 
