@@ -116,11 +116,15 @@ def result_in(path, leg: str) -> Path:
     return found[0]
 
 
-def gate_case(case: Case, run_rows, baseline, policy, candidate_leg: str) -> tuple[GateResult, list[dict]]:
+def gate_case(case: Case, run_rows, baseline, policy, candidate_leg: str,
+              baseline_rows=None) -> tuple[GateResult, list[dict]]:
     """One case's gate as the pytest plugin runs it: the candidate's rows (``run_rows(case) -> rows``) against
-    ``baseline``'s rows of the same draws. While a comparison is inconclusive and ``baseline`` holds the draws
-    that would decide it (``pytest -m gpu --parity-draws N`` makes them), the candidate runs those draws too
-    and the gate pools them, as ``parity all`` does. Returns the result and every row the candidate made."""
+    ``baseline``'s rows of the same draws. While a comparison is inconclusive and the baseline has the draws
+    that would decide it (``baseline`` holds them, as ``pytest -m gpu --parity-draws N`` makes them, or
+    ``baseline_rows(case) -> rows`` gives the ones it lacks), the candidate runs those draws too and the gate
+    pools them, as ``parity all`` does. Returns the result and every row the candidate made."""
+    import pandas as pd
+
     from .gate import apply_gate, undrawn_id
     from .results import rows_to_frame
 
@@ -131,6 +135,9 @@ def gate_case(case: Case, run_rows, baseline, policy, candidate_leg: str) -> tup
     while not result.inconclusive.empty and result.draws_needed:
         ran = {r["case_id"] for r in rows}
         more = [d for d in (case.replace(seed=s) for s in range(result.draws_needed)) if d.id not in ran]
+        lacking = [d for d in more if d.id not in set(mine["case_id"])]
+        if lacking and baseline_rows is not None:
+            mine = pd.concat([mine] + [rows_to_frame(baseline_rows(d)) for d in lacking], ignore_index=True)
         if not more or not set(d.id for d in more) <= set(mine["case_id"]):
             break  # the baseline lacks the draws: the result stays inconclusive and says which draws decide it
         for d in more:

@@ -35,10 +35,9 @@ from faults import REGRESSIONS, apply_regression, unsettled  # noqa: E402
 from cases.suites import get_suite  # noqa: E402
 from harness.app import gate_case  # noqa: E402
 from harness.baseline_cache import BaselineCache  # noqa: E402
-from harness.gate import undrawn_id  # noqa: E402
 from harness.policy import Policy, default_policy  # noqa: E402
 from harness.reference_cache import ReferenceCache  # noqa: E402
-from harness.results import atomic_write_text, read_results, rows_to_frame, write_csv  # noqa: E402
+from harness.results import atomic_write_text, read_results, write_csv  # noqa: E402
 from harness.runner import Runner  # noqa: E402
 from harness.legs import make_leg
 
@@ -53,25 +52,11 @@ def cases_for(regression: str, suites=("smoke", "regressions")):
     return [c for s in suites for c in get_suite(s) if dtypes is None or c.dtype in dtypes]
 
 
-def decided_gate(case, runner: Runner, gpu: pd.DataFrame, gpu_runner: Runner | None, policy: Policy):
-    """The gate of one case as ``parity all`` decides it (harness.app.gate_case): while a comparison is
-    inconclusive, both legs run the draws that decide its next look. ``gpu`` holds the baseline's rows of
-    the case's draws so far; ``gpu_runner`` gives the others (None: only the draws ``gpu`` holds). Returns
-    the result and the baseline rows, grown by the draws it ran."""
-    while True:
-        result, _ = gate_case(case, runner.run_case, gpu, policy, "tpu")
-        need = result.draws_needed
-        have = set(gpu["case_id"])
-        missing = [case.replace(seed=s) for s in range(need or 0) if case.replace(seed=s).id not in have]
-        if result.inconclusive.empty or not missing or gpu_runner is None:
-            return result, gpu
-        gpu = pd.concat([gpu] + [rows_to_frame(gpu_runner.run_case(d)) for d in missing], ignore_index=True)
-
-
 def caught_at(regression: str, bits: int, cases, gpu: pd.DataFrame, policy: Policy, cache,
               gpu_runner: Runner | None = None) -> dict:
     """Run the TPU leg with the regression at ``bits`` case by case; stop at the first case the gate, decided
-    over draws where one draw does not decide it (:func:`decided_gate`), does not pass."""
+    over draws where one draw does not decide it (harness.app.gate_case, with ``gpu_runner`` giving the GPU's
+    draws the baseline lacks; None: only the draws ``gpu`` holds), does not pass."""
     t0 = time.perf_counter()
     with pytest.MonkeyPatch.context() as mp:
         jax.clear_caches()
@@ -79,8 +64,8 @@ def caught_at(regression: str, bits: int, cases, gpu: pd.DataFrame, policy: Poli
         runner = Runner(make_leg("tpu", compile_targets=()), cache)
         try:
             for n, case in enumerate(cases, 1):
-                base = gpu[gpu["case_id"].map(undrawn_id) == case.id]
-                result, _ = decided_gate(case, runner, base, gpu_runner, policy)
+                result, _ = gate_case(case, runner.run_case, gpu, policy, "tpu",
+                                      gpu_runner.run_case if gpu_runner is not None else None)
                 failures = unsettled(result)
                 # a case with no GPU number to compare ("coverage") measures nothing: it catches nothing
                 failures = failures[failures["metric"] != "coverage"]

@@ -105,14 +105,15 @@ def test_the_strong_decay_class_is_caught_on_the_suites(baselines, monkeypatch):
 
 
 def test_a_catch_is_decided_over_draws_as_parity_all_decides_it():
-    """A comparison one draw leaves inconclusive is not a catch by itself: decided_gate runs both legs at the
-    sequential test's draws (the GPU's only where the baseline lacks them) and the pooled verdict decides."""
+    """A comparison one draw leaves inconclusive is not a catch by itself: gate_case, given the GPU's draws,
+    runs both legs at the sequential test's draws (the GPU's only where the baseline lacks them) and the
+    pooled verdict decides."""
     from test_noise import _with_tpu_blocks
     from test_runner_and_gate import CASE, _frame
 
     from harness.metrics import parse_blocks
     from harness.policy import Policy
-    from power import decided_gate
+    from harness.app import gate_case
 
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
     g0 = _frame("gpu")
@@ -130,21 +131,24 @@ def test_a_catch_is_decided_over_draws_as_parity_all_decides_it():
                                       blocks * self.ratios[case.seed] ** 2)
             return df.assign(case_id=case.id, draw=case.seed).to_dict("records")
 
+    def tpu_draws(rows):
+        return [r["draw"] for r in rows if r["tensor"] == "o"]
+
     def decide(ratios):
         tpu, gpu = Draws("tpu", ratios), Draws("gpu", ratios)
         base = pd.DataFrame(gpu.run_case(CASE))
-        result, grown = decided_gate(CASE, tpu, base, gpu, policy)
+        result, rows = gate_case(CASE, tpu.run_case, base, policy, "tpu", gpu.run_case)
         o = result.parity[(result.parity["tensor"] == "o") & (result.parity["metric"] == "rel_l2")]
-        return result, o, gpu.ran[1:], grown
+        return result, o, gpu.ran[1:], rows
 
     # issue 24's clean T80 draws: inconclusive on the first, a pass over 8 (geometric mean 1.07): no catch
-    result, o, ran, grown = decide([1.45, 1.65, 1.25, 0.91, 1.09, 0.76, 0.90, 0.82])
+    result, o, ran, rows = decide([1.45, 1.65, 1.25, 0.91, 1.09, 0.76, 0.90, 0.82])
     assert result.passed and o["draws"].max() == 8 and unsettled(result).empty
-    assert ran == [1, 2, 3, 4, 5, 6, 7] and grown["draw"].nunique() == 8  # each missing GPU draw ran once
+    assert ran == [1, 2, 3, 4, 5, 6, 7] and sorted(tpu_draws(rows)) == list(range(8))  # each draw ran once
     # a real violation fails at three draws: a catch
     result, o, ran, _ = decide([2.54, 2.4, 2.6] + [2.5] * 21)
     assert set(o["verdict"]) == {"fail"} and set(o["draws"]) == {3} and ran == [1, 2]
     # without a GPU runner only the baseline's draws count: one draw stays inconclusive (still not a pass)
     tpu = Draws("tpu", [1.45])
-    result, _ = decided_gate(CASE, tpu, pd.DataFrame(Draws("gpu", [1.45]).run_case(CASE)), None, policy)
+    result, _ = gate_case(CASE, tpu.run_case, pd.DataFrame(Draws("gpu", [1.45]).run_case(CASE)), policy, "tpu")
     assert not result.passed and len(result.inconclusive) == 1
