@@ -83,12 +83,13 @@ def caught_at(regression: str, bits: int, cases, gpu: pd.DataFrame, policy: Poli
             "patched": ", ".join(patched), "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def smallest_caught(regression: str, gpu, policy, cache, gpu_runner=None, log=print) -> list[dict]:
-    """Try bits = 7, 8, ... (ever smaller regressions) until the gate first misses one; every grade tried
-    is a row. A caught grade stops at its first failing case, so only the final miss runs every case."""
+def smallest_caught(regression: str, gpu, policy, cache, gpu_runner=None, log=print, start: int = 7) -> list[dict]:
+    """Try bits = start, start + 1, ... (ever smaller regressions) until the gate first misses one; every
+    grade tried is a row. A caught grade stops at its first failing case, so only the final miss runs every
+    case. ``start`` above 7 resumes a study whose coarser grades were already caught."""
     cases = cases_for(regression)
     tried = []
-    for bits in range(7, TOP):
+    for bits in range(start, TOP):
         row = caught_at(regression, bits, cases, gpu, policy, cache, gpu_runner)
         tried.append(row)
         log(f"  {regression} at {bits} bits: {'caught' if row['caught'] else 'not caught'} "
@@ -122,6 +123,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--regression", action="append", choices=list(REGRESSIONS),
                         help="only this class (repeatable)")
+    parser.add_argument("--start-bits", type=int, default=7, choices=range(7, TOP), metavar="N",
+                        help="first grade to try (default 7); resume a study whose grades below N were caught")
     args = parser.parse_args(argv)
     gpu = read_results(Path(args.gpu_results))
     gpu = gpu[gpu["draw"].fillna(0).astype(int) == 0]
@@ -131,7 +134,7 @@ def main(argv=None) -> int:
     rows, out = [], Path(args.out)
     for name in args.regression or list(REGRESSIONS):
         print(f"{name}:")
-        rows.extend(smallest_caught(name, gpu, policy, cache, gpu_runner))
+        rows.extend(smallest_caught(name, gpu, policy, cache, gpu_runner, start=args.start_bits))
         table = pd.DataFrame(rows)  # written after each class: a study of an hour keeps what it finished
         write_csv(table, out / "power.csv")
         atomic_write_text(out / "power.md", markdown(table, policy, args.gpu_results))

@@ -152,3 +152,23 @@ def test_a_catch_is_decided_over_draws_as_parity_all_decides_it():
     tpu = Draws("tpu", [1.45])
     result, _ = gate_case(CASE, tpu.run_case, pd.DataFrame(Draws("gpu", [1.45]).run_case(CASE)), policy, "tpu")
     assert not result.passed and len(result.inconclusive) == 1
+
+
+def test_a_study_raises_bits_from_its_start_until_the_first_miss(monkeypatch):
+    """smallest_caught tries start, start + 1, ... and stops at the first grade the gate misses; a study
+    resumed at --start-bits N runs none of the grades below N."""
+    import power
+
+    tried = []
+
+    def fake_caught_at(regression, bits, cases, gpu, policy, cache, gpu_runner=None):
+        tried.append(bits)
+        return {"regression": regression, "bits": bits, "caught": bits <= 11, "cases_run": 1, "case_id": "c",
+                "tensor": "o", "metric": "rel_l2", "verdict": "fail", "draws": 1, "wall_s": 0.0}
+
+    monkeypatch.setattr(power, "caught_at", fake_caught_at)
+    monkeypatch.setattr(power, "cases_for", lambda regression: [])
+    rows = power.smallest_caught("f32 dots at fewer bits", None, None, None, log=lambda *_: None, start=10)
+    assert tried == [10, 11, 12] and [r["caught"] for r in rows] == [True, True, False]
+    rows = power.smallest_caught("f32 dots at fewer bits", None, None, None, log=lambda *_: None)
+    assert tried[3:] == list(range(7, 13))
