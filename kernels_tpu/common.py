@@ -16,6 +16,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels_tpu.varlen import ChunkWalk
 from op_contract import Dims, positive_int
 
 LANES = 128  # vreg lane width and MXU tile: the kernels see K and V as multiples of it (HeadPadding)
@@ -180,41 +181,77 @@ def chunk_states_map(b, h, t):
     return b, h, t, 0, 0
 
 
-def state_map(b, h, t):
-    """[B, H, K, V] one state per head, resident in VMEM across the time axis."""
-    del t
-    return b, h, 0, 0
-
-
-def reversed_in_time(index_map, NT: int):
-    """``index_map`` walking the chunks from last to first: grid step t visits chunk NT-1-t (backward passes)."""
-    def reverse(*grid):
-        return index_map(*grid[:-1], NT - 1 - grid[-1])
-    return reverse
-
-
-def start_state(state_ref, init_ref, step) -> None:
-    """At the first grid step along time the carried f32 state starts from ``init_ref``
-    (h0 forward, dht backward), or from zero when there is none (``init_ref`` None)."""
-    @pl.when(step == 0)
+def start_state(state_ref, init_ref, begins) -> None:
+    """Where ``begins`` (a traced bool: the first grid step along time, or the first chunk of a sequence
+    that :class:`Walk` visits) the carried f32 state starts from ``init_ref`` (h0 forward, dht backward),
+    or from zero when there is none (``init_ref`` None)."""
+    @pl.when(begins)
     def _start():
         state_ref[...] = (jnp.zeros(state_ref.shape, jnp.float32) if init_ref is None
                           else init_ref[...].astype(jnp.float32))
 
 
-def state_pass(kernel, *, grid, in_specs, out_specs, out_shape, state, interpret, name, scratch=()):
-    """A ``pallas_call`` that walks time along the LAST grid axis, carrying an f32 state in VMEM.
+@dataclasses.dataclass(frozen=True)
+class Walk:
+    """A grid ``(row, h, ..., step)`` walking the chunks of a :class:`kernels_tpu.varlen.ChunkWalk` along its last
+    axis, ``steps`` chunks per grid step, forward (step t visits block t) or in reverse (block NT/steps-1-t).
+    Its index maps and the kernel's view of the walk's tables, which arrive first in every index map's and
+    the kernel's arguments (scalar prefetch: ``slot_ref, edge_ref``). With ``steps`` > 1 a sequence must
+    start and end on a step's edges (one batch row per sequence: unpacked)."""
+
+    NT: int  # chunks per row
+    reverse: bool = False
+    steps: int = 1
+    time_axis: int = 2  # the grid's last axis (gla's grids are (row, h, v tile, step): 3)
+
+    def block(self, t):
+        """The block (of ``steps`` chunks) grid step t visits."""
+        return self.NT // self.steps - 1 - t if self.reverse else t
+
+    def chunk_map(self, b, h, t, *tables):
+        """[rows, H, T, X] tiles (steps * C, X): the chunks this step visits."""
+        return b, h, self.block(t), 0
+
+    def chunk_states_map(self, b, h, t, *tables):
+        """[rows, H, NT, K, V] per-chunk states, tiles (steps, K, V)."""
+        return b, h, self.block(t), 0, 0
+
+    def slot_map(self, b, h, t, slot_ref, edge_ref):
+        """[N, H, K, V] one state per sequence (h0, ht, dht, dh0): the visited chunk's sequence. Consecutive
+        chunks of a sequence keep the block resident, so an output written at the sequence's edge is
+        written back once the walk moves on."""
+        return self.slot(b, t, slot_ref), h, 0, 0
+
+    def slot(self, b, t, slot_ref):
+        """The sequence (state slot) of the chunks grid step t of row b visits."""
+        return slot_ref[b * self.NT + self.block(t) * self.steps]
+
+    def edges(self, edge_ref):
+        """In a kernel: ``(begins, ends)`` traced bools. The walk's carried state starts at ``begins`` (a
+        sequence's first chunk forward, its last in reverse) and leaves at ``ends``."""
+        first_chunk = pl.program_id(0) * self.NT + self.block(pl.program_id(self.time_axis)) * self.steps
+        first = (edge_ref[first_chunk] & ChunkWalk.FIRST) != 0
+        last = (edge_ref[first_chunk + self.steps - 1] & ChunkWalk.LAST) != 0
+        return (last, first) if self.reverse else (first, last)
+
+
+def walk_pass(kernel, *, tables, grid, in_specs, out_specs, out_shape, state, interpret, name, scratch=()):
+    """A ``pallas_call`` that walks the chunks of a :class:`Walk` along the LAST grid axis, carrying an
+    f32 state in VMEM.
 
     The recurrence makes that axis sequential: it is "arbitrary" and last, every other axis
-    "parallel". ``state`` is the scratch's shape (e.g. ``(K, V)``), first in the kernel's scratch
-    refs, followed by ``scratch``.
+    "parallel". ``tables`` (a ChunkWalk's ``(slot, edge)``) are scalar-prefetched, so index maps and
+    the kernel take them first. ``state`` is the scratch's shape (e.g. ``(K, V)``), first in the
+    kernel's scratch refs, followed by ``scratch``.
     """
     semantics = ("parallel",) * (len(grid) - 1) + ("arbitrary",)
-    return pl.pallas_call(
-        kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        scratch_shapes=[pltpu.VMEM(state, jnp.float32), *scratch],
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(tables), grid=grid, in_specs=in_specs, out_specs=out_specs,
+        scratch_shapes=[pltpu.VMEM(state, jnp.float32), *scratch])
+    return functools.partial(pl.pallas_call(
+        kernel, grid_spec=grid_spec, out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
-        interpret=interpret, name=name)
+        interpret=interpret, name=name), *tables)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,39 +7,39 @@ of the offsets ``c = cu_seqlens`` (``0 = c_0 < ... < c_N = T``, checked by
 ``initial_state[i]``, or zero, and ends in ``ht[i]``) and chunking restarts there, so no chunk
 spans a boundary.
 
-Design: outside the pallas_calls, :meth:`Packing.rows` scatters the packed tokens into N batch
-rows, sequence i in row i, right-padded with identity tokens (q = k = v = 0, log gate 0, kda's
-beta = 0: ``S -> S`` exactly), and the existing batched kernels run with B = N and one state per
-row; :meth:`Packing.tokens` gathers the outputs back to ``[1, T, ...]``. The only kernel-side
-change is for the constant per-head gate (``g_gamma``), which the kernels compute from token
-positions rather than read per token: those kernels take each row's real length
-(:attr:`Packing.lengths`, in SMEM) and give the tokens past it decay 1 (simple_gla), or skip the
-whole chunks past it (gla's fused path).
-Both are single gathers with static indices, so autodiff carries gradients back through them (a
-gather's transpose is a scatter-add; padded positions get none) and the explicit backward
-functions use the same two maps. A row's chunks start at its sequence's first token and its
-identity tail leaves the state unchanged, so every real token sees exactly what a separate B = 1
-run of its sequence would see: the packed outputs equal separate per-sequence runs bit for bit
-(tests/kernels_tpu/test_head_dims_and_varlen.py). Gradients of shared parameters (g_gamma; kda's A_log,
-dt_bias) are sums over the sequences, equal to the separate runs' sum up to summation order.
+Design: the kernels walk chunks, not batch rows (:class:`ChunkWalk`). Outside the pallas_calls,
+:meth:`ChunkWalk.to_rows` lays the packed sequences chunk-aligned in ONE kernel row: sequence i
+takes ``ceil(len_i / C)`` consecutive chunks, its tokens first and identity tokens (q = k = v = 0,
+log gate 0, kda's beta = 0: ``S -> S`` exactly) filling the rest of its last chunk (an empty
+sequence takes one chunk of them, so its ht is its h0);
+:meth:`ChunkWalk.to_tokens` gathers the outputs back to ``[1, T, ...]``. Two int32 tables,
+scalar-prefetched into SMEM, tell every time-walking kernel which sequence each chunk belongs to
+(so its index maps fetch that sequence's h0 or dht and write its ht or dh0) and where sequences
+begin and end (so the carried f32 state restarts there: :class:`kernels_tpu.common.Walk`). A kernel
+that computes the constant per-head gate (``g_gamma``) from token positions reads each chunk's
+real tokens from a third table (:meth:`ChunkWalk.real_tokens`) and gives the filling tokens decay 1. No chunk spans a boundary
+and every real token sees exactly what a separate B = 1 run of its sequence would see: the packed
+outputs equal separate per-sequence runs bit for bit
+(tests/kernels_tpu/test_head_dims_and_varlen.py). The two maps are single gathers with static
+indices, so autodiff carries gradients back through them (a gather's transpose is a scatter-add;
+filling positions get none). Gradients of shared parameters (g_gamma; kda's A_log, dt_bias) are
+sums over the sequences, equal to the separate runs' sum up to summation order.
 
-The price is padding: the kernels do ``N * L_pad`` tokens of work for ``T`` real ones, with
-``L_pad`` the longest sequence rounded up to the chunk size (:meth:`Packing.work_ratio`). Measured
-(tests/kernels_tpu/test_head_dims_and_varlen.py::test_padding_overhead), chunk size 64:
+The work is ``sum_i ceil(len_i / C) * C`` tokens for ``T`` real ones (:meth:`ChunkWalk.work_ratio`).
+Until 2026-11-24 the kernels ran one padded batch row per sequence instead, ``N * L_pad`` tokens
+with ``L_pad`` the longest sequence rounded up to a chunk; measured, chunk size 64
+(tests/kernels_tpu/test_head_dims_and_varlen.py::test_padding_overhead; footprints in
+reports/varlen/README.md):
 
-==================================================  ======  ============  =====================
-packing (lengths)                                   T       N * L_pad     N * L_pad / T
-==================================================  ======  ============  =====================
-(37, 128, 91)                                       256     3 * 128       1.50
-8 x 1024 (equal)                                    8192    8 * 1024      1.00
-(3000, 1500, 1200, 900, 700, 500, 300, 92)          8192    8 * 3008      2.94
-(8185, 1, 1, 1, 1, 1, 1, 1) (one long, 7 of 1)      8192    8 * 8192      8.00
-==================================================  ======  ============  =====================
-
-An in-kernel design (a scalar-prefetched table of per-sequence chunk offsets, chunks of one row)
-would do ``sum_i ceil(len_i / C) * C`` tokens instead: 1.25, 1.00, 1.02 and 1.05 for the rows
-above. The padding design is exact, needs no kernel change and costs little for sequences of
-similar lengths; the skewed packings are where the in-kernel design would pay off.
+==================================================  ======  ===============  ===============
+packing (lengths)                                   T       rows: N*L_pad/T  walk: sum/T
+==================================================  ======  ===============  ===============
+(37, 128, 91)                                       256     1.50             1.25
+8 x 1024 (equal)                                    8192    1.00             1.00
+(3000, 1500, 1200, 900, 700, 500, 300, 92)          8192    2.94             1.02
+(8185, 1, 1, 1, 1, 1, 1, 1) (one long, 7 of 1)      8192    8.00             1.05
+the stress suites' packing (2048, 1031, ..., 256)   8192    2.00             1.02
+==================================================  ======  ===============  ===============
 """
 
 from __future__ import annotations
@@ -53,12 +53,10 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Packing:
-    """How the public token axis ``[B, T, ...]`` maps onto the kernels' batch rows ``[N, L, ...]``.
-
-    ``offsets`` None: not packed, the batch as given (N = B rows of L = T tokens; :meth:`rows` and
-    :meth:`tokens` are the identity). Otherwise fla's ``cu_seqlens`` as static Python ints (they fix
-    the shapes): N = len(offsets) - 1 rows of ``L = max(lengths)`` tokens. Hashable, so it can be
-    part of a kernel's static config.
+    """The sequences of the public token axis ``[B, T, ...]``: ``offsets`` None, not packed (B
+    sequences of T tokens); otherwise fla's ``cu_seqlens`` as static Python ints (they fix the
+    shapes), N = len(offsets) - 1 sequences in one batch row. Hashable, so it can be part of a
+    kernel's static config; :class:`ChunkWalk` lays it out for the kernels.
     """
 
     batch: int
@@ -82,58 +80,130 @@ class Packing:
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        """Real tokens of each kernel row: the sequence lengths, or T for each of the B rows."""
+        """Real tokens of each sequence: the packed lengths, or T for each of the B rows."""
         if not self.packed:
             return (self.T,) * self.batch
         return tuple(int(n) for n in np.diff(self.offsets))
 
     @property
     def N(self) -> int:
-        """Kernel batch rows, one state each: the number of sequences, or B."""
+        """Sequences, one state each (h0, ht): the number packed, or B."""
         return len(self.lengths)
 
-    @property
-    def L(self) -> int:
-        """Tokens per kernel row (before the kernels pad it to a chunk multiple)."""
-        return max(self.lengths)
-
-    def padded_length(self, chunk_size: int) -> int:
-        """``L_pad``: tokens per kernel row once padded to a whole number of chunks."""
-        return -(-self.L // chunk_size) * chunk_size
-
     def ends_inside_a_chunk(self, chunk_size: int) -> bool:
-        """Some row's real tokens end inside a chunk (T, or a packed sequence's length, is not a multiple
-        of the chunk size): that chunk mixes real and padding tokens."""
+        """Some sequence ends inside a chunk (T, or a packed sequence's length, is not a multiple of the
+        chunk size): that chunk mixes real and filling tokens."""
         return any(n % chunk_size for n in self.lengths)
 
-    def work_ratio(self, chunk_size: int) -> float:
-        """Tokens the kernels process over real tokens: ``N * L_pad / (B * T)``."""
-        return self.N * self.padded_length(chunk_size) / (self.batch * self.T)
-
-    # ------------------------------------------------------------ the two maps
     def _row_positions(self):
-        """Static (row, position) of every packed token, in packing order."""
+        """Static (sequence, position within it) of every packed token, in packing order."""
         row = np.repeat(np.arange(self.N), self.lengths)
         pos = np.arange(self.T) - np.asarray(self.offsets)[row]
         return row, pos
 
-    def rows(self, x):
-        """``[1, T, ...]`` packed tokens -> ``[N, L, ...]`` rows: sequence i in row i, then zeros
-        (identity tokens, given inputs whose zero is the identity: see the module docstring)."""
-        if x is None or not self.packed:
-            return x
-        start = np.asarray(self.offsets[:-1])[:, None]
-        src = start + np.arange(self.L)[None, :]  # [N, L] token index of (row, position)
-        src = np.where(np.arange(self.L)[None, :] < np.asarray(self.lengths)[:, None], src, self.T)
-        # index T is past the end: filled with zeros (an identity token)
-        return jnp.take(x[0], jnp.asarray(src, jnp.int32), axis=0, mode="fill", fill_value=0)
 
-    def tokens(self, y):
-        """``[N, L', ...]`` rows (L' >= L: padding beyond the sequences is dropped) -> ``[B, T, ...]``
-        (B = 1 when packed): the real tokens only."""
+@dataclasses.dataclass(frozen=True)
+class ChunkWalk:
+    """The chunks a time-walking kernel visits, and the state each chunk belongs to: packed sequences
+    without padding rows (every op's kernels).
+
+    Not packed: B kernel rows of ``NT = ceil(T / C)`` chunks, row b all of state slot b. Packed: ONE kernel
+    row in which sequence i takes ``ceil(len_i / C)`` consecutive chunks (one for an empty sequence)
+    starting at chunk ``s_i`` (its tokens first, identity tokens filling the rest of its last chunk), so
+    ``NT = sum_i ceil(len_i / C)``
+    and the work is ``NT * C`` tokens for T real ones (:meth:`work_ratio`; 1.02 for the stress packing,
+    where padding rows cost 2.0). Chunk c of a row is described by two int32 tables, scalar-prefetched
+    into SMEM (:meth:`tables`): its state slot (the sequence: where its h0 comes from and its ht goes)
+    and its edges (``FIRST``: the state starts here from h0 or zero; ``LAST``: the state leaves here as
+    ht). A kernel walking the chunks in order resets its carried state at FIRST and emits at LAST (a
+    reverse walk the other way round), so every real token sees exactly what a separate run of its own
+    sequence sees: the outputs equal separate per-sequence runs bit for bit.
+    """
+
+    packing: Packing
+    C: int  # tokens per chunk
+
+    FIRST = 1  # edge bits
+    LAST = 2
+
+    @property
+    def rows(self) -> int:
+        """Kernel batch rows: 1 when packed, else B."""
+        return 1 if self.packing.packed else self.packing.batch
+
+    @property
+    def chunks_per_sequence(self) -> tuple[int, ...]:
+        """``ceil(len_i / C)``, and one chunk of identity tokens for an empty sequence: its state passes
+        through unchanged, so its ht is its h0 (and its dh0 its dht), as fla's."""
+        return tuple(max(1, -(-n // self.C)) for n in self.packing.lengths)
+
+    @property
+    def NT(self) -> int:
+        """Chunks per kernel row."""
+        per = self.chunks_per_sequence
+        return sum(per) if self.packing.packed else per[0]
+
+    @property
+    def row_length(self) -> int:
+        """Tokens per kernel row: ``NT * C``."""
+        return self.NT * self.C
+
+    def work_ratio(self) -> float:
+        """Tokens the kernels process over real tokens: ``rows * NT * C / (B * T)``."""
+        return self.rows * self.row_length / (self.packing.batch * self.packing.T)
+
+    def _starts(self) -> np.ndarray:
+        """First chunk of each sequence in the packed row."""
+        return np.concatenate([[0], np.cumsum(self.chunks_per_sequence)[:-1]]).astype(np.int64)
+
+    def _chunks(self):
+        """Per chunk of the walk (index ``row * NT + chunk``): its sequence, and that sequence's first and
+        last chunks."""
+        per = np.asarray(self.chunks_per_sequence)
+        if self.packing.packed:
+            slot, starts = np.repeat(np.arange(len(per)), per), self._starts()
+        else:  # row b is sequence b
+            slot, starts = np.repeat(np.arange(self.rows), self.NT), np.arange(self.rows) * self.NT
+        return slot, starts, starts + per - 1
+
+    def tables(self):
+        """``(slot, edge)``: int32 ``[rows * NT]`` (index ``row * NT + chunk``), for scalar prefetch: the
+        chunk's sequence, and its FIRST / LAST bits."""
+        slot, starts, ends = self._chunks()
+        edge = np.zeros(slot.shape, np.int32)
+        edge[starts] |= self.FIRST
+        edge[ends] |= self.LAST
+        return jnp.asarray(slot, jnp.int32), jnp.asarray(edge, jnp.int32)
+
+    def real_tokens(self):
+        """int32 ``[rows * NT]``: each chunk's real tokens (its first ones; the rest are identity tokens),
+        for a gate the kernels compute from token positions (``g_gamma``)."""
+        slot, starts, _ = self._chunks()
+        within = np.arange(slot.size) - starts[slot]  # the chunk's index within its sequence
+        real = np.clip(np.asarray(self.packing.lengths)[slot] - within * self.C, 0, self.C)
+        return jnp.asarray(real, jnp.int32)
+
+    # ------------------------------------------------------------ the two maps
+    def _token_positions(self) -> np.ndarray:
+        """Static position in the packed row of every packed token, in packing order."""
+        row, pos = self.packing._row_positions()
+        return self._starts()[row] * self.C + pos
+
+    def to_rows(self, x):
+        """``[B, T, ...]`` public tokens -> ``[rows, NT * C, ...]`` kernel rows (zeros: identity tokens)."""
+        if x is None:
+            return x
+        if not self.packing.packed:
+            pad = self.row_length - x.shape[1]
+            return jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) if pad else x
+        src = np.full(self.row_length, self.packing.T)  # index T is past the end: zero-filled
+        src[self._token_positions()] = np.arange(self.packing.T)
+        return jnp.take(x[0], jnp.asarray(src, jnp.int32), axis=0, mode="fill", fill_value=0)[None]
+
+    def to_tokens(self, y):
+        """``[rows, NT * C, ...]`` kernel rows -> ``[B, T, ...]``: the real tokens only."""
         if y is None:
             return y
-        if not self.packed:
-            return y[:, :self.T]
-        row, pos = self._row_positions()
-        return y[jnp.asarray(row, jnp.int32), jnp.asarray(pos, jnp.int32)][None]
+        if not self.packing.packed:
+            return y[:, :self.packing.T]
+        return y[0, jnp.asarray(self._token_positions(), jnp.int32)][None]

@@ -73,23 +73,24 @@ def kernel_modules():
 
 
 def state_rounded_per_chunk(bits: int):
-    """``common.state_pass`` whose kernels round the carried f32 state to ``bits`` after every grid step,
+    """``common.walk_pass`` whose kernels round the carried f32 state to ``bits`` after every grid step,
     so each chunk hands the next a rounded state (forward states and backward state gradients)."""
     from kernels_tpu import common
 
-    real = common.state_pass
+    real = common.walk_pass
 
-    def faulty(kernel, *, in_specs, out_specs, **kw):
-        first_scratch = len(in_specs) + (len(out_specs) if isinstance(out_specs, (list, tuple)) else 1)
+    def faulty(kernel, *, tables, in_specs, out_specs, **kw):
+        # the kernel's refs: the walk's tables, the inputs, the outputs, then the carried state
+        first_scratch = len(tables) + len(in_specs) + (len(out_specs) if isinstance(out_specs, (list, tuple)) else 1)
 
         def rounded(*refs):
             kernel(*refs)
             state = refs[first_scratch]
             state[...] = round_fraction(state[...], bits)
 
-        return real(rounded, in_specs=in_specs, out_specs=out_specs, **kw)
+        return real(rounded, tables=tables, in_specs=in_specs, out_specs=out_specs, **kw)
 
-    return {"state_pass": faulty}
+    return {"walk_pass": faulty}
 
 
 def scores_rounded_twice(bits: int):

@@ -16,14 +16,14 @@ Dispatch (``path``), reported by :func:`gla_dispatch`:
 
 Layout (:func:`_operands`, :func:`_public`), the same for every entry point:
 K and V are zero-padded to lane multiples (:class:`kernels_tpu.common.HeadPadding`;
-a per-channel gate with 0, decay 1), packed sequences (``cu_seqlens``) become
-batch rows (:class:`kernels_tpu.varlen.Packing`), and each row is zero-padded at
-the end to whole chunks (zero q, k, v, do and a zero log gate, i.e. decay 1, for
-g); results are sliced back. On the fused path the constant gate keeps decaying
-over padded tokens, so there padding in time is only exact without a final
-state (``output_final_state=False``, no dht): "auto" then takes the chunk path.
-Whole chunks of padding (past a packed sequence that is shorter than its row)
-are skipped by the fused kernels' state updates, so they are exact on both paths.
+a per-channel gate with 0, decay 1), and the tokens are laid in the rows of a
+:class:`kernels_tpu.varlen.ChunkWalk`: whole chunks, packed sequences
+(``cu_seqlens``) chunk-aligned in one row, each sequence's last chunk filled
+with zero tokens (zero q, k, v, do and a zero log gate, i.e. decay 1, for g);
+results are gathered back. On the fused path the constant gate keeps decaying
+over those filling tokens, so there padding in time is only exact without a
+final state (``output_final_state=False``, no dht): "auto" then takes the chunk
+path.
 
 Gates are log decays (``g <= 0``, ``g_gamma <= 0``): the overflow-safety
 argument (every exponent <= 0) relies on it. A concrete positive gate is a
@@ -57,7 +57,7 @@ def gla_dispatch(g, g_gamma, path: str = "auto", *, ragged_with_state: bool = Fa
     ``ragged_with_state``: T, or a packed sequence's length, is not a multiple of chunk_size and the
     final state is used (returned, or dht given). The fused kernel keeps decaying over the padding
     tokens of a chunk that a sequence ends inside, so ``"auto"`` then takes the chunk path, which
-    pads exactly. (Whole chunks past a packed sequence's end are exact on both paths.)
+    pads exactly.
     """
     if path not in PATHS:
         raise ValueError(f"{path=} must be one of {PATHS}")
@@ -98,24 +98,16 @@ def _config(q, scale, blocks, packing, interpret, mxu_model) -> Config:
                   dtype=jnp.dtype(q.dtype).name, packing=packing)
 
 
-def _pad_t(x, pad):
-    return x if x is None or not pad else jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
-
-
 # ------------------------------------------------------------------ layout
 def _rows(cfg: Config, x):
-    """Public tokens [B,T,H,X] -> kernel rows [N,Lp,H,X]: packed sequences as rows, each zero-padded to
-    whole chunks (identity tokens)."""
-    if x is None:
-        return None
-    x = cfg.packing.rows(x)
-    return _pad_t(x, -x.shape[1] % cfg.C)
+    """Public tokens [B,T,H,X] -> kernel rows [R,NT*C,H,X] of the walk: whole chunks, packed sequences
+    chunk-aligned in one row, zero (identity) tokens filling each sequence's last chunk."""
+    return cfg.walk.to_rows(x)
 
 
 def _operands(cfg: Config, which: str, q, k, v, g, g_gamma, h0, do=None, dht=None):
     """The public arrays as path ``which`` takes them: fp16 widened (Mosaic loads no fp16; autodiff and
-    :func:`_public` round dq, dk, dv back), K and V lane-padded, packed sequences as rows padded to
-    whole chunks; the gate as g_gamma [H] (fused) or a per-channel g (chunk: g_gamma broadcast to the
+    :func:`_public` round dq, dk, dv back), K and V lane-padded, the tokens in the walk's rows; the gate as g_gamma [H] (fused) or a per-channel g (chunk: g_gamma broadcast to the
     real tokens' channels, outside any custom_vjp so autodiff sums dg into dg_gamma), f32. Returns
     ``(pad, (q, k, v), gate, h0, do, dht)``; ``pad`` slices the results back."""
     pad = HeadPadding.of(q, v)
@@ -133,8 +125,8 @@ def _operands(cfg: Config, which: str, q, k, v, g, g_gamma, h0, do=None, dht=Non
 
 
 def _public(cfg: Config, x, unpad, dtype):
-    """Kernel rows [N,Lp,H,X] -> the public [B,T,H,X]: real tokens, true K or V (``unpad``), ``dtype``."""
-    return unpad(cfg.packing.tokens(x)).astype(dtype)
+    """Kernel rows [R,NT*C,H,X] -> the public [B,T,H,X]: real tokens, true K or V (``unpad``), ``dtype``."""
+    return unpad(cfg.walk.to_tokens(x)).astype(dtype)
 
 
 # ---------------------------------------------------------------- custom_vjp

@@ -43,8 +43,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ..common import causal_mask, iota, masked_exp, start_state, state_pass
-from .common import NT_T, SQ, TN, Config, f32, index_maps, mm, with_static
+from ..common import Walk, causal_mask, iota, masked_exp, start_state, walk_pass
+from .common import NT_T, SQ, TN, Config, f32, index_maps, mm, walk_maps, with_static
 
 
 def _cumsum(g, policy):
@@ -74,14 +74,14 @@ def _before(r0, C):
 
 
 # ------------------------------------------------------------------ forward
-def _fwd_h_kernel(k_ref, v_ref, g_ref, *rest, cfg: Config, has_h0: bool):
+def _fwd_h_kernel(slot_ref, edge_ref, k_ref, v_ref, g_ref, *rest, cfg: Config, walk: Walk, has_h0: bool):
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
     h_ref, ht_ref, s_scr = rest
-    i_t = pl.program_id(3)
     md = cfg.policy
+    begins, ends = walk.edges(edge_ref)  # this chunk starts / ends its sequence
 
-    start_state(s_scr, h0_ref, i_t)
+    start_state(s_scr, h0_ref, begins)
 
     h_ref[...] = s_scr[...]  # state before chunk n
     g = g_ref[...].astype(f32)
@@ -90,7 +90,7 @@ def _fwd_h_kernel(k_ref, v_ref, g_ref, *rest, cfg: Config, has_h0: bool):
     k_dec = k_ref[...].astype(f32) * jnp.exp(bL - b)  # exponent <= 0
     s_scr[...] = jnp.exp(_col_total(g, md)) * s_scr[...] + mm(k_dec, v_ref[...], TN, policy=md)
 
-    @pl.when(i_t == pl.num_programs(3) - 1)
+    @pl.when(ends)
     def _final():
         ht_ref[...] = s_scr[...]
 
@@ -123,7 +123,8 @@ def _fwd_o_kernel(q_ref, k_ref, v_ref, g_ref, h_ref, o_ref, b_scr, *, cfg: Confi
 # jitted with its static settings: eager calls would retrace and recompile the kernels every time
 @functools.partial(jax.jit, static_argnames=("cfg", "emit_states"))
 def chunk_fwd_impl(q, k, v, g, h0, cfg: Config, emit_states: bool = True):
-    """o [B,T,H,V] (q dtype), ht [B,H,K,V] f32, states S_n [B,NT,H,K,V] f32.
+    """Kernel rows of the walk (:class:`kernels_tpu.varlen.ChunkWalk`) in: o [R,T,H,V] (q dtype),
+    ht [N,H,K,V] f32 (one per sequence), states S_n [R,NT,H,K,V] f32.
 
     The states are always computed (the output kernel reads them); ``emit_states``
     is accepted so both paths share one signature."""
@@ -131,22 +132,25 @@ def chunk_fwd_impl(q, k, v, g, h0, cfg: Config, emit_states: bool = True):
     B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
     C = cfg.C
 
-    qk_map, v_map, state_map, states_map = index_maps(NV)
+    N = cfg.packing.N
+    walk = Walk(NT, time_axis=3)
+    w_qk_map, w_v_map, w_state_map, w_states_map = walk_maps(NV, walk)
 
     q3, k3, g3, v3 = q.reshape(B, T, H * K), k.reshape(B, T, H * K), g.reshape(B, T, H * K), v.reshape(B, T, H * V)
-    in_specs = [pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, BV), v_map),
-                pl.BlockSpec((SQ, C, K), qk_map)]
+    in_specs = [pl.BlockSpec((SQ, C, K), w_qk_map), pl.BlockSpec((SQ, C, BV), w_v_map),
+                pl.BlockSpec((SQ, C, K), w_qk_map)]
     args = [k3, v3, g3]
     if h0 is not None:
-        in_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
-        args.append(h0.astype(f32).reshape(B, H * K, V))
-    states, ht = state_pass(
-        with_static(_fwd_h_kernel, cfg=cfg, has_h0=h0 is not None),
+        in_specs.append(pl.BlockSpec((SQ, K, BV), w_state_map))
+        args.append(h0.astype(f32).reshape(N, H * K, V))
+    states, ht = walk_pass(
+        with_static(_fwd_h_kernel, cfg=cfg, walk=walk, has_h0=h0 is not None), tables=cfg.walk.tables(),
         grid=(B, H, NV, NT), in_specs=in_specs,
-        out_specs=[pl.BlockSpec((SQ, SQ, K, BV), states_map), pl.BlockSpec((SQ, K, BV), state_map)],
-        out_shape=[jax.ShapeDtypeStruct((B, NT, H * K, V), f32), jax.ShapeDtypeStruct((B, H * K, V), f32)],
+        out_specs=[pl.BlockSpec((SQ, SQ, K, BV), w_states_map), pl.BlockSpec((SQ, K, BV), w_state_map)],
+        out_shape=[jax.ShapeDtypeStruct((B, NT, H * K, V), f32), jax.ShapeDtypeStruct((N, H * K, V), f32)],
         state=(K, BV), interpret=cfg.interpret, name="gla_chunk_fwd_h",
     )(*args)
+    qk_map, v_map, _, states_map = index_maps(NV)  # the output pass: every chunk independent
 
     o = pl.pallas_call(
         with_static(_fwd_o_kernel, cfg=cfg),
@@ -161,20 +165,21 @@ def chunk_fwd_impl(q, k, v, g, h0, cfg: Config, emit_states: bool = True):
         interpret=cfg.interpret,
         name="gla_chunk_fwd_o",
     )(q3, k3, v3, g3, states)
-    return o.reshape(B, T, H, V), ht.reshape(B, H, K, V), states.reshape(B, NT, H, K, V)
+    return o.reshape(B, T, H, V), ht.reshape(N, H, K, V), states.reshape(B, NT, H, K, V)
 
 
 # ----------------------------------------------------------------- backward
-def _bwd_dh_kernel(q_ref, g_ref, do_ref, *rest, cfg: Config, has_dht: bool, want_dh0: bool):
+def _bwd_dh_kernel(slot_ref, edge_ref, q_ref, g_ref, do_ref, *rest, cfg: Config, walk: Walk, has_dht: bool,
+                   want_dh0: bool):
     rest = list(rest)
     dht_ref = rest.pop(0) if has_dht else None
     dh_ref = rest.pop(0)
     dh0_ref = rest.pop(0) if want_dh0 else None
     (dh_scr,) = rest
-    i_t = pl.program_id(3)
     md = cfg.policy
+    begins, ends = walk.edges(edge_ref)  # reverse walk: a sequence begins at its last chunk
 
-    start_state(dh_scr, dht_ref, i_t)  # the last chunk first
+    start_state(dh_scr, dht_ref, begins)
 
     dh_ref[...] = dh_scr[...]  # gradient of the state after chunk n
     g = g_ref[...].astype(f32)
@@ -183,7 +188,7 @@ def _bwd_dh_kernel(q_ref, g_ref, do_ref, *rest, cfg: Config, has_dht: bool, want
     dh_scr[...] = jnp.exp(_col_total(g, md)) * dh_scr[...] + cfg.scale * mm(qg, do_ref[...], TN, policy=md)
 
     if want_dh0:
-        @pl.when(i_t == pl.num_programs(3) - 1)
+        @pl.when(ends)
         def _final():
             dh0_ref[...] = dh_scr[...]
 
@@ -254,11 +259,13 @@ def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref,
 # jitted with its static settings: eager calls would retrace and recompile the kernels every time
 @functools.partial(jax.jit, static_argnames=("cfg", "want_dh0"))
 def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
-    """(dq, dk, dv) in input dtypes, dg [B,T,H,K] f32, dh0 [B,H,K,V] f32 or None."""
+    """(dq, dk, dv) in input dtypes, dg [R,T,H,K] f32, dh0 [N,H,K,V] f32 or None."""
     B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
     C = cfg.C
+    N = cfg.packing.N
 
-    rev_qk_map, rev_v_map, state_map, rev_states_map = index_maps(NV, reverse_NT=NT)
+    walk = Walk(NT, reverse=True, time_axis=3)
+    rev_qk_map, rev_v_map, state_map, rev_states_map = walk_maps(NV, walk)
     q3, k3, g3 = q.reshape(B, T, H * K), k.reshape(B, T, H * K), g.reshape(B, T, H * K)
     v3, do3 = v.reshape(B, T, H * V), do.reshape(B, T, H * V)
     in_specs = [pl.BlockSpec((SQ, C, K), rev_qk_map), pl.BlockSpec((SQ, C, K), rev_qk_map),
@@ -266,20 +273,20 @@ def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
     args = [q3, g3, do3]
     if dht is not None:
         in_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
-        args.append(dht.astype(f32).reshape(B, H * K, V))
+        args.append(dht.astype(f32).reshape(N, H * K, V))
     out_specs = [pl.BlockSpec((SQ, SQ, K, BV), rev_states_map)]
     out_shape = [jax.ShapeDtypeStruct((B, NT, H * K, V), f32)]
     if want_dh0:
         out_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
-        out_shape.append(jax.ShapeDtypeStruct((B, H * K, V), f32))
-    outs = state_pass(
-        with_static(_bwd_dh_kernel, cfg=cfg, has_dht=dht is not None, want_dh0=want_dh0),
-        grid=(B, H, NV, NT), in_specs=in_specs, out_specs=out_specs,
+        out_shape.append(jax.ShapeDtypeStruct((N, H * K, V), f32))
+    outs = walk_pass(
+        with_static(_bwd_dh_kernel, cfg=cfg, walk=walk, has_dht=dht is not None, want_dh0=want_dh0),
+        tables=cfg.walk.tables(), grid=(B, H, NV, NT), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape, state=(K, BV),
         interpret=cfg.interpret, name="gla_chunk_bwd_dh",
     )(*args)
     dhs = outs[0]
-    dh0 = outs[1].reshape(B, H, K, V) if want_dh0 else None
+    dh0 = outs[1].reshape(N, H, K, V) if want_dh0 else None
 
     qk_map, _, _, states_map = index_maps(1)  # whole V per block: grid (B, H, 1, NT), all parallel
     kspec, vspec = pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, V), qk_map)

@@ -19,8 +19,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import BlockSizes, reversed_in_time
-from kernels_tpu.varlen import Packing
+from kernels_tpu.common import BlockSizes, Walk
+from kernels_tpu.varlen import ChunkWalk, Packing
 
 f32 = jnp.float32
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
@@ -48,6 +48,11 @@ class Config:
     def C(self) -> int:
         return self.blocks.chunk_size
 
+    @property
+    def walk(self) -> ChunkWalk:
+        """The chunks the kernels walk: packed sequences chunk-aligned in one row, no padding rows."""
+        return ChunkWalk(self.packing, self.C)
+
     def dims(self, q, v):
         """(B, T, H, K, V, NT, BV, NV) of padded q [B,T,H,K] and v [B,T,H,V]: NT chunks, NV V tiles of BV."""
         B, T, H, K = q.shape
@@ -61,11 +66,11 @@ class Config:
 
 
 # ------------------------------------------------------------- index maps
-def index_maps(NV: int, reverse_NT: int | None = None):
-    """Index maps of gla's grids (B, H, NV, NT), time last, over the token-major layout [B, T, H*X]:
+def index_maps(NV: int):
+    """Index maps of gla's grids (R, H, NV, NT), time last, over the token-major layout [R, T, H*X]:
     q/k/g blocks [1, C, K] (all of K), v/o blocks [1, C, BV] (V tile ``iv`` of NV), the state
-    [1, K, BV] (fixed across time: VMEM-resident carry), per-chunk states [1, 1, K, BV].
-    With ``reverse_NT`` the chunks are walked from last to first (the backward passes)."""
+    [1, K, BV] (fixed across time: VMEM-resident carry), per-chunk states [1, 1, K, BV]. The
+    state-carrying passes walk time with :func:`walk_maps` instead."""
     def qk_map(b, h, iv, t):
         del iv
         return (b, t, h)
@@ -80,8 +85,26 @@ def index_maps(NV: int, reverse_NT: int | None = None):
     def states_map(b, h, iv, t):
         return (b, t, h, iv)
 
-    if reverse_NT is not None:
-        qk_map, v_map, states_map = (reversed_in_time(m, reverse_NT) for m in (qk_map, v_map, states_map))
+    return qk_map, v_map, state_map, states_map
+
+
+def walk_maps(NV: int, walk: Walk):
+    """:func:`index_maps` for a grid walking a :class:`kernels_tpu.common.Walk` (the state-carrying
+    passes): every map also takes the walk's tables, and the state of one sequence, [N, H*K, V]
+    blocks [1, K, BV], is the visited chunk's (its slot)."""
+    def qk_map(b, h, iv, t, *tables):
+        del iv
+        return (b, walk.block(t), h)
+
+    def v_map(b, h, iv, t, *tables):
+        return (b, walk.block(t), h * NV + iv)
+
+    def state_map(b, h, iv, t, slot_ref, edge_ref):
+        return (walk.slot(b, t, slot_ref), h, iv)
+
+    def states_map(b, h, iv, t, *tables):
+        return (b, walk.block(t), h, iv)
+
     return qk_map, v_map, state_map, states_map
 
 

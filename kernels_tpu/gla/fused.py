@@ -27,12 +27,12 @@ forward residual), ``A = (q k^T) * D`` and ``dA = scale (do v^T) * D``:
     dk = dA^T @ q + exp(gamma (C-1-j)) * (v @ dH^T)
     dH <- exp(gamma C) dH + scale (q * exp(b))^T @ do     (dh0 after chunk 0)
 
-Chunks past a row's real tokens: packed sequences (``cu_seqlens``) are batch
-rows padded to the longest (:mod:`kernels_tpu.varlen`), so a shorter row ends in
-whole chunks of identity tokens. Each row's length is in SMEM, and a chunk with
-no real token leaves the carried state (forward), the state gradient and the
-dg_gamma accumulator (backward) unchanged: the constant gate must not decay
-them there. A chunk that a sequence (or T) ends *inside* still decays over its
+Packed sequences (``cu_seqlens``) lie chunk-aligned in one kernel row
+(:class:`kernels_tpu.varlen.ChunkWalk`): the state (forward) and its gradient
+(backward) restart at each sequence's edge chunk. An empty sequence's chunk
+holds no real token: it leaves the carried state, the state gradient and the
+dg_gamma accumulator unchanged (each chunk's real tokens are in SMEM), since the
+constant gate must not decay them there. A chunk that a sequence (or T) ends *inside* still decays over its
 padding, so that padding is exact only without a final state (no ht, no dht;
 ``kernels_tpu.gla.api`` dispatches such calls to the chunk path).
 
@@ -44,8 +44,8 @@ position-weighted halves cancel): per chunk,
     + C exp(gamma C) sum(S * dH) + sum_j (C-1-j) k_j . dk_inter_j
 
 with ``dA_raw = scale do v^T`` (no decay), ``dq_inter = scale exp(b) (do S^T)``,
-``dk_inter = exp(gamma (C-1-j)) (v dH^T)``. It is accumulated per (b, h) in an
-f32 VMEM row over the reverse time walk; the wrapper sums B and the row.
+``dk_inter = exp(gamma (C-1-j)) (v dH^T)``. It is accumulated per (row, h) in an
+f32 VMEM row over the reverse time walk (every sequence of a packed row); the wrapper sums the rows and lanes.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ..common import LANES, causal_mask, iota, masked_exp, start_state, state_pass
-from .common import NT_T, SQ, TN, Config, f32, index_maps, mm, with_static
+from ..common import LANES, Walk, causal_mask, iota, masked_exp, start_state, walk_pass
+from .common import NT_T, SQ, TN, Config, f32, mm, walk_maps, with_static
 
 
 def _decays(gamma, C):
@@ -83,24 +83,26 @@ def k_tile_reduction(q, k, qg, S, *, policy):
     return scores, o_inter
 
 
-def _has_real_tokens(length_ref, chunk, C):
-    """Whether chunk ``chunk`` of this grid row holds any of the row's real tokens (``length_ref`` [B] in SMEM)."""
-    return chunk * C < length_ref[pl.program_id(0)]
+def _has_real_tokens(real_ref, walk: Walk):
+    """Whether the visited chunk holds real tokens (``real_ref``: each chunk's, in SMEM). An empty
+    sequence's chunk holds none, and the constant gate must not decay its state there."""
+    return real_ref[pl.program_id(0) * walk.NT + walk.block(pl.program_id(3))] > 0
 
 
-def _fused_fwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, *rest, cfg: Config, has_h0: bool,
-                      emit_states: bool):
+def _fused_fwd_kernel(slot_ref, edge_ref, gamma_ref, real_ref, q_ref, k_ref, v_ref, *rest, cfg: Config,
+                      walk: Walk, has_h0: bool, emit_states: bool):
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
     o_ref = rest.pop(0)
     ht_ref = rest.pop(0)
     h_ref = rest.pop(0) if emit_states else None
     (s_scr,) = rest
-    i_h, i_t = pl.program_id(1), pl.program_id(3)
+    i_h = pl.program_id(1)
     C, K = q_ref.shape
     md = cfg.policy
+    begins, ends = walk.edges(edge_ref)  # this chunk starts / ends its sequence
 
-    start_state(s_scr, h0_ref, i_t)
+    start_state(s_scr, h0_ref, begins)
 
     if emit_states:
         h_ref[...] = s_scr[...]  # state before this chunk, residual for the backward
@@ -113,11 +115,11 @@ def _fused_fwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, *rest, cfg: Co
     o = o_inter + mm(scores * D, v, policy=md)
     o_ref[...] = (cfg.scale * o).astype(o_ref.dtype)
 
-    @pl.when(_has_real_tokens(length_ref, i_t, C))  # else identity tokens only: S passes unchanged
+    @pl.when(_has_real_tokens(real_ref, walk))  # else identity tokens only: S passes unchanged
     def _update():
         s_scr[...] = e_C * S + mm(k.astype(f32) * e_k, v, TN, policy=md)
 
-    @pl.when(i_t == pl.num_programs(3) - 1)
+    @pl.when(ends)
     def _final():
         ht_ref[...] = s_scr[...]
 
@@ -125,50 +127,47 @@ def _fused_fwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, *rest, cfg: Co
 # jitted with its static settings: eager calls would retrace and recompile the kernels every time
 @functools.partial(jax.jit, static_argnames=("cfg", "emit_states"))
 def fused_fwd_impl(q, k, v, g_gamma, h0, cfg: Config, emit_states: bool):
-    """o [B,T,H,V] (q dtype), ht [B,H,K,V] f32, and (emit_states) S_n [B,NT,H,K,V] f32."""
+    """Kernel rows of the walk in: o [R,T,H,V] (q dtype), ht [N,H,K,V] f32, and (emit_states)
+    S_n [R,NT,H,K,V] f32."""
     B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
-    C = cfg.C
+    C, N = cfg.C, cfg.packing.N
 
-    qk_map, v_map, state_map, states_map = index_maps(NV)
+    walk = Walk(NT, time_axis=3)
+    qk_map, v_map, state_map, states_map = walk_maps(NV, walk)
 
     in_specs = [
         pl.BlockSpec(memory_space=pltpu.SMEM),  # g_gamma [H]
-        pl.BlockSpec(memory_space=pltpu.SMEM),  # real tokens per row [B]
+        pl.BlockSpec(memory_space=pltpu.SMEM),  # real tokens per chunk [R * NT]
         pl.BlockSpec((SQ, C, K), qk_map),
         pl.BlockSpec((SQ, C, K), qk_map),
         pl.BlockSpec((SQ, C, BV), v_map),
     ]
-    args = [g_gamma.astype(f32), _row_lengths(cfg), q.reshape(B, T, H * K), k.reshape(B, T, H * K),
+    args = [g_gamma.astype(f32), cfg.walk.real_tokens(), q.reshape(B, T, H * K), k.reshape(B, T, H * K),
             v.reshape(B, T, H * V)]
     if h0 is not None:
         in_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
-        args.append(h0.astype(f32).reshape(B, H * K, V))
-    out_shape = [jax.ShapeDtypeStruct((B, T, H * V), q.dtype), jax.ShapeDtypeStruct((B, H * K, V), f32)]
+        args.append(h0.astype(f32).reshape(N, H * K, V))
+    out_shape = [jax.ShapeDtypeStruct((B, T, H * V), q.dtype), jax.ShapeDtypeStruct((N, H * K, V), f32)]
     out_specs = [pl.BlockSpec((SQ, C, BV), v_map), pl.BlockSpec((SQ, K, BV), state_map)]
     if emit_states:
         out_shape.append(jax.ShapeDtypeStruct((B, NT, H * K, V), f32))
         out_specs.append(pl.BlockSpec((SQ, SQ, K, BV), states_map))
-    kernel = with_static(_fused_fwd_kernel, cfg=cfg, has_h0=h0 is not None, emit_states=emit_states)
-    outs = state_pass(
-        kernel,
+    kernel = with_static(_fused_fwd_kernel, cfg=cfg, walk=walk, has_h0=h0 is not None, emit_states=emit_states)
+    outs = walk_pass(
+        kernel, tables=cfg.walk.tables(),
         grid=(B, H, NV, NT), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape, state=(K, BV),
         interpret=cfg.interpret, name="gla_fused_g_gamma_fwd",
     )(*args)
     o = outs[0].reshape(B, T, H, V)
-    ht = outs[1].reshape(B, H, K, V)
+    ht = outs[1].reshape(N, H, K, V)
     states = outs[2].reshape(B, NT, H, K, V) if emit_states else None
     return o, ht, states
 
 
-def _row_lengths(cfg: Config):
-    """Real tokens of each kernel row, int32 [B]: T, or each packed sequence's length."""
-    return jnp.asarray(cfg.packing.lengths, jnp.int32)
-
-
 # ----------------------------------------------------------------- backward
-def _fused_bwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest, cfg: Config,
-                      has_dht: bool, want_dh0: bool):
+def _fused_bwd_kernel(slot_ref, edge_ref, gamma_ref, real_ref, q_ref, k_ref, v_ref, do_ref, h_ref, *rest,
+                      cfg: Config, walk: Walk, has_dht: bool, want_dh0: bool):
     rest = list(rest)
     dht_ref = rest.pop(0) if has_dht else None
     dq_ref, dk_ref, dv_ref, dgg_ref = rest[:4]
@@ -180,8 +179,10 @@ def _fused_bwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, do_ref, h_ref,
     V = v_ref.shape[-1]
     md, scale = cfg.policy, cfg.scale
 
-    start_state(dh_scr, dht_ref, i_t)  # the last chunk first: dH starts from dht
-    start_state(acc_scr, None, i_t)  # and the dg_gamma accumulator from 0
+    begins, ends = walk.edges(edge_ref)  # reverse walk: a sequence begins at its last chunk
+
+    start_state(dh_scr, dht_ref, begins)  # dH starts from the sequence's dht
+    start_state(acc_scr, None, i_t == 0)  # the dg_gamma accumulator from 0, once per row
 
     gamma = gamma_ref[i_h]
     e_q, e_k, D, e_C = _decays(gamma, C)
@@ -214,57 +215,61 @@ def _fused_bwd_kernel(gamma_ref, length_ref, q_ref, k_ref, v_ref, do_ref, h_ref,
              + jnp.sum((C - 1.0 - pos) * k.astype(f32) * dk_inter, axis=0, keepdims=True))
     first_lane = iota((1, K), 1) == 0
 
-    @pl.when(_has_real_tokens(length_ref, pl.num_programs(3) - 1 - i_t, C))  # else identity tokens only
+    @pl.when(_has_real_tokens(real_ref, walk))  # else identity tokens only
     def _carry():
         acc_scr[...] += per_k + jnp.where(first_lane, intra, 0.0)
         dh_scr[...] = e_C * dH + scale * mm(q.astype(f32) * e_q, do, TN, policy=md)
 
-    @pl.when(i_t == pl.num_programs(3) - 1)  # chunk 0 done
+    if want_dh0:
+        @pl.when(ends)  # the sequence's first chunk done
+        def _initial_state_grad():
+            dh0_ref[...] = dh_scr[...]
+
+    @pl.when(i_t == pl.num_programs(3) - 1)  # the row's first chunk done
     def _final():
         dgg_ref[...] = acc_scr[...]
-        if want_dh0:
-            dh0_ref[...] = dh_scr[...]
 
 
 # jitted with its static settings: eager calls would retrace and recompile the kernels every time
 @functools.partial(jax.jit, static_argnames=("cfg", "want_dh0"))
 def fused_bwd_impl(q, k, v, g_gamma, states, do, dht, cfg: Config, want_dh0: bool):
-    """(dq, dk, dv) in input dtypes, dg_gamma [H] f32, dh0 [B,H,K,V] f32 or None."""
+    """(dq, dk, dv) in input dtypes, dg_gamma [H] f32, dh0 [N,H,K,V] f32 or None."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    C = cfg.C
+    C, N = cfg.C, cfg.packing.N
     NT = T // C
 
-    rev_map, _, state_map, rev_state_map = index_maps(1, reverse_NT=NT)  # whole V: grid (B, H, 1, NT)
+    walk = Walk(NT, reverse=True, time_axis=3)
+    rev_map, _, state_map, rev_state_map = walk_maps(1, walk)  # whole V: grid (R, H, 1, NT)
 
-    def acc_map(b, h, iv, t):
+    def acc_map(b, h, iv, t, *tables):
         del iv, t
         return (b, h, 0, 0)
 
     in_specs = [
         pl.BlockSpec(memory_space=pltpu.SMEM),  # g_gamma [H]
-        pl.BlockSpec(memory_space=pltpu.SMEM),  # real tokens per row [B]
+        pl.BlockSpec(memory_space=pltpu.SMEM),  # real tokens per chunk [R * NT]
         pl.BlockSpec((SQ, C, K), rev_map),  # q
         pl.BlockSpec((SQ, C, K), rev_map),  # k
         pl.BlockSpec((SQ, C, V), rev_map),  # v
         pl.BlockSpec((SQ, C, V), rev_map),  # do
         pl.BlockSpec((SQ, SQ, K, V), rev_state_map),  # S_n
     ]
-    args = [g_gamma.astype(f32), _row_lengths(cfg), q.reshape(B, T, H * K), k.reshape(B, T, H * K),
+    args = [g_gamma.astype(f32), cfg.walk.real_tokens(), q.reshape(B, T, H * K), k.reshape(B, T, H * K),
             v.reshape(B, T, H * V), do.reshape(B, T, H * V), states.reshape(B, NT, H * K, V)]
     if dht is not None:
         in_specs.append(pl.BlockSpec((SQ, K, V), state_map))
-        args.append(dht.astype(f32).reshape(B, H * K, V))
+        args.append(dht.astype(f32).reshape(N, H * K, V))
     out_shape = [jax.ShapeDtypeStruct((B, T, H * K), q.dtype), jax.ShapeDtypeStruct((B, T, H * K), k.dtype),
                  jax.ShapeDtypeStruct((B, T, H * V), v.dtype), jax.ShapeDtypeStruct((B, H, 1, K), f32)]
     out_specs = [pl.BlockSpec((SQ, C, K), rev_map), pl.BlockSpec((SQ, C, K), rev_map),
                  pl.BlockSpec((SQ, C, V), rev_map), pl.BlockSpec((SQ, SQ, 1, K), acc_map)]
     if want_dh0:
-        out_shape.append(jax.ShapeDtypeStruct((B, H * K, V), f32))
+        out_shape.append(jax.ShapeDtypeStruct((N, H * K, V), f32))
         out_specs.append(pl.BlockSpec((SQ, K, V), state_map))
-    kernel = with_static(_fused_bwd_kernel, cfg=cfg, has_dht=dht is not None, want_dh0=want_dh0)
-    outs = state_pass(
-        kernel,
+    kernel = with_static(_fused_bwd_kernel, cfg=cfg, walk=walk, has_dht=dht is not None, want_dh0=want_dh0)
+    outs = walk_pass(
+        kernel, tables=cfg.walk.tables(),
         grid=(B, H, 1, NT), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape, state=(K, V),
         scratch=[pltpu.VMEM((1, K), f32)],
@@ -274,5 +279,5 @@ def fused_bwd_impl(q, k, v, g_gamma, states, do, dht, cfg: Config, want_dh0: boo
     dk = outs[1].reshape(B, T, H, K)
     dv = outs[2].reshape(B, T, H, V)
     dg_gamma = outs[3].sum(axis=(0, 2, 3))
-    dh0 = outs[4].reshape(B, H, K, V) if want_dh0 else None
+    dh0 = outs[4].reshape(N, H, K, V) if want_dh0 else None
     return dq, dk, dv, dg_gamma, dh0

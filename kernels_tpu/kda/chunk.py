@@ -17,12 +17,14 @@ state entering the chunk; all products of pairwise decays ``exp(G_r - G_s)`` are
     S'  = exp(G_C) * S + (k * exp(G_C - G))^T dlt
 
 Layering: public functions (validate before tracing, unset arguments filled in, in-kernel options as jax ops,
-then the layout: K and V lane-padded (:class:`kernels_tpu.common.HeadPadding`), packed sequences as batch rows
-(:class:`kernels_tpu.varlen.Packing`), T padded to whole chunks) -> ``_kda`` (``jax.custom_vjp``) ->
-``_fwd_impl`` / ``_bwd_impl`` (grid, BlockSpecs, ``pallas_call``) -> ``_fwd_kernel`` / ``_bwd_kernel``.
-Grid ``(B, H, NT)``; the chunk axis is sequential (``"arbitrary"``, last) and carries the f32 state
-(or its gradient) in VMEM scratch. The forward also writes the chunk-start states
-``[B, H, NT, K, V]`` (f32), the only residual besides the inputs; the backward walks the chunks in
+then the layout: K and V lane-padded (:class:`kernels_tpu.common.HeadPadding`), the tokens in the rows of
+a :class:`kernels_tpu.varlen.ChunkWalk`: packed sequences chunk-aligned in one row, no padding rows)
+-> ``_kda`` (``jax.custom_vjp``) -> ``_fwd_impl`` / ``_bwd_impl`` (grid, BlockSpecs, ``pallas_call``)
+-> ``_fwd_kernel`` / ``_bwd_kernel``. Grid ``(R, H, NT)`` over the walk's rows (B, or one when packed),
+its tables scalar-prefetched: a sequence's first chunk starts the state from its h0, its last writes its
+ht (:class:`kernels_tpu.common.Walk`). The chunk axis is sequential (``"arbitrary"``, last) and carries
+the f32 state (or its gradient) in VMEM scratch. The forward also writes the chunk-start states
+``[R, H, NT, K, V]`` (f32), the only residual besides the inputs; the backward walks the chunks in
 reverse through its index maps and recomputes the intra-chunk quantities.
 
 Gate stability (``g <= 0``): every exponential is of a non-positive number. ``exp G``,
@@ -55,10 +57,10 @@ from jax.experimental import pallas as pl
 
 from op_contract import check_kda, kda_options
 from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, HeadPadding, causal_mask, check_limits, chunk_map, chunk_states_map, iota,
-                                masked_exp, reversed_in_time, start_state, state_map, state_pass, value_heads)
+from kernels_tpu.common import (BlockSizes, HeadPadding, Walk, causal_mask, check_limits, iota, masked_exp, start_state,
+                                value_heads, walk_pass)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
-from kernels_tpu.varlen import Packing
+from kernels_tpu.varlen import ChunkWalk, Packing
 
 F32 = jnp.float32
 NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
@@ -81,6 +83,11 @@ class Config:
     @property
     def policy(self) -> mxu.Policy:
         return mxu.policy_for(self.dtype, self.mxu_model, self.f32_precision)
+
+    @property
+    def walk(self) -> ChunkWalk:
+        """The chunks the kernels walk: packed sequences chunk-aligned in one row, no padding rows."""
+        return ChunkWalk(self.packing, self.blocks.chunk_size)
 
 
 # ============================================================ in-kernel maths
@@ -191,17 +198,18 @@ def _load(ref):
 
 
 # ============================================================ kernels
-def _fwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, *refs, cfg: Config, has_h0: bool):
+def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, *refs, cfg: Config, walk: Walk,
+                has_h0: bool):
     if has_h0:
         h0_ref, o_ref, hs_ref, ht_ref, S_scr = refs
     else:
         h0_ref = None
         o_ref, hs_ref, ht_ref, S_scr = refs
-    n = pl.program_id(2)
     pol = cfg.policy
     C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
+    begins, ends = walk.edges(edge_ref)  # this chunk starts / ends its sequence
 
-    start_state(S_scr, h0_ref, n)
+    start_state(S_scr, h0_ref, begins)
 
     q, k, v, G, beta = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref))
     S = S_scr[...]
@@ -215,19 +223,19 @@ def _fwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, *refs, cfg: Config, has_h0
     S_new = jnp.exp(G_last).T * S + _dot(kdec, dlt, TN, policy=pol)
     S_scr[...] = S_new
 
-    @pl.when(n == pl.num_programs(2) - 1)
+    @pl.when(ends)
     def _final_state():
         ht_ref[...] = S_new
 
 
-def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
-                dq_ref, dk_ref, dv_ref, dG_ref, dbeta_ref, dh0_ref, dS_scr, *, cfg: Config):
-    i = pl.program_id(2)  # step i handles chunk NT-1-i (see the index maps)
+def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
+                dq_ref, dk_ref, dv_ref, dG_ref, dbeta_ref, dh0_ref, dS_scr, *, cfg: Config, walk: Walk):
     pol = cfg.policy
     C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
     pairs = dict(bc=bc, policy=pol)
+    begins, ends = walk.edges(edge_ref)  # reverse walk: a sequence begins at its last chunk
 
-    start_state(dS_scr, dht_ref, i)
+    start_state(dS_scr, dht_ref, begins)
 
     q, k, v, G, beta, do = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref, do_ref))
     S = hs_ref[...]
@@ -278,7 +286,7 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
     dbeta_ref[...] = dbeta
     dS_scr[...] = dS_prev
 
-    @pl.when(i == pl.num_programs(2) - 1)
+    @pl.when(ends)
     def _initial_state_grad():
         dh0_ref[...] = dS_prev
 
@@ -287,25 +295,27 @@ def _bwd_kernel(q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
 # jitted with its static settings: eager calls would retrace and recompile the kernels every time
 @functools.partial(jax.jit, static_argnums=(0,))
 def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
-    """Head-major padded inputs: q, k, G [B,H,T,K]; v [B,H,T,V]; beta [B,H,T,1]; h0 [B,H,K,V] or None.
-    Returns o [B,H,T,V] (q.dtype), chunk-start states [B,H,NT,K,V] f32, ht [B,H,K,V] f32."""
-    B, H, T, K = q.shape
+    """Head-major kernel rows (:class:`kernels_tpu.varlen.ChunkWalk`): q, k, G [R,H,T,K]; v [R,H,T,V];
+    beta [R,H,T,1]; h0 [N,H,K,V] or None (one state per sequence). Returns o [R,H,T,V] (q.dtype),
+    chunk-start states [R,H,NT,K,V] f32, ht [N,H,K,V] f32."""
+    R, H, T, K = q.shape
     V = v.shape[-1]
     C = cfg.blocks.chunk_size
     NT = T // C
-    kspec = pl.BlockSpec((None, None, C, K), chunk_map)
-    vspec = pl.BlockSpec((None, None, C, V), chunk_map)
-    bspec = pl.BlockSpec((None, None, C, 1), chunk_map)
-    sspec = pl.BlockSpec((None, None, K, V), state_map)
+    walk = Walk(NT)
+    kspec = pl.BlockSpec((None, None, C, K), walk.chunk_map)
+    vspec = pl.BlockSpec((None, None, C, V), walk.chunk_map)
+    bspec = pl.BlockSpec((None, None, C, 1), walk.chunk_map)
+    sspec = pl.BlockSpec((None, None, K, V), walk.slot_map)
     in_specs = [kspec, kspec, vspec, kspec, bspec] + ([sspec] if h0 is not None else [])
     args = (q, k, v, G, beta) + ((h0,) if h0 is not None else ())
-    o, hs, ht = state_pass(
-        functools.partial(_fwd_kernel, cfg=cfg, has_h0=h0 is not None),
-        grid=(B, H, NT), in_specs=in_specs,
-        out_specs=[vspec, pl.BlockSpec((None, None, None, K, V), chunk_states_map), sspec],
-        out_shape=[jax.ShapeDtypeStruct((B, H, T, V), q.dtype),
-                   jax.ShapeDtypeStruct((B, H, NT, K, V), F32),
-                   jax.ShapeDtypeStruct((B, H, K, V), F32)],
+    o, hs, ht = walk_pass(
+        functools.partial(_fwd_kernel, cfg=cfg, walk=walk, has_h0=h0 is not None), tables=cfg.walk.tables(),
+        grid=(R, H, NT), in_specs=in_specs,
+        out_specs=[vspec, pl.BlockSpec((None, None, None, K, V), walk.chunk_states_map), sspec],
+        out_shape=[jax.ShapeDtypeStruct((R, H, T, V), q.dtype),
+                   jax.ShapeDtypeStruct((R, H, NT, K, V), F32),
+                   jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32)],
         state=(K, V), interpret=cfg.interpret, name="kda_fwd",
     )(*args)
     return o, hs, ht
@@ -315,23 +325,23 @@ def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
 @functools.partial(jax.jit, static_argnums=(0,))
 def _bwd_impl(cfg: Config, q, k, v, G, beta, hs, do, dht):
     """Reverse chunk pass. Returns f32 dq, dk, dG [B,H,T,K], dv [B,H,T,V], dbeta [B,H,T,1], dh0 [B,H,K,V]."""
-    B, H, T, K = q.shape
+    R, H, T, K = q.shape
     V = v.shape[-1]
     C = cfg.blocks.chunk_size
     NT = T // C
-    rmap = reversed_in_time(chunk_map, NT)
-    kspec = pl.BlockSpec((None, None, C, K), rmap)
-    vspec = pl.BlockSpec((None, None, C, V), rmap)
-    bspec = pl.BlockSpec((None, None, C, 1), rmap)
-    sspec = pl.BlockSpec((None, None, K, V), state_map)
-    hspec = pl.BlockSpec((None, None, None, K, V), reversed_in_time(chunk_states_map, NT))
-    outs = state_pass(
-        functools.partial(_bwd_kernel, cfg=cfg),
-        grid=(B, H, NT), in_specs=[kspec, kspec, vspec, kspec, bspec, hspec, vspec, sspec],
+    walk = Walk(NT, reverse=True)
+    kspec = pl.BlockSpec((None, None, C, K), walk.chunk_map)
+    vspec = pl.BlockSpec((None, None, C, V), walk.chunk_map)
+    bspec = pl.BlockSpec((None, None, C, 1), walk.chunk_map)
+    sspec = pl.BlockSpec((None, None, K, V), walk.slot_map)
+    hspec = pl.BlockSpec((None, None, None, K, V), walk.chunk_states_map)
+    outs = walk_pass(
+        functools.partial(_bwd_kernel, cfg=cfg, walk=walk), tables=cfg.walk.tables(),
+        grid=(R, H, NT), in_specs=[kspec, kspec, vspec, kspec, bspec, hspec, vspec, sspec],
         out_specs=[kspec, kspec, vspec, kspec, bspec, sspec],
-        out_shape=[jax.ShapeDtypeStruct((B, H, T, K), F32), jax.ShapeDtypeStruct((B, H, T, K), F32),
-                   jax.ShapeDtypeStruct((B, H, T, V), F32), jax.ShapeDtypeStruct((B, H, T, K), F32),
-                   jax.ShapeDtypeStruct((B, H, T, 1), F32), jax.ShapeDtypeStruct((B, H, K, V), F32)],
+        out_shape=[jax.ShapeDtypeStruct((R, H, T, K), F32), jax.ShapeDtypeStruct((R, H, T, K), F32),
+                   jax.ShapeDtypeStruct((R, H, T, V), F32), jax.ShapeDtypeStruct((R, H, T, K), F32),
+                   jax.ShapeDtypeStruct((R, H, T, 1), F32), jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32)],
         state=(K, V), interpret=cfg.interpret, name="kda_bwd",
     )(q, k, v, G, beta, hs, do, dht)
     return tuple(outs)
@@ -421,13 +431,9 @@ def _preprocess(q, k, g, beta, A_log, dt_bias, opts):
     return q, k, g, beta
 
 
-def _head_major(x, C):
-    """Kernel rows [N,L,H,...] -> [N,H,Lp,...] zero-padded to a multiple of C (zero tokens with g=0 and
-    beta=0 leave the state unchanged, so the padding is exact). fp16 is widened to f32: Mosaic loads no fp16."""
+def _head_major(x):
+    """Kernel rows [R,L,H,...] -> [R,H,L,...]. fp16 is widened to f32: Mosaic loads no fp16."""
     (x,) = mxu.widen_fp16(x)
-    pad = (-x.shape[1]) % C
-    if pad:
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
     return jnp.swapaxes(x, 1, 2)
 
 
@@ -439,22 +445,23 @@ def _chunk_cumsum(g, C):
 
 def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: dict):
     """Options applied (public tokens, true K), then the layout: K and V lane-padded (g with 0: decay 1),
-    packed sequences as batch rows, head-major and padded to whole chunks. Returns the HeadPadding that
+    the tokens in the walk's rows (whole chunks; zero tokens with g = 0 and beta = 0 leave the state
+    unchanged, so the padding is exact), head-major. Returns the HeadPadding that
     slices results back and the kernels' operands (q, k, v, G, beta, h0); G is the chunk-local
     cumulative gate."""
     C = cfg.blocks.chunk_size
     q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
     q, k = (value_heads(x, v) for x in (q, k))
     pad = HeadPadding.of(q, v)
-    rows = cfg.packing.rows
-    qh, kh, vh, gh = (_head_major(rows(x), C) for x in (pad.keys(q), pad.keys(k), pad.values(v), pad.keys(g)))
+    rows = cfg.walk.to_rows
+    qh, kh, vh, gh = (_head_major(rows(x)) for x in (pad.keys(q), pad.keys(k), pad.values(v), pad.keys(g)))
     h0 = None if initial_state is None else pad.state(initial_state.astype(F32))
-    return pad, (qh, kh, vh, _chunk_cumsum(gh, C), _head_major(rows(beta)[..., None], C), h0)
+    return pad, (qh, kh, vh, _chunk_cumsum(gh, C), _head_major(rows(beta)[..., None]), h0)
 
 
 def _public_o(cfg: Config, pad: HeadPadding, o, like):
     """Head-major kernel rows of o -> [B, T, H, V]: real tokens, true V, in the dtype of ``like`` (q)."""
-    return pad.unpad_values(cfg.packing.tokens(jnp.swapaxes(o, 1, 2))).astype(like.dtype)
+    return pad.unpad_values(cfg.walk.to_tokens(jnp.swapaxes(o, 1, 2))).astype(like.dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9))

@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import chunk_map, chunk_states_map, reversed_in_time, start_state, state_map, state_pass
+from kernels_tpu.common import Walk, start_state, walk_pass
 
 from .common import (F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, gate_specs, kernel_operands,
                      make_config, mm, mm_f32, public_tokens, split_refs, validate)
@@ -87,9 +87,9 @@ def dq_dk_dg_chunk(q, k, v, do, h, dh, D, b_col, b_last, scale, policy, with_dg:
 
 
 # ============================================================ forward kernel
-def _fwd_kernel(*refs, cfg: Config, policy: mxu.Policy, NS: int, has_h0: bool, emit_o: bool, emit_ht: bool,
-                emit_states: bool):
-    """One grid step (b, h, t): chunks ``t*NS .. t*NS+NS-1`` of head (b, h).
+def _fwd_kernel(slot_ref, edge_ref, *refs, cfg: Config, walk: Walk, policy: mxu.Policy, NS: int, has_h0: bool,
+                emit_o: bool, emit_ht: bool, emit_states: bool):
+    """One grid step (b, h, t): chunks ``t*NS .. t*NS+NS-1`` of head (b, h), in one sequence (:class:`Walk`).
 
     q_ref [NS*BT, K], k_ref [NS*BT, K], v_ref [NS*BT, V], gate refs (see
     chunk_gates), h0_ref [K, V]; outputs o_ref [NS*BT, V], ht_ref [K, V],
@@ -105,14 +105,15 @@ def _fwd_kernel(*refs, cfg: Config, policy: mxu.Policy, NS: int, has_h0: bool, e
 
     BT, scale = cfg.blocks.chunk_size, cfg.scale
     i_t = pl.program_id(2)
+    begins, ends = walk.edges(edge_ref)  # these chunks start / end their sequence
 
-    start_state(state_ref, h0_ref, i_t)
+    start_state(state_ref, h0_ref, begins)
 
     for step in range(NS):  # static unroll over the chunks of this grid step
         rows = pl.ds(step * BT, BT)
         q, k, v = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :]
-        b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, chunk=i_t * NS + step,
-                                           step=step)
+        b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, NT=walk.NT,
+                                           chunk=i_t * NS + step, step=step)
         h = state_ref[...]  # H_c
         if emit_states:
             states_ref[step] = h
@@ -126,30 +127,33 @@ def _fwd_kernel(*refs, cfg: Config, policy: mxu.Policy, NS: int, has_h0: bool, e
         state_ref[...] = jnp.exp(b_last) * h + mm(k * jnp.exp(b_last - b_col), v, policy, TN)
 
     if emit_ht:
-        @pl.when(i_t == pl.num_programs(2) - 1)
+        @pl.when(ends)
         def _final_state():
             ht_ref[...] = state_ref[...]
 
 
 def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = True, emit_ht: bool = False,
              emit_states: bool = False):
-    """Forward pallas_call on head-major padded inputs.
+    """Forward pallas_call on head-major kernel rows (:class:`kernels_tpu.varlen.ChunkWalk`).
 
-    q, k [B, H, Tp, K], v [B, H, Tp, V], gates from prepare_gates, h0 [B, H, K, V] or None.
-    Returns (o [B, H, Tp, V] | None, ht [B, H, K, V] f32 | None, states [B, H, NT, K, V] f32 | None).
+    q, k [R, H, Tp, K], v [R, H, Tp, V], gates from prepare_gates, h0 [N, H, K, V] or None (one per sequence).
+    Returns (o [R, H, Tp, V] | None, ht [N, H, K, V] f32 | None, states [R, H, NT, K, V] f32 | None).
     """
-    B, H, Tp, K = q.shape
+    R, H, Tp, K = q.shape
     V = v.shape[-1]
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
-    NS = BlockSizes(chunk_size=BT, num_steps=num_steps).for_chunks(NT).num_steps
+    # a grid step holds chunks of one sequence: packed sequences walk one chunk per step
+    NS = 1 if cfg.packing.packed else BlockSizes(chunk_size=BT, num_steps=num_steps).for_chunks(NT).num_steps
+    walk = Walk(NT, steps=NS)
     policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
 
     def qkv_spec(X):
-        return pl.BlockSpec((None, None, NS * BT, X), chunk_map)
+        return pl.BlockSpec((None, None, NS * BT, X), walk.chunk_map)
 
-    state_spec = pl.BlockSpec((None, None, K, V), state_map)
-    in_specs = [qkv_spec(K), qkv_spec(K), qkv_spec(V), *gate_specs(cfg.kernel_gate, BT, NS)]
+    state_spec = pl.BlockSpec((None, None, K, V), walk.slot_map)
+    in_specs = [qkv_spec(K), qkv_spec(K), qkv_spec(V),
+                *gate_specs(cfg.kernel_gate, BT, NS, walk.chunk_map, walk.chunk_states_map)]
     operands = [q, k, v, *gates]
     if h0 is not None:
         in_specs.append(state_spec)
@@ -157,18 +161,18 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
     out_specs, out_shape = [], []
     if emit_o:
         out_specs.append(qkv_spec(V))
-        out_shape.append(jax.ShapeDtypeStruct((B, H, Tp, V), q.dtype))
+        out_shape.append(jax.ShapeDtypeStruct((R, H, Tp, V), q.dtype))
     if emit_ht:
         out_specs.append(state_spec)
-        out_shape.append(jax.ShapeDtypeStruct((B, H, K, V), F32))
+        out_shape.append(jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32))
     if emit_states:
-        out_specs.append(pl.BlockSpec((None, None, NS, K, V), chunk_states_map))
-        out_shape.append(jax.ShapeDtypeStruct((B, H, NT, K, V), F32))
-    kernel = functools.partial(_fwd_kernel, cfg=cfg, policy=policy, NS=NS, has_h0=h0 is not None,
+        out_specs.append(pl.BlockSpec((None, None, NS, K, V), walk.chunk_states_map))
+        out_shape.append(jax.ShapeDtypeStruct((R, H, NT, K, V), F32))
+    kernel = functools.partial(_fwd_kernel, cfg=cfg, walk=walk, policy=policy, NS=NS, has_h0=h0 is not None,
                                emit_o=emit_o, emit_ht=emit_ht, emit_states=emit_states)
-    outs = state_pass(  # the state recurrence makes time sequential: the last, "arbitrary" axis
-        kernel,
-        grid=(B, H, NT // NS), in_specs=in_specs, out_specs=out_specs,
+    outs = walk_pass(  # the state recurrence makes time sequential: the last, "arbitrary" axis
+        kernel, tables=cfg.walk.tables(),
+        grid=(R, H, NT // NS), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape, state=(K, V),
         interpret=cfg.interpret, name="simple_gla_fwd",
     )(*operands)
@@ -180,8 +184,8 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
 
 
 # ============================================================ backward kernel
-def _chunk_bwd_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
-    """One grid step (b, h, t) handles chunk c = NT-1-t (reverse time).
+def _chunk_bwd_kernel(slot_ref, edge_ref, *refs, cfg: Config, walk: Walk, policy: mxu.Policy, has_dht: bool):
+    """One grid step (b, h, t) handles chunk c = NT-1-t (reverse time; a sequence begins at its last chunk).
 
     q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c from
     the recomputed forward), dht_ref [K, V]; outputs dq_ref, dk_ref [BT, K],
@@ -198,13 +202,13 @@ def _chunk_bwd_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     dh0_ref, dstate_ref = refs
 
     BT, scale = cfg.blocks.chunk_size, cfg.scale
-    i_t = pl.program_id(2)
-    chunk = pl.num_programs(2) - 1 - i_t
+    chunk = walk.block(pl.program_id(2))
+    begins, ends = walk.edges(edge_ref)
 
-    start_state(dstate_ref, dht_ref, i_t)
+    start_state(dstate_ref, dht_ref, begins)
 
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, chunk=chunk, step=0)
+    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, NT=walk.NT, chunk=chunk, step=0)
     D = causal_decay(b_col, b_row)
     h, dh = h_ref[...], dstate_ref[...]
 
@@ -217,32 +221,32 @@ def _chunk_bwd_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
         dg_ref[...] = dg
     dstate_ref[...] = dh_chunk(dh, q, do, b_col, b_last, scale, policy)  # dH_c
 
-    @pl.when(i_t == pl.num_programs(2) - 1)
+    @pl.when(ends)
     def _initial_state_grad():
         dh0_ref[...] = dstate_ref[...]
 
 
 def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
-    """Chunk backward pallas_call on head-major padded inputs.
+    """Chunk backward pallas_call on head-major kernel rows (reverse time).
 
-    q, k [B, H, Tp, K], v, do [B, H, Tp, V], states [B, H, NT, K, V] f32 (H_c),
-    dht [B, H, K, V] or None. Returns dq, dk [B, H, Tp, K], dv [B, H, Tp, V],
-    dg [B, H, Tp, 1] f32 (None without a gate), dh0 [B, H, K, V] f32.
+    q, k [R, H, Tp, K], v, do [R, H, Tp, V], states [R, H, NT, K, V] f32 (H_c),
+    dht [N, H, K, V] or None. Returns dq, dk [R, H, Tp, K], dv [R, H, Tp, V],
+    dg [R, H, Tp, 1] f32 (None without a gate), dh0 [N, H, K, V] f32.
     """
-    B, H, Tp, K = q.shape
+    R, H, Tp, K = q.shape
     V = v.shape[-1]
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
     policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
-    rev = reversed_in_time(chunk_map, NT)
+    walk = Walk(NT, reverse=True)
 
     def qkv_spec(X):
-        return pl.BlockSpec((None, None, BT, X), rev)
+        return pl.BlockSpec((None, None, BT, X), walk.chunk_map)
 
-    state_spec = pl.BlockSpec((None, None, K, V), state_map)
+    state_spec = pl.BlockSpec((None, None, K, V), walk.slot_map)
     in_specs = [qkv_spec(K), qkv_spec(K), qkv_spec(V), qkv_spec(V),
-                *gate_specs(cfg.kernel_gate, BT, 1, reverse_NT=NT),
-                pl.BlockSpec((None, None, None, K, V), reversed_in_time(chunk_states_map, NT))]
+                *gate_specs(cfg.kernel_gate, BT, 1, walk.chunk_map, walk.chunk_states_map),
+                pl.BlockSpec((None, None, None, K, V), walk.chunk_states_map)]
     operands = [q, k, v, do, *gates, states]
     if dht is not None:
         in_specs.append(state_spec)
@@ -253,14 +257,14 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     with_dg = cfg.gate != "none"
     if with_dg:
         out_specs.append(qkv_spec(1))
-        out_shape.append(jax.ShapeDtypeStruct((B, H, Tp, 1), F32))
+        out_shape.append(jax.ShapeDtypeStruct((R, H, Tp, 1), F32))
     out_specs.append(state_spec)
-    out_shape.append(jax.ShapeDtypeStruct((B, H, K, V), F32))
-    kernel = functools.partial(_chunk_bwd_kernel, cfg=cfg, policy=policy, has_dht=dht is not None)
-    outs = list(state_pass(
+    out_shape.append(jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32))
+    kernel = functools.partial(_chunk_bwd_kernel, cfg=cfg, walk=walk, policy=policy, has_dht=dht is not None)
+    outs = list(walk_pass(
         # dH flows from the last chunk to the first: sequential, last axis
-        kernel,
-        grid=(B, H, NT), in_specs=in_specs, out_specs=out_specs,
+        kernel, tables=cfg.walk.tables(),
+        grid=(R, H, NT), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape, state=(K, V),
         interpret=cfg.interpret, name="chunk_simple_gla_bwd",
     )(*operands))

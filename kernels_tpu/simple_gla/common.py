@@ -8,17 +8,17 @@ the kernels everything is head-major ``[B, H, Tp, K]`` so every block is a
 
 Between the two layouts (:func:`kernel_operands`, :func:`public_tokens`): K and
 V are zero-padded to lane multiples (:class:`kernels_tpu.common.HeadPadding`)
-and packed sequences (``cu_seqlens``) become batch rows
-(:class:`kernels_tpu.varlen.Packing`); with neither, the kernels see the batch
-as given. Both are exact (zero channels, identity tokens).
+and packed sequences (``cu_seqlens``) are laid chunk-aligned in one kernel row
+(:class:`kernels_tpu.varlen.ChunkWalk`; the state-walking kernels reset at each
+sequence's first chunk); with neither, the kernels see the batch as given. Both are exact (zero channels, identity tokens).
 
 Gates. ``g_t <= 0`` is a log decay (a concrete positive gate is a ValueError,
 see :mod:`op_contract`). Within chunk ``c`` the kernels use the chunk-local
 cumulative gate ``b_i = g_{cBT} + ... + g_{cBT+i}`` (so ``b <= 0`` and
 non-increasing), and ``b_last = b_{BT-1}``. For ``g_gamma`` this is
 ``b_i = gamma * (i + 1)``, computed in the kernel from an iota, never from a
-synthetic per-token tensor, and held at its value on the row's last real token
-(padding tokens have gate 0; each row's real length is in SMEM). Every exponent
+synthetic per-token tensor, and held at its value on the chunk's last real token
+(padding tokens have gate 0; each chunk's real tokens are in SMEM). Every exponent
 the kernels evaluate is ``<= 0``: ``b_i``, ``b_last - b_j`` and, on the causal
 triangle only, ``b_i - b_j``.
 """
@@ -36,9 +36,9 @@ from jax.experimental.pallas import tpu as pltpu
 from op_contract import check_simple_gla
 from kernels_tpu import mxu
 from kernels_tpu.common import (BlockSizes, HeadPadding, causal_mask, check_limits, chunk_map, chunk_states_map,
-                                masked_exp, reversed_in_time)
+                                masked_exp)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
-from kernels_tpu.varlen import Packing
+from kernels_tpu.varlen import ChunkWalk, Packing
 
 F32 = jnp.float32
 
@@ -75,26 +75,26 @@ def split_refs(refs, n_data: int):
     return refs[:n_data], refs[n_data:n_data + 2], list(refs[n_data + 2:])
 
 
-def chunk_gates(gate_refs, *, gate: str, BT: int, chunk, step: int):
+def chunk_gates(gate_refs, *, gate: str, BT: int, NT: int, chunk, step: int):
     """Chunk-local cumulative gate of one chunk: ``(b_col [BT,1], b_row [1,BT], b_last [1,1])``.
 
     gate == "g": ``gate_refs = (gcol_ref [NS*BT, 1], grow_ref [NS, 1, BT])`` hold
       the wrapper's chunk-local cumsum (padded tokens have gate 0).
-    gate == "g_gamma": ``gate_refs = (gamma_ref [H], length_ref [B])`` in SMEM
-      (one length per kernel batch row: T, or the packed sequence's length);
-      ``b_i = gamma * min(i + 1, n_real)`` with ``n_real`` the row's real tokens in
-      this chunk (its length minus the chunk start, at least 0): the clamp gives
-      padding tokens (past the row's sequence, or past T) a zero gate, so padding
-      stays exact and a row's final state is its sequence's.
+    gate == "g_gamma": ``gate_refs = (gamma_ref [H], real_ref [rows * NT])`` in SMEM
+      (each chunk's real tokens: :meth:`kernels_tpu.varlen.ChunkWalk.real_tokens`);
+      ``b_i = gamma * min(i + 1, n_real)`` with ``n_real`` the real tokens of chunk
+      ``chunk`` of this kernel row: the clamp gives padding tokens (past a sequence's
+      end, or past T) a zero gate, so padding stays exact and a sequence's final
+      state is its own.
     """
     if gate == "g":
         gcol_ref, grow_ref = gate_refs
         b_col = gcol_ref[pl.ds(step * BT, BT), :]
         b_row = grow_ref[step]
         return b_col, b_row, b_row[:, BT - 1:BT]
-    gamma_ref, length_ref = gate_refs
+    gamma_ref, real_ref = gate_refs
     gamma = gamma_ref[pl.program_id(1)]
-    n_real = jnp.maximum(length_ref[pl.program_id(0)] - chunk * BT, 0)  # real tokens of this chunk
+    n_real = real_ref[pl.program_id(0) * NT + chunk]  # real tokens of this chunk
     pos_col = jax.lax.broadcasted_iota(jnp.int32, (BT, 1), 0) + 1
     pos_row = jax.lax.broadcasted_iota(jnp.int32, (1, BT), 1) + 1
     b_col = gamma * jnp.minimum(pos_col, n_real).astype(F32)
@@ -102,13 +102,11 @@ def chunk_gates(gate_refs, *, gate: str, BT: int, chunk, step: int):
     return b_col, b_row, b_row[:, BT - 1:BT]
 
 
-def gate_specs(gate: str, BT: int, NS: int, reverse_NT: int | None = None):
-    """BlockSpecs of the gate inputs (see :func:`chunk_gates`)."""
+def gate_specs(gate: str, BT: int, NS: int, col_map=chunk_map, row_map=chunk_states_map):
+    """BlockSpecs of the gate inputs (see :func:`chunk_gates`), ``g``'s walking time with the grid's index
+    maps of chunks (as a column [NS*BT, 1]) and of per-chunk states (as rows [NS, 1, BT])."""
     if gate == "g_gamma":
         return [pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pltpu.SMEM)]
-    col_map, row_map = chunk_map, chunk_states_map  # b as a column [NS*BT, 1] and as rows [NS, 1, BT]
-    if reverse_NT is not None:
-        col_map, row_map = reversed_in_time(col_map, reverse_NT), reversed_in_time(row_map, reverse_NT)
     return [pl.BlockSpec((None, None, NS * BT, 1), col_map),
             pl.BlockSpec((None, None, NS, 1, BT), row_map)]
 
@@ -128,9 +126,9 @@ class Config:
     mxu_model: bool
 
     @property
-    def T(self) -> int:
-        """Tokens per kernel row (the packed sequences' longest, else T), before chunk padding."""
-        return self.packing.L
+    def walk(self) -> ChunkWalk:
+        """The chunks the kernels walk: packed sequences chunk-aligned in one row, no padding rows."""
+        return ChunkWalk(self.packing, self.blocks.chunk_size)
 
     @property
     def kernel_gate(self) -> str:
@@ -140,61 +138,48 @@ class Config:
         return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
 
 
-def to_heads(x, Tp: int):
-    """[B, T, H, X] -> head-major [B, H, Tp, X], zero-padded in time; fp16 widened to f32 (Mosaic loads no fp16)."""
+def to_heads(x):
+    """Kernel rows [R, Tp, H, X] -> head-major [R, H, Tp, X]; fp16 widened to f32 (Mosaic loads no fp16)."""
     (x,) = mxu.widen_fp16(x)
-    T = x.shape[1]
-    x = jnp.transpose(x, (0, 2, 1, 3))
-    if Tp != T:
-        x = jnp.pad(x, ((0, 0), (0, 0), (0, Tp - T), (0, 0)))
-    return x
+    return jnp.transpose(x, (0, 2, 1, 3))
 
 
 def public_tokens(cfg: Config, x, dtype):
-    """Head-major kernel rows [N, H, Tp, X] -> the public [B, T, H, X] in ``dtype``: the real tokens
+    """Head-major kernel rows [R, H, Tp, X] -> the public [B, T, H, X] in ``dtype``: the real tokens
     only (chunk padding dropped, packed sequences gathered back)."""
-    return cfg.packing.tokens(jnp.transpose(x, (0, 2, 1, 3))).astype(dtype)
-
-
-def padded_length(cfg: Config) -> tuple[int, int]:
-    """(NT, Tp): chunks per kernel row and the row's padded length."""
-    BT = cfg.blocks.chunk_size
-    NT = -(-cfg.T // BT)
-    return NT, NT * BT
+    return cfg.walk.to_tokens(jnp.transpose(x, (0, 2, 1, 3))).astype(dtype)
 
 
 def kernel_operands(cfg: Config, q, k, v, g, g_gamma, h0, do=None, dht=None):
-    """The public arrays as the kernels take them: K, V zero-padded to lane multiples, packed
-    sequences as batch rows, head-major and padded in time to ``Tp``; the gate operands
+    """The public arrays as the kernels take them: K, V zero-padded to lane multiples, the tokens in
+    the walk's rows (whole chunks; packed sequences chunk-aligned in one row), head-major; the gate operands
     (:func:`prepare_gates`); h0, dht lane-padded f32. Returns ``(pad, (q, k, v, do), gates, h0, dht)``
     with ``pad`` the HeadPadding that slices the results back."""
     pad = HeadPadding.of(q, v)
-    NT, Tp = padded_length(cfg)
 
     def rows(x):
-        return None if x is None else to_heads(cfg.packing.rows(x), Tp)
+        return None if x is None else to_heads(cfg.walk.to_rows(x))
 
     tokens = (rows(pad.keys(q)), rows(pad.keys(k)), rows(pad.values(v)),
               None if do is None else rows(pad.values(do.astype(q.dtype))))
-    gates = prepare_gates(cfg, cfg.packing.rows(g), g_gamma, q.shape[2], NT)
+    gates = prepare_gates(cfg, cfg.walk.to_rows(g), g_gamma, q.shape[2])
     h0, dht = (None if x is None else pad.state(x.astype(F32)) for x in (h0, dht))
     return pad, tokens, gates, h0, dht
 
 
-def prepare_gates(cfg: Config, g, g_gamma, H: int, NT: int):
-    """Kernel gate operands: the chunk-local cumsum of ``g`` [N, L, H] (kernel rows) in two layouts
+def prepare_gates(cfg: Config, g, g_gamma, H: int):
+    """Kernel gate operands: the chunk-local cumsum of ``g`` [R, NT * BT, H] (kernel rows) in two layouts
     (a column per token and a row per chunk, both (8,128)-legal blocks); or ``g_gamma`` as an f32
-    [H] vector (zeros when there is no decay) and each row's real length as an int32 [N] vector,
+    [H] vector (zeros when there is no decay) and each chunk's real tokens as an int32 [R * NT] vector,
     both for SMEM."""
     BT = cfg.blocks.chunk_size
     if cfg.gate == "g":
-        B, T, _ = g.shape
-        g = jnp.transpose(g.astype(F32), (0, 2, 1))  # [B, H, T]
-        g = jnp.pad(g, ((0, 0), (0, 0), (0, NT * BT - T)))  # zero gate on padding: exact
-        b = jnp.cumsum(g.reshape(B, H, NT, BT), axis=-1)  # chunk-local cumsum, f32
-        return (b.reshape(B, H, NT * BT, 1), b.reshape(B, H, NT, 1, BT))
+        R, NT = g.shape[0], cfg.walk.NT  # rows of whole chunks, padding with gate 0: exact
+        g = jnp.transpose(g.astype(F32), (0, 2, 1))  # [R, H, NT * BT]
+        b = jnp.cumsum(g.reshape(R, H, NT, BT), axis=-1)  # chunk-local cumsum, f32
+        return (b.reshape(R, H, NT * BT, 1), b.reshape(R, H, NT, 1, BT))
     gamma = g_gamma.astype(F32) if cfg.gate == "g_gamma" else jnp.zeros((H,), F32)
-    return (gamma, jnp.asarray(cfg.packing.lengths, jnp.int32))
+    return (gamma, cfg.walk.real_tokens())
 
 
 # ---------------------------------------------------------------- validation

@@ -24,7 +24,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from kernels_tpu import mxu
-from kernels_tpu.common import chunk_map, chunk_states_map, reversed_in_time, start_state, state_map, state_pass
+from kernels_tpu.common import Walk, chunk_map, chunk_states_map, start_state, walk_pass
 
 from .chunk import (PARALLEL, _config, dh_chunk, differentiable, dq_dk_dg_chunk, dv_chunk, finish_grads,
                     forward, fwd_impl)
@@ -32,8 +32,8 @@ from .common import F32, Config, causal_decay, chunk_gates, gate_specs, kernel_o
 
 
 # ============================================================ pass 1: dv + dh
-def _dv_dh_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
-    """Grid step (b, h, t) handles chunk c = NT-1-t (reverse time).
+def _dv_dh_kernel(slot_ref, edge_ref, *refs, cfg: Config, walk: Walk, policy: mxu.Policy, has_dht: bool):
+    """Grid step (b, h, t) handles chunk c = NT-1-t (reverse time; a sequence begins at its last chunk).
 
     q_ref, k_ref [BT, K], do_ref [BT, V], gate refs, dht_ref [K, V]; outputs
     dv_ref [BT, V], dh_states_ref [K, V] (dH_{c+1}, read by pass 2), dh0_ref
@@ -44,20 +44,20 @@ def _dv_dh_kernel(*refs, cfg: Config, policy: mxu.Policy, has_dht: bool):
     dv_ref, dh_states_ref, dh0_ref, dstate_ref = refs
 
     BT, scale = cfg.blocks.chunk_size, cfg.scale
-    i_t = pl.program_id(2)
-    chunk = pl.num_programs(2) - 1 - i_t
+    chunk = walk.block(pl.program_id(2))
+    begins, ends = walk.edges(edge_ref)
 
-    start_state(dstate_ref, dht_ref, i_t)
+    start_state(dstate_ref, dht_ref, begins)
 
     q, k, do = q_ref[...], k_ref[...], do_ref[...]
-    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, chunk=chunk, step=0)
+    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, NT=walk.NT, chunk=chunk, step=0)
     D = causal_decay(b_col, b_row)
     dh = dstate_ref[...]  # dH_{c+1}
     dh_states_ref[...] = dh
     dv_ref[...] = dv_chunk(q, k, do, dh, D, b_col, b_last, scale, policy).astype(dv_ref.dtype)
     dstate_ref[...] = dh_chunk(dh, q, do, b_col, b_last, scale, policy)  # dH_c
 
-    @pl.when(i_t == pl.num_programs(2) - 1)
+    @pl.when(ends)
     def _initial_state_grad():
         dh0_ref[...] = dstate_ref[...]
 
@@ -75,7 +75,8 @@ def _dq_dk_kernel(*refs, cfg: Config, policy: mxu.Policy):
     dg_ref = refs[4] if with_dg else None
 
     BT = cfg.blocks.chunk_size
-    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, chunk=pl.program_id(2), step=0)
+    b_col, b_row, b_last = chunk_gates(gate_refs, gate=cfg.kernel_gate, BT=BT, NT=cfg.walk.NT, chunk=pl.program_id(2),
+                                       step=0)
     D = causal_decay(b_col, b_row)
     dq, dk, dg = dq_dk_dg_chunk(q_ref[...], k_ref[...], v_ref[...], do_ref[...], h_ref[...], dh_ref[...], D,
                                 b_col, b_last, cfg.scale, policy, with_dg)
@@ -87,29 +88,31 @@ def _dq_dk_kernel(*refs, cfg: Config, policy: mxu.Policy):
 
 def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     """Two-pass backward on head-major padded inputs (shapes as chunk.chunk_bwd_impl)."""
-    B, H, Tp, K = q.shape
+    R, H, Tp, K = q.shape
     V = v.shape[-1]
     BT = cfg.blocks.chunk_size
     NT = Tp // BT
     policy = mxu.policy_for(cfg.dtype, cfg.mxu_model)
-    state_spec = pl.BlockSpec((None, None, K, V), state_map)
     with_dg = cfg.gate != "none"
 
     # ---- pass 1: reverse time, sequential
-    rev = reversed_in_time(chunk_map, NT)
-    rev_state_spec = pl.BlockSpec((None, None, None, K, V), reversed_in_time(chunk_states_map, NT))
+    walk = Walk(NT, reverse=True)
+    state_spec = pl.BlockSpec((None, None, K, V), walk.slot_map)
+    rev_state_spec = pl.BlockSpec((None, None, None, K, V), walk.chunk_states_map)
+    rev = walk.chunk_map
     in_specs = [pl.BlockSpec((None, None, BT, K), rev), pl.BlockSpec((None, None, BT, K), rev),
-                pl.BlockSpec((None, None, BT, V), rev), *gate_specs(cfg.kernel_gate, BT, 1, reverse_NT=NT)]
+                pl.BlockSpec((None, None, BT, V), rev),
+                *gate_specs(cfg.kernel_gate, BT, 1, walk.chunk_map, walk.chunk_states_map)]
     operands = [q, k, do, *gates]
     if dht is not None:
         in_specs.append(state_spec)
         operands.append(dht)
-    dv, dh_states, dh0 = state_pass(
-        functools.partial(_dv_dh_kernel, cfg=cfg, policy=policy, has_dht=dht is not None),
-        grid=(B, H, NT), in_specs=in_specs,
+    dv, dh_states, dh0 = walk_pass(
+        functools.partial(_dv_dh_kernel, cfg=cfg, walk=walk, policy=policy, has_dht=dht is not None),
+        tables=cfg.walk.tables(), grid=(R, H, NT), in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, None, BT, V), rev), rev_state_spec, state_spec],
-        out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct((B, H, NT, K, V), F32),
-                   jax.ShapeDtypeStruct((B, H, K, V), F32)],
+        out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct((R, H, NT, K, V), F32),
+                   jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32)],
         state=(K, V), interpret=cfg.interpret, name="fused_chunk_simple_gla_bwd_dv_dh",
     )(*operands)
 
@@ -122,10 +125,10 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)]
     if with_dg:
         out_specs.append(qkv_spec(1))
-        out_shape.append(jax.ShapeDtypeStruct((B, H, Tp, 1), F32))
+        out_shape.append(jax.ShapeDtypeStruct((R, H, Tp, 1), F32))
     outs = pl.pallas_call(
         functools.partial(_dq_dk_kernel, cfg=cfg, policy=policy),
-        grid=(B, H, NT),
+        grid=(R, H, NT),
         in_specs=[qkv_spec(K), qkv_spec(K), qkv_spec(V), qkv_spec(V), *gate_specs(cfg.kernel_gate, BT, 1),
                   chunk_state_spec, chunk_state_spec],
         out_specs=out_specs,
@@ -159,8 +162,8 @@ def fused_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_st
     """Fused-chunk simple GLA, differentiable through a custom VJP.
 
     Args and returns as :func:`kernels_tpu.simple_gla.chunk_simple_gla` (cu_seqlens included), plus
-    num_steps: chunks per forward grid step (falls back to the largest divisor of NT = ceil(L /
-    chunk_size) not above it, L the kernel row's length: T, or the longest packed sequence).
+    num_steps: chunks per forward grid step (falls back to the largest divisor of NT = ceil(T /
+    chunk_size) not above it; packed sequences walk one chunk per step).
     """
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
                   num_steps=num_steps, cu_seqlens=cu_seqlens)

@@ -51,7 +51,7 @@ from kernels_tpu import simple_gla
 from kernels_tpu.gla import chunk_gla, chunk_gla_bwd, chunk_gla_fwd
 from kernels_tpu.kda import chunk_kda, chunk_kda_bwd, chunk_kda_fwd
 from kernels_tpu.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
-from kernels_tpu.varlen import Packing
+from kernels_tpu.varlen import ChunkWalk, Packing
 from references import gla as ref_gla
 from references import kda as ref_kda
 from references import simple_gla as ref_simple_gla
@@ -240,6 +240,29 @@ def test_packed_equals_separate_sequences(case):
         np.testing.assert_array_equal(a, want, err_msg=f"{case} {name}")
 
 
+# an empty sequence between others, and one at the end; gla's fused g_gamma path with whole chunks
+EMPTY_CASES = [Case("simple_gla", "chunk", "g_gamma", lens=(32, 0, 64, 0)),
+               Case("simple_gla", "fused_chunk", "g", lens=(0, 37, 0, 91)),
+               Case("gla", "fused", "g_gamma", lens=(32, 0, 64, 0)),
+               Case("gla", "chunk", "g", lens=(0, 37, 0, 91)),
+               Case("kda", "chunk", "gate_in_kernel", lens=(0, 37, 0, 91))]
+
+
+@pytest.mark.parametrize("case", EMPTY_CASES, ids=str)
+def test_empty_sequences_pass_their_state_through(case):
+    """An empty sequence (fla's tests pack ``[0, 0, 16]``) takes one chunk of identity tokens in the walk:
+    its ht is its h0 and its dh0 its dht, exactly, and the others equal their separate runs bit for bit."""
+    got, x = packed(case), draw(case)
+    empty = [i for i, n in enumerate(case.lens) if n == 0]
+    np.testing.assert_array_equal(got["ht"][empty], x["h0"][empty])
+    np.testing.assert_array_equal(got["dh0"][empty], x["dht"][empty])
+    for i in (i for i, n in enumerate(case.lens) if n):
+        one, sl = separate(case, i), slice(case.cu[i], case.cu[i + 1])
+        np.testing.assert_array_equal(got["o"][:, sl], one["o"], err_msg=f"{case} o of sequence {i}")
+        np.testing.assert_array_equal(got["ht"][i], one["ht"][0], err_msg=f"{case} ht of sequence {i}")
+        np.testing.assert_array_equal(got["dh0"][i], one["dh0"][0], err_msg=f"{case} dh0 of sequence {i}")
+
+
 def reference(case: Case, x: dict) -> dict:
     """float64 reference with the same cu_seqlens: o, ht and the gradients."""
     x64 = {n: np.asarray(a, np.float64) for n, a in x.items()}
@@ -277,22 +300,50 @@ def test_against_float64_reference(case):
 
 # ------------------------------------------------------------------ shapes and refusals
 def test_padding_overhead():
-    """N * L_pad / T of the packings quoted in kernels_tpu.varlen (chunk size 64), and the in-kernel
-    alternative's sum_i ceil(len_i / C) * C / T."""
+    """Tokens processed over real tokens (chunk size 64) of the packings quoted in kernels_tpu.varlen: the
+    chunk walk's (ChunkWalk, sum_i ceil(len_i / C) * C / T), beside the padded batch rows it replaced
+    (N * L_pad / T, L_pad the longest sequence rounded up to a chunk)."""
     def ratios(lens):
         q = jax.ShapeDtypeStruct((1, sum(lens), 1, 128), jnp.float32)
-        p = Packing.of(np.cumsum((0,) + lens), q)
-        in_kernel = sum(-(-n // 64) * 64 for n in lens) / sum(lens)
-        return round(p.work_ratio(64), 2), round(in_kernel, 2)
+        walk = ChunkWalk(Packing.of(np.cumsum((0,) + lens), q), 64)
+        rows = len(lens) * -(-max(lens) // 64) * 64 / sum(lens)
+        assert walk.rows * walk.row_length == sum(-(-n // 64) * 64 for n in lens)
+        return round(rows, 2), round(walk.work_ratio(), 3)
 
-    assert ratios((37, 128, 91)) == (1.50, 1.25)
+    assert ratios((37, 128, 91)) == (1.50, 1.25)  # 320 / 256
     assert ratios((1024,) * 8) == (1.00, 1.00)
-    assert ratios((3000, 1500, 1200, 900, 700, 500, 300, 92)) == (2.94, 1.02)
-    assert ratios((8185,) + (1,) * 7) == (8.00, 1.05)
+    assert ratios((3000, 1500, 1200, 900, 700, 500, 300, 92)) == (2.94, 1.023)  # 8384 / 8192
+    assert ratios((8185,) + (1,) * 7) == (8.00, 1.055)  # (8192 + 7 * 64) / 8192 = 1.0547
+    assert ratios((2048, 1031, 517, 1500, 64, 1777, 999, 256)) == (2.00, 1.023)  # the stress packing
     # gla's fused g_gamma path with a final state needs sequences of whole chunks (rows padded by whole chunks)
     q = jax.ShapeDtypeStruct((1, 192, 1, 64), jnp.float32)
     assert not Packing.of((0, 64, 96, 192), q).ends_inside_a_chunk(32)
     assert Packing.of((0, 37, 38, 192), q).ends_inside_a_chunk(32)
+
+
+def test_chunk_walk_on_hand_computed_tables():
+    """Lengths (37, 128, 91) at C = 64: sequences take 1, 2 and 2 chunks of one row; an unpacked batch of
+    two rows of T = 100 takes 2 chunks each."""
+    q = jax.ShapeDtypeStruct((1, 256, 1, 128), jnp.float32)
+    walk = ChunkWalk(Packing.of((0, 37, 165, 256), q), 64)
+    F, L = ChunkWalk.FIRST, ChunkWalk.LAST
+    assert (walk.rows, walk.NT, walk.row_length) == (1, 5, 320)
+    slot, edge = walk.tables()
+    assert slot.tolist() == [0, 1, 1, 2, 2] and edge.tolist() == [F | L, F, L, F, L]
+    assert walk.real_tokens().tolist() == [37, 64, 64, 64, 27]
+    # the maps: sequence 1 (tokens 37..164) starts at chunk 1 (position 64), sequence 2 at chunk 3 (192)
+    x = jnp.arange(1, 257, dtype=jnp.float32)[None, :, None]
+    rows = walk.to_rows(x)[0, :, 0]
+    assert rows[:37].tolist() == list(range(1, 38)) and not rows[37:64].any()
+    assert rows[64:192].tolist() == list(range(38, 166)) and rows[192:283].tolist() == list(range(166, 257))
+    assert not rows[283:].any()
+    np.testing.assert_array_equal(walk.to_tokens(walk.to_rows(x)), x)
+    batch = ChunkWalk(Packing.of(None, jax.ShapeDtypeStruct((2, 100, 1, 128), jnp.float32)), 64)
+    slot, edge = batch.tables()
+    assert (batch.rows, batch.NT) == (2, 2) and slot.tolist() == [0, 0, 1, 1] and edge.tolist() == [F, L, F, L]
+    assert batch.real_tokens().tolist() == [64, 36, 64, 36]
+    y = jnp.ones((2, 100, 3))
+    assert batch.to_rows(y).shape == (2, 128, 3) and batch.to_tokens(batch.to_rows(y)).shape == (2, 100, 3)
 
 
 def test_cu_seqlens_checks_are_the_contracts():
