@@ -17,9 +17,9 @@ scalar-prefetched into SMEM, tell every time-walking kernel which sequence each 
 (so its index maps fetch that sequence's h0 or dht and write its ht or dh0) and where sequences
 begin and end (so the carried f32 state restarts there: :class:`kernels_tpu.common.Walk`). A kernel
 that computes the constant per-head gate (``g_gamma``) from token positions reads each chunk's
-real tokens from a third table (:meth:`ChunkWalk.real_tokens`) and gives the filling tokens decay 1. No chunk spans a boundary
-and every real token sees exactly what a separate B = 1 run of its sequence would see: the packed
-outputs equal separate per-sequence runs bit for bit
+real tokens from a third table (:meth:`ChunkWalk.real_tokens`) and gives the filling tokens decay 1.
+No chunk spans a boundary and every real token sees exactly what a separate B = 1 run of its
+sequence would see: the packed outputs equal separate per-sequence runs bit for bit
 (tests/kernels_tpu/test_head_dims_and_varlen.py). The two maps are single gathers with static
 indices, so autodiff carries gradients back through them (a gather's transpose is a scatter-add;
 filling positions get none). Gradients of shared parameters (g_gamma; kda's A_log, dt_bias) are

@@ -107,8 +107,9 @@ def _rows(cfg: Config, x):
 
 def _operands(cfg: Config, which: str, q, k, v, g, g_gamma, h0, do=None, dht=None):
     """The public arrays as path ``which`` takes them: fp16 widened (Mosaic loads no fp16; autodiff and
-    :func:`_public` round dq, dk, dv back), K and V lane-padded, the tokens in the walk's rows; the gate as g_gamma [H] (fused) or a per-channel g (chunk: g_gamma broadcast to the
-    real tokens' channels, outside any custom_vjp so autodiff sums dg into dg_gamma), f32. Returns
+    :func:`_public` round dq, dk, dv back), K and V lane-padded, the tokens in the walk's rows; the gate
+    as g_gamma [H] (fused) or a per-channel g (chunk: g_gamma broadcast to the real tokens' channels,
+    outside any custom_vjp so autodiff sums dg into dg_gamma), f32. Returns
     ``(pad, (q, k, v), gate, h0, do, dht)``; ``pad`` slices the results back."""
     pad = HeadPadding.of(q, v)
     q, k, v = mxu.widen_fp16(q, k, v)

@@ -38,7 +38,7 @@ class Config:
     interpret: Any  # False or a pltpu.InterpretParams
     mxu_model: bool
     dtype: str  # the public q/k/v dtype: picks the dot policy
-    packing: Packing  # the public token axis -> the kernels' batch rows (cu_seqlens)
+    packing: Packing  # the public token axis's sequences (cu_seqlens), laid out by self.walk
 
     @property
     def policy(self) -> mxu.Policy:

@@ -10,7 +10,8 @@ Between the two layouts (:func:`kernel_operands`, :func:`public_tokens`): K and
 V are zero-padded to lane multiples (:class:`kernels_tpu.common.HeadPadding`)
 and packed sequences (``cu_seqlens``) are laid chunk-aligned in one kernel row
 (:class:`kernels_tpu.varlen.ChunkWalk`; the state-walking kernels reset at each
-sequence's first chunk); with neither, the kernels see the batch as given. Both are exact (zero channels, identity tokens).
+sequence's first chunk); with neither, the kernels see the batch as given. Both
+are exact (zero channels, identity tokens).
 
 Gates. ``g_t <= 0`` is a log decay (a concrete positive gate is a ValueError,
 see :mod:`op_contract`). Within chunk ``c`` the kernels use the chunk-local
@@ -116,7 +117,7 @@ def gate_specs(gate: str, BT: int, NS: int, col_map=chunk_map, row_map=chunk_sta
 class Config:
     """Static (hashable) configuration of one call, shared by fwd and bwd."""
 
-    packing: Packing  # the public token axis -> the kernels' batch rows (cu_seqlens)
+    packing: Packing  # the public token axis's sequences (cu_seqlens), laid out by self.walk
     scale: float
     blocks: BlockSizes
     gate: str  # "g" | "g_gamma" | "none" (no decay: gamma = 0)

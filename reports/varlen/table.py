@@ -34,8 +34,8 @@ def footprints(before: pd.DataFrame, after: pd.DataFrame) -> str:
     b = before[before.status == "ok"].set_index(["case_id", "target"]).hbm_bytes / MIB
     a = after[after.status == "ok"].set_index(["case_id", "target"]).hbm_bytes / MIB
     others = [t for t in sorted(after.target.unique()) if t != "v6e"]
-    lines = ["| case | work: rows → walk | v6e MiB: before → after | " + " | ".join(f"{t} MiB after" for t in others)
-             + " |", "|---|---|---|" + "---|" * len(others)]
+    head = "| case | work: rows → walk | v6e MiB: before → after | " + " | ".join(f"{t} MiB after" for t in others)
+    lines = [head + " |", "|---|---|---|" + "---|" * len(others)]
     for case_id in after.case_id.unique():
         rows, walk = work(case_id)
         was, now = b.get((case_id, "v6e"), np.nan), a.get((case_id, "v6e"), np.nan)

@@ -47,6 +47,7 @@ import numpy as np
 import pytest
 
 from harness.tpu_compile import compile_for
+from kernels_tpu.common import Walk
 from kernels_tpu import simple_gla
 from kernels_tpu.gla import chunk_gla, chunk_gla_bwd, chunk_gla_fwd
 from kernels_tpu.kda import chunk_kda, chunk_kda_bwd, chunk_kda_fwd
@@ -344,6 +345,22 @@ def test_chunk_walk_on_hand_computed_tables():
     assert batch.real_tokens().tolist() == [64, 36, 64, 36]
     y = jnp.ones((2, 100, 3))
     assert batch.to_rows(y).shape == (2, 128, 3) and batch.to_tokens(batch.to_rows(y)).shape == (2, 100, 3)
+
+
+def test_walk_index_maps_on_hand_computed_grids():
+    """kernels_tpu.common.Walk: grid step t visits block t forward, NT/steps - 1 - t in reverse, and the state
+    block of the sequence its first chunk belongs to (slot table of the (37, 128, 91) packing at C = 64)."""
+    slot = np.array([0, 1, 1, 2, 2])
+    forward, reverse = Walk(5), Walk(5, reverse=True)
+    assert [forward.chunk_map(0, 3, t, slot, None) for t in (0, 4)] == [(0, 3, 0, 0), (0, 3, 4, 0)]
+    assert [reverse.chunk_map(0, 3, t, slot, None) for t in (0, 4)] == [(0, 3, 4, 0), (0, 3, 0, 0)]
+    assert [forward.slot_map(0, 3, t, slot, None)[0] for t in range(5)] == [0, 1, 1, 2, 2]
+    assert [reverse.slot_map(0, 3, t, slot, None)[0] for t in range(5)] == [2, 2, 1, 1, 0]
+    # two chunks per step, unpacked rows of 4 chunks: row 1's steps start at chunks 4 and 6
+    rows = np.repeat([0, 1], 4)
+    two = Walk(4, steps=2)
+    assert [two.slot_map(1, 0, t, rows, None)[0] for t in (0, 1)] == [1, 1]
+    assert two.chunk_states_map(1, 0, 1) == (1, 0, 1, 0, 0)  # the block of chunks 2..3 of row 1
 
 
 def test_cu_seqlens_checks_are_the_contracts():
