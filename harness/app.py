@@ -135,10 +135,12 @@ def gate_case(case: Case, run_rows, baseline, policy, candidate_leg: str,
     while not result.inconclusive.empty and result.draws_needed:
         ran = {r["case_id"] for r in rows}
         more = [d for d in (case.replace(seed=s) for s in range(result.draws_needed)) if d.id not in ran]
-        lacking = [d for d in more if d.id not in set(mine["case_id"])]
+        have = set(mine["case_id"])
+        lacking = [d for d in more if d.id not in have]
         if lacking and baseline_rows is not None:
             mine = pd.concat([mine] + [rows_to_frame(baseline_rows(d)) for d in lacking], ignore_index=True)
-        if not more or not set(d.id for d in more) <= set(mine["case_id"]):
+            have = set(mine["case_id"])
+        if not more or not {d.id for d in more} <= have:
             break  # the baseline lacks the draws: the result stays inconclusive and says which draws decide it
         for d in more:
             rows += run_rows(d)
