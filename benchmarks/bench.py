@@ -5,10 +5,10 @@ and max. Speed goals live here, never in timed tests.
         the float64 reference (the reference binding's forward and backward, exactly as the golden cache
         computes it) in a fresh process per repeat: cold, compilation included; wall seconds and the child's
         peak RSS
-    python benchmarks/bench.py smoke [--repeats 1]
+    python benchmarks/bench.py smoke [--repeats 1] [--jobs N]
         `parity all --suite smoke` cold (empty reference and baseline caches), then warm after a one-line edit
         in one op's kernel (kernels_tpu/kda) and after one in the shared core (kernels_tpu/common.py); each edit
-        is a comment line appended and removed again
+        is a comment line appended and removed again; --jobs: parity's own (default: its default)
     --csv FILE  also write the rows
 
 Each row names the machine (cores, CPU model) and the commit, so a number checked into reports/ says what it
@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness.workers import default_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 STRESS_REFERENCE = "simple_gla.chunk/B1-T8192-H16-K128-V128/bf16/g_gamma=alibi(L32,l0)/C128/h0,dht"
@@ -85,10 +87,10 @@ def one_line_edit(path: Path):
         path.write_text(original)
 
 
-def parity_all(out: Path, env: dict) -> float:
+def parity_all(out: Path, env: dict, jobs: str | None) -> float:
     start = time.perf_counter()
-    subprocess.run(["parity", "all", "--suite", "smoke", "--out", str(out), "--force", "--no-progress"], cwd=ROOT,
-                   env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["parity", "all", "--suite", "smoke", "--out", str(out), "--force", "--no-progress",
+                    *(["--jobs", jobs] if jobs else [])], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
@@ -97,12 +99,13 @@ def bench_smoke(args) -> list[dict]:
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as out:
             env = {**os.environ, "PARITY_CACHE_DIR": cache}
-            cold.append(parity_all(Path(out), env))
+            cold.append(parity_all(Path(out), env, args.jobs))
             for label, path in EDITS.items():
                 with one_line_edit(path):
-                    warm[label].append(parity_all(Path(out), env))
-    return [summary("parity all --suite smoke, cold", cold, "s")] + [
-        summary(f"parity all --suite smoke, warm after an edit in {label}", values, "s")
+                    warm[label].append(parity_all(Path(out), env, args.jobs))
+    jobs = args.jobs or f"default ({default_jobs()})"
+    return [summary(f"parity all --suite smoke --jobs {jobs}, cold", cold, "s")] + [
+        summary(f"parity all --suite smoke --jobs {jobs}, warm after an edit in {label}", values, "s")
         for label, values in warm.items()]
 
 
@@ -112,6 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--case", default=STRESS_REFERENCE, help="the reference benchmark's case id")
     p.add_argument("--csv", type=Path, help="also write the rows here")
+    p.add_argument("--jobs", help="smoke: parity's --jobs (default: parity's default, $PARITY_JOBS or the CPUs)")
     args = p.parse_args(argv)
     rows = (bench_reference if args.what == "reference" else bench_smoke)(args)
     where = machine()

@@ -32,14 +32,15 @@ Packed variable-length sequences (a case with ``lens``) are checked twice over:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
 from cases.case import Case
 from cases.inputs import Inputs, input_shapes, inputs_sha256, make_inputs
 
-from .baseline_cache import BaselineCache
 from .legs.base import Leg
 from .ops.base import OpDescriptor
 from .reference_cache import ReferenceCache
@@ -188,20 +189,11 @@ def check_case(leg: Leg, case: Case, t0: int | None = None, runner: Runner | Non
     mode = runner.provenance["mode"]
     seqs = isolation_seqs(case)
 
-    def rows(op, status, reason, sha="", wall=0.0):
-        out = [CausalityRow(case.id, leg.name, n, t0, np.nan, np.nan, False, status, reason, mode, sha, wall)
-               for n in checked_tensors(op, case)]
-        if op is not None and seqs:
-            out += isolation_refusal(op, seqs, status, reason, sha)
-        return out
+    def rows(op, status, reason, sha=""):
+        return refused_rows(leg.name, mode, op, case, t0, status, reason, sha)
 
     def isolation_refusal(op, which, status, reason, sha):
-        try:
-            names = isolation_tensors(op, case)
-        except Exception:  # noqa: BLE001 - a broken descriptor still yields rows
-            names = ["*"]
-        return [CausalityRow(case.id, leg.name, n, -1, np.nan, np.nan, False, status, reason, mode, sha, 0.0,
-                             ISOLATION, i) for i in which for n in names]
+        return _isolation_refused(leg.name, mode, op, case, which, status, reason, sha)
 
     # wall_s: the two leg runs compared (as the runner timed them: a run served by a leg cache keeps its own time)
     try:
@@ -222,6 +214,26 @@ def check_case(leg: Leg, case: Case, t0: int | None = None, runner: Runner | Non
         out += _isolation_rows(leg, op, case, i, mode, inputs.sha256, base_wall + moved_columns["wall_s"], base,
                                moved.tensors)
     return out
+
+
+def refused_rows(leg_name: str, mode: str, op: OpDescriptor | None, case: Case, t0: int, status: str, reason: str,
+                 sha: str = "") -> list[CausalityRow]:
+    """The rows of a case that could not be checked: each checked tensor, and each isolation check it has."""
+    out = [CausalityRow(case.id, leg_name, n, t0, np.nan, np.nan, False, status, reason, mode, sha, 0.0)
+           for n in checked_tensors(op, case)]
+    seqs = isolation_seqs(case)
+    if op is not None and seqs:
+        out += _isolation_refused(leg_name, mode, op, case, seqs, status, reason, sha)
+    return out
+
+
+def _isolation_refused(leg_name, mode, op, case, which, status, reason, sha) -> list[CausalityRow]:
+    try:
+        names = isolation_tensors(op, case)
+    except Exception:  # noqa: BLE001 - a broken descriptor still yields rows
+        names = ["*"]
+    return [CausalityRow(case.id, leg_name, n, -1, np.nan, np.nan, False, status, reason, mode, sha, 0.0,
+                         ISOLATION, i) for i in which for n in names]
 
 
 def _isolation_rows(leg, op, case, i, mode, sha, wall, base, moved) -> list[CausalityRow]:
@@ -322,20 +334,8 @@ def causality_cases(cases: list[Case]) -> list[Case]:
     return list(chosen.values())
 
 
-def run_causality(leg: Leg, cases: list[Case], progress: bool = True, leg_cache: BaselineCache | None = None):
-    """Rows (a pandas DataFrame) for every case on one leg; ``leg_cache`` serves and keeps the leg's runs
-    (each keyed by the inputs it was given: the case's own, or a perturbed copy)."""
-    import dataclasses
-
+def causality_frame(rows: Iterable[dict]):
+    """Causality rows (:class:`CausalityRow` as dicts) as a pandas DataFrame with every column, even when empty."""
     import pandas as pd
 
-    rows = []
-    iterator = cases
-    if progress:
-        from tqdm import tqdm
-
-        iterator = tqdm(cases, desc=f"{leg.name} causality", unit="case", dynamic_ncols=True, disable=None)
-    runner = Runner(leg, ReferenceCache(None), leg_cache=leg_cache)
-    for case in iterator:
-        rows.extend(dataclasses.asdict(r) for r in check_case(leg, case, runner=runner))
-    return pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(CausalityRow)])
+    return pd.DataFrame(list(rows), columns=[f.name for f in dataclasses.fields(CausalityRow)])

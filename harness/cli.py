@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harness.legs.registry import BUILTIN, default_leg, leg_spec, legs, parse_impl, register_implementation
 from harness.status import CAUSALITY_FAILING, FAILING, Status
+from harness.workers import GIB_PER_JOB, Workers, default_jobs, parse_jobs
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INCONCLUSIVE = 3  # the gate's draws did not decide a comparison: never a pass
@@ -103,7 +104,8 @@ def _run_leg(name: str, args, cases, cache, path: Path | None = None) -> tuple[P
     from harness.result_file import ResultFile
     from harness.runner import Runner
 
-    leg = make_leg(name, **_leg_options(args, name))
+    options = _leg_options(args, name)
+    leg = make_leg(name, **options)
     selection = _selection(args)
     leg_cache = _leg_cache(leg, args)
     runner = Runner(leg, cache, suite=selection.suite_label, leg_cache=leg_cache)
@@ -115,7 +117,8 @@ def _run_leg(name: str, args, cases, cache, path: Path | None = None) -> tuple[P
         if out.done:
             print(f"{name}: resuming {out.partial}: {len(cases) - len(todo)} of {len(cases)} cases already done")
         try:
-            runner.run(todo, progress=not args.no_progress, on_case=lambda case, rows: out.append(rows))
+            args.workers.run(runner, options, todo, on_case=lambda case, rows: out.append(rows),
+                             progress=None if args.no_progress else f"{name} leg")
         except KeyboardInterrupt:
             raise Interrupted(f"{name} leg interrupted; the finished cases are kept in {out.partial}. Continue "
                               f"with the same command plus --resume (the gate fails that file as incomplete "
@@ -130,9 +133,11 @@ def _run_leg(name: str, args, cases, cache, path: Path | None = None) -> tuple[P
 
 
 def _run_causality(name: str, args, cases) -> "object":
-    from harness.causality import causality_cases, run_causality
+    from harness.causality import causality_cases, causality_frame
     from harness.legs import make_leg
+    from harness.reference_cache import ReferenceCache
     from harness.result_file import write_check_file
+    from harness.runner import Runner
 
     path = Path(args.out) / ("causality-" + _selection(args).result_name(name, tag=getattr(args, "tag", None),
                                                                         cases=cases))
@@ -143,7 +148,12 @@ def _run_causality(name: str, args, cases) -> "object":
         options["compile_targets"] = ()
     leg = make_leg(name, **options)
     leg_cache = _leg_cache(leg, args)
-    df = run_causality(leg, chosen, progress=not args.no_progress, leg_cache=leg_cache)
+    rows = []
+    # no golden is compared: an in-memory reference cache that stays empty
+    args.workers.run(Runner(leg, ReferenceCache(None), leg_cache=leg_cache), options, chosen,
+                     on_case=lambda case, case_rows: rows.extend(case_rows), causality=True,
+                     progress=None if args.no_progress else f"{name} causality")
+    df = causality_frame(rows)
     path = write_check_file(df, path, name, force=getattr(args, "force", False))
     bad = df[df["status"].isin(CAUSALITY_FAILING)]
     exact = int(df["bit_exact"].sum())
@@ -485,6 +495,10 @@ def _add_run_options(p, resume: bool = True):
     p.add_argument("--force", action="store_true",
                    help="overwrite a result file of another suite, or discard an interrupted run's partial file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--jobs", "-j", metavar="N",
+                   help="run up to N cases at once, each in a worker process (default: $PARITY_JOBS, else one per "
+                        f"CPU and per {GIB_PER_JOB} GiB of memory; 1: no workers); cases the caches serve never "
+                        "start one, and the rows come out in case order at any N")
     p.add_argument("--no-ref-cache", action="store_true", help="do not read or write the on-disk reference cache")
     p.add_argument("--no-baseline-cache", "--no-gpu-cache", dest="no_baseline_cache", action="store_true",
                    help="run the GPU, reference and TPU legs (and their causality runs) again instead of reusing "
@@ -621,7 +635,11 @@ def main(argv: list[str] | None = None) -> int:
             register_implementation(*parse_impl(text))
         if getattr(args, "backend", None):
             leg_spec(args.backend)  # an unknown leg is a usage error before any work
-        return args.fn(args)
+        if not hasattr(args, "jobs"):
+            return args.fn(args)
+        jobs = default_jobs() if args.jobs is None else parse_jobs(args.jobs)
+        with Workers(jobs) as args.workers:
+            return args.fn(args)
     except Interrupted as exc:
         print(f"parity: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -74,14 +74,22 @@ class Refusal(Exception):
         self.op, self.status, self.reason, self.columns = op, status, reason, columns
 
 
+class NotServed(Exception):
+    """A runner built with ``run_leg=False`` met a case whose leg must run: :mod:`harness.workers` sends it to a
+    worker process."""
+
+
 class Runner:
     """Runs one leg over cases; rows carry the run's provenance."""
 
     def __init__(self, leg: Leg, reference_cache: ReferenceCache | None = None, suite: str = "",
-                 ops: Mapping[str, OpDescriptor] | None = None, leg_cache: BaselineCache | None = None):
+                 ops: Mapping[str, OpDescriptor] | None = None, leg_cache: BaselineCache | None = None,
+                 run_leg: bool = True):
         """``ops`` overrides the registry (tests inject fault-carrying descriptors this way); ``leg_cache``
-        serves and keeps the leg's outputs (:mod:`harness.baseline_cache`; None: the leg always runs)."""
+        serves and keeps the leg's outputs (:mod:`harness.baseline_cache`; None: the leg always runs);
+        ``run_leg=False``: settle only what needs no leg run, raise :class:`NotServed` for the rest."""
         self.leg = leg
+        self.run_leg = run_leg
         self.ops = ops
         self.cache = reference_cache or ReferenceCache()
         self.leg_cache = leg_cache
@@ -124,6 +132,14 @@ class Runner:
         specs = specs or [("*", "")]
         return [self._row(case, name, dtype, status, reason=reason, **extra) for name, dtype in specs]
 
+    def error_rows(self, case: Case, reason: str) -> list[dict]:
+        """Error rows for every tensor of ``case`` (its op from the registry, or the runner's ``ops``)."""
+        try:
+            op = self.ops[case.op] if self.ops is not None else get_op(case.op)
+        except Exception:  # noqa: BLE001 - an unknown op still yields a row
+            op = None
+        return self._rows_for_all(op, case, Status.ERROR, reason)
+
     # ------------------------------------------------------------------- run
     def prepare(self, case: Case):
         """(op, inputs) of a valid case this leg supports; otherwise raises :class:`Refusal`."""
@@ -155,6 +171,8 @@ class Runner:
         if cached is not None:
             out, wall_s = cached  # the original run's time; its details say it was served
             return out, {"input_sha256": inputs.sha256, "wall_s": wall_s}
+        if not self.run_leg:
+            raise NotServed(case.id)
         self.leg.start_case(case)  # before the preflight thread: nothing of the leg's runs beside it yet
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
             preflight = pool.submit(self._preflight, op, case, inputs)
@@ -196,12 +214,12 @@ class Runner:
     def run_case(self, case: Case) -> list[dict]:
         try:
             op, inputs = self.prepare(case)
+            out, common = self.execute(op, case, inputs)  # first: a case sent to a worker needs no golden here
             try:
                 golden = self.cache.get(op, case, inputs)
             except Exception as exc:  # noqa: BLE001
                 raise Refusal(op, Status.ERROR, f"reference failed: {_short_error(exc)}",
-                              input_sha256=inputs.sha256) from None
-            out, common = self.execute(op, case, inputs)
+                              **{**common, "input_sha256": inputs.sha256}) from None
         except Refusal as r:
             return self._rows_for_all(r.op, case, r.status, r.reason, **r.columns)
         common["details"] = json.dumps(dict(out.details), sort_keys=True, default=str)

@@ -1,7 +1,14 @@
 """Test ordering for a 2-core CI: start the long end-to-end smoke run first, so that
 pytest-xdist overlaps it with the unit tests instead of leaving it alone at the end."""
 
+import os
+
 LONG_FIRST = ("test_smoke_e2e.py",)
+
+# The CLI's default is a worker process per CPU (harness.workers). Tests inject faults and fake legs into this
+# process, which spawned workers would not see, and pytest-xdist already uses the cores: one process per test
+# unless a test asks for workers (--jobs N) itself.
+os.environ.setdefault("PARITY_JOBS", "1")
 
 
 def pytest_collection_modifyitems(session, config, items):

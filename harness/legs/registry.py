@@ -118,6 +118,12 @@ def register_implementation(name: str, target: str) -> LegSpec:
     return spec
 
 
+def implementations() -> dict[str, str]:
+    """Every registered implementation (entry points, --impl) by name -> its ``module:object`` target: what
+    another process needs to register them again."""
+    return {name: spec.build.target for name, spec in legs().items() if hasattr(spec.build, "target")}
+
+
 def parse_impl(text: str) -> tuple[str, str]:
     """``NAME=module:object`` -> (name, target); a malformed value is a ValueError that says the form."""
     name, sep, target = text.partition("=")

@@ -1,0 +1,244 @@
+"""Cases across worker processes: ``parity run|all|causality|calibrate --jobs N``.
+
+An emulated leg spends nearly all of a case tracing and compiling it (the Triton interpreter, Pallas interpret
+mode), on one core at a time, so N processes run N cases in about 1/N of the time. Rows stay the only interface:
+
+- the parent walks the cases in order and settles where it stands every case that needs no leg run: an invalid
+  or unsupported case, or one whose every run the leg's cache serves (a :class:`harness.runner.Runner` built
+  with ``run_leg=False`` raises :class:`harness.runner.NotServed` for the others);
+- the others go to a pool of spawned processes. Each rebuilds the leg from its name and options (replaying the
+  ``--impl`` registrations), runs the whole case through a runner of its own with the parent's provenance, and
+  sends back the rows and its leg cache's hits and misses;
+- the parent hands the rows on in case order, so a result file reads the same at any N.
+
+The pool starts on the first case that needs a run (a re-run that the caches serve whole starts no process) and
+serves every leg of one command. At most N cases are in flight, so a worker that dies (killed for memory) costs
+the cases it held, as error rows that say so, and the next case starts a fresh pool.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import copy
+import dataclasses
+import multiprocessing
+import os
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Iterable
+
+from cases.case import Case
+
+from .baseline_cache import for_leg
+from .causality import check_case, default_t0, refused_rows
+from .legs.registry import implementations, make_leg, register_implementation
+from .ops import get_op
+from .reference_cache import ReferenceCache
+from .runner import NotServed, Runner
+from .status import Status
+
+GIB_PER_JOB = 4
+"""Memory a job may want: the float64 reference at the stress shape peaks at 3.75 GiB (reports/bench)."""
+
+
+def default_jobs(environ=os.environ, cpus: int | None = None, memory_gib: float | None = None) -> int:
+    """``PARITY_JOBS`` when set, else one per CPU this process may use (``cpus``), at most one per
+    :data:`GIB_PER_JOB` of physical memory (``memory_gib``), at least 1."""
+    if environ.get("PARITY_JOBS"):
+        return parse_jobs(environ["PARITY_JOBS"], "PARITY_JOBS")
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if memory_gib is None:
+        try:
+            memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        except (ValueError, OSError, AttributeError):  # no sysconf: the CPUs decide
+            memory_gib = cpus * GIB_PER_JOB
+    return max(1, min(cpus, int(memory_gib // GIB_PER_JOB)))
+
+
+def parse_jobs(text: str, what: str = "--jobs") -> int:
+    """A positive count of worker processes; anything else is a ValueError that says the form."""
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise ValueError(f"{what} {text!r} must be a whole number of processes, at least 1 (1: no workers)")
+    return jobs
+
+
+@dataclasses.dataclass(frozen=True)
+class LegJob:
+    """How a worker rebuilds one leg's runner: everything a spawned process cannot inherit."""
+
+    key: str  # names the runner in each worker
+    leg: str
+    options: tuple[tuple[str, Any], ...]
+    provenance: tuple[tuple[str, Any], ...]  # the parent's, so every row of a file carries one provenance
+    reference_cache: str | None  # the parent's reference cache directory (None: in memory)
+    read_cache: bool  # whether the leg's cache is read (--no-baseline-cache: written only)
+    implementations: tuple[tuple[str, str], ...]  # --impl and entry-point registrations, name -> target
+    causality: bool  # check_case (harness.causality) rather than run_case
+
+    @classmethod
+    def of(cls, runner: Runner, options: dict, causality: bool = False) -> "LegJob":
+        leg_cache = runner.leg_cache
+        directory = runner.cache.directory
+        return cls(key=f"{runner.leg.name}:{'causality' if causality else 'run'}:{id(runner)}", leg=runner.leg.name,
+                   options=tuple(sorted(options.items())), provenance=tuple(runner.provenance.items()),
+                   reference_cache=None if directory is None else str(directory),
+                   read_cache=leg_cache is None or leg_cache.read,
+                   implementations=tuple(sorted(implementations().items())), causality=causality)
+
+
+_RUNNERS: dict[str, Runner] = {}  # in each worker: the runner of every job it has seen
+
+
+def _runner(job: LegJob) -> Runner:
+    runner = _RUNNERS.get(job.key)
+    if runner is None:
+        for name, target in job.implementations:
+            register_implementation(name, target)
+        leg = make_leg(job.leg, **dict(job.options))
+        runner = Runner(leg, ReferenceCache(job.reference_cache), leg_cache=for_leg(leg, read=job.read_cache))
+        runner.provenance = dict(job.provenance)
+        _RUNNERS[job.key] = runner
+    return runner
+
+
+def settle(runner: Runner, case: Case, causality: bool) -> list[dict]:
+    """The case's rows through ``runner``: its result rows, or its causality rows as dicts."""
+    if causality:
+        return [dataclasses.asdict(r) for r in check_case(runner.leg, case, runner=runner)]
+    return runner.run_case(case)
+
+
+def _work(job: LegJob, case: Case) -> tuple[list[dict], int, int]:
+    """In a worker: (the case's rows, the leg cache's hits and misses on it)."""
+    runner = _runner(job)
+    cache = runner.leg_cache
+    before = (cache.hits, cache.misses) if cache is not None else (0, 0)
+    rows = settle(runner, case, job.causality)
+    after = (cache.hits, cache.misses) if cache is not None else (0, 0)
+    return rows, after[0] - before[0], after[1] - before[1]
+
+
+class Workers:
+    """A pool of up to ``jobs`` spawned processes, started on first need and shared by every leg of a command.
+    ``jobs == 1`` runs everything in this process, as a run without workers always has."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self.sent = 0  # cases sent to a worker so far
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(wait=exc_type is None)  # interrupted: leave the workers' cases behind, do not wait on them
+
+    def close(self, wait: bool = True) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=wait, cancel_futures=True)
+            self._pool = None
+
+    def _submit(self, job: LegJob, case: Case) -> concurrent.futures.Future:
+        if self._pool is None:
+            # spawned, never forked: the parent has jax's and torch's threads running
+            self._pool = concurrent.futures.ProcessPoolExecutor(self.jobs,
+                                                                mp_context=multiprocessing.get_context("spawn"))
+        self.sent += 1
+        return self._pool.submit(_work, job, case)
+
+    def run(self, runner: Runner, options: dict, cases: Iterable[Case], on_case: Callable[[Case, list[dict]], None],
+            causality: bool = False, progress: str | None = None) -> None:
+        """Every case's rows (its causality rows with ``causality``), handed to ``on_case`` in case order.
+        ``runner`` is the parent's, its leg built with ``options``: it settles what needs no leg run, and its leg
+        cache's counters take the workers' too. ``progress``: a progress bar's label (None: no bar)."""
+        cases = list(cases)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(cases), desc=progress, unit="case", dynamic_ncols=True,
+                       disable=None)  # None: no bar when not on a terminal (CI logs)
+
+        def hand_on(case: Case, rows: list[dict]) -> None:
+            on_case(case, rows)
+            if bar is not None:
+                bar.update(1)
+
+        try:
+            if self.jobs <= 1:
+                for case in cases:
+                    if bar is not None:
+                        bar.set_postfix_str(case.id[-60:], refresh=True)
+                    hand_on(case, settle(runner, case, causality))
+            else:
+                self._run_pooled(runner, LegJob.of(runner, options, causality), cases, hand_on)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _run_pooled(self, runner: Runner, job: LegJob, cases: list[Case], hand_on) -> None:
+        probe = copy.copy(runner)  # the same leg, caches and counters; it raises NotServed where a run is needed
+        probe.run_leg = False
+        cache = runner.leg_cache
+        queue: collections.deque[tuple[Case, Any]] = collections.deque()  # (case, rows or a future), case order
+
+        def running() -> list[concurrent.futures.Future]:
+            return [r for _, r in queue if isinstance(r, concurrent.futures.Future) and not r.done()]
+
+        def flush(block: bool = False) -> None:
+            while queue:
+                case, result = queue[0]
+                if isinstance(result, concurrent.futures.Future):
+                    if not (block or result.done()):
+                        return
+                    result = self._collect(runner, job, case, result)
+                queue.popleft()
+                hand_on(case, result)
+
+        for case in cases:
+            counts = (cache.hits, cache.misses) if cache is not None else None
+            try:
+                queue.append((case, settle(probe, case, job.causality)))
+            except NotServed:
+                if counts is not None:  # the worker counts this case's runs itself
+                    cache.hits, cache.misses = counts
+                while len(in_flight := running()) >= self.jobs:
+                    concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+                    flush()
+                queue.append((case, self._submit(job, case)))
+            flush()
+        while queue:
+            flush(block=True)
+
+    def _collect(self, runner: Runner, job: LegJob, case: Case, future: concurrent.futures.Future) -> list[dict]:
+        """A finished case's rows; a worker that died or failed makes error rows that say so."""
+        try:
+            rows, hits, misses = future.result()
+        except BrokenProcessPool as exc:
+            self.close()  # the next case that needs a run starts a fresh pool
+            return _failed(runner, job, case, f"its worker process died ({exc}); run it again with --jobs 1 "
+                                              f"to see why")
+        except Exception as exc:  # noqa: BLE001 - a case that could not be sent or returned is rows, never an abort
+            return _failed(runner, job, case,
+                           f"its worker failed: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:500]}")
+        if runner.leg_cache is not None:
+            runner.leg_cache.hits += hits
+            runner.leg_cache.misses += misses
+        return rows
+
+
+def _failed(runner: Runner, job: LegJob, case: Case, reason: str) -> list[dict]:
+    """Error rows for a case no worker settled: result rows, or causality rows."""
+    if not job.causality:
+        return runner.error_rows(case, reason)
+    try:
+        op = get_op(case.op)
+    except Exception:  # noqa: BLE001 - an unknown op still yields rows
+        op = None
+    return [dataclasses.asdict(r) for r in refused_rows(runner.leg.name, runner.provenance["mode"], op, case,
+                                                         default_t0(case), Status.ERROR, reason)]

@@ -1,0 +1,125 @@
+"""Cases across worker processes (harness.workers, ``--jobs N``): the same rows in the same order at any N,
+no worker for what the caches serve, and a worker that dies is error rows, never an abort."""
+
+import pandas as pd
+import pytest
+
+from harness.cli import main
+from harness.workers import GIB_PER_JOB, default_jobs, parse_jobs
+
+SIMPLE_GLA = ["--suite", "smoke", "--op", "simple_gla"]
+VOLATILE = {"timestamp", "wall_s", "details"}  # when a row was made and how long it took; served rows say so
+
+
+def test_default_jobs_on_hand_computed_machines():
+    assert GIB_PER_JOB == 4
+    assert default_jobs({}, cpus=2, memory_gib=24) == 2  # this CI machine: the CPUs decide
+    assert default_jobs({}, cpus=16, memory_gib=24) == 6  # 24 GiB // 4 GiB
+    assert default_jobs({}, cpus=8, memory_gib=3.9) == 1  # never fewer than one
+    assert default_jobs({"PARITY_JOBS": "3"}, cpus=2, memory_gib=24) == 3  # the user's word wins
+    assert default_jobs({"PARITY_JOBS": ""}, cpus=2, memory_gib=24) == 2  # empty: unset
+    for bad in ("0", "-1", "two", "1.5"):
+        with pytest.raises(ValueError, match="at least 1"):
+            parse_jobs(bad)
+    with pytest.raises(ValueError, match="PARITY_JOBS"):
+        default_jobs({"PARITY_JOBS": "0"})
+
+
+def _result(out, leg: str) -> pd.DataFrame:
+    [path] = out.glob(f"{leg}.op-simple_gla.csv")
+    return pd.read_csv(path, keep_default_na=False)
+
+
+def _stable(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=[c for c in df.columns if c in VOLATILE])
+
+
+@pytest.mark.needs_leg("ref")
+def test_two_jobs_give_the_rows_of_one_in_case_order(tmp_path, monkeypatch, capsys):
+    import harness.workers as workers
+
+    sent = []
+    real = workers.Workers.close
+
+    def close(self, wait=True):  # test side: how many cases each command sent to its workers
+        sent.append(self.sent)
+        real(self, wait)
+
+    monkeypatch.setattr(workers.Workers, "close", close)
+    frames = {}
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / f"cache{jobs}"))  # cold: every case runs
+        out = tmp_path / f"out{jobs}"
+        assert main(["run", "--backend", "ref", *SIMPLE_GLA, "--out", str(out), "--no-progress", "--jobs", jobs]) == 0
+        assert main(["causality", "--backend", "ref", *SIMPLE_GLA, "--out", str(out), "--no-progress",
+                     "--jobs", jobs]) == 0
+        frames[jobs] = (_result(out, "ref"), pd.read_csv(out / "causality-ref.op-simple_gla.csv",
+                                                         keep_default_na=False))
+    one, two = frames["1"], frames["2"]
+    assert len(one[0]) > 10 and one[0]["case_id"].nunique() > 3
+    assert list(two[0]["case_id"]) == list(one[0]["case_id"])  # case order, whatever finished first
+    pd.testing.assert_frame_equal(_stable(two[0]), _stable(one[0]))
+    pd.testing.assert_frame_equal(_stable(two[1]), _stable(one[1]))
+    cases = one[0]["case_id"].nunique()
+    assert sent[:2] == [0, 0]  # --jobs 1 starts no worker
+    assert sent[2] == cases and sent[3] > 0  # cold, at 2: every case ran in a worker
+
+    # warm: the caches serve every case and every causality run, and no worker starts
+    out = tmp_path / "warm"
+    assert main(["run", "--backend", "ref", *SIMPLE_GLA, "--out", str(out), "--no-progress", "--jobs", "2"]) == 0
+    assert main(["causality", "--backend", "ref", *SIMPLE_GLA, "--out", str(out), "--no-progress",
+                 "--jobs", "2"]) == 0
+    assert sent[4:] == [0, 0]
+    assert f"{cases}/{cases} cases from the baseline cache" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(_stable(_result(out, "ref")), _stable(two[0]))
+
+
+DYING = '''
+"""A kernel that kills the process it runs in, when that process is a worker (the parent only traces it)."""
+import multiprocessing
+import os
+
+from harness.ops.base import LegBinding
+from kernels_tpu.simple_gla import chunk_simple_gla
+
+
+def forward(case, a, ctx):
+    if multiprocessing.parent_process() is not None:
+        os._exit(3)  # as the kernel would be killed for memory
+    o, ht = chunk_simple_gla(a["q"], a["k"], a["v"], g=a.get("g"), scale=case.resolved_scale,
+                             initial_state=a.get("h0"), output_final_state=case.final_state,
+                             chunk_size=case.chunk_size)
+    return {"o": o, "ht": ht}
+
+
+class Impl:
+    bindings = {"simple_gla": LegBinding(forward, differentiable=False)}
+    version = "dying 1.0"
+
+
+IMPLEMENTATION = Impl()
+'''
+
+
+@pytest.mark.needs_leg("tpu")
+def test_a_worker_that_dies_is_error_rows(tmp_path, monkeypatch):
+    from harness.legs import registry
+
+    (tmp_path / "dying_impl.py").write_text(DYING)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the workers inherit the parent's path
+    monkeypatch.setattr(registry, "_LEGS", {spec.name: spec for spec in registry.BUILTIN})
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    cases = ["simple_gla.chunk/B1-T64-H1-K64-V64/bf16/g=logsigmoid/16/C64",
+             "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64"]
+    out = tmp_path / "out"
+    code = main(["run", "--backend", "dying", "--impl", "dying=dying_impl:IMPLEMENTATION",
+                 *[a for c in cases for a in ("--case", c)], "--out", str(out), "--no-progress", "--jobs", "2",
+                 "--tpu-targets", "v6e"])
+    assert code == 1
+    [path] = out.glob("dying.cases-*.csv")
+    rows = pd.read_csv(path, keep_default_na=False)
+    assert list(rows.drop_duplicates("case_id")["case_id"]) == cases
+    assert set(rows["status"]) == {"error"}
+    # "died": the worker registered --impl again and ran the kernel; an unknown leg would have "failed"
+    assert rows["reason"].str.contains("its worker process died").all(), rows["reason"].tolist()
+    assert rows["reason"].str.contains("--jobs 1").all()
