@@ -1,7 +1,7 @@
 """The runner: cases x one leg -> rows. One failing case never stops a run.
 
 For each case: validate it, draw its inputs, ask the leg whether it supports
-the case, compute the float64 golden (cached by input hash), run the leg, and
+the case, run the leg, compute the float64 golden (cached by input hash), and
 compare every declared tensor (a ``leg_cache``, :mod:`harness.baseline_cache`, may serve
 the leg's output instead of running it). Every outcome is a row:
 

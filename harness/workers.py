@@ -1,7 +1,9 @@
 """Cases across worker processes: ``parity run|all|causality|calibrate --jobs N``.
 
 An emulated leg spends nearly all of a case tracing and compiling it (the Triton interpreter, Pallas interpret
-mode), on one core at a time, so N processes run N cases in about 1/N of the time. Rows stay the only interface:
+mode). ``--jobs N`` is a number of cores: a leg whose case keeps one core busy runs N cases at once, in N
+processes; the emulated TPU leg, whose case keeps two busy (its real-TPU compile runs beside its run), runs
+N // 2 (:meth:`harness.legs.base.Leg.cores_per_case`). Rows stay the only interface:
 
 - the parent walks the cases in order and settles where it stands every case that needs no leg run: an invalid
   or unsupported case, or one whose every run the leg's cache serves (a :class:`harness.runner.Runner` built
@@ -155,7 +157,8 @@ class Workers:
             causality: bool = False, progress: str | None = None) -> None:
         """Every case's rows (its causality rows with ``causality``), handed to ``on_case`` in case order.
         ``runner`` is the parent's, its leg built with ``options``: it settles what needs no leg run, and its leg
-        cache's counters take the workers' too. ``progress``: a progress bar's label (None: no bar)."""
+        cache's counters take the workers' too. ``jobs // leg.cores_per_case()`` cases run at once; at one, all
+        run here. ``progress``: a progress bar's label (None: no bar)."""
         cases = list(cases)
         bar = None
         if progress:
@@ -169,19 +172,20 @@ class Workers:
             if bar is not None:
                 bar.update(1)
 
+        at_once = max(1, self.jobs // runner.leg.cores_per_case())
         try:
-            if self.jobs <= 1:
+            if at_once <= 1:
                 for case in cases:
                     if bar is not None:
                         bar.set_postfix_str(case.id[-60:], refresh=True)
                     hand_on(case, settle(runner, case, causality))
             else:
-                self._run_pooled(runner, LegJob.of(runner, options, causality), cases, hand_on)
+                self._run_pooled(runner, LegJob.of(runner, options, causality), cases, hand_on, at_once)
         finally:
             if bar is not None:
                 bar.close()
 
-    def _run_pooled(self, runner: Runner, job: LegJob, cases: list[Case], hand_on) -> None:
+    def _run_pooled(self, runner: Runner, job: LegJob, cases: list[Case], hand_on, at_once: int) -> None:
         probe = copy.copy(runner)  # the same leg, caches and counters; it raises NotServed where a run is needed
         probe.run_leg = False
         cache = runner.leg_cache
@@ -207,7 +211,7 @@ class Workers:
             except NotServed:
                 if counts is not None:  # the worker counts this case's runs itself
                     cache.hits, cache.misses = counts
-                while len(in_flight := running()) >= self.jobs:
+                while len(in_flight := running()) >= at_once:
                     concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
                     flush()
                 queue.append((case, self._submit(job, case)))

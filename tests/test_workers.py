@@ -123,3 +123,27 @@ def test_a_worker_that_dies_is_error_rows(tmp_path, monkeypatch):
     # "died": the worker registered --impl again and ran the kernel; an unknown leg would have "failed"
     assert rows["reason"].str.contains("its worker process died").all(), rows["reason"].tolist()
     assert rows["reason"].str.contains("--jobs 1").all()
+
+
+@pytest.mark.needs_leg("tpu")
+def test_the_emulated_tpu_leg_counts_two_cores_a_case(tmp_path, monkeypatch):
+    """Its real-TPU compile runs in a thread beside its run: two cores, so --jobs 2 runs it in this process."""
+    import harness.workers as workers
+    from harness.legs.tpu import TpuLeg
+
+    assert TpuLeg(force_interpret=True).cores_per_case() == 2  # compiles for v6e beside the run
+    assert TpuLeg(force_interpret=True, compile_targets=()).cores_per_case() == 1
+    sent = []
+    real = workers.Workers.close
+
+    def close(self, wait=True):
+        sent.append(self.sent)
+        real(self, wait)
+
+    monkeypatch.setattr(workers.Workers, "close", close)
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    case = "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64"
+    for jobs, expected in (("2", 0), ("4", 1)):
+        assert main(["run", "--backend", "tpu", "--case", case, "--out", str(tmp_path / jobs), "--no-progress",
+                     "--jobs", jobs, "--no-baseline-cache"]) == 0
+        assert sent[-1] == expected

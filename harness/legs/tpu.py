@@ -259,6 +259,12 @@ class TpuLeg(Leg):
         return Environment(mode="native" if self.native else "emulated", device=device, versions=versions(),
                            settings=settings)
 
+    def cores_per_case(self) -> int:
+        """Two while emulating with compile targets: the real-TPU compile runs in a thread beside the interpret-
+        mode run (a kda smoke case: run 4 s, compile 1-1.7 s, and XLA's own threads), so on 2 cores two
+        workers ran each case 2x slower and the warm loop lost its worker start-up (reports/bench)."""
+        return 2 if self.compile_targets else 1
+
     def preflight(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[str | None, dict]:
         """Emulated: compile the case natively for each target first (natively the run compiles)."""
         if self.native:
