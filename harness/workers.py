@@ -24,6 +24,7 @@ import collections
 import concurrent.futures
 import copy
 import dataclasses
+import itertools
 import multiprocessing
 import os
 from concurrent.futures.process import BrokenProcessPool
@@ -86,13 +87,15 @@ class LegJob:
     def of(cls, runner: Runner, options: dict, causality: bool = False) -> "LegJob":
         leg_cache = runner.leg_cache
         directory = runner.cache.directory
-        return cls(key=f"{runner.leg.name}:{'causality' if causality else 'run'}:{id(runner)}", leg=runner.leg.name,
+        key = f"{runner.leg.name}:{'causality' if causality else 'run'}:{next(_JOB_NUMBERS)}"
+        return cls(key=key, leg=runner.leg.name,
                    options=tuple(sorted(options.items())), provenance=tuple(runner.provenance.items()),
                    reference_cache=None if directory is None else str(directory),
                    read_cache=leg_cache is None or leg_cache.read,
                    implementations=tuple(sorted(implementations().items())), causality=causality)
 
 
+_JOB_NUMBERS = itertools.count()  # in the parent: one key per job, never reused (an id() can be)
 _RUNNERS: dict[str, Runner] = {}  # in each worker: the runner of every job it has seen
 
 
