@@ -260,10 +260,12 @@ class TpuLeg(Leg):
                            settings=settings)
 
     def cores_per_case(self) -> int:
-        """Two while emulating with compile targets: the real-TPU compile runs in a thread beside the interpret-
-        mode run (a kda smoke case: run 4 s, compile 1-1.7 s, and XLA's own threads), so on 2 cores two
-        workers ran each case 2x slower and the warm loop lost its worker start-up (reports/bench)."""
-        return 2 if self.compile_targets else 1
+        """Two while emulating. The real-TPU compile runs in a thread beside the interpret-mode run (a kda
+        smoke case: run 4 s, compile 1-1.7 s, and XLA's own threads), so on 2 cores two workers ran each case
+        2x slower and the warm loop lost its worker start-up (reports/bench). The causality pass compiles
+        for no target, but its runs reuse the programs this process compiled for the leg's run (kept per
+        shape, :func:`_stages`), which a worker would compile again."""
+        return 1 if self.native else 2
 
     def preflight(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[str | None, dict]:
         """Emulated: compile the case natively for each target first (natively the run compiles)."""
