@@ -66,7 +66,7 @@ def parse_jobs(text: str, what: str = "--jobs") -> int:
     except ValueError:
         jobs = 0
     if jobs < 1:
-        raise ValueError(f"{what} {text!r} must be a whole number of processes, at least 1 (1: no workers)")
+        raise ValueError(f"{what} {text!r} must be a whole number of cores, at least 1 (1: no workers)")
     return jobs
 
 
