@@ -132,10 +132,14 @@ class Runner:
         specs = specs or [("*", "")]
         return [self._row(case, name, dtype, status, reason=reason, **extra) for name, dtype in specs]
 
+    def op_of(self, case: Case) -> OpDescriptor:
+        """The case's op: from the runner's ``ops`` when given, else from the registry."""
+        return self.ops[case.op] if self.ops is not None else get_op(case.op)
+
     def error_rows(self, case: Case, reason: str) -> list[dict]:
-        """Error rows for every tensor of ``case`` (its op from the registry, or the runner's ``ops``)."""
+        """Error rows for every tensor of ``case``."""
         try:
-            op = self.ops[case.op] if self.ops is not None else get_op(case.op)
+            op = self.op_of(case)
         except Exception:  # noqa: BLE001 - an unknown op still yields a row
             op = None
         return self._rows_for_all(op, case, Status.ERROR, reason)
@@ -145,7 +149,7 @@ class Runner:
         """(op, inputs) of a valid case this leg supports; otherwise raises :class:`Refusal`."""
         op = None
         try:
-            op = self.ops[case.op] if self.ops is not None else get_op(case.op)
+            op = self.op_of(case)
             op.validate(case)
             inputs = make_inputs(case, op.inputs(case))
         except Exception as exc:  # noqa: BLE001 - an invalid case is rows, never an abort

@@ -35,7 +35,6 @@ from cases.case import Case
 from .baseline_cache import for_leg
 from .causality import check_case, default_t0, refused_rows
 from .legs.registry import implementations, make_leg, register_implementation
-from .ops import get_op
 from .reference_cache import ReferenceCache
 from .runner import NotServed, Runner
 from .status import Status
@@ -244,7 +243,7 @@ def _failed(runner: Runner, job: LegJob, case: Case, reason: str) -> list[dict]:
     if not job.causality:
         return runner.error_rows(case, reason)
     try:
-        op = get_op(case.op)
+        op = runner.op_of(case)
     except Exception:  # noqa: BLE001 - an unknown op still yields rows
         op = None
     return [dataclasses.asdict(r) for r in refused_rows(runner.leg.name, runner.provenance["mode"], op, case,
