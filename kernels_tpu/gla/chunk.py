@@ -1,7 +1,8 @@
 """Chunk GLA kernels for a per-key-channel gate ``g [B,T,H,K]`` (unfused path).
 
-Four pallas_calls, as in fla's chunk GLA: forward states, forward output,
-backward state gradients, backward dq/dk/dv/dg.
+Three pallas_calls: forward states, forward output (as in fla's chunk GLA), and
+one backward that walks the chunks in reverse, carrying the state gradient in
+VMEM where fla writes every chunk's to HBM before its dq/dk/dv/dg pass.
 
 Stabilised exponentials
 -----------------------
@@ -169,23 +170,27 @@ def chunk_fwd_impl(q, k, v, g, h0, cfg: Config, emit_states: bool = True):
 
 
 # ----------------------------------------------------------------- backward
-def _bwd_dh_kernel(slot_ref, edge_ref, q_ref, g_ref, do_ref, *rest, cfg: Config, walk: Walk, has_dht: bool,
-                   want_dh0: bool):
+def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, *rest, cfg: Config, walk: Walk,
+                has_dht: bool, want_dh0: bool):
+    """One step of the reverse walk: chunk n's dq, dk, dv, dg from its state S_n and dH_n, the gradient of
+    the state after it (carried in VMEM), then dH_{n-1} = exp(b_L) * dH_n + scale (q exp(b))^T do."""
     rest = list(rest)
     dht_ref = rest.pop(0) if has_dht else None
-    dh_ref = rest.pop(0)
+    dq_ref, dk_ref, dv_ref, dg_ref = rest[:4]
+    del rest[:4]
     dh0_ref = rest.pop(0) if want_dh0 else None
-    (dh_scr,) = rest
+    dh_scr, b_scr, dq_scr, dk_scr, dv_scr = rest
     md = cfg.policy
     begins, ends = walk.edges(edge_ref)  # reverse walk: a sequence begins at its last chunk
 
     start_state(dh_scr, dht_ref, begins)
 
-    dh_ref[...] = dh_scr[...]  # gradient of the state after chunk n
-    g = g_ref[...].astype(f32)
-    b = _cumsum(g, md)
-    qg = q_ref[...].astype(f32) * jnp.exp(b)
-    dh_scr[...] = jnp.exp(_col_total(g, md)) * dh_scr[...] + cfg.scale * mm(qg, do_ref[...], TN, policy=md)
+    dH = dh_scr[...]
+    _chunk_grads(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref[...], dH, dq_ref, dk_ref, dv_ref, dg_ref,
+                 b_scr, dq_scr, dk_scr, dv_scr, cfg=cfg)
+    qg = q_ref[...].astype(f32) * jnp.exp(b_scr[...])
+    dh_scr[...] = (jnp.exp(_col_total(g_ref[...].astype(f32), md)) * dH
+                   + cfg.scale * mm(qg, do_ref[...], TN, policy=md))
 
     if want_dh0:
         @pl.when(ends)
@@ -193,14 +198,14 @@ def _bwd_dh_kernel(slot_ref, edge_ref, q_ref, g_ref, do_ref, *rest, cfg: Config,
             dh0_ref[...] = dh_scr[...]
 
 
-def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref, dg_ref,
-                      b_scr, dq_scr, dk_scr, dv_scr, *, cfg: Config):
+def _chunk_grads(q_ref, k_ref, v_ref, g_ref, do_ref, S, dH, dq_ref, dk_ref, dv_ref, dg_ref,
+                 b_scr, dq_scr, dk_scr, dv_scr, *, cfg: Config):
+    """dq, dk, dv, dg of one chunk, given its state S [K, V] and dH [K, V]; leaves b = cumsum(g) in b_scr."""
     md, scale, BC = cfg.policy, cfg.scale, cfg.blocks.sub_chunk
     C = q_ref.shape[0]
     V = v_ref.shape[-1]
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     qf, kf = q.astype(f32), k.astype(f32)
-    S, dH = h_ref[...], dh_ref[...]
     b_scr[...] = _cumsum(g_ref[...].astype(f32), md)
     b = b_scr[...]
     bL = b[-1:, :]
@@ -259,50 +264,41 @@ def _bwd_dqkvg_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, h_ref, dh_ref, dq_ref,
 # jitted with its static settings: eager calls would retrace and recompile the kernels every time
 @functools.partial(jax.jit, static_argnames=("cfg", "want_dh0"))
 def chunk_bwd_impl(q, k, v, g, states, do, dht, cfg: Config, want_dh0: bool):
-    """(dq, dk, dv) in input dtypes, dg [R,T,H,K] f32, dh0 [N,H,K,V] f32 or None."""
-    B, T, H, K, V, NT, BV, NV = cfg.dims(q, v)
+    """(dq, dk, dv) in input dtypes, dg [R,T,H,K] f32, dh0 [N,H,K,V] f32 or None.
+
+    One reverse walk over the chunks, whole V per block, carrying dH in VMEM: no per-chunk state gradients
+    in HBM. Each gradient is written over its input in place (dg over the f32 gate): a step reads its chunk
+    before writing the chunk's gradient, and the inputs are dead after this pass."""
+    B, T, H, K, V, NT, _, _ = cfg.dims(q, v)
     C = cfg.C
     N = cfg.packing.N
 
     walk = Walk(NT, reverse=True, time_axis=3)
-    rev_qk_map, rev_v_map, state_map, rev_states_map = walk_maps(NV, walk)
+    qk_map, v_map, state_map, states_map = walk_maps(1, walk)  # grid (B, H, 1, NT): all of V per block
     q3, k3, g3 = q.reshape(B, T, H * K), k.reshape(B, T, H * K), g.reshape(B, T, H * K)
     v3, do3 = v.reshape(B, T, H * V), do.reshape(B, T, H * V)
-    in_specs = [pl.BlockSpec((SQ, C, K), rev_qk_map), pl.BlockSpec((SQ, C, K), rev_qk_map),
-                pl.BlockSpec((SQ, C, BV), rev_v_map)]
-    args = [q3, g3, do3]
+    kspec, vspec = pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, V), v_map)
+    sspec = pl.BlockSpec((SQ, K, V), state_map)
+    in_specs = [kspec, kspec, vspec, kspec, vspec, pl.BlockSpec((SQ, SQ, K, V), states_map)]
+    args = [q3, k3, v3, g3, do3, states.reshape(B, NT, H * K, V)]
     if dht is not None:
-        in_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
+        in_specs.append(sspec)
         args.append(dht.astype(f32).reshape(N, H * K, V))
-    out_specs = [pl.BlockSpec((SQ, SQ, K, BV), rev_states_map)]
-    out_shape = [jax.ShapeDtypeStruct((B, NT, H * K, V), f32)]
+    out_specs = [kspec, kspec, vspec, kspec]
+    out_shape = [jax.ShapeDtypeStruct((B, T, H * K), q.dtype), jax.ShapeDtypeStruct((B, T, H * K), k.dtype),
+                 jax.ShapeDtypeStruct((B, T, H * V), v.dtype), jax.ShapeDtypeStruct((B, T, H * K), f32)]
     if want_dh0:
-        out_specs.append(pl.BlockSpec((SQ, K, BV), state_map))
+        out_specs.append(sspec)
         out_shape.append(jax.ShapeDtypeStruct((N, H * K, V), f32))
     outs = walk_pass(
-        with_static(_bwd_dh_kernel, cfg=cfg, walk=walk, has_dht=dht is not None, want_dh0=want_dh0),
-        tables=cfg.walk.tables(), grid=(B, H, NV, NT), in_specs=in_specs, out_specs=out_specs,
-        out_shape=out_shape, state=(K, BV),
-        interpret=cfg.interpret, name="gla_chunk_bwd_dh",
+        with_static(_bwd_kernel, cfg=cfg, walk=walk, has_dht=dht is not None, want_dh0=want_dh0),
+        tables=cfg.walk.tables(), grid=(B, H, 1, NT), in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shape, state=(K, V), interpret=cfg.interpret, name="gla_chunk_bwd",
+        scratch=[pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32),
+                 pltpu.VMEM((C, V), f32)],
+        aliases={0: 0, 1: 1, 2: 2, 3: 3},
     )(*args)
-    dhs = outs[0]
-    dh0 = outs[1].reshape(N, H, K, V) if want_dh0 else None
-
-    qk_map, _, _, states_map = index_maps(1)  # whole V per block: grid (B, H, 1, NT), all parallel
-    kspec, vspec = pl.BlockSpec((SQ, C, K), qk_map), pl.BlockSpec((SQ, C, V), qk_map)
-    sspec = pl.BlockSpec((SQ, SQ, K, V), states_map)
-    dq, dk, dv, dg = pl.pallas_call(
-        with_static(_bwd_dqkvg_kernel, cfg=cfg),
-        grid=(B, H, 1, NT),
-        in_specs=[kspec, kspec, vspec, kspec, vspec, sspec, sspec],
-        out_specs=[kspec, kspec, vspec, kspec],
-        out_shape=[jax.ShapeDtypeStruct((B, T, H * K), q.dtype), jax.ShapeDtypeStruct((B, T, H * K), k.dtype),
-                   jax.ShapeDtypeStruct((B, T, H * V), v.dtype), jax.ShapeDtypeStruct((B, T, H * K), f32)],
-        scratch_shapes=[pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32), pltpu.VMEM((C, K), f32),
-                        pltpu.VMEM((C, V), f32)],
-        compiler_params=cfg.compiler_params("parallel", "parallel", "parallel", "parallel"),
-        interpret=cfg.interpret,
-        name="gla_chunk_bwd_dqkvg",
-    )(q3, k3, v3, g3, do3, states.reshape(B, NT, H * K, V), dhs)
+    dq, dk, dv, dg = outs[:4]
+    dh0 = outs[4].reshape(N, H, K, V) if want_dh0 else None
     return (dq.reshape(B, T, H, K), dk.reshape(B, T, H, K), dv.reshape(B, T, H, V),
             dg.reshape(B, T, H, K), dh0)

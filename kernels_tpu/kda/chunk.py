@@ -57,8 +57,8 @@ from jax.experimental import pallas as pl
 
 from op_contract import check_kda, kda_options
 from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, HeadPadding, Walk, causal_mask, check_limits, iota, masked_exp, start_state,
-                                value_heads, walk_pass)
+from kernels_tpu.common import (BlockSizes, HeadPadding, Walk, causal_mask, check_limits, chunk_rows, column_to_row, iota,
+                                masked_exp, row_to_column, start_state, value_heads, walk_pass)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 from kernels_tpu.varlen import ChunkWalk, Packing
 
@@ -212,6 +212,7 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, *refs,
     start_state(S_scr, h0_ref, begins)
 
     q, k, v, G, beta = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref))
+    beta = row_to_column(beta)
     S = S_scr[...]
     hs_ref[...] = S
     _, _, eG, _, _, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, policy=pol)
@@ -238,6 +239,7 @@ def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref
     start_state(dS_scr, dht_ref, begins)
 
     q, k, v, G, beta, do = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref, do_ref))
+    beta = row_to_column(beta)
     S = hs_ref[...]
     dS = dS_scr[...]
     M, Tm, eG, kbg, vb, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, policy=pol)
@@ -279,11 +281,8 @@ def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref
     dG_last = jnp.sum(dkdec * kdec, axis=0, keepdims=True) + dec_last * jnp.sum(S * dS, axis=1, keepdims=True).T
     dG = dG + jnp.where(iota((C, 1), 0) == C - 1, dG_last, 0.0)
 
-    dq_ref[...] = dq
-    dk_ref[...] = dk
-    dv_ref[...] = dv
-    dG_ref[...] = dG
-    dbeta_ref[...] = dbeta
+    for ref, x in ((dq_ref, dq), (dk_ref, dk), (dv_ref, dv), (dG_ref, dG), (dbeta_ref, column_to_row(dbeta))):
+        ref[...] = x.astype(ref.dtype)  # the input's dtype: each gradient overwrites its input (_bwd_impl)
     dS_scr[...] = dS_prev
 
     @pl.when(ends)
@@ -296,7 +295,8 @@ def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref
 @functools.partial(jax.jit, static_argnums=(0,))
 def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
     """Head-major kernel rows (:class:`kernels_tpu.varlen.ChunkWalk`): q, k, G [R,H,T,K]; v [R,H,T,V];
-    beta [R,H,T,1]; h0 [N,H,K,V] or None (one state per sequence). Returns o [R,H,T,V] (q.dtype),
+    beta [R,H,NT,1,C] (chunk rows: :func:`kernels_tpu.common.chunk_rows`); h0 [N,H,K,V] or None (one state per
+    sequence). Returns o [R,H,T,V] (q.dtype),
     chunk-start states [R,H,NT,K,V] f32, ht [N,H,K,V] f32."""
     R, H, T, K = q.shape
     V = v.shape[-1]
@@ -305,7 +305,7 @@ def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
     walk = Walk(NT)
     kspec = pl.BlockSpec((None, None, C, K), walk.chunk_map)
     vspec = pl.BlockSpec((None, None, C, V), walk.chunk_map)
-    bspec = pl.BlockSpec((None, None, C, 1), walk.chunk_map)
+    bspec = pl.BlockSpec((None, None, None, 1, C), walk.chunk_states_map)  # beta's chunk rows
     sspec = pl.BlockSpec((None, None, K, V), walk.slot_map)
     in_specs = [kspec, kspec, vspec, kspec, bspec] + ([sspec] if h0 is not None else [])
     args = (q, k, v, G, beta) + ((h0,) if h0 is not None else ())
@@ -324,7 +324,9 @@ def _fwd_impl(cfg: Config, q, k, v, G, beta, h0):
 # jitted with its static settings: eager calls would retrace and recompile the kernels every time
 @functools.partial(jax.jit, static_argnums=(0,))
 def _bwd_impl(cfg: Config, q, k, v, G, beta, hs, do, dht):
-    """Reverse chunk pass. Returns f32 dq, dk, dG [B,H,T,K], dv [B,H,T,V], dbeta [B,H,T,1], dh0 [B,H,K,V]."""
+    """Reverse chunk pass. Returns dq, dk, dG [R,H,T,K], dv [R,H,T,V], dbeta [R,H,NT,1,C], each in its input's
+    dtype and written over that input in place (each step reads its chunk before writing the chunk's
+    gradient; the inputs are dead after this pass), and dh0 [N,H,K,V] f32."""
     R, H, T, K = q.shape
     V = v.shape[-1]
     C = cfg.blocks.chunk_size
@@ -332,17 +334,16 @@ def _bwd_impl(cfg: Config, q, k, v, G, beta, hs, do, dht):
     walk = Walk(NT, reverse=True)
     kspec = pl.BlockSpec((None, None, C, K), walk.chunk_map)
     vspec = pl.BlockSpec((None, None, C, V), walk.chunk_map)
-    bspec = pl.BlockSpec((None, None, C, 1), walk.chunk_map)
+    bspec = pl.BlockSpec((None, None, None, 1, C), walk.chunk_states_map)  # beta's chunk rows
     sspec = pl.BlockSpec((None, None, K, V), walk.slot_map)
     hspec = pl.BlockSpec((None, None, None, K, V), walk.chunk_states_map)
     outs = walk_pass(
         functools.partial(_bwd_kernel, cfg=cfg, walk=walk), tables=cfg.walk.tables(),
         grid=(R, H, NT), in_specs=[kspec, kspec, vspec, kspec, bspec, hspec, vspec, sspec],
         out_specs=[kspec, kspec, vspec, kspec, bspec, sspec],
-        out_shape=[jax.ShapeDtypeStruct((R, H, T, K), F32), jax.ShapeDtypeStruct((R, H, T, K), F32),
-                   jax.ShapeDtypeStruct((R, H, T, V), F32), jax.ShapeDtypeStruct((R, H, T, K), F32),
-                   jax.ShapeDtypeStruct((R, H, T, 1), F32), jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32)],
-        state=(K, V), interpret=cfg.interpret, name="kda_bwd",
+        out_shape=[*(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, G, beta)),
+                   jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32)],
+        state=(K, V), interpret=cfg.interpret, name="kda_bwd", aliases={i: i for i in range(5)},
     )(q, k, v, G, beta, hs, do, dht)
     return tuple(outs)
 
@@ -357,8 +358,7 @@ def _core_bwd(cfg: Config, res, cts):
     q, k, v, G, beta, h0, hs = res
     do, dht = cts
     dq, dk, dv, dG, dbeta, dh0 = _bwd_impl(cfg, q, k, v, G, beta, hs, do, dht.astype(F32))
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dG.astype(G.dtype),
-            dbeta.astype(beta.dtype), None if h0 is None else dh0.astype(h0.dtype))
+    return dq, dk, dv, dG, dbeta, None if h0 is None else dh0.astype(h0.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -448,7 +448,7 @@ def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bia
     the tokens in the walk's rows (whole chunks; zero tokens with g = 0 and beta = 0 leave the state
     unchanged, so the padding is exact), head-major. Returns the HeadPadding that
     slices results back and the kernels' operands (q, k, v, G, beta, h0); G is the chunk-local
-    cumulative gate."""
+    cumulative gate, beta in chunk rows."""
     C = cfg.blocks.chunk_size
     q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
     q, k = (value_heads(x, v) for x in (q, k))
@@ -456,7 +456,7 @@ def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bia
     rows = cfg.walk.to_rows
     qh, kh, vh, gh = (_head_major(rows(x)) for x in (pad.keys(q), pad.keys(k), pad.values(v), pad.keys(g)))
     h0 = None if initial_state is None else pad.state(initial_state.astype(F32))
-    return pad, (qh, kh, vh, _chunk_cumsum(gh, C), _head_major(rows(beta)[..., None]), h0)
+    return pad, (qh, kh, vh, _chunk_cumsum(gh, C), chunk_rows(_head_major(rows(beta)), C), h0)
 
 
 def _public_o(cfg: Config, pad: HeadPadding, o, like):

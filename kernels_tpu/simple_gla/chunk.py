@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import Walk, start_state, walk_pass
+from kernels_tpu.common import Walk, column_to_row, start_state, walk_pass
 
 from .common import (F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, gate_specs, kernel_operands,
                      make_config, mm, mm_f32, public_tokens, split_refs, validate)
@@ -96,7 +96,7 @@ def _fwd_kernel(slot_ref, edge_ref, *refs, cfg: Config, walk: Walk, policy: mxu.
     states_ref [NS, K, V] (H_c entering each chunk, for the backward);
     state_ref [K, V] f32 scratch carries the state along the sequential t axis.
     """
-    (q_ref, k_ref, v_ref), gate_refs, refs = split_refs(refs, 3)
+    (q_ref, k_ref, v_ref), gate_refs, refs = split_refs(refs, 3, cfg.kernel_gate)
     h0_ref = refs.pop(0) if has_h0 else None
     o_ref = refs.pop(0) if emit_o else None
     ht_ref = refs.pop(0) if emit_ht else None
@@ -153,7 +153,7 @@ def fwd_impl(cfg: Config, q, k, v, gates, h0, *, num_steps: int, emit_o: bool = 
 
     state_spec = pl.BlockSpec((None, None, K, V), walk.slot_map)
     in_specs = [qkv_spec(K), qkv_spec(K), qkv_spec(V),
-                *gate_specs(cfg.kernel_gate, BT, NS, walk.chunk_map, walk.chunk_states_map)]
+                *gate_specs(cfg.kernel_gate, BT, NS, walk.chunk_states_map)]
     operands = [q, k, v, *gates]
     if h0 is not None:
         in_specs.append(state_spec)
@@ -189,10 +189,10 @@ def _chunk_bwd_kernel(slot_ref, edge_ref, *refs, cfg: Config, walk: Walk, policy
 
     q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c from
     the recomputed forward), dht_ref [K, V]; outputs dq_ref, dk_ref [BT, K],
-    dv_ref [BT, V], dg_ref [BT, 1] (per-token gate gradient, gated kernels only),
+    dv_ref [BT, V], dg_ref [1, BT] (per-token gate gradient as a chunk row, gated kernels only),
     dh0_ref [K, V]; dstate_ref [K, V] f32 scratch holds dH_{c+1}.
     """
-    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4)
+    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4, cfg.kernel_gate)
     h_ref = refs.pop(0)
     dht_ref = refs.pop(0) if has_dht else None
     dq_ref, dk_ref, dv_ref = refs[:3]
@@ -218,7 +218,7 @@ def _chunk_bwd_kernel(slot_ref, edge_ref, *refs, cfg: Config, walk: Walk, policy
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
     if with_dg:
-        dg_ref[...] = dg
+        dg_ref[...] = column_to_row(dg)  # chunk rows (kernels_tpu.common.chunk_rows)
     dstate_ref[...] = dh_chunk(dh, q, do, b_col, b_last, scale, policy)  # dH_c
 
     @pl.when(ends)
@@ -231,7 +231,9 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
 
     q, k [R, H, Tp, K], v, do [R, H, Tp, V], states [R, H, NT, K, V] f32 (H_c),
     dht [N, H, K, V] or None. Returns dq, dk [R, H, Tp, K], dv [R, H, Tp, V],
-    dg [R, H, Tp, 1] f32 (None without a gate), dh0 [N, H, K, V] f32.
+    dg [R, H, Tp, 1] f32 (None without a gate), dh0 [N, H, K, V] f32. Each of dq, dk, dv and dg is written
+    over its input (q, k, v, the gate's chunk rows) in place: a step reads its chunk before writing the chunk's
+    gradient, and the inputs are dead after this pass.
     """
     R, H, Tp, K = q.shape
     V = v.shape[-1]
@@ -245,7 +247,7 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
 
     state_spec = pl.BlockSpec((None, None, K, V), walk.slot_map)
     in_specs = [qkv_spec(K), qkv_spec(K), qkv_spec(V), qkv_spec(V),
-                *gate_specs(cfg.kernel_gate, BT, 1, walk.chunk_map, walk.chunk_states_map),
+                *gate_specs(cfg.kernel_gate, BT, 1, walk.chunk_states_map),
                 pl.BlockSpec((None, None, None, K, V), walk.chunk_states_map)]
     operands = [q, k, v, do, *gates, states]
     if dht is not None:
@@ -256,8 +258,8 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
                  jax.ShapeDtypeStruct(v.shape, v.dtype)]
     with_dg = cfg.gate != "none"
     if with_dg:
-        out_specs.append(qkv_spec(1))
-        out_shape.append(jax.ShapeDtypeStruct((R, H, Tp, 1), F32))
+        out_specs.append(pl.BlockSpec((None, None, None, 1, BT), walk.chunk_states_map))
+        out_shape.append(jax.ShapeDtypeStruct((R, H, NT, 1, BT), F32))
     out_specs.append(state_spec)
     out_shape.append(jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32))
     kernel = functools.partial(_chunk_bwd_kernel, cfg=cfg, walk=walk, policy=policy, has_dht=dht is not None)
@@ -265,11 +267,11 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
         # dH flows from the last chunk to the first: sequential, last axis
         kernel, tables=cfg.walk.tables(),
         grid=(R, H, NT), in_specs=in_specs, out_specs=out_specs,
-        out_shape=out_shape, state=(K, V),
-        interpret=cfg.interpret, name="chunk_simple_gla_bwd",
+        out_shape=out_shape, state=(K, V), interpret=cfg.interpret, name="chunk_simple_gla_bwd",
+        aliases={0: 0, 1: 1, 2: 2, **({4: 3} if cfg.gate == "g" else {})},  # over q, k, v and g's chunk rows
     )(*operands))
     dq, dk, dv = outs[:3]
-    dg = outs[3] if with_dg else None
+    dg = outs[3].reshape(R, H, Tp, 1) if with_dg else None  # chunk rows, in token order
     return dq, dk, dv, dg, outs[-1]
 
 

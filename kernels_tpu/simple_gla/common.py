@@ -36,8 +36,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from op_contract import check_simple_gla
 from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, HeadPadding, causal_mask, check_limits, chunk_map, chunk_states_map,
-                                masked_exp)
+from kernels_tpu.common import (BlockSizes, HeadPadding, causal_mask, check_limits, chunk_rows, chunk_states_map,
+                                masked_exp, row_to_column)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 from kernels_tpu.varlen import ChunkWalk, Packing
 
@@ -70,17 +70,18 @@ def causal_decay(b_col, b_row):
     return masked_exp(b_col - b_row, causal_mask(b_col.shape[0]))
 
 
-def split_refs(refs, n_data: int):
+def split_refs(refs, n_data: int, gate: str):
     """A kernel's refs, in the order every simple_gla kernel takes them: ``n_data`` data refs,
-    then the gate's two refs (see :func:`chunk_gates`), then the rest (a list)."""
-    return refs[:n_data], refs[n_data:n_data + 2], list(refs[n_data + 2:])
+    then the gate's refs (:func:`gate_specs`: one for ``g``, two for ``g_gamma``), then the rest (a list)."""
+    n_gate = 1 if gate == "g" else 2
+    return refs[:n_data], refs[n_data:n_data + n_gate], list(refs[n_data + n_gate:])
 
 
 def chunk_gates(gate_refs, *, gate: str, BT: int, NT: int, chunk, step: int):
     """Chunk-local cumulative gate of one chunk: ``(b_col [BT,1], b_row [1,BT], b_last [1,1])``.
 
-    gate == "g": ``gate_refs = (gcol_ref [NS*BT, 1], grow_ref [NS, 1, BT])`` hold
-      the wrapper's chunk-local cumsum (padded tokens have gate 0).
+    gate == "g": ``gate_refs = (grow_ref [NS, 1, BT],)`` holds the wrapper's chunk-local
+      cumsum as chunk rows (padded tokens have gate 0); the column is made from the row.
     gate == "g_gamma": ``gate_refs = (gamma_ref [H], real_ref [rows * NT])`` in SMEM
       (each chunk's real tokens: :meth:`kernels_tpu.varlen.ChunkWalk.real_tokens`);
       ``b_i = gamma * min(i + 1, n_real)`` with ``n_real`` the real tokens of chunk
@@ -89,10 +90,9 @@ def chunk_gates(gate_refs, *, gate: str, BT: int, NT: int, chunk, step: int):
       state is its own.
     """
     if gate == "g":
-        gcol_ref, grow_ref = gate_refs
-        b_col = gcol_ref[pl.ds(step * BT, BT), :]
+        (grow_ref,) = gate_refs
         b_row = grow_ref[step]
-        return b_col, b_row, b_row[:, BT - 1:BT]
+        return row_to_column(b_row), b_row, b_row[:, BT - 1:BT]
     gamma_ref, real_ref = gate_refs
     gamma = gamma_ref[pl.program_id(1)]
     n_real = real_ref[pl.program_id(0) * NT + chunk]  # real tokens of this chunk
@@ -103,13 +103,12 @@ def chunk_gates(gate_refs, *, gate: str, BT: int, NT: int, chunk, step: int):
     return b_col, b_row, b_row[:, BT - 1:BT]
 
 
-def gate_specs(gate: str, BT: int, NS: int, col_map=chunk_map, row_map=chunk_states_map):
-    """BlockSpecs of the gate inputs (see :func:`chunk_gates`), ``g``'s walking time with the grid's index
-    maps of chunks (as a column [NS*BT, 1]) and of per-chunk states (as rows [NS, 1, BT])."""
+def gate_specs(gate: str, BT: int, NS: int, row_map=chunk_states_map):
+    """BlockSpecs of the gate inputs (see :func:`chunk_gates`): ``g``'s chunk rows [NS, 1, BT], walking time
+    with the grid's index map of per-chunk states; ``g_gamma``'s two SMEM vectors."""
     if gate == "g_gamma":
         return [pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pltpu.SMEM)]
-    return [pl.BlockSpec((None, None, NS * BT, 1), col_map),
-            pl.BlockSpec((None, None, NS, 1, BT), row_map)]
+    return [pl.BlockSpec((None, None, NS, 1, BT), row_map)]
 
 
 # ------------------------------------------------------------ config, layout
@@ -169,16 +168,15 @@ def kernel_operands(cfg: Config, q, k, v, g, g_gamma, h0, do=None, dht=None):
 
 
 def prepare_gates(cfg: Config, g, g_gamma, H: int):
-    """Kernel gate operands: the chunk-local cumsum of ``g`` [R, NT * BT, H] (kernel rows) in two layouts
-    (a column per token and a row per chunk, both (8,128)-legal blocks); or ``g_gamma`` as an f32
-    [H] vector (zeros when there is no decay) and each chunk's real tokens as an int32 [R * NT] vector,
-    both for SMEM."""
+    """Kernel gate operands: the chunk-local cumsum of ``g`` [R, NT * BT, H] (kernel rows) as chunk rows
+    [R, H, NT, 1, BT] (:func:`kernels_tpu.common.chunk_rows`); or ``g_gamma`` as an f32 [H] vector (zeros
+    when there is no decay) and each chunk's real tokens as an int32 [R * NT] vector, both for SMEM."""
     BT = cfg.blocks.chunk_size
     if cfg.gate == "g":
         R, NT = g.shape[0], cfg.walk.NT  # rows of whole chunks, padding with gate 0: exact
         g = jnp.transpose(g.astype(F32), (0, 2, 1))  # [R, H, NT * BT]
         b = jnp.cumsum(g.reshape(R, H, NT, BT), axis=-1)  # chunk-local cumsum, f32
-        return (b.reshape(R, H, NT * BT, 1), b.reshape(R, H, NT, 1, BT))
+        return (chunk_rows(b.reshape(R, H, NT * BT), BT),)
     gamma = g_gamma.astype(F32) if cfg.gate == "g_gamma" else jnp.zeros((H,), F32)
     return (gamma, cfg.walk.real_tokens())
 

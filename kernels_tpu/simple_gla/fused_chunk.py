@@ -24,7 +24,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from kernels_tpu import mxu
-from kernels_tpu.common import Walk, chunk_map, chunk_states_map, start_state, walk_pass
+from kernels_tpu.common import Walk, chunk_map, chunk_states_map, column_to_row, start_state, walk_pass
 
 from .chunk import (PARALLEL, _config, dh_chunk, differentiable, dq_dk_dg_chunk, dv_chunk, finish_grads,
                     forward, fwd_impl)
@@ -39,7 +39,7 @@ def _dv_dh_kernel(slot_ref, edge_ref, *refs, cfg: Config, walk: Walk, policy: mx
     dv_ref [BT, V], dh_states_ref [K, V] (dH_{c+1}, read by pass 2), dh0_ref
     [K, V]; dstate_ref [K, V] f32 scratch carries dH along the reverse time axis.
     """
-    (q_ref, k_ref, do_ref), gate_refs, refs = split_refs(refs, 3)
+    (q_ref, k_ref, do_ref), gate_refs, refs = split_refs(refs, 3, cfg.kernel_gate)
     dht_ref = refs.pop(0) if has_dht else None
     dv_ref, dh_states_ref, dh0_ref, dstate_ref = refs
 
@@ -67,9 +67,9 @@ def _dq_dk_kernel(*refs, cfg: Config, policy: mxu.Policy):
     """Grid step (b, h, t) handles chunk t; no carried state, so t is parallel.
 
     q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c),
-    dh_ref [K, V] (dH_{c+1}); outputs dq_ref, dk_ref [BT, K], dg_ref [BT, 1].
+    dh_ref [K, V] (dH_{c+1}); outputs dq_ref, dk_ref [BT, K], dg_ref [1, BT] (a chunk row).
     """
-    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4)
+    (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4, cfg.kernel_gate)
     h_ref, dh_ref, dq_ref, dk_ref = refs[:4]
     with_dg = cfg.gate != "none"
     dg_ref = refs[4] if with_dg else None
@@ -83,7 +83,7 @@ def _dq_dk_kernel(*refs, cfg: Config, policy: mxu.Policy):
     dq_ref[...] = dq.astype(dq_ref.dtype)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     if with_dg:
-        dg_ref[...] = dg
+        dg_ref[...] = column_to_row(dg)  # chunk rows (kernels_tpu.common.chunk_rows)
 
 
 def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
@@ -102,7 +102,7 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     rev = walk.chunk_map
     in_specs = [pl.BlockSpec((None, None, BT, K), rev), pl.BlockSpec((None, None, BT, K), rev),
                 pl.BlockSpec((None, None, BT, V), rev),
-                *gate_specs(cfg.kernel_gate, BT, 1, walk.chunk_map, walk.chunk_states_map)]
+                *gate_specs(cfg.kernel_gate, BT, 1, walk.chunk_states_map)]
     operands = [q, k, do, *gates]
     if dht is not None:
         in_specs.append(state_spec)
@@ -124,8 +124,8 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     out_specs = [qkv_spec(K), qkv_spec(K)]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)]
     if with_dg:
-        out_specs.append(qkv_spec(1))
-        out_shape.append(jax.ShapeDtypeStruct((R, H, Tp, 1), F32))
+        out_specs.append(pl.BlockSpec((None, None, None, 1, BT), chunk_states_map))
+        out_shape.append(jax.ShapeDtypeStruct((R, H, NT, 1, BT), F32))
     outs = pl.pallas_call(
         functools.partial(_dq_dk_kernel, cfg=cfg, policy=policy),
         grid=(R, H, NT),
@@ -136,9 +136,11 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
         compiler_params=cfg.compiler_params(PARALLEL, PARALLEL, PARALLEL),
         interpret=cfg.interpret,
         name="fused_chunk_simple_gla_bwd_dq_dk",
+        # dq, dk (and dg) over q, k (and g's chunk rows), in place: a step reads its chunk before writing it
+        input_output_aliases={0: 0, 1: 1, **({4: 2} if cfg.gate == "g" else {})},
     )(q, k, v, do, *gates, states, dh_states)
     dq, dk = outs[0], outs[1]
-    dg = outs[2] if with_dg else None
+    dg = outs[2].reshape(R, H, Tp, 1) if with_dg else None  # chunk rows, in token order
     return dq, dk, dv, dg, dh0
 
 

@@ -1,6 +1,10 @@
 """Packed sequences before and after the chunk walk (kernels_tpu.varlen.ChunkWalk): the tables of README.md.
 
-    python reports/varlen/table.py compile-before.v6e.csv compile-after.csv tpu-before.csv tpu-after.csv
+    python reports/varlen/table.py COMPILE_BEFORE COMPILE_AFTER TPU_BEFORE TPU_AFTER
+
+e.g. compile-before.v6e.csv compile-after.csv tpu-before.csv.gz tpu-after.csv.gz (the chunk walk), or
+compile-before.v6e.csv compile-in-place.csv ../interpret-emitters/tpu-loop-emitters.csv.gz tpu-in-place.csv.gz
+(the in-place backwards and chunk rows, against the same baseline footprints).
 
 Per packed case: its work (tokens the kernels process per real token: the padded batch rows it replaced,
 N * L_pad / T, and the walk's sum_i ceil(len_i / C) * C / T), its compiled HBM footprint per target, and
@@ -47,6 +51,19 @@ def footprints(before: pd.DataFrame, after: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def breakdown(before: pd.DataFrame, after: pd.DataFrame, target: str = "v6e") -> str:
+    """Where the footprint is, per case on ``target``: arguments, outputs and temporaries, before → after, MiB."""
+    cols = {"arguments": "mem_argument_bytes", "outputs": "mem_output_bytes", "temporaries": "mem_temp_bytes",
+            "total": "hbm_bytes"}
+    b, a = (df[(df.status == "ok") & (df.target == target)].set_index("case_id") for df in (before, after))
+    lines = [f"| case ({target}, MiB: before → after) | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for case_id in a.index.intersection(b.index):
+        cells = [f"{b.at[case_id, c] / MIB:.0f} → {a.at[case_id, c] / MIB:.0f}" for c in cols.values()]
+        cells[-1] += f" ({_ratio(a.at[case_id, 'hbm_bytes'], b.at[case_id, 'hbm_bytes'])})"
+        lines.append(f"| `{case_id}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _ratio(new, old) -> str:
     return f"{new / old:.2f}×" if old else "–"
 
@@ -72,5 +89,7 @@ def results(before: pd.DataFrame, after: pd.DataFrame) -> str:
 if __name__ == "__main__":
     compile_before, compile_after, tpu_before, tpu_after = (pd.read_csv(p, low_memory=False) for p in sys.argv[1:5])
     print(footprints(compile_before, compile_after))
+    print()
+    print(breakdown(compile_before, compile_after))
     print()
     print(results(tpu_before, tpu_after))
