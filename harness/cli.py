@@ -151,7 +151,7 @@ def _run_causality(name: str, args, cases) -> "object":
     rows = []
     # no golden is compared: an in-memory reference cache that stays empty
     args.workers.run(Runner(leg, ReferenceCache(None), leg_cache=leg_cache), options, chosen,
-                     on_case=lambda case, case_rows: rows.extend(case_rows), causality=True,
+                     on_case=lambda case, case_rows: rows.extend(case_rows), task="causality",
                      progress=None if args.no_progress else f"{name} causality")
     df = causality_frame(rows)
     path = write_check_file(df, path, name, force=getattr(args, "force", False))
@@ -299,7 +299,7 @@ def cmd_gate(args) -> int:
 
 def cmd_compile(args) -> int:
     from harness.results import write_csv
-    from harness.compile_cases import case_rows, compile_frame
+    from harness.compile_cases import compile_frame
     from harness.tpu_compile import COMPILE_DEFAULT_TARGETS, parse_targets, versions
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
@@ -308,26 +308,17 @@ def cmd_compile(args) -> int:
     v = versions()
     print(f"compile: {len(cases)} cases x {', '.join(targets)} with jax {v['jax']}, libtpu {v['libtpu']}")
     rows = []
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(cases), desc="compile", unit="case", dynamic_ncols=True, disable=None)
     from harness.legs import make_leg
     from harness.reference_cache import ReferenceCache
     from harness.runner import Runner
 
     if leg_spec(args.backend).role != "candidate":
         raise UsageError(f"--backend {args.backend} is the {leg_spec(args.backend).role} leg; compile a candidate")
-    leg = make_leg(args.backend, compile_targets=())
-    runner = Runner(leg, ReferenceCache(None))  # its steps up to the run, nothing more
+    options = {"compile_targets": ()}
+    runner = Runner(make_leg(args.backend, **options), ReferenceCache(None))  # its steps up to the run, nothing more
     t0 = time.perf_counter()
-    for case in cases:
-        rows.extend(case_rows(case, targets, runner=runner))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+    args.workers.run(runner, options, cases, on_case=lambda case, compiled: rows.extend(compiled), task="compile",
+                     targets=targets, progress=None if args.no_progress else "compile")
     df = compile_frame(rows)
     stem = "compile" if args.backend == default_leg("candidate") else f"compile.{args.backend}"
     path = write_csv(df, Path(args.out) / (f"{stem}.{args.tag}.csv" if args.tag else f"{stem}.csv"))
@@ -588,6 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "writes compile.<leg>.csv)")
     _add_impl(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--jobs", "-j", metavar="N",
+                   help="compile N cases at once, each in a worker process (libtpu compiles on one core; default: "
+                        f"$PARITY_JOBS, else one per CPU and per {GIB_PER_JOB} GiB of memory; 1: no workers); the "
+                        "rows come out in case order at any N")
     p.set_defaults(fn=cmd_compile)
 
     p = sub.add_parser("merge", help="merge shard result files of one leg into one CSV")

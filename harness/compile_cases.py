@@ -7,6 +7,7 @@ from .legs.registry import default_leg, make_leg
 from .legs.tpu import NATIVE, device_arrays, program
 from .reference_cache import ReferenceCache
 from .runner import Refusal, Runner
+from .status import Status
 from .tpu_compile import COMPILE_MODE, MEMORY_FIELDS, TARGETS, compile_for, versions
 
 
@@ -26,11 +27,7 @@ def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dic
     """
     runner = runner or Runner(make_leg(default_leg("candidate"), compile_targets=()), ReferenceCache(None), ops=ops)
     leg = runner.leg
-    backend = "" if leg.name == default_leg("candidate") else f" --backend {leg.name}"
-    base = {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype, "mode": COMPILE_MODE,
-            "program": f"forward + backward (jax.vjp of the {leg.name} binding)", **versions(),
-            "git_commit": runner.provenance["git_commit"],
-            "repro": f"parity compile{backend} --case '{case.id}' --target {','.join(targets)}"}
+    base = _base(case, targets, runner)
     try:
         op, inputs = runner.prepare(case)
     except Refusal as r:
@@ -48,6 +45,22 @@ def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dic
                     "compile_s": r.seconds, "error": "" if r.ok else r.error, **(r.memory or {}),
                     "hbm_bytes": r.hbm_bytes})
     return out
+
+
+def _base(case, targets: tuple[str, ...], runner) -> dict:
+    """The columns every row of the case shares."""
+    leg = runner.leg.name
+    backend = "" if leg == default_leg("candidate") else f" --backend {leg}"
+    return {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype, "mode": COMPILE_MODE,
+            "program": f"forward + backward (jax.vjp of the {leg} binding)", **versions(),
+            "git_commit": runner.provenance["git_commit"],
+            "repro": f"parity compile{backend} --case '{case.id}' --target {','.join(targets)}"}
+
+
+def error_rows(case, targets: tuple[str, ...], runner, reason: str) -> list[dict]:
+    """One ``error`` row per target for a case that could not be compiled at all (its worker died)."""
+    return [{**_base(case, targets, runner), "target": t, "topology": TARGETS[t], "status": Status.ERROR,
+             "reason": reason, "error": reason} for t in targets]
 
 
 def compile_frame(rows: list[dict]):

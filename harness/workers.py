@@ -1,4 +1,4 @@
-"""Cases across worker processes: ``parity run|all|causality|calibrate --jobs N``.
+"""Cases across worker processes: ``parity run|all|causality|calibrate|compile --jobs N``.
 
 An emulated leg spends nearly all of a case tracing and compiling it (the Triton interpreter, Pallas interpret
 mode). ``--jobs N`` is a number of cores: a leg whose case keeps one core busy runs N cases at once, in N
@@ -12,6 +12,9 @@ N // 2 (:meth:`harness.legs.base.Leg.cores_per_case`). Rows stay the only interf
   ``--impl`` registrations), runs the whole case through a runner of its own with the parent's provenance, and
   sends back the rows and its leg cache's hits and misses;
 - the parent hands the rows on in case order, so a result file reads the same at any N.
+
+``parity compile`` sends every case (its validation, inputs and libtpu compiles for each target) to the pool: a
+compile keeps one core busy whatever the leg, and there is no cache to settle anything in the parent.
 
 The pool starts on the first case that needs a run (a re-run that the caches serve whole starts no process) and
 serves every leg of one command. At most N cases are in flight, so a worker that dies (killed for memory) costs
@@ -34,6 +37,7 @@ from cases.case import Case
 
 from .baseline_cache import for_leg
 from .causality import check_case, default_t0, refused_rows
+from .compile_cases import case_rows, error_rows as compile_error_rows
 from .legs.registry import implementations, make_leg, register_implementation
 from .reference_cache import ReferenceCache
 from .runner import NotServed, Runner
@@ -78,22 +82,30 @@ class LegJob:
     options: tuple[tuple[str, Any], ...]
     provenance: tuple[tuple[str, Any], ...]  # the parent's, so every row of a file carries one provenance
     reference_cache: str | None  # the parent's reference cache directory (None: in memory)
+    leg_cache: bool  # whether the parent's runner has a leg cache (a compile's has none)
     read_cache: bool  # whether the leg's cache is read (--no-baseline-cache: written only)
     implementations: tuple[tuple[str, str], ...]  # --impl and entry-point registrations, name -> target
-    causality: bool  # check_case (harness.causality) rather than run_case
+    task: str  # one of TASKS
+    targets: tuple[str, ...] = ()  # the TPU targets of a compile
+
+    @property
+    def causality(self) -> bool:
+        return self.task == "causality"
 
     @classmethod
-    def of(cls, runner: Runner, options: dict, causality: bool = False) -> "LegJob":
+    def of(cls, runner: Runner, options: dict, task: str = "run", targets: tuple[str, ...] = ()) -> "LegJob":
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; one of {', '.join(TASKS)}")
         leg_cache = runner.leg_cache
         directory = runner.cache.directory
-        key = f"{runner.leg.name}:{'causality' if causality else 'run'}:{next(_JOB_NUMBERS)}"
-        return cls(key=key, leg=runner.leg.name,
+        return cls(key=f"{runner.leg.name}:{task}:{next(_JOB_NUMBERS)}", leg=runner.leg.name,
                    options=tuple(sorted(options.items())), provenance=tuple(runner.provenance.items()),
-                   reference_cache=None if directory is None else str(directory),
+                   reference_cache=None if directory is None else str(directory), leg_cache=leg_cache is not None,
                    read_cache=leg_cache is None or leg_cache.read,
-                   implementations=tuple(sorted(implementations().items())), causality=causality)
+                   implementations=tuple(sorted(implementations().items())), task=task, targets=tuple(targets))
 
 
+TASKS = ("run", "causality", "compile")  # a case's rows: run_case, check_case (harness.causality), case_rows
 _JOB_NUMBERS = itertools.count()  # in the parent: one key per job, never reused (an id() can be)
 _RUNNERS: dict[str, Runner] = {}  # in each worker: the runner of every job it has seen
 
@@ -104,16 +116,19 @@ def _runner(job: LegJob) -> Runner:
         for name, target in job.implementations:
             register_implementation(name, target)
         leg = make_leg(job.leg, **dict(job.options))
-        runner = Runner(leg, ReferenceCache(job.reference_cache), leg_cache=for_leg(leg, read=job.read_cache))
+        runner = Runner(leg, ReferenceCache(job.reference_cache),
+                        leg_cache=for_leg(leg, read=job.read_cache) if job.leg_cache else None)
         runner.provenance = dict(job.provenance)
         _RUNNERS[job.key] = runner
     return runner
 
 
-def settle(runner: Runner, case: Case, causality: bool) -> list[dict]:
-    """The case's rows through ``runner``: its result rows, or its causality rows as dicts."""
-    if causality:
+def settle(runner: Runner, case: Case, task: str, targets: tuple[str, ...] = ()) -> list[dict]:
+    """The case's rows through ``runner``: its result rows, its causality rows as dicts, or its compile rows."""
+    if task == "causality":
         return [dataclasses.asdict(r) for r in check_case(runner.leg, case, runner=runner)]
+    if task == "compile":
+        return case_rows(case, targets, runner=runner)
     return runner.run_case(case)
 
 
@@ -122,7 +137,7 @@ def _work(job: LegJob, case: Case) -> tuple[list[dict], int, int]:
     runner = _runner(job)
     cache = runner.leg_cache
     before = (cache.hits, cache.misses) if cache is not None else (0, 0)
-    rows = settle(runner, case, job.causality)
+    rows = settle(runner, case, job.task, job.targets)
     after = (cache.hits, cache.misses) if cache is not None else (0, 0)
     return rows, after[0] - before[0], after[1] - before[1]
 
@@ -156,11 +171,13 @@ class Workers:
         return self._pool.submit(_work, job, case)
 
     def run(self, runner: Runner, options: dict, cases: Iterable[Case], on_case: Callable[[Case, list[dict]], None],
-            causality: bool = False, progress: str | None = None) -> None:
-        """Every case's rows (its causality rows with ``causality``), handed to ``on_case`` in case order.
-        ``runner`` is the parent's, its leg built with ``options``: it settles what needs no leg run, and its leg
-        cache's counters take the workers' too. ``jobs // leg.cores_per_case()`` cases run at once; at one, all
-        run here. ``progress``: a progress bar's label (None: no bar)."""
+            task: str = "run", targets: tuple[str, ...] = (), progress: str | None = None) -> None:
+        """Every case's rows for ``task`` (one of :data:`TASKS`; a compile's for ``targets``), handed to
+        ``on_case`` in case order. ``runner`` is the parent's, its leg built with ``options``: it settles what
+        needs no leg run, and its leg cache's counters take the workers' too. ``jobs // leg.cores_per_case()``
+        cases run at once (``jobs`` compiles); at one, all run here. ``progress``: a progress bar's label (None:
+        no bar)."""
+        job = LegJob.of(runner, options, task, targets)
         cases = list(cases)
         bar = None
         if progress:
@@ -174,15 +191,15 @@ class Workers:
             if bar is not None:
                 bar.update(1)
 
-        at_once = max(1, self.jobs // runner.leg.cores_per_case())
+        at_once = max(1, self.jobs // (1 if task == "compile" else runner.leg.cores_per_case()))
         try:
             if at_once <= 1:
                 for case in cases:
                     if bar is not None:
                         bar.set_postfix_str(case.id[-60:], refresh=True)
-                    hand_on(case, settle(runner, case, causality))
+                    hand_on(case, settle(runner, case, task, targets))
             else:
-                self._run_pooled(runner, LegJob.of(runner, options, causality), cases, hand_on, at_once)
+                self._run_pooled(runner, job, cases, hand_on, at_once)
         finally:
             if bar is not None:
                 bar.close()
@@ -206,17 +223,27 @@ class Workers:
                 queue.popleft()
                 hand_on(case, result)
 
-        for case in cases:
+        def settled_here(case: Case) -> list[dict] | None:
+            """The case's rows when it needs no leg run (nothing does for a compile), else None."""
+            if job.task == "compile":
+                return None
             counts = (cache.hits, cache.misses) if cache is not None else None
             try:
-                queue.append((case, settle(probe, case, job.causality)))
+                return settle(probe, case, job.task)
             except NotServed:
                 if counts is not None:  # the worker counts this case's runs itself
                     cache.hits, cache.misses = counts
+                return None
+
+        for case in cases:
+            rows = settled_here(case)
+            if rows is None:
                 while len(in_flight := running()) >= at_once:
                     concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
                     flush()
                 queue.append((case, self._submit(job, case)))
+            else:
+                queue.append((case, rows))
             flush()
         while queue:
             flush(block=True)
@@ -239,7 +266,9 @@ class Workers:
 
 
 def _failed(runner: Runner, job: LegJob, case: Case, reason: str) -> list[dict]:
-    """Error rows for a case no worker settled: result rows, or causality rows."""
+    """Error rows for a case no worker settled: result, compile or causality rows."""
+    if job.task == "compile":
+        return compile_error_rows(case, job.targets, runner, reason)
     if not job.causality:
         return runner.error_rows(case, reason)
     try:

@@ -148,3 +148,44 @@ def test_the_emulated_tpu_leg_counts_two_cores_a_case(tmp_path, monkeypatch):
         assert main(["run", "--backend", "tpu", "--case", case, "--out", str(tmp_path / jobs), "--no-progress",
                      "--jobs", jobs, "--no-baseline-cache"]) == 0
         assert sent[-1] == expected
+
+
+@pytest.mark.needs_leg("tpu")
+def test_compile_workers_give_the_rows_of_one_and_a_dead_one_is_error_rows(tmp_path, monkeypatch):
+    """``parity compile --jobs 2`` sends every case to a worker (a compile keeps one core busy) and writes the rows
+    of ``--jobs 1`` in case order; a worker that dies is one error row per target."""
+    import harness.workers as workers
+    from harness.legs import registry
+
+    sent = []
+    real = workers.Workers.close
+
+    def close(self, wait=True):
+        sent.append(self.sent)
+        real(self, wait)
+
+    monkeypatch.setattr(workers.Workers, "close", close)
+    cases = ["simple_gla.chunk/B1-T64-H1-K64-V64/bf16/g=logsigmoid/16/C64",
+             "simple_gla.chunk/B1-T64-H1-K64-V64/bf16/g=logsigmoid/16/C24",  # refused: C not a multiple of 16
+             "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64"]
+    selection = [a for c in cases for a in ("--case", c)]
+    frames = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"out{jobs}"
+        assert main(["compile", *selection, "--target", "v6e", "--out", str(out), "--no-progress",
+                     "--jobs", jobs]) == 0
+        frames.append(pd.read_csv(out / "compile.csv", keep_default_na=False).drop(columns=["compile_s", "timestamp"]))
+    assert list(frames[1]["case_id"]) == cases
+    assert list(frames[1]["status"]) == ["ok", "unsupported", "ok"]
+    pd.testing.assert_frame_equal(frames[1], frames[0])
+    assert sent == [0, len(cases)]
+
+    (tmp_path / "dying_impl.py").write_text(DYING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_LEGS", {spec.name: spec for spec in registry.BUILTIN})
+    out = tmp_path / "dying"
+    assert main(["compile", "--backend", "dying", "--impl", "dying=dying_impl:IMPLEMENTATION", "--case", cases[0],
+                 "--target", "v6e,v7x", "--out", str(out), "--no-progress", "--jobs", "2"]) == 1
+    rows = pd.read_csv(out / "compile.dying.csv", keep_default_na=False)
+    assert list(rows["target"]) == ["v6e", "v7x"] and set(rows["status"]) == {"error"}
+    assert rows["reason"].str.contains("its worker process died").all(), rows["reason"].tolist()
