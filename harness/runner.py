@@ -26,7 +26,7 @@ import os
 import subprocess
 import time
 import traceback
-from typing import Callable, Iterable, Mapping
+from typing import Mapping
 
 from cases.case import Case
 from cases.inputs import Inputs, make_inputs
@@ -251,29 +251,6 @@ class Runner:
         else:
             status, reason = Status.OK, ""
         return self._row(case, spec.name, dtype, status, reason=reason, **metrics, **common)
-
-    def run(self, cases: Iterable[Case], progress: bool = True,
-            on_case: Callable[[Case, list[dict]], None] | None = None) -> list[dict]:
-        cases = list(cases)
-        rows: list[dict] = []
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(cases), desc=f"{self.leg.name} leg", unit="case", dynamic_ncols=True,
-                       disable=None)  # None: no bar when not on a terminal (CI logs)
-        for case in cases:
-            if bar is not None:
-                bar.set_postfix_str(case.id[-60:], refresh=True)
-            case_rows = self.run_case(case)
-            rows.extend(case_rows)
-            if on_case:
-                on_case(case, case_rows)
-            if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
-        return rows
 
 
 def shard(cases: list[Case], index: int, count: int) -> list[Case]:
