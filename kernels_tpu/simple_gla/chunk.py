@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import Walk, column_to_row, start_state, walk_pass
+from kernels_tpu.common import Walk, start_state, walk_pass
 
 from .common import (F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, gate_specs, kernel_operands,
                      make_config, mm, mm_f32, public_tokens, split_refs, validate)
@@ -189,7 +189,7 @@ def _chunk_bwd_kernel(slot_ref, edge_ref, *refs, cfg: Config, walk: Walk, policy
 
     q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c from
     the recomputed forward), dht_ref [K, V]; outputs dq_ref, dk_ref [BT, K],
-    dv_ref [BT, V], dg_ref [1, BT] (per-token gate gradient as a chunk row, gated kernels only),
+    dv_ref [BT, V], dg_ref [BT, 1] (per-token gate gradient, gated kernels only),
     dh0_ref [K, V]; dstate_ref [K, V] f32 scratch holds dH_{c+1}.
     """
     (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4, cfg.kernel_gate)
@@ -218,7 +218,7 @@ def _chunk_bwd_kernel(slot_ref, edge_ref, *refs, cfg: Config, walk: Walk, policy
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
     if with_dg:
-        dg_ref[...] = column_to_row(dg)  # chunk rows (kernels_tpu.common.chunk_rows)
+        dg_ref[...] = dg  # a column: see chunk_bwd_impl
     dstate_ref[...] = dh_chunk(dh, q, do, b_col, b_last, scale, policy)  # dH_c
 
     @pl.when(ends)
@@ -231,9 +231,15 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
 
     q, k [R, H, Tp, K], v, do [R, H, Tp, V], states [R, H, NT, K, V] f32 (H_c),
     dht [N, H, K, V] or None. Returns dq, dk [R, H, Tp, K], dv [R, H, Tp, V],
-    dg [R, H, Tp, 1] f32 (None without a gate), dh0 [N, H, K, V] f32. Each of dq, dk, dv and dg is written
-    over its input (q, k, v, the gate's chunk rows) in place: a step reads its chunk before writing the chunk's
-    gradient, and the inputs are dead after this pass.
+    dg [R, H, Tp, 1] f32 (None without a gate), dh0 [N, H, K, V] f32. dq, dk and dv are written over q, k
+    and v in place: a step reads its chunk before writing the chunk's gradient, and the inputs are dead after
+    this pass.
+
+    dg stays a column, unlike the gate: written as a chunk row (``kernels_tpu.common.column_to_row``, exact) it
+    changed how XLA:CPU compiles the interpret-mode program around it, and dq, which dg is computed from, moved
+    by up to 1.7e-5 relative between two programs that differ only outside the kernels
+    (tests/test_state_layout.py's V-first against K-first case). On a TPU it would cost nothing but the
+    conversion; in interpret mode it would break bit-exactness that the harness promises.
     """
     R, H, Tp, K = q.shape
     V = v.shape[-1]
@@ -258,8 +264,8 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
                  jax.ShapeDtypeStruct(v.shape, v.dtype)]
     with_dg = cfg.gate != "none"
     if with_dg:
-        out_specs.append(pl.BlockSpec((None, None, None, 1, BT), walk.chunk_states_map))
-        out_shape.append(jax.ShapeDtypeStruct((R, H, NT, 1, BT), F32))
+        out_specs.append(qkv_spec(1))
+        out_shape.append(jax.ShapeDtypeStruct((R, H, Tp, 1), F32))
     out_specs.append(state_spec)
     out_shape.append(jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32))
     kernel = functools.partial(_chunk_bwd_kernel, cfg=cfg, walk=walk, policy=policy, has_dht=dht is not None)
@@ -268,10 +274,10 @@ def chunk_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
         kernel, tables=cfg.walk.tables(),
         grid=(R, H, NT), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape, state=(K, V), interpret=cfg.interpret, name="chunk_simple_gla_bwd",
-        aliases={0: 0, 1: 1, 2: 2, **({4: 3} if cfg.gate == "g" else {})},  # over q, k, v and g's chunk rows
+        aliases={0: 0, 1: 1, 2: 2},  # dq, dk, dv over q, k, v
     )(*operands))
     dq, dk, dv = outs[:3]
-    dg = outs[3].reshape(R, H, Tp, 1) if with_dg else None  # chunk rows, in token order
+    dg = outs[3] if with_dg else None
     return dq, dk, dv, dg, outs[-1]
 
 

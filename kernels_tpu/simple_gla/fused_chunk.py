@@ -24,7 +24,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from kernels_tpu import mxu
-from kernels_tpu.common import Walk, chunk_map, chunk_states_map, column_to_row, start_state, walk_pass
+from kernels_tpu.common import Walk, chunk_map, chunk_states_map, start_state, walk_pass
 
 from .chunk import (PARALLEL, _config, dh_chunk, differentiable, dq_dk_dg_chunk, dv_chunk, finish_grads,
                     forward, fwd_impl)
@@ -67,7 +67,7 @@ def _dq_dk_kernel(*refs, cfg: Config, policy: mxu.Policy):
     """Grid step (b, h, t) handles chunk t; no carried state, so t is parallel.
 
     q_ref, k_ref [BT, K], v_ref, do_ref [BT, V], gate refs, h_ref [K, V] (H_c),
-    dh_ref [K, V] (dH_{c+1}); outputs dq_ref, dk_ref [BT, K], dg_ref [1, BT] (a chunk row).
+    dh_ref [K, V] (dH_{c+1}); outputs dq_ref, dk_ref [BT, K], dg_ref [BT, 1].
     """
     (q_ref, k_ref, v_ref, do_ref), gate_refs, refs = split_refs(refs, 4, cfg.kernel_gate)
     h_ref, dh_ref, dq_ref, dk_ref = refs[:4]
@@ -83,7 +83,7 @@ def _dq_dk_kernel(*refs, cfg: Config, policy: mxu.Policy):
     dq_ref[...] = dq.astype(dq_ref.dtype)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     if with_dg:
-        dg_ref[...] = column_to_row(dg)  # chunk rows (kernels_tpu.common.chunk_rows)
+        dg_ref[...] = dg  # a column: see chunk.chunk_bwd_impl
 
 
 def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
@@ -124,8 +124,8 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
     out_specs = [qkv_spec(K), qkv_spec(K)]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)]
     if with_dg:
-        out_specs.append(pl.BlockSpec((None, None, None, 1, BT), chunk_states_map))
-        out_shape.append(jax.ShapeDtypeStruct((R, H, NT, 1, BT), F32))
+        out_specs.append(qkv_spec(1))
+        out_shape.append(jax.ShapeDtypeStruct((R, H, Tp, 1), F32))
     outs = pl.pallas_call(
         functools.partial(_dq_dk_kernel, cfg=cfg, policy=policy),
         grid=(R, H, NT),
@@ -136,11 +136,11 @@ def fused_bwd_impl(cfg: Config, q, k, v, do, gates, states, dht):
         compiler_params=cfg.compiler_params(PARALLEL, PARALLEL, PARALLEL),
         interpret=cfg.interpret,
         name="fused_chunk_simple_gla_bwd_dq_dk",
-        # dq, dk (and dg) over q, k (and g's chunk rows), in place: a step reads its chunk before writing it
-        input_output_aliases={0: 0, 1: 1, **({4: 2} if cfg.gate == "g" else {})},
+        # dq, dk over q, k, in place: a step reads its chunk before writing it (dg: see chunk.chunk_bwd_impl)
+        input_output_aliases={0: 0, 1: 1},
     )(q, k, v, do, *gates, states, dh_states)
     dq, dk = outs[0], outs[1]
-    dg = outs[2].reshape(R, H, Tp, 1) if with_dg else None  # chunk rows, in token order
+    dg = outs[2] if with_dg else None
     return dq, dk, dv, dg, dh0
 
 

@@ -1,7 +1,8 @@
 """The kernels' HBM layout choices that keep the stress footprint down (issue 25).
 
-- **Per-token scalars travel as chunk rows** (kda's beta and dbeta, simple_gla's gate and its gradient):
-  a column ``[.., T, 1]`` would take a whole 128-lane tile row per token in HBM. The kernels turn a row
+- **Per-token scalars travel as chunk rows** (kda's beta and dbeta, simple_gla's gate): a column
+  ``[.., T, 1]`` would take a whole 128-lane tile row per token in HBM. simple_gla's dg is the one exception
+  (``kernels_tpu.simple_gla.chunk.chunk_bwd_impl`` says why). The kernels turn a row
   into a column and back with :func:`kernels_tpu.common.row_to_column` / ``column_to_row``, which must be
   exact: checked here on hand-picked values, -0.0, subnormals, infinities and NaN included, bit for bit, both as jax
   ops and inside a Pallas kernel in TPU interpret mode.
@@ -84,11 +85,11 @@ STATE = dict(initial_state=((N, H, K, K), F32), dht=((N, H, K, K), F32))
 # backward entry point, its extra inputs, and per backward kernel: the outputs it writes over an input
 CASES = {
     "simple_gla chunk, g": (chunk_simple_gla_bwd, dict(g=((1, T, H), F32)),
-                            {"chunk_simple_gla_bwd": ("dq", "dk", "dv", "dg")}),
+                            {"chunk_simple_gla_bwd": ("dq", "dk", "dv")}),
     "simple_gla chunk, g_gamma": (chunk_simple_gla_bwd, dict(g_gamma=((H,), F32)),
                                   {"chunk_simple_gla_bwd": ("dq", "dk", "dv")}),
     "simple_gla fused_chunk, g": (fused_chunk_simple_gla_bwd, dict(g=((1, T, H), F32)),
-                                  {"fused_chunk_simple_gla_bwd_dq_dk": ("dq", "dk", "dg"),
+                                  {"fused_chunk_simple_gla_bwd_dq_dk": ("dq", "dk"),
                                    "fused_chunk_simple_gla_bwd_dv_dh": ()}),
     "gla chunk": (chunk_gla_bwd, dict(g=((1, T, H, K), BF16)), {"gla_chunk_bwd": ("dq", "dk", "dv", "dg")}),
     "kda chunk": (chunk_kda_bwd, dict(g=((1, T, H, K), F32), beta=((1, T, H), F32)),
@@ -127,9 +128,14 @@ def test_backward_writes_its_gradients_over_its_inputs(case):
         assert kernels[kernel][0] == len(aliased), (kernel, aliased, kernels[kernel][0])
 
 
+DG_COLUMN = {"chunk_simple_gla_bwd", "fused_chunk_simple_gla_bwd_dq_dk"}  # simple_gla's dg result, kept a column
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_no_kernel_takes_or_returns_a_per_token_column(case):
-    """A [.., T, 1] operand or result would pad each token's scalar to a 128-lane tile row in HBM."""
+    """A [.., T, 1] operand or result would pad each token's scalar to a 128-lane tile row in HBM. The one allowed
+    is simple_gla's dg, a result of its backward kernels when the op has a gate."""
+    gated = "g" in CASES[case][1] or "g_gamma" in CASES[case][1]
     for kernel, (_, shapes) in lowered_kernels(case).items():
         columns = [s for s in shapes if s.endswith("x1") and int(s.split("x")[-2]) >= C]
-        assert not columns, (kernel, columns)
+        assert len(columns) == (1 if gated and kernel in DG_COLUMN else 0), (kernel, columns)
