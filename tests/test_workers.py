@@ -11,6 +11,22 @@ SIMPLE_GLA = ["--suite", "smoke", "--op", "simple_gla"]
 VOLATILE = {"timestamp", "wall_s", "details"}  # when a row was made and how long it took; served rows say so
 
 
+@pytest.fixture
+def sent(monkeypatch) -> list[int]:
+    """Test side: how many cases each command sent to its workers, one entry per command (as its pool closes)."""
+    import harness.workers as workers
+
+    counts = []
+    real = workers.Workers.close
+
+    def close(self, wait=True):
+        counts.append(self.sent)
+        real(self, wait)
+
+    monkeypatch.setattr(workers.Workers, "close", close)
+    return counts
+
+
 def test_default_jobs_on_hand_computed_machines():
     assert GIB_PER_JOB == 4
     assert default_jobs({}, cpus=2, memory_gib=24) == 2  # this CI machine: the CPUs decide
@@ -35,17 +51,7 @@ def _stable(df: pd.DataFrame) -> pd.DataFrame:
 
 
 @pytest.mark.needs_leg("ref")
-def test_two_jobs_give_the_rows_of_one_in_case_order(tmp_path, monkeypatch, capsys):
-    import harness.workers as workers
-
-    sent = []
-    real = workers.Workers.close
-
-    def close(self, wait=True):  # test side: how many cases each command sent to its workers
-        sent.append(self.sent)
-        real(self, wait)
-
-    monkeypatch.setattr(workers.Workers, "close", close)
+def test_two_jobs_give_the_rows_of_one_in_case_order(tmp_path, monkeypatch, capsys, sent):
     frames = {}
     for jobs in ("1", "2"):
         monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / f"cache{jobs}"))  # cold: every case runs
@@ -126,22 +132,13 @@ def test_a_worker_that_dies_is_error_rows(tmp_path, monkeypatch):
 
 
 @pytest.mark.needs_leg("tpu")
-def test_the_emulated_tpu_leg_counts_two_cores_a_case(tmp_path, monkeypatch):
+def test_the_emulated_tpu_leg_counts_two_cores_a_case(tmp_path, monkeypatch, sent):
     """Its real-TPU compile runs in a thread beside its run: two cores, so --jobs 2 runs it in this process."""
-    import harness.workers as workers
     from harness.legs.tpu import TpuLeg
 
     assert TpuLeg(force_interpret=True).cores_per_case() == 2  # compiles for v6e beside the run
     # the causality pass: no compile, but its runs reuse the leg run's programs where they were compiled
     assert TpuLeg(force_interpret=True, compile_targets=()).cores_per_case() == 2
-    sent = []
-    real = workers.Workers.close
-
-    def close(self, wait=True):
-        sent.append(self.sent)
-        real(self, wait)
-
-    monkeypatch.setattr(workers.Workers, "close", close)
     monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
     case = "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64"
     for jobs, expected in (("2", 0), ("4", 1)):
@@ -151,20 +148,11 @@ def test_the_emulated_tpu_leg_counts_two_cores_a_case(tmp_path, monkeypatch):
 
 
 @pytest.mark.needs_leg("tpu")
-def test_compile_workers_give_the_rows_of_one_and_a_dead_one_is_error_rows(tmp_path, monkeypatch):
+def test_compile_workers_give_the_rows_of_one_and_a_dead_one_is_error_rows(tmp_path, monkeypatch, sent):
     """``parity compile --jobs 2`` sends every case to a worker (a compile keeps one core busy) and writes the rows
     of ``--jobs 1`` in case order; a worker that dies is one error row per target."""
-    import harness.workers as workers
     from harness.legs import registry
 
-    sent = []
-    real = workers.Workers.close
-
-    def close(self, wait=True):
-        sent.append(self.sent)
-        real(self, wait)
-
-    monkeypatch.setattr(workers.Workers, "close", close)
     cases = ["simple_gla.chunk/B1-T64-H1-K64-V64/bf16/g=logsigmoid/16/C64",
              "simple_gla.chunk/B1-T64-H1-K64-V64/bf16/g=logsigmoid/16/C24",  # refused: C not a multiple of 16
              "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64"]
