@@ -168,7 +168,7 @@ def masked_exp(x, mask):
 
 
 # ------------------------------------------------------------------ per-token scalars
-# A per-token scalar (kda's beta, a gate's gradient) stored as a column [.., T, 1] fills a whole (8, 128) tile
+# A per-token scalar (kda's beta and dbeta, simple_gla's gate) stored as a column [.., T, 1] fills a (8, 128) tile
 # row per token in HBM: 128x its size (65.5 MiB for 0.5 MiB of f32 at T 8192, H 16). The kernels take them as
 # chunk rows [R, H, NT, 1, C] instead, (1, C) blocks whose dims are the array's own, and turn a row into the
 # column their maths uses, and back, in VMEM.
