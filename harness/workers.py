@@ -88,10 +88,6 @@ class LegJob:
     task: str  # one of TASKS
     targets: tuple[str, ...] = ()  # the TPU targets of a compile
 
-    @property
-    def causality(self) -> bool:
-        return self.task == "causality"
-
     @classmethod
     def of(cls, runner: Runner, options: dict, task: str = "run", targets: tuple[str, ...] = ()) -> "LegJob":
         if task not in TASKS:
@@ -269,7 +265,7 @@ def _failed(runner: Runner, job: LegJob, case: Case, reason: str) -> list[dict]:
     """Error rows for a case no worker settled: result, compile or causality rows."""
     if job.task == "compile":
         return compile_error_rows(case, job.targets, runner, reason)
-    if not job.causality:
+    if job.task == "run":
         return runner.error_rows(case, reason)
     try:
         op = runner.op_of(case)

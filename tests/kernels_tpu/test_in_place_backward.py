@@ -17,6 +17,7 @@ reports/varlen/README.md.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -97,6 +98,7 @@ CASES = {
 }
 
 
+@functools.lru_cache(maxsize=None)  # both tests read the same lowering of each case
 def lowered_kernels(case: str) -> dict[str, tuple[int, list[str]]]:
     """kernel name -> (outputs aliased to an input, the tensor types of its operands and results), from the
     program lowered for v6e with the kernels native."""
