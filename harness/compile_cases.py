@@ -8,13 +8,13 @@ from .legs.tpu import NATIVE, device_arrays, program
 from .reference_cache import ReferenceCache
 from .runner import Refusal, Runner
 from .status import Status
-from .tpu_compile import COMPILE_MODE, MEMORY_FIELDS, TARGETS, compile_for, versions
+from .tpu_compile import COMPILE_MODE, KERNEL_COLUMNS, MEMORY_FIELDS, TARGETS, compile_for, versions
 
 
 COMPILE_COLUMNS = [
     "case_id", "op", "variant", "dtype", "target", "topology", "mode", "status", "reason", "compile_s", "error",
-    *MEMORY_FIELDS, "hbm_bytes", "program", "jax", "jaxlib", "libtpu", "input_sha256", "git_commit", "timestamp",
-    "repro",
+    *KERNEL_COLUMNS, *MEMORY_FIELDS, "hbm_bytes", "program", "jax", "jaxlib", "libtpu", "input_sha256", "git_commit",
+    "timestamp", "repro",
 ]
 
 
@@ -42,8 +42,8 @@ def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dic
     for target in targets:
         r = leg.compile_for(compile_for, fn, arrays, target)
         out.append({**base, "target": target, "topology": TARGETS[target], "status": r.status, "reason": r.reason,
-                    "compile_s": r.seconds, "error": "" if r.ok else r.error, **(r.memory or {}),
-                    "hbm_bytes": r.hbm_bytes})
+                    "compile_s": r.seconds, "error": "" if r.ok else r.error, **r.kernel_counts,
+                    **(r.memory or {}), "hbm_bytes": r.hbm_bytes})
     return out
 
 

@@ -15,13 +15,31 @@ of the case's inputs placed on one device of the target topology.
 Targets are named by TPU generation; :data:`TARGETS` maps each to the
 topology it is compiled for (one chip is used).
 
+The compile counts its kernels, and no interpreter can pass it. Every Pallas kernel in the traced program
+(``pallas_call``, ``core_map``: each equation with an ``interpret`` parameter) is lowered natively whatever
+its library decided: the traced program is rewritten with ``interpret=False`` on each (:func:`native_kernels`),
+the way the emulated run forces interpret mode on. Then each kernel must appear in the lowered program as a
+Mosaic custom call (``tpu_custom_call``, which XLA:TPU compiles with Mosaic), matched by name. The result
+carries the two counts, and is ``error``, naming the kernels, when
+
+- a kernel did not reach Mosaic (lowered some other way), or
+- a kernel's library asked for interpret mode (tops, for one, decides it from the runtime: on a machine
+  without a TPU it interprets). The compile lowered its body natively, and says whether that compiled, but a
+  library that chose to interpret may have built a different kernel than it builds for a TPU (memory
+  spaces, tiles), so no verdict on it can be ``ok``. A binding that passes its ``ctx.interpret`` to the
+  library's own option (None natively) compiles what a TPU runs.
+
 This is the library (targets, one compile, its result); the TPU leg uses it before each emulated case, and
 ``parity compile`` runs it over cases through :mod:`harness.compile_cases`.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import importlib.metadata
+import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -94,16 +112,165 @@ def first_error_line(exc: BaseException) -> str:
     return text[:ERROR_CHARS]
 
 
+# ------------------------------------------------------------------------------- kernels and Mosaic
+KERNEL_COLUMNS = ("kernels_traced", "kernels_mosaic")
+"""Rows' counts: Pallas kernels in the traced program (forward and backward), and how many of them reached
+Mosaic (a ``tpu_custom_call`` in the program XLA:TPU compiled)."""
+
+MOSAIC_CALL = re.compile(r"stablehlo\.custom_call @tpu_custom_call\(.*?(?:kernel_name = \"([^\"]*)\"|$)",
+                         re.MULTILINE)
+"""One Mosaic kernel in the lowered module's text: a custom call to ``tpu_custom_call`` (one line each), and the
+kernel's name, which jax's Mosaic lowering attaches as the ``kernel_name`` attribute."""
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The Pallas kernels of one traced program, by name (a multiset: a kernel traced twice counts twice).
+
+    ``traced``: one name per kernel equation, each distinct sub-program visited once (as jax lowers it once);
+    ``interpreted``: those whose library asked for interpret mode (then lowered natively by the compile);
+    ``mosaic``: the kernel names of the lowered module's Mosaic custom calls."""
+
+    traced: tuple[str, ...]
+    interpreted: tuple[str, ...] = ()
+    mosaic: tuple[str, ...] = ()
+
+    @property
+    def missing(self) -> list[str]:
+        """Traced kernels with no Mosaic custom call of their name (by count), in trace order."""
+        return _minus(self.traced, self.mosaic)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """:data:`KERNEL_COLUMNS`: traced, and traced that reached Mosaic as their library built them (neither
+        missing nor asked by their library for interpret mode)."""
+        as_built = _minus(_minus(self.traced, self.missing), self.interpreted)
+        return dict(zip(KERNEL_COLUMNS, (len(self.traced), len(as_built))))
+
+    def problem(self) -> str:
+        """Why the kernels fail the compile ("" when every kernel reached Mosaic as its library built it)."""
+        parts = []
+        if self.missing:
+            parts.append(f"{_names(self.missing)} did not reach Mosaic (no tpu_custom_call in the lowered program)")
+        forced = _minus(self.interpreted, self.missing)
+        if forced:
+            parts.append(f"{_names(forced)} asked by their library for interpret mode (lowered natively they "
+                         "compile, but what it builds for a TPU may differ: pass interpret=False through its "
+                         "API, the binding's ctx.interpret)")
+        if not parts:
+            return ""
+        return (f"Mosaic compiled {self.counts['kernels_mosaic']} of {len(self.traced)} kernels as their library "
+                "built them; " + "; ".join(parts))
+
+
+def _minus(names, taken) -> list[str]:
+    """``names`` less ``taken``, as multisets, in the order of ``names``."""
+    left = collections.Counter(taken)
+    out = []
+    for name in names:
+        if left[name] > 0:
+            left[name] -= 1
+        else:
+            out.append(name)
+    return out
+
+
+def _names(names) -> str:
+    counted = collections.Counter(names)
+    return ", ".join(n if k == 1 else f"{n} (x{k})" for n, k in counted.items())
+
+
+def kernel_name(params: Mapping[str, Any]) -> str:
+    """A Pallas kernel equation's name: ``name`` (jax >= 0.10), or ``name_and_src_info.name`` (older jax)."""
+    name = params.get("name")
+    if name is None and params.get("name_and_src_info") is not None:
+        name = params["name_and_src_info"].name
+    return str(name or "unnamed kernel")
+
+
+def traced_kernels(closed) -> Kernels:
+    """The Pallas kernels of a traced program ``closed`` (a ClosedJaxpr), ``mosaic`` left empty: every equation
+    with an ``interpret`` parameter (``pallas_call``, ``core_map``). Sub-programs (jit, vjp, control flow) are
+    visited once each, as jax lowers each once; kernel bodies are not entered."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    traced: list[str] = []
+    interpreted: list[str] = []
+    seen: set[int] = set()
+
+    def visit(j):
+        j = j.jaxpr if isinstance(j, ClosedJaxpr) else j
+        if id(j) in seen:
+            return
+        seen.add(id(j))
+        for e in j.eqns:
+            if "interpret" in e.params:
+                traced.append(kernel_name(e.params))
+                if e.params["interpret"]:
+                    interpreted.append(traced[-1])
+                continue
+            for v in e.params.values():
+                for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                    if isinstance(x, (ClosedJaxpr, Jaxpr)):
+                        visit(x)
+
+    visit(closed)
+    return Kernels(tuple(traced), tuple(interpreted))
+
+
+_native = threading.local()
+
+
+def _native_bind(original):
+    def bind(*args, **params):
+        if getattr(_native, "active", False) and params.get("interpret"):
+            params = {**params, "interpret": False}
+        return original(*args, **params)
+
+    bind.original = original
+    return bind
+
+
+@contextlib.contextmanager
+def native_pallas():
+    """Inside the block, on this thread, every Pallas kernel is bound with ``interpret=False``, whatever its
+    library passed: the mirror of ``pltpu.force_tpu_interpret_mode``, which the emulated run uses. Applies at
+    trace time, so a program traced before (jax's caches) must be traced again inside the block."""
+    from jax._src.pallas import core as pallas_core  # the Pallas kernel primitives (jax 0.9 - 0.12)
+    from jax._src.pallas import pallas_call as pallas_call_module
+
+    for prim in (pallas_call_module.pallas_call_p, getattr(pallas_core, "core_map_p", None)):
+        if prim is not None and not hasattr(prim.bind, "original"):
+            prim.bind = _native_bind(prim.bind)  # a Primitive's bind is an instance attribute here
+    _native.active = True
+    try:
+        yield
+    finally:
+        _native.active = False
+
+
+def mosaic_kernels(module_text: str) -> tuple[str, ...]:
+    """The kernel names of the Mosaic custom calls in a lowered module's text (``Lowered.as_text()``)."""
+    return tuple(m.group(1) or "unnamed kernel" for m in MOSAIC_CALL.finditer(module_text))
+
+
 @dataclass(frozen=True)
 class CompileResult:
-    """``status``: ``ok``; ``error`` (lowering or compilation refused); or ``unsupported`` (the kernels'
-    own argument checks raised NotImplementedError while tracing, before any lowering)."""
+    """``status``: ``ok`` (compiled, every kernel by Mosaic); ``error`` (lowering or compilation refused, or a
+    kernel that did not reach Mosaic as its library built it: :meth:`Kernels.problem`); or ``unsupported``
+    (the kernels' own argument checks raised NotImplementedError while tracing, before any lowering)."""
 
     target: str
     status: str
     seconds: float
     error: str = ""  # the first error line when not ok
     memory: Mapping[str, int | None] | None = None  # MEMORY_FIELDS columns when ok
+    kernels: Kernels | None = None  # None when tracing failed
+
+    @property
+    def kernel_counts(self) -> dict[str, int | None]:
+        """:data:`KERNEL_COLUMNS` (None each when the program was not traced)."""
+        return self.kernels.counts if self.kernels else dict.fromkeys(KERNEL_COLUMNS)
 
     @property
     def ok(self) -> bool:
@@ -129,11 +296,13 @@ class CompileResult:
 def compile_for(fn, args, target: str) -> CompileResult:
     """Lower and compile ``fn(*args)`` for ``target``; ``args`` is a pytree of arrays or ShapeDtypeStructs.
 
-    Any failure (libtpu missing, lowering refused, Mosaic or XLA:TPU refusing)
-    is returned as a result with the first error line, never raised.
+    Every Pallas kernel is lowered natively and must reach Mosaic (see the module doc). Any failure (libtpu
+    missing, lowering refused, Mosaic or XLA:TPU refusing, a kernel not compiled by Mosaic) is returned as a
+    result with the first error line, never raised.
     """
     t0 = time.perf_counter()
     stage = "setup"
+    kernels = None
     try:
         if libtpu_version() is None:
             raise RuntimeError("libtpu is not installed: pip install -e '.[cpu]' (or '.[tpu]')")
@@ -147,15 +316,28 @@ def compile_for(fn, args, target: str) -> CompileResult:
             lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
         stage = "trace"
         traced = jax.jit(fn).trace(*structs)
+        kernels = traced_kernels(traced.jaxpr)
+        if kernels.interpreted:  # the library chose interpret mode: trace again with every kernel native
+            jax.clear_caches()  # its jitted functions were traced with its choice
+            with native_pallas():
+                traced = jax.jit(fn).trace(*structs)
         stage = "lower"
         lowered = traced.lower()
+        kernels = Kernels(kernels.traced, kernels.interpreted, mosaic_kernels(lowered.as_text()))
         stage = "compile"
         compiled = lowered.compile()
     except Exception as exc:  # noqa: BLE001 - every refusal becomes a result
         # a NotImplementedError while tracing is the kernels' own refusal of a valid case
         status = Status.UNSUPPORTED if stage == "trace" and isinstance(exc, NotImplementedError) else Status.ERROR
-        return CompileResult(target, status, time.perf_counter() - t0, error=first_error_line(exc))
+        error = first_error_line(exc)
+        if kernels is not None and kernels.interpreted:  # say what was compiled
+            error = f"{_names(kernels.interpreted)} asked by their library for interpret mode; natively: {error}"
+        return CompileResult(target, status, time.perf_counter() - t0, error=error[:ERROR_CHARS], kernels=kernels)
     seconds = time.perf_counter() - t0
     stats = compiled.memory_analysis()
     memory = {col: getattr(stats, attr, None) for col, attr in MEMORY_FIELDS.items()} if stats else {}
-    return CompileResult(target, Status.OK, seconds, memory=memory)
+    problem = kernels.problem()
+    if problem:  # compiled, but not every kernel by Mosaic as its library built it
+        return CompileResult(target, Status.ERROR, seconds, error=problem[:ERROR_CHARS], memory=memory,
+                             kernels=kernels)
+    return CompileResult(target, Status.OK, seconds, memory=memory, kernels=kernels)

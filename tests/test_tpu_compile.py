@@ -1,5 +1,6 @@
 """The real TPU compiler in the loop: libtpu compiles every TPU case for v5e, v6e and v7x on this CPU,
-and a kernel that interprets but does not compile fails the leg and the gate."""
+a kernel that interprets but does not compile fails the leg and the gate, and no interpreter passes the
+compile: every kernel must reach Mosaic as its library built it (issue 41)."""
 
 import dataclasses
 import functools
@@ -22,8 +23,8 @@ from harness.reference_cache import ReferenceCache
 from harness.results import rows_to_frame
 from harness.runner import Runner
 from harness.compile_cases import case_rows
-from harness.tpu_compile import (COMPILE_DEFAULT_TARGETS, ERROR_CHARS, TARGETS, CompileResult, compile_for,
-                                 first_error_line, libtpu_version, parse_targets)
+from harness.tpu_compile import (COMPILE_DEFAULT_TARGETS, ERROR_CHARS, TARGETS, CompileResult, Kernels, compile_for,
+                                 first_error_line, libtpu_version, mosaic_kernels, parse_targets, traced_kernels)
 
 
 # ------------------------------------------------------------------ definitions
@@ -142,3 +143,147 @@ def test_parity_md_names_the_compile_targets():
     note = compiled_note(frame)
     assert f"libtpu {libtpu_version()} for v5e, v7x" in note
     assert "not** compiled" in compiled_note(frame.assign(compiled_for=pd.NA))
+
+
+# ------------------------------------------------ every kernel reaches Mosaic
+def test_kernels_are_matched_by_name_as_multisets():
+    k = Kernels(traced=("a", "b", "a", "c"), interpreted=("c",), mosaic=("a", "b", "c"))
+    assert k.missing == ["a"]  # the second a has no custom call of its own
+    # traced 4; reached Mosaic as built: a, b (c was asked for interpret mode, then lowered natively)
+    assert k.counts == {"kernels_traced": 4, "kernels_mosaic": 2}
+    problem = k.problem()
+    assert problem.startswith("Mosaic compiled 2 of 4 kernels as their library built them; ")
+    assert "a did not reach Mosaic" in problem and "c asked by their library for interpret mode" in problem
+    assert Kernels(("a", "a"), (), ("a", "a")).problem() == ""
+    assert Kernels(("a", "a", "b"), (), ()).problem().startswith("Mosaic compiled 0 of 3")
+    assert "a (x2), b did not reach" in Kernels(("a", "a", "b"), (), ()).problem()
+    assert Kernels((), (), ()).counts == {"kernels_traced": 0, "kernels_mosaic": 0}  # no kernel: plain XLA
+
+
+def test_mosaic_kernels_reads_the_custom_calls_of_a_lowered_module():
+    text = ('%0 = stablehlo.custom_call @tpu_custom_call(%a) {backend_config = "x", kernel_name = "k1"} : f32\n'
+            '%1 = stablehlo.custom_call @Sharding(%b) {kernel_name = "no"} : f32\n'
+            '%2 = stablehlo.custom_call @tpu_custom_call(%c) {backend_config = "y"} : f32\n'
+            '%3 = stablehlo.custom_call @tpu_custom_call(%d) {kernel_name = "k1"} : f32\n')
+    assert mosaic_kernels(text) == ("k1", "unnamed kernel", "k1")
+
+
+def _double(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+
+def _kernel(x, interpret, name):
+    return pl.pallas_call(_double, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret,
+                          name=name)(x)
+
+
+def _two_kernels(interpret):
+    """One kernel inside a jitted function, one outside."""
+    inner = jax.jit(lambda b: _kernel(b, interpret, "inner"))
+    return lambda a: _kernel(inner(a), interpret, "outer")
+
+
+X = jnp.ones((16, 128), jnp.float32)
+
+
+def test_traced_kernels_counts_each_distinct_program_once():
+    kernels = traced_kernels(jax.jit(_two_kernels(False)).trace(X).jaxpr)
+    assert sorted(kernels.traced) == ["inner", "outer"] and kernels.interpreted == ()
+    assert traced_kernels(jax.jit(_two_kernels(True)).trace(X).jaxpr).interpreted == ("inner", "outer")
+    # a jitted function called twice on the same types is one program, lowered once: one kernel
+    inner = jax.jit(lambda b: _kernel(b, False, "inner"))
+    assert traced_kernels(jax.jit(lambda a: inner(a) + inner(a * 3)).trace(X).jaxpr).traced == ("inner",)
+
+
+def test_native_kernels_compile_and_are_counted():
+    result = compile_for(_two_kernels(False), (X,), "v6e")
+    assert result.ok and result.kernel_counts == {"kernels_traced": 2, "kernels_mosaic": 2}, result
+    inner = jax.jit(lambda b: _kernel(b, False, "inner"))
+    twice = compile_for(lambda a: inner(inner(a)), (X,), "v6e")  # the second call's input has another sharding
+    assert twice.ok and twice.kernels.traced == twice.kernels.mosaic == ("inner", "inner"), twice
+
+
+@pytest.mark.parametrize("interpret", [True, "params"], ids=["interpret=True", "InterpretParams"])
+def test_a_kernel_its_library_interprets_is_never_ok(interpret):
+    """A library that picks interpret mode itself (tops: ``not is_tpu_runtime()``) hands interpret=True to
+    pallas_call on this CPU. The compile lowers it natively all the same, but the row is an error naming it."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    interpret = pltpu.InterpretParams() if interpret == "params" else interpret
+    result = compile_for(_two_kernels(interpret), (X,), "v6e")
+    assert result.status == "error" and result.kernel_counts == {"kernels_traced": 2, "kernels_mosaic": 0}
+    assert result.reason.startswith("does not compile for TPU v6e: Mosaic compiled 0 of 2 kernels as their "
+                                    "library built them; inner, outer asked by their library for interpret mode")
+    one = compile_for(lambda a: _kernel(_kernel(a, False, "native"), interpret, "interpreted"), (X,), "v6e")
+    assert one.kernel_counts == {"kernels_traced": 2, "kernels_mosaic": 1}
+    assert "; interpreted asked by their library" in one.reason and "native" not in one.reason.split(";", 1)[1]
+
+
+def test_a_kernel_lowered_without_mosaic_is_an_error_naming_it(monkeypatch):
+    """A TPU lowering of pallas_call replaced, from the test side, by Pallas's HLO interpreter: interpret=False
+    at the kernel, yet no Mosaic custom call. XLA:TPU compiles the result; the compile must not say ok."""
+    from jax._src.interpreters import mlir
+    from jax._src.pallas import hlo_interpreter
+    from jax._src.pallas.pallas_call import pallas_call_p
+
+    def interpreted(ctx, *args, interpret, **params):
+        del interpret
+        return mlir.lower_fun(functools.partial(hlo_interpreter.pallas_call_hlo_interpret, **params),
+                              multiple_results=True)(ctx, *args)
+
+    monkeypatch.setitem(mlir._platform_specific_lowerings["tpu"], pallas_call_p, mlir.LoweringRuleEntry(
+        interpreted, False))
+    jax.clear_caches()
+    result = compile_for(lambda a: _kernel(a, False, "replaced"), (X,), "v6e")
+    jax.clear_caches()
+    assert result.status == "error" and result.kernel_counts == {"kernels_traced": 1, "kernels_mosaic": 0}
+    assert "replaced did not reach Mosaic" in result.reason
+
+
+CANDIDATE = """
+import functools
+
+from harness.ops.base import LegBinding
+from kernels_tpu.simple_gla import chunk_simple_gla
+
+
+def forward(case, a, ctx, interpret=None):
+    o, ht = chunk_simple_gla(a["q"], a["k"], a["v"], g=a.get("g"), scale=case.resolved_scale,
+                             initial_state=a.get("h0"), output_final_state=case.final_state,
+                             chunk_size=case.chunk_size, interpret=interpret)
+    return {"o": o, "ht": ht}
+
+
+class Impl:
+    version = "library 1.0"
+
+    def __init__(self, binding):
+        self.bindings = {"simple_gla": binding}
+
+
+NATIVE = Impl(LegBinding(forward))
+HARD_CODED = Impl(LegBinding(functools.partial(forward, interpret=True)))  # interpret=True, whatever runs it
+"""
+
+
+def test_a_candidate_that_hard_codes_interpret_fails_compile_and_preflight(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "library_under_test.py").write_text(CANDIDATE)
+    case = "simple_gla.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64"
+    for name, code in (("NATIVE", 0), ("HARD_CODED", 1)):
+        out = tmp_path / name
+        impl = ["--backend", "lib", "--impl", f"lib=library_under_test:{name}", "--case", case, "--out", str(out),
+                "--no-progress"]
+        assert main(["compile", *impl, "--target", "v5e,v7x"]) == code
+        rows = pd.read_csv(out / "compile.lib.csv")
+        assert (rows["kernels_traced"] == 3).all()  # simple_gla's forward, its recompute, its backward
+        assert main(["run", *impl, "--tpu-targets", "v6e"]) == code  # the emulated leg's preflight
+        [run] = out.glob("lib.cases-*.csv")
+        run = pd.read_csv(run)
+        if code == 0:
+            assert set(rows["status"]) == set(run["status"]) == {"ok"} and (rows["kernels_mosaic"] == 3).all()
+            assert set(run["kernels_traced"]) == set(run["kernels_mosaic"]) == {3}
+        else:
+            assert set(rows["status"]) == set(run["status"]) == {"error"} and (rows["kernels_mosaic"] == 0).all()
+            assert run["reason"].str.startswith("does not compile for TPU v6e: Mosaic compiled 0 of 3").all()
+            assert rows["reason"].str.contains("simple_gla_fwd (x2), chunk_simple_gla_bwd asked by their").all()

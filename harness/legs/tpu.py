@@ -11,8 +11,9 @@ case's ``do`` (and ``dht``, zeros when the case has none).
 
 Interpret mode is not evidence that a kernel builds for a TPU: when emulating,
 the leg first compiles every case's forward and backward for real TPU targets
-(default v6e) with libtpu (``preflight``); a case that does not compile is an
-``error`` row whose reason starts ``does not compile for TPU <target>:``.
+(default v6e) with libtpu (``preflight``); a case that does not compile, or one of whose kernels is not
+compiled by Mosaic (:mod:`harness.tpu_compile`), is an ``error`` row whose reason starts ``does not compile
+for TPU <target>:``. The rows carry the kernel counts (``kernels_traced``, ``kernels_mosaic``).
 """
 
 from __future__ import annotations
@@ -274,15 +275,16 @@ class TpuLeg(Leg):
         from harness.tpu_compile import compile_for
 
         fn, arrays = program(op, case, NATIVE, binding=self.binding(op)), device_arrays(inputs)
-        done = []
+        done, counts = [], {}
         for target in self.compile_targets:
             result = self.compile_for(compile_for, fn, arrays, target)
             if result.status == Status.UNSUPPORTED:
                 break  # the kernels refuse the case while tracing; the run raises it again as unsupported
+            counts = result.kernel_counts  # the last target's (the failing one's, when one fails)
             if not result.ok:
-                return result.reason, {"compiled_for": ",".join(done)}
+                return result.reason, {"compiled_for": ",".join(done), **counts}
             done.append(target)
-        return None, {"compiled_for": ",".join(done)}
+        return None, {"compiled_for": ",".join(done), **counts}
 
     def compile_for(self, compile_for, fn, arrays, target: str):
         """One target's ahead-of-time compile of the case (a hook: an external candidate answers its TPU info)."""
