@@ -326,9 +326,10 @@ def cmd_compile(args) -> int:
     for target, part in df.groupby("target", sort=False):
         ok = part[part["status"] == Status.OK]
         counts = ", ".join(f"{n} {s}" for s, n in sorted(part.groupby("status").size().to_dict().items()))
-        hbm = ok["hbm_bytes"].max() if len(ok) else float("nan")
-        print(f"  {target}: {counts}; {ok['compile_s'].sum():.1f} s compiling; "
-              f"largest HBM footprint {hbm / 2**20:.1f} MiB")
+        kernels = (f"{int(part['kernels_mosaic'].sum())} of {int(part['kernels_traced'].sum())} kernels compiled "
+                   "by Mosaic as their library built them")
+        hbm = f"; largest HBM footprint {ok['hbm_bytes'].max() / 2**20:.1f} MiB" if len(ok) else ""
+        print(f"  {target}: {counts}; {ok['compile_s'].sum():.1f} s compiling; {kernels}{hbm}")
     bad = df[df["status"] == Status.ERROR]
     for r in bad.to_dict("records")[:20]:
         print(f"  ERROR {r['case_id']} [{r['target']}]: {r['reason']}\n       repro: {r['repro']}")

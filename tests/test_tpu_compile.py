@@ -214,9 +214,9 @@ def test_a_kernel_its_library_interprets_is_never_ok(interpret):
     assert result.status == "error" and result.kernel_counts == {"kernels_traced": 2, "kernels_mosaic": 0}
     assert result.reason.startswith("does not compile for TPU v6e: Mosaic compiled 0 of 2 kernels as their "
                                     "library built them; inner, outer asked by their library for interpret mode")
-    one = compile_for(lambda a: _kernel(_kernel(a, False, "native"), interpret, "interpreted"), (X,), "v6e")
+    one = compile_for(lambda a: _kernel(_kernel(a, False, "plain"), interpret, "interpreted"), (X,), "v6e")
     assert one.kernel_counts == {"kernels_traced": 2, "kernels_mosaic": 1}
-    assert "; interpreted asked by their library" in one.reason and "native" not in one.reason.split(";", 1)[1]
+    assert "; interpreted asked by their library" in one.reason and "plain" not in one.reason
 
 
 def test_a_kernel_lowered_without_mosaic_is_an_error_naming_it(monkeypatch):
@@ -267,18 +267,21 @@ HARD_CODED = Impl(LegBinding(functools.partial(forward, interpret=True)))  # int
 
 
 def test_a_candidate_that_hard_codes_interpret_fails_compile_and_preflight(tmp_path, monkeypatch):
+    from harness.legs import registry
+
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_LEGS", {spec.name: spec for spec in registry.BUILTIN})
     (tmp_path / "library_under_test.py").write_text(CANDIDATE)
     case = "simple_gla.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64"
     for name, code in (("NATIVE", 0), ("HARD_CODED", 1)):
-        out = tmp_path / name
-        impl = ["--backend", "lib", "--impl", f"lib=library_under_test:{name}", "--case", case, "--out", str(out),
+        out, leg = tmp_path / name, name.lower().replace("_", "-")
+        impl = ["--backend", leg, "--impl", f"{leg}=library_under_test:{name}", "--case", case, "--out", str(out),
                 "--no-progress"]
         assert main(["compile", *impl, "--target", "v5e,v7x"]) == code
-        rows = pd.read_csv(out / "compile.lib.csv")
+        rows = pd.read_csv(out / f"compile.{leg}.csv")
         assert (rows["kernels_traced"] == 3).all()  # simple_gla's forward, its recompute, its backward
         assert main(["run", *impl, "--tpu-targets", "v6e"]) == code  # the emulated leg's preflight
-        [run] = out.glob("lib.cases-*.csv")
+        [run] = out.glob(f"{leg}.cases-*.csv")
         run = pd.read_csv(run)
         if code == 0:
             assert set(rows["status"]) == set(run["status"]) == {"ok"} and (rows["kernels_mosaic"] == 3).all()
@@ -286,4 +289,4 @@ def test_a_candidate_that_hard_codes_interpret_fails_compile_and_preflight(tmp_p
         else:
             assert set(rows["status"]) == set(run["status"]) == {"error"} and (rows["kernels_mosaic"] == 0).all()
             assert run["reason"].str.startswith("does not compile for TPU v6e: Mosaic compiled 0 of 3").all()
-            assert rows["reason"].str.contains("simple_gla_fwd (x2), chunk_simple_gla_bwd asked by their").all()
+            assert rows["reason"].str.contains("simple_gla_fwd (x2), chunk_simple_gla_bwd asked by their", regex=False).all()
