@@ -31,9 +31,10 @@ GATE_KINDS = ("g", "g_gamma")
 
 GATE_LAWS = ("logsigmoid", "alibi", "const", "halfnormal")
 
-KIND_LAWS = {"g": ("logsigmoid", "alibi"), "g_gamma": ("alibi", "const", "halfnormal")}
+KIND_LAWS = {"g": ("logsigmoid", "alibi"), "g_gamma": ("alibi", "const", "halfnormal", "logsigmoid")}
 """The laws each gate kind is drawn by: a per-token ``g`` from log-sigmoids (or ALiBi slopes broadcast over its
-tokens), a constant ``g_gamma`` from ALiBi slopes, one given value, or half-normal draws."""
+tokens), a constant ``g_gamma`` from ALiBi slopes, one given value, half-normal or log-sigmoid draws (one per
+value of its shape: fla's and tops' tests draw ``logsigmoid(randn(H))``)."""
 
 GAMMA_SHAPES = {"": "one value for every head (a scalar, shape [])", "H": "one value per head ([H])",
                 "H,K": "one value per head and key channel ([H,K])"}
@@ -57,7 +58,8 @@ class Gate:
     - ``kind="g_gamma", law="const"``: every element is ``value`` (<= 0), e.g. tops' tests'
       ``g_gamma = full((H,), -0.5)``. Label ``const(<value>)``.
     - ``kind="g_gamma", law="halfnormal"``: ``-|N(0,1)| / normalizer`` per element, e.g. tops' tests'
-      ``-abs(normal((H,))) * 0.5`` is ``halfnormal/2``.
+      ``-abs(normal((H,))) * 0.5`` is ``halfnormal/2``; ``law="logsigmoid"``: ``logsigmoid(N(0,1)) /
+      normalizer`` per element (``logsigmoid(randn(H))`` is ``g_gamma=logsigmoid/1``).
     - ``gamma_shape`` (a ``g_gamma`` only): ``"H"`` one value per head (the default), ``""`` one value for every
       head (a scalar), ``"H,K"`` one per head and key channel (gla's per-channel decay, constant over tokens).
       ALiBi slopes are per head: an ``"H,K"`` ALiBi gate repeats each head's over K, and a scalar has none.

@@ -42,6 +42,7 @@ def _inputs(case: Case) -> Inputs:
 # ------------------------------------------------------------------ grammar
 @pytest.mark.parametrize("text", [SCALAR, PER_HEAD_K, BOTH, GLA_BOTH, GLA_RECURRENT,
                                   "simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g_gamma=const(-0.8)/C128",
+                                  "simple_gla.fused_recurrent/B2-T32-H4-K32-V64/fp32/g_gamma=logsigmoid/1/C64",
                                   "gla.chunk/B1-T64-H2-K64-V64/bf16/g_gamma[H,K]=alibi(L32,l0)/C64",
                                   "simple_gla.chunk/B1-T64-H2-K8-V8/bf16/g=logsigmoid/16,lb-5/g_gamma=const(0)/C64"])
 def test_the_id_round_trips(text):
@@ -66,7 +67,7 @@ def test_the_forms_as_fields():
     ("simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g_gamma=const(0.5)/C64", "a finite number <= 0"),
     ("simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g_gamma=halfnormal/0/C64", "pass a positive number"),
     ("simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g=const(-0.5)/C64", "a per-token g gate is drawn by"),
-    ("simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g_gamma=logsigmoid/16/C64", "a g_gamma gate is a constant"),
+    ("simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g_gamma=sigmoid/16/C64", "law must be one of"),
     ("simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g_gamma[K]=const(-0.5)/C64", "gamma_shape='K' must be one of"),
     ("simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g[H,K]=logsigmoid/16/C64", "a g gate has its op's per-token shape"),
     ("simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g_gamma=const(-0.5)/g=logsigmoid/16/C64", "the g gate comes first"),
