@@ -27,9 +27,19 @@ DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 GATE_KINDS = ("g", "g_gamma")
 """``g``: a per-token log decay tensor (its shape is the op's: [B,T,H] or
-[B,T,H,K]); ``g_gamma``: a per-head constant log decay [H]."""
+[B,T,H,K]); ``g_gamma``: a constant log decay, one per head [H] unless its ``gamma_shape`` says otherwise."""
 
-GATE_LAWS = ("logsigmoid", "alibi")
+GATE_LAWS = ("logsigmoid", "alibi", "const", "halfnormal")
+
+KIND_LAWS = {"g": ("logsigmoid", "alibi"), "g_gamma": ("alibi", "const", "halfnormal", "logsigmoid")}
+"""The laws each gate kind is drawn by: a per-token ``g`` from log-sigmoids (or ALiBi slopes broadcast over its
+tokens), a constant ``g_gamma`` from ALiBi slopes, one given value, half-normal or log-sigmoid draws (one per
+value of its shape: fla's and tops' tests draw ``logsigmoid(randn(H))``)."""
+
+GAMMA_SHAPES = {"": "one value for every head (a scalar, shape [])", "H": "one value per head ([H])",
+                "H,K": "one value per head and key channel ([H,K])"}
+"""A ``g_gamma`` gate's shapes (:attr:`Gate.gamma_shape`), written between brackets after the kind in a label
+(``g_gamma[]=``, ``g_gamma[H,K]=``); per head, the default, is written with none (``g_gamma=``)."""
 
 ID_FLAGS = ("lens", "h0", "dht", "noht", "state_v_first", "scale", "seed")
 """Names the id's last part uses for the case's own flags; an option may not take one."""
@@ -45,6 +55,14 @@ class Gate:
       ``-slope_h * (1 - layer_idx / max(num_layers - 1, 1) + 1e-5)`` with ALiBi
       slopes ``slope_h = 2**(-8 (h+1) / H)`` (for H a power of two). Layer 0 is
       the steepest decay; the steepest slope is 2**-0.5 only when H >= 16.
+    - ``kind="g_gamma", law="const"``: every element is ``value`` (<= 0), e.g. tops' tests'
+      ``g_gamma = full((H,), -0.5)``. Label ``const(<value>)``.
+    - ``kind="g_gamma", law="halfnormal"``: ``-|N(0,1)| / normalizer`` per element, e.g. tops' tests'
+      ``-abs(normal((H,))) * 0.5`` is ``halfnormal/2``; ``law="logsigmoid"``: ``logsigmoid(N(0,1)) /
+      normalizer`` per element (``logsigmoid(randn(H))`` is ``g_gamma=logsigmoid/1``).
+    - ``gamma_shape`` (a ``g_gamma`` only): ``"H"`` one value per head (the default), ``""`` one value for every
+      head (a scalar), ``"H,K"`` one per head and key channel (gla's per-channel decay, constant over tokens).
+      ALiBi slopes are per head: an ``"H,K"`` ALiBi gate repeats each head's over K, and a scalar has none.
     - ``lower_bound``: optional clamp of a ``g`` gate from below (safe-gate
       style), recorded in the id.
     - ``mask_p``: fla's tests' gate masking (``g * (rand > mask_p)``): each log decay
@@ -59,16 +77,36 @@ class Gate:
     layer_idx: int = 0
     lower_bound: float | None = None
     mask_p: float = 0.0
+    value: float | None = None  # law="const": the one log decay
+    gamma_shape: str = "H"  # a g_gamma's shape: "H" per head, "" one for all heads, "H,K" per head and channel
 
     def __post_init__(self):
         if self.kind not in GATE_KINDS:
             raise ValueError(f"{self.kind=} must be one of {GATE_KINDS}")
         if self.law not in GATE_LAWS:
             raise ValueError(f"{self.law=} must be one of {GATE_LAWS}")
-        if self.kind == "g_gamma" and self.law != "alibi":
-            raise ValueError("a g_gamma gate is drawn from ALiBi slopes: use law='alibi'")
+        if self.law not in KIND_LAWS[self.kind]:
+            what = ("a per-token g gate is drawn by" if self.kind == "g" else
+                    "a g_gamma gate is a constant, drawn by")
+            raise ValueError(f"{what} one of {KIND_LAWS[self.kind]}, not law={self.law!r}")
         if self.law == "alibi" and not 0 <= self.layer_idx < max(self.num_layers, 1):
             raise ValueError(f"{self.layer_idx=} must lie in [0, {self.num_layers=})")
+        if self.law in ("logsigmoid", "halfnormal") and not (_real(self.normalizer) and self.normalizer > 0):
+            raise ValueError(f"normalizer={self.normalizer!r} divides the {self.law} draws: pass a positive number")
+        if self.law == "const":
+            if not (_real(self.value) and math.isfinite(self.value) and self.value <= 0):
+                raise ValueError(f"value={self.value!r}: law='const' needs the log decay it repeats, a finite "
+                                 f"number <= 0, e.g. value=-0.5")
+        elif self.value is not None:
+            raise ValueError(f"value={self.value!r} is law='const''s; law={self.law!r} draws its values")
+        if self.gamma_shape not in GAMMA_SHAPES:
+            raise ValueError(f"gamma_shape={self.gamma_shape!r} must be one of {tuple(GAMMA_SHAPES)}: "
+                             + "; ".join(f"{k!r} {v}" for k, v in GAMMA_SHAPES.items()))
+        if self.kind == "g" and self.gamma_shape != "H":
+            raise ValueError("gamma_shape is a g_gamma's; a g gate has its op's per-token shape: drop gamma_shape")
+        if self.law == "alibi" and self.gamma_shape == "":
+            raise ValueError("ALiBi slopes are per head: a scalar g_gamma[] takes const(<value>) or "
+                             "halfnormal/<normalizer>")
         if isinstance(self.mask_p, bool) or not isinstance(self.mask_p, numbers.Real) or not 0 <= self.mask_p < 1:
             raise ValueError(f"mask_p={self.mask_p!r} must be a probability in [0, 1)")
         if self.mask_p and self.kind != "g":
@@ -78,27 +116,37 @@ class Gate:
     def label(self) -> str:
         if self.law == "alibi":
             body = f"alibi(L{self.num_layers},l{self.layer_idx})"
+        elif self.law == "const":
+            body = f"const({_num(self.value)})"
         else:
             body = f"{self.law}/{_num(self.normalizer)}"
         if self.lower_bound is not None:
             body += f",lb{_num(self.lower_bound)}"
         if self.mask_p:
             body += f",mask{_num(self.mask_p)}"
-        return f"{self.kind}={body}"
+        shape = "" if self.gamma_shape == "H" else f"[{self.gamma_shape}]"
+        return f"{self.kind}{shape}={body}"
 
     @classmethod
     def from_label(cls, label: str) -> "Gate":
-        """The gate a :attr:`label` names (``g=logsigmoid/16,lb-5``, ``g_gamma=alibi(L32,l0)``): its inverse
-        for the fields the label shows. ValueError, one line, on anything else."""
+        """The gate a :attr:`label` names (``g=logsigmoid/16,lb-5``, ``g_gamma=alibi(L32,l0)``,
+        ``g_gamma[H,K]=halfnormal/10``): its inverse for the fields the label shows. ValueError, one line, on
+        anything else."""
         parts = label.split("/") if isinstance(label, str) else [""]
-        kind = parts[0].split("=", 1)[0]
-        if kind not in GATE_KINDS or "=" not in parts[0]:
-            raise ValueError(f"gate {label!r} must read <kind>=<law>, the kind one of {GATE_KINDS}, e.g. "
-                             f"g=logsigmoid/16 or g_gamma=alibi(L32,l0)")
+        if not _is_gate(parts[0]):
+            raise ValueError(f"gate {label!r} must read <kind>[<shape>]=<law>, the kind one of {GATE_KINDS}, e.g. "
+                             f"g=logsigmoid/16, g_gamma=alibi(L32,l0) or g_gamma[]=const(-0.5)")
         gate = _parse_gate(parts.pop(0), parts)
+        if parts and _is_gate(parts[0]):
+            raise ValueError(f"gate {label!r} holds two gates: a case with both gives its g_gamma one as the case's "
+                             f"gamma (case-file field gamma = {'/'.join(parts)!r})")
         if parts:
             raise ValueError(f"gate {label!r}: {'/'.join(parts)!r} follows the gate's label")
         return gate
+
+
+def _real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _num(x: float) -> str:
@@ -133,10 +181,21 @@ class Case:
     lens: tuple[int, ...] | None = None  # packed sequence lengths (B=1, T=sum): fla's cu_seqlens; None: not packed
     HV: int | None = None  # value heads (fla's GVA: v, the gate, beta and the state have HV; q, k have H); None: H
     state_v_first: bool = False  # fla's state_v_first: h0, ht, dht and dh0 are [N,HV,V,K] (the state transposed)
+    gamma: Gate | None = None  # both gates at once: a g_gamma gate beside the g gate (their log decays add)
 
     def __post_init__(self):
         if self.gate is not None and not isinstance(self.gate, Gate):
             raise ValueError(f"gate={self.gate!r} must be a Gate or None (a gate-less op)")
+        if self.gamma is not None:
+            if not isinstance(self.gamma, Gate) or self.gamma.kind != "g_gamma":
+                got = self.gamma.label if isinstance(self.gamma, Gate) else repr(self.gamma)
+                raise ValueError(f"gamma={got} must be the g_gamma gate of a case with both gates, a "
+                                 f"Gate(kind='g_gamma', ...) (in an id the g gate comes first: "
+                                 f"g=logsigmoid/16/g_gamma=halfnormal/2), or None")
+            if self.gate is None or self.gate.kind != "g":
+                raise ValueError(f"gamma={self.gamma.label} goes beside a per-token g gate (both gates at once), "
+                                 f"got gate={self.gate.label if self.gate else None}: pass gate=Gate(kind='g', ...) "
+                                 f"or drop gamma")
         if self.dtype not in DTYPES:
             raise ValueError(f"{self.dtype=} must be one of {tuple(DTYPES)}")
         if self.HV is None:
@@ -183,6 +242,11 @@ class Case:
         return dict(self.options)
 
     @property
+    def gates(self) -> tuple[Gate, ...]:
+        """The case's gates in input order: none (a gate-less op), its one gate, or g then g_gamma (both at once)."""
+        return tuple(g for g in (self.gate, self.gamma) if g is not None)
+
+    @property
     def id(self) -> str:
         """Stable, readable id, e.g.
         ``simple_gla.chunk/B1-T256-H2-K128-V128/bf16/g_gamma=alibi(L32,l0)/C128/h0``; packed sequences
@@ -191,7 +255,7 @@ class Case:
             f"{self.op}.{self.variant}",
             f"B{self.B}-T{self.T}-H{self.H}{self._hv_part}-K{self.K}-V{self.V}",
             DTYPES[self.dtype],
-            *([self.gate.label] if self.gate is not None else []),
+            *(gate.label for gate in self.gates),
             f"C{self.chunk_size}",
         ]
         flags = [f"lens={'+'.join(map(str, self.lens))}"] if self.lens is not None else []
@@ -255,10 +319,12 @@ class Case:
     def from_id(cls, text: str, *, ops: "Callable[[str], Any] | None" = None) -> "Case":
         """The case a case id names: the inverse of :attr:`id` (``Case.from_id(c.id) == c``).
 
-        ``op.variant/B..-T..-H..[-HV..]-K..-V../dtype[/gate]/C..[/flags]``: the dtype as its label (``bf16``) or its
-        name (``bfloat16``); the gate as :attr:`Gate.label` writes it (``g=logsigmoid/16,lb-5``,
-        ``g_gamma=alibi(L32,l0)``), absent for a gate-less op; flags in any order, each at most once: ``lens=a+b``,
-        ``h0``, ``dht``, ``noht``, ``state_v_first``, ``scale=x``, ``seed=n`` and the op's options ``name=value``. An
+        ``op.variant/B..-T..-H..[-HV..]-K..-V../dtype[/gate[/g_gamma gate]]/C..[/flags]``: the dtype as its label
+        (``bf16``) or its name (``bfloat16``); the gate as :attr:`Gate.label` writes it (``g=logsigmoid/16,lb-5``,
+        ``g_gamma=alibi(L32,l0)``, ``g_gamma[]=const(-0.5)``), absent for a gate-less op, and with both gates the
+        g gate then the g_gamma one (``g=logsigmoid/16/g_gamma=halfnormal/2``: :attr:`gamma`); flags in any order,
+        each at most once: ``lens=a+b``, ``h0``, ``dht``, ``noht``, ``state_v_first``, ``scale=x``, ``seed=n`` and
+        the op's options ``name=value``. An
         option's value reads as the id writes it: ``1``/``0`` (or ``true``/``false``) a bool, ``-5`` an int (equal
         to -5.0), ``0.5`` a float, anything else a string (a case file, :mod:`cases.case_file`, gives exact types).
 
@@ -299,11 +365,18 @@ _INT = re.compile(r"-?\d+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SHAPE = re.compile(r"B(\d+)-T(\d+)-H(\d+)(?:-HV(\d+))?-K(\d+)-V(\d+)")
 _ALIBI = re.compile(r"alibi\(L(\d+),l(\d+)\)")
+_CONST = re.compile(rf"const\(({_NUMBER})\)")
+_KIND = re.compile(r"(g|g_gamma)(?:\[([^\]]*)\])?=")
 _GATE_TAIL = re.compile(rf"(?:,lb({_NUMBER}))?(?:,mask({_NUMBER}))?")
 _LABELS = {label: name for name, label in DTYPES.items()}
 _BARE_FLAGS = {"h0": ("h0", True), "dht": ("dht", True), "noht": ("final_state", False),
                "state_v_first": ("state_v_first", True)}
-ID_FORMAT = "op.variant/B<n>-T<n>-H<n>[-HV<n>]-K<n>-V<n>/<dtype>[/<gate>]/C<n>[/<flag>,...]"
+ID_FORMAT = "op.variant/B<n>-T<n>-H<n>[-HV<n>]-K<n>-V<n>/<dtype>[/<gate>[/<g_gamma gate>]]/C<n>[/<flag>,...]"
+
+
+def _is_gate(part: str) -> bool:
+    """Whether an id part opens a gate label: ``g=``, ``g_gamma=`` or ``g_gamma[<shape>]=``."""
+    return bool(_KIND.match(part))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -330,18 +403,25 @@ def _option_value(text: str) -> Any:
 
 
 def _parse_gate(kind_body: str, parts: list[str]) -> Gate:
-    """A gate label: ``kind=alibi(L<n>,l<n>)[,lb<x>]`` or ``kind=<law>/<normalizer>[,lb<x>]``, where the
-    normalizer is the next part of the id (``parts``, consumed)."""
-    kind, body = kind_body.split("=", 1)
+    """A gate label: ``kind[<shape>]=alibi(L<n>,l<n>)`` or ``=const(<x>)`` or ``=<law>/<normalizer>``, where the
+    normalizer is the next part of the id (``parts``, consumed); then ``[,lb<x>][,mask<p>]``."""
+    head = _KIND.match(kind_body)
+    kind, shape, body = head.group(1), head.group(2), kind_body[head.end():]
+    shape_field = {} if shape is None else {"gamma_shape": shape}
     lower_bound, rest = None, body
-    alibi = _ALIBI.match(body)
+    alibi, const = _ALIBI.match(body), _CONST.match(body)
     if alibi:
         rest = body[alibi.end():]
         fields = dict(law="alibi", num_layers=int(alibi.group(1)), layer_idx=int(alibi.group(2)))
         bad = kind_body
+    elif const:
+        rest = body[const.end():]
+        fields = dict(law="const", value=_number(const.group(1), f"gate {kind_body!r}: const value"))
+        bad = kind_body
     elif body in GATE_LAWS:
-        if body == "alibi":
-            raise ValueError(f"gate {kind_body!r}: an alibi gate reads alibi(L<layers>,l<layer>)")
+        if body in ("alibi", "const"):
+            raise ValueError(f"gate {kind_body!r}: an {body} gate reads "
+                             + ("alibi(L<layers>,l<layer>)" if body == "alibi" else "const(<log decay>)"))
         if not parts:
             raise ValueError(f"gate {kind_body!r} lacks its normalizer part, e.g. {kind_body}/16")
         text = parts.pop(0)
@@ -352,8 +432,8 @@ def _parse_gate(kind_body: str, parts: list[str]) -> Gate:
         fields = dict(law=body, normalizer=_number(norm, f"gate {kind_body}/{text}: normalizer"))
         bad = f"{kind_body}/{text}"
     else:
-        raise ValueError(f"gate {kind_body!r}: law must be one of {GATE_LAWS} (logsigmoid/<normalizer> or "
-                         f"alibi(L<layers>,l<layer>))")
+        raise ValueError(f"gate {kind_body!r}: law must be one of {GATE_LAWS} (logsigmoid/<normalizer>, "
+                         f"alibi(L<layers>,l<layer>), const(<log decay>) or halfnormal/<normalizer>)")
     mask_p = 0.0
     if rest:
         tail = _GATE_TAIL.fullmatch(rest)
@@ -365,7 +445,7 @@ def _parse_gate(kind_body: str, parts: list[str]) -> Gate:
         if tail.group(2) is not None:
             mask_p = _number(tail.group(2), f"gate {bad!r}: mask probability")
     try:
-        return Gate(kind=kind, lower_bound=lower_bound, mask_p=mask_p, **fields)
+        return Gate(kind=kind, lower_bound=lower_bound, mask_p=mask_p, **fields, **shape_field)
     except ValueError as exc:
         raise ValueError(f"gate {bad!r}: {_one_line(exc)}") from None
 
@@ -433,9 +513,11 @@ def _parse_parts(parts: list[str]) -> Case:
     dtype = _LABELS.get(label, label if label in DTYPES else None)
     if dtype is None:
         raise ValueError(f"part {label!r} is not a dtype: one of {tuple(_LABELS)}")
-    gate = None
-    if parts and parts[0].split("=", 1)[0] in GATE_KINDS and "=" in parts[0]:
+    gate = gamma = None
+    if parts and _is_gate(parts[0]):
         gate = _parse_gate(parts.pop(0), parts)
+    if parts and _is_gate(parts[0]):
+        gamma = _parse_gate(parts.pop(0), parts)  # both gates: Case checks it is g then g_gamma
     if not parts:
         raise ValueError("lacks the chunk size part C<n>")
     chunk = parts.pop(0)
@@ -446,6 +528,7 @@ def _parse_parts(parts: list[str]) -> Case:
     if parts:
         raise ValueError(f"part {'/'.join(parts)!r} follows the flags; a case id ends with its flags")
     try:
-        return Case(op=op, variant=variant, dtype=dtype, gate=gate, chunk_size=int(chunk[1:]), **dims, **fields)
+        return Case(op=op, variant=variant, dtype=dtype, gate=gate, gamma=gamma, chunk_size=int(chunk[1:]), **dims,
+                    **fields)
     except ValueError as exc:
         raise ValueError(_one_line(exc)) from None

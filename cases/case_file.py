@@ -12,6 +12,7 @@ Two kinds of entry, as arrays of tables, in any number::
     V = 128
     dtype = "bfloat16"            # or its label: "bf16", "fp32", "fp16"
     gate = "g=logsigmoid/16"      # a gate label as in case ids, a table of Gate fields, or false (gate-less op)
+    gamma = "g_gamma=halfnormal/2"   # optional: a second gate, g_gamma, beside a g gate (both at once)
     chunk_size = 64
     h0 = true
     dht = true
@@ -31,7 +32,8 @@ Two kinds of entry, as arrays of tables, in any number::
     options = [{}, {use_qk_l2norm_in_kernel = true}]   # a list of tables varies the options
 
 Fields and their defaults are :class:`cases.case.Case`'s: ``op``, ``variant``, ``B``, ``T``, ``H``, ``K``,
-``V`` (required), ``dtype`` ("bfloat16"), ``gate`` (``g=logsigmoid/16``), ``chunk_size`` (64), ``h0``
+``V`` (required), ``dtype`` ("bfloat16"), ``gate`` (``g=logsigmoid/16``), ``gamma`` (none: the g_gamma gate
+of a case with both gates, beside a g ``gate``), ``chunk_size`` (64), ``h0``
 (false), ``final_state`` (true), ``dht`` (false), ``scale`` (K**-0.5), ``seed`` (0), ``options`` (a table
 of the op's options, name = value), ``lens`` (packed sequence lengths, a list of ints). With ``lens``, ``T``
 defaults to ``sum(lens)`` and ``B`` to 1. In a ``[[grid]]`` a list is the values a field takes; ``lens``
@@ -125,6 +127,15 @@ def _gate(v):
                      f"for a gate-less op, got {v!r}")
 
 
+def _gamma(v):
+    if v is False:
+        return None  # one gate
+    if isinstance(v, (str, dict)):
+        return _gate(v)
+    raise ValueError(f"must be the g_gamma gate of a case with both gates: a gate label (e.g. "
+                     f"'g_gamma=halfnormal/2'), a table of {list(GATE_FIELDS)}, or false for none, got {v!r}")
+
+
 def _options(v):
     if not isinstance(v, dict):
         raise ValueError(f"must be a table of the op's options (name = value), got {v!r}")
@@ -148,7 +159,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "chunk_size": _positive_int,
     "h0": _bool, "final_state": _bool, "dht": _bool, "state_v_first": _bool, "scale": _number,
     "seed": _non_negative_int,
-    "options": _options, "lens": _lens,
+    "options": _options, "lens": _lens, "gamma": _gamma,
 }
 assert set(CHECKS) == set(FIELDS), "a Case field without a case-file check"
 
@@ -240,7 +251,7 @@ def _expand(fields: dict, kind: str) -> list[tuple[str, dict]]:
 
 
 def _show(name: str, value) -> str:
-    if name == "gate":
+    if name in ("gate", "gamma"):
         return value.label if value is not None else "none"
     if name == "options":
         return "{" + ",".join(f"{k}={v}" for k, v in value) + "}"

@@ -89,16 +89,27 @@ def alibi_g_gamma(num_heads: int, num_layers: int, layer_idx: int) -> np.ndarray
     return -alibi_slopes(num_heads) * (1.0 - layer_idx / max(num_layers - 1, 1) + 1e-5)
 
 
-def gate_law(case, rng, shape):
-    """The case's gate: ``logsigmoid(N(0,1)) / normalizer`` for a ``g`` gate,
-    ALiBi ``g_gamma`` otherwise; then the optional ``lower_bound`` clamp, and fla's tests' masking: each
-    log decay zeroed with probability ``mask_p`` (drawn after the gate, so ``mask_p = 0`` draws as before)."""
-    gate = case.gate
+def g_gamma_shape(gate, case: Case) -> tuple[int, ...]:
+    """A ``g_gamma`` gate's input shape: () for one value for every head, (H,) per head (the default), (H, K) per
+    head and key channel (:attr:`cases.case.Gate.gamma_shape`)."""
+    return {"": (), "H": (case.H,), "H,K": (case.H, case.K)}[gate.gamma_shape]
+
+
+def draw_gate(gate, case: Case, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """One gate's log decays, float64, of ``shape``: a ``g`` gate's per-token shape [B,T,H,...] or a ``g_gamma``'s
+    (:func:`g_gamma_shape`). By law: ``logsigmoid(N(0,1)) / normalizer``; ALiBi's per-head ``g_gamma`` broadcast
+    over the other axes; ``value`` everywhere (``const``, no draw); ``-|N(0,1)| / normalizer`` (``halfnormal``).
+    Then the optional ``lower_bound`` clamp, and fla's tests' masking: each log decay zeroed with probability
+    ``mask_p`` (drawn after the gate, so ``mask_p = 0`` draws as before)."""
     if gate.law == "alibi":
         gamma = alibi_g_gamma(case.H, gate.num_layers, gate.layer_idx)
-        # [H] for g_gamma; a per-token tensor [B,T,H,...] gets gamma broadcast over its other axes
-        index = (slice(None),) if len(shape) == 1 else (None, None, slice(None)) + (None,) * (len(shape) - 3)
+        h_axis = 2 if gate.kind == "g" else 0  # per-token [B,T,H,...]; a g_gamma [H] or [H,K]
+        index = tuple(slice(None) if axis == h_axis else None for axis in range(len(shape)))
         g = np.array(np.broadcast_to(gamma[index], shape), dtype=np.float64)
+    elif gate.law == "const":
+        g = np.full(shape, float(gate.value))
+    elif gate.law == "halfnormal":
+        g = -np.abs(rng.standard_normal(shape)) / gate.normalizer
     else:
         g = logsigmoid(rng.standard_normal(shape)) / gate.normalizer
     if gate.lower_bound is not None:
@@ -108,19 +119,30 @@ def gate_law(case, rng, shape):
     return g
 
 
+def gate_law(case, rng, shape):
+    """The case's gate (``case.gate``), drawn by :func:`draw_gate`."""
+    return draw_gate(case.gate, case, rng, shape)
+
+
+def gamma_law(case, rng, shape):
+    """The g_gamma gate of a case with both gates (``case.gamma``), drawn by :func:`draw_gate` after the g gate."""
+    return draw_gate(case.gamma, case, rng, shape)
+
+
 # ------------------------------------------------------------------- drawing
 def quantize(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Round a float64 array to ``dtype`` (round to nearest even), C-contiguous."""
-    return np.ascontiguousarray(np.asarray(x, dtype=np.float64).astype(NP_DTYPES[dtype]))
+    """Round a float64 array to ``dtype`` (round to nearest even), C-contiguous, of ``x``'s shape (a 0-d array
+    stays 0-d: ``np.ascontiguousarray`` would make it 1-d)."""
+    return np.asarray(x, dtype=np.float64).astype(NP_DTYPES[dtype], order="C")
 
 
 def inputs_sha256(arrays: Mapping[str, np.ndarray]) -> str:
     """sha256 over (name, dtype, shape, bytes) of every array, in name order."""
     h = hashlib.sha256()
     for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
+        a = np.asarray(arrays[name])
         h.update(f"{name}:{a.dtype.name}:{a.shape};".encode())
-        h.update(a.tobytes())
+        h.update(a.tobytes(order="C"))
     return h.hexdigest()
 
 

@@ -2,8 +2,9 @@
 (:mod:`harness.pytest_plugin`), share, so they cannot drift apart.
 
 - **Which cases.** :class:`Selection`: comma-joined suites, or cases by id and from case files (in order,
-  each once), then ``--op``, input draws and a shard. Case ids and case files are validated against the op
-  registry here: the case layer (``cases/``) imports no op, this layer passes ``harness.ops.get_op`` in.
+  each once), then ``--op`` (comma-joined ops, or the option repeated), input draws and a shard. Case ids
+  and case files are validated against the op registry here: the case layer (``cases/``) imports no op,
+  this layer passes ``harness.ops.get_op`` in.
 - **Which file.** :meth:`Selection.result_name` (:func:`harness.result_file.result_name`): a run of part of
   a suite names its part, so it never replaces the suite's own result file.
 - **What the gate writes.** :func:`write_gate`: parity.csv, parity.md, parity.html and parity.png, and
@@ -47,8 +48,8 @@ def load_cases(path) -> list[Case]:
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """The cases a run covers. ``suite`` may join several suites with commas; ``case_ids`` and
-    ``cases_files``, when given, replace the suite."""
+    """The cases a run covers. ``suite`` may join several suites with commas, and each of ``ops`` several ops;
+    ``case_ids`` and ``cases_files``, when given, replace the suite."""
 
     suite: str = "smoke"
     case_ids: tuple[str, ...] = ()
@@ -56,6 +57,9 @@ class Selection:
     ops: tuple[str, ...] = ()
     draws: int = 1
     shard: str | None = None
+
+    def __post_init__(self):  # --op a,b is --op a --op b
+        object.__setattr__(self, "ops", tuple(n.strip() for text in self.ops for n in text.split(",") if n.strip()))
 
     @property
     def by_id(self) -> bool:
@@ -83,6 +87,8 @@ class Selection:
             names = [n.strip() for n in self.suite.split(",") if n.strip()]
             cases = [c for name in names for c in suites.get_suite(name)]
         if self.ops:
+            for name in self.ops:
+                get_op(name)  # an unknown op is an error, not a silently smaller selection
             cases = [c for c in cases if c.op in self.ops]
         cases = suites.with_draws(cases, self.draws)
         if self.shard:

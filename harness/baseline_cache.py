@@ -282,7 +282,8 @@ class BaselineCache:
             columns = json.loads(json.dumps({**(facts or {}), **out.columns}))  # a column that is not JSON: not cached
         except (TypeError, ValueError):
             return False
-        arrays = {name: np.ascontiguousarray(a) for name, a in out.tensors.items() if a is not None}
+        # C-contiguous, a 0-d array staying 0-d (np.ascontiguousarray would make it 1-d: a scalar g_gamma's gradient)
+        arrays = {name: np.require(a, requirements="C") for name, a in out.tensors.items() if a is not None}
         meta = {"format": FORMAT, "key": key, "case_id": case.id, "input_sha256": inputs.sha256,
                 "tensors": {n: {"dtype": str(a.dtype), "shape": list(a.shape)} for n, a in arrays.items()},
                 "absent": sorted(n for n, a in out.tensors.items() if a is None),

@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness.legs.registry import BUILTIN, default_leg, leg_spec, legs, parse_impl, register_implementation
+from harness.legs.registry import (BUILTIN, check_implementation, default_leg, leg_spec, legs, parse_impl,
+                                   register_implementation)
 from harness.status import CAUSALITY_FAILING, FAILING, Status
 from harness.workers import GIB_PER_JOB, Workers, default_jobs, parse_jobs
 
@@ -408,6 +409,7 @@ def cmd_all(args) -> int:
     for name in args.candidate:
         if leg_spec(name).role != "candidate":
             raise UsageError(f"--candidate {name} is the {leg_spec(name).role} leg, not a candidate")
+        check_implementation(name)
     cases = _select_cases(args)
     policy = _policy(args)
     out = _out_dir(args.out)
@@ -465,7 +467,8 @@ def _add_selection(p, shard=True):
                    help="run the cases of this TOML file (repeatable; overrides --suite, adds to --case): "
                         "[[case]] tables of Case fields or ids, [[grid]] tables expanded over their lists; "
                         "see cases/examples/my_cases.toml")
-    p.add_argument("--op", action="append", default=[], help="keep only cases of this op (repeatable)")
+    p.add_argument("--op", action="append", default=[],
+                   help="keep only cases of this op, or of several joined by commas: simple_gla,gla (repeatable)")
     p.add_argument("--draws", type=int, default=1, metavar="N",
                    help="run each case over N input draws: Case.seed 0..N-1 (the id says seed=k for k > 0)")
     if shard:
@@ -631,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         for text in getattr(args, "impl", []):
             register_implementation(*parse_impl(text))
         if getattr(args, "backend", None):
-            leg_spec(args.backend)  # an unknown leg is a usage error before any work
+            check_implementation(args.backend)  # an unknown leg, or one that does not load: before any work
         if not hasattr(args, "jobs"):
             return args.fn(args)
         jobs = default_jobs() if args.jobs is None else parse_jobs(args.jobs)

@@ -41,6 +41,9 @@ Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
 ``forward_only``  the candidate is a forward-only implementation and the
                   tensor is a gradient: not compared, and the gate's headline
                   says the PASS covers the forward tensors only
+``no_gradient``   the candidate's binding declares it gives no gradient of
+                  this input by design (``LegBinding.no_gradient``, with its
+                  reason): not compared, and the headline counts it
 ================= ==========================================================
 
 A gate that compares no gated metric at all fails (a ``coverage`` row, unless
@@ -66,7 +69,7 @@ from .metrics import METRICS, parse_blocks
 from .noise import BOOTSTRAP_MIN_ELEMENTS, next_look, pooled_decision
 from .policy import Policy
 from .results import KEY, ReportError, check_results, read_table
-from .status import FAILING, FORWARD_ONLY, Status
+from .status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "ratio_lower", "allowed", "verdict",
                   "reason", "draws",
@@ -114,15 +117,22 @@ class GateResult:
         return int((self.parity["verdict"] == "forward_only").sum())
 
     @property
+    def no_gradient(self) -> int:
+        """(case, tensor) gradients the candidate declares it gives none of by design, so the gate did not compare."""
+        return int((self.parity["verdict"] == "no_gradient").sum())
+
+    @property
     def headline(self) -> str:
-        """``FAIL``, ``PASS``, or a PASS that says it covers the forward only: never a plain PASS then."""
+        """``FAIL``, ``PASS``, or a PASS that counts the gradients it did not compare (a forward-only candidate's,
+        those declared absent by design): never a plain PASS then."""
         if not self.failures.empty:
             return "FAIL"
         if not self.inconclusive.empty:
             more = f"run with --draws {self.draws_needed}" if self.draws_needed else "at the cap of draws"
             return f"INCONCLUSIVE ({len(self.inconclusive)} comparison(s) not decided by the draws: {more})"
-        n = self.forward_only
-        return "PASS" if not n else f"PASS, FORWARD ONLY ({n} gradient tensor(s) of the baseline not compared)"
+        uncompared = (("FORWARD ONLY", self.forward_only), ("NO GRADIENT BY DESIGN", self.no_gradient))
+        return ", ".join(["PASS"] + [f"{what} ({n} gradient tensor(s) of the baseline not compared)"
+                                     for what, n in uncompared if n])
 
 
 def check_legs(df: pd.DataFrame, leg: str, role: str, name: str) -> None:
@@ -188,6 +198,8 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
     if t_status == Status.NOT_PROVIDED:
         if g_status == Status.OK and str(t["reason"]).startswith(FORWARD_ONLY):
             return status_row("forward_only", f"{t['reason']}: not compared (the candidate is forward only)")
+        if g_status == Status.OK and str(t["reason"]).startswith(NO_GRADIENT):
+            return status_row("no_gradient", t["reason"])  # the binding's reason: not compared
         if g_status == Status.OK:
             return status_row("fail", "the TPU leg gives no such tensor but the GPU leg does")
         return status_row("not_provided", "neither leg gives this tensor")

@@ -43,7 +43,7 @@ def pytest_addoption(parser):
                     help="run the cases of this TOML file (env PARITY_CASES_FILE; overrides --parity-suite, adds "
                          "to --parity-case); see cases/examples/my_cases.toml")
     group.addoption("--parity-op", action="append", default=[],
-                    help="keep only cases of this op (repeatable)")
+                    help="keep only cases of this op, or of several joined by commas (repeatable)")
     group.addoption("--parity-draws", type=int, default=int(os.environ.get("PARITY_DRAWS", "1")), metavar="N",
                     help="run each case over N input draws, seeds 0..N-1 (env PARITY_DRAWS; default 1)")
     group.addoption("--parity-shard", default=os.environ.get("PARITY_SHARD"), metavar="i/n",
@@ -75,6 +75,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     from harness.legs import default_leg, leg_spec, parse_impl, register_implementation
+    from harness.legs.registry import check_implementation
 
     # the markers are named for the registry's built-in baseline and candidate legs: ``pytest -m gpu``, ``-m tpu``
     config.addinivalue_line("markers", f"{default_leg('baseline')}: run the baseline leg over a suite, one test "
@@ -93,6 +94,7 @@ def pytest_configure(config):
         if leg_spec(config.option.parity_candidate).role != "candidate":
             raise ValueError(f"--parity-candidate {config.option.parity_candidate} is the "
                              f"{leg_spec(config.option.parity_candidate).role} leg, not a candidate")
+        check_implementation(config.option.parity_candidate)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     if _selection(config).by_id:  # a bad id or case file stops the session at once, one line, not at collection
@@ -234,21 +236,27 @@ def pytest_sessionfinish(session, exitstatus):
             p.unlink()
         if reporter is not None:
             reporter.write_line(f"parity: {leg} results -> {path}")
-            forward_only = _forward_only_rows(path)
+            forward_only, no_gradient = _uncompared_rows(path)
             if forward_only:
                 reporter.write_line(f"parity: {leg} is FORWARD ONLY: {forward_only} gradient row(s) were not "
                                     f"compared; its PASS covers the forward tensors only", yellow=True, bold=True)
+            if no_gradient:
+                reporter.write_line(f"parity: {leg} gives NO GRADIENT BY DESIGN in {no_gradient} row(s), as its "
+                                    f"bindings declare: not compared; its PASS does not cover them",
+                                    yellow=True, bold=True)
     if not any(parts_dir.iterdir()):
         parts_dir.rmdir()
 
 
-def _forward_only_rows(path: Path) -> int:
+def _uncompared_rows(path: Path) -> tuple[int, int]:
+    """(gradient rows a forward-only candidate did not give, gradient rows its bindings declare absent by design)."""
     import pandas as pd
 
-    from harness.status import FORWARD_ONLY
+    from harness.status import FORWARD_ONLY, NO_GRADIENT
 
-    reasons = pd.read_csv(path, usecols=["reason"])["reason"].fillna("")
-    return int(reasons.str.startswith(FORWARD_ONLY).sum())
+    # read as text, an empty cell as "": a file whose reasons are all empty would otherwise be a float column
+    reasons = pd.read_csv(path, usecols=["reason"], dtype=str, keep_default_na=False)["reason"]
+    return int(reasons.str.startswith(FORWARD_ONLY).sum()), int(reasons.str.startswith(NO_GRADIENT).sum())
 
 
 def _write_result(df, out: Path, leg: str, config, run_id: str) -> Path:

@@ -11,6 +11,7 @@ import pandas as pd
 from .gate import GateResult
 from .legs import default_leg
 from .results import provenance_line
+from .status import NO_GRADIENT
 
 
 # ------------------------------------------------------------- the gate's report
@@ -59,6 +60,14 @@ def gate_notes(result: GateResult) -> list[list[str]]:
                       f"{result.forward_only} gradient tensor(s) of {cases} case(s) that the baseline gives were "
                       f"**not compared**. This verdict covers the forward tensors (o, ht) only; it is not a "
                       f"training-grade PASS."])
+    if result.no_gradient:
+        judged = result.parity[result.parity["verdict"] == "no_gradient"]
+        why = sorted({f"{tensor} ({str(reason).removeprefix(NO_GRADIENT + ': ')})"
+                      for tensor, reason in zip(judged["tensor"], judged["reason"])})
+        notes.append([f"**No gradient by design**: the candidate ({result.candidate_leg}) declares it gives no "
+                      f"gradient of some inputs, so {result.no_gradient} gradient tensor(s) of "
+                      f"{judged['case_id'].nunique()} case(s) that the baseline gives were **not compared**: "
+                      f"{'; '.join(why)}. This verdict does not cover them."])
     missing = int((result.parity["verdict"] == "missing").sum())
     if missing:
         notes.append([f"**{missing} (case, tensor) row(s) are in one file only** and were allowed "

@@ -11,7 +11,8 @@ status          meaning
 ``ok``          compared, finite, within the absolute bound
 ``bound``       compared, finite, rel_l2 above the absolute bound
 ``nonfinite``   NaN/Inf in the leg's result where the reference is finite
-``not_provided`` the leg returns no such tensor (e.g. fla's dg_gamma)
+``not_provided`` the leg returns no such tensor (e.g. fla's dg_gamma), or its binding declares no
+                gradient of that input by design (``LegBinding.no_gradient``)
 ``unsupported`` the leg cannot run the case; ``reason`` says why
 ``error``       validation, input generation, the leg or the reference raised
 =============== =============================================================
@@ -35,11 +36,11 @@ from .baseline_cache import BaselineCache
 from .legs.base import Leg, LegOutput
 from .metrics import compare, nonfinite_where_ref_finite
 from .ops import get_op
-from .ops.base import OpDescriptor
+from .ops.base import OpDescriptor, grad_name
 from .legs.registry import role_of
 from .policy import bound_for
 from .reference_cache import ReferenceCache
-from .status import FAILING, FORWARD_ONLY, Status
+from .status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
 
 FAILING_STATUSES = FAILING  # the name tests and plugins import
 
@@ -64,6 +65,17 @@ def _short_error(exc: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
     where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return (msg[:500] + ("..." if len(msg) > 500 else "")) + where
+
+
+def _raised_through(exc: BaseException, fn) -> bool:
+    """Whether ``exc`` came out of a call of the function ``fn`` (its frame is in the traceback)."""
+    code = getattr(fn, "__code__", None)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 class Refusal(Exception):
@@ -157,11 +169,40 @@ class Runner:
         try:
             reason = self.leg.supports(op, case)
         except Exception as exc:  # noqa: BLE001 - e.g. kernels that raise on a valid case while asked (TPU leg)
-            raise Refusal(op, Status.ERROR, f"supports failed: {_short_error(exc)}",
-                          input_sha256=inputs.sha256) from None
+            binding = self.leg.binding(op)
+            # the TPU-side legs ask the kernels by tracing the binding's forward: say so when that is what raised
+            what = ("forward failed while tracing for the refusal check"
+                    if binding is not None and _raised_through(exc, binding.forward) else "supports failed")
+            raise Refusal(op, Status.ERROR, f"{what}: {_short_error(exc)}", input_sha256=inputs.sha256) from None
         if reason:
             raise Refusal(op, Status.UNSUPPORTED, reason, input_sha256=inputs.sha256)
+        try:
+            self.no_gradient(op, case)
+        except ValueError as exc:
+            raise Refusal(op, Status.ERROR, str(exc), input_sha256=inputs.sha256) from None
         return op, inputs
+
+    def no_gradient(self, op: OpDescriptor, case: Case) -> dict[str, str]:
+        """{gradient tensor: its row's reason} for the inputs whose gradient the leg's binding declares it gives
+        none of by design (``LegBinding.no_gradient``). A declaration that names anything but a differentiable
+        input of the case, or gives no reason, is a ValueError that says so."""
+        binding = self.leg.binding(op)
+        if binding is None:
+            return {}
+        try:
+            declared = dict(binding.no_gradient(case))
+        except Exception as exc:  # noqa: BLE001 - the binding's own bug is the case's error rows
+            raise ValueError(f"the {self.leg.name} binding's no_gradient failed: {_short_error(exc)}") from None
+        inputs = op.differentiable(case)
+        for name, why in declared.items():
+            if name not in inputs:
+                raise ValueError(f"the {self.leg.name} binding of {op.name} declares no gradient for {name!r}, "
+                                 f"which is not a differentiable input of this case ({', '.join(inputs)}): "
+                                 f"declare only those (LegBinding.no_gradient)")
+            if not isinstance(why, str) or not why.strip():
+                raise ValueError(f"the {self.leg.name} binding of {op.name} declares no gradient for {name!r} "
+                                 f"without a reason: give the reason, a non-empty string")
+        return {grad_name(name): f"{NO_GRADIENT}: {why}" for name, why in declared.items()}
 
     def execute(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[LegOutput, dict]:
         """The leg's preflight and its run: (output, row columns); otherwise raises :class:`Refusal`.
@@ -228,16 +269,19 @@ class Runner:
             return self._rows_for_all(r.op, case, r.status, r.reason, **r.columns)
         common["details"] = json.dumps(dict(out.details), sort_keys=True, default=str)
         common.update(out.columns)
-        return [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common, out.forward_only)
-                for spec in op.tensors(case)]
+        no_gradient = {} if out.forward_only else self.no_gradient(op, case)  # checked by prepare
+        return [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common, out.forward_only,
+                                  no_gradient.get(spec.name)) for spec in op.tensors(case)]
 
-    def _compare_row(self, op, case, spec, y, golden, common, forward_only=False) -> dict:
+    def _compare_row(self, op, case, spec, y, golden, common, forward_only=False, no_gradient=None) -> dict:
+        """``no_gradient``: the reason the binding gives no such gradient by design; then whatever ``y`` holds
+        (zeros, as a forward that takes the input as a constant gives) is not compared."""
         dtype = spec.resolve_dtype(case)
         bound = bound_for(case.op, spec.name, case.dtype, role_of(self.leg.name))
         common = {**common, "bound_rel_l2": bound.rel_l2}
-        if y is None:
-            reason = (f"{FORWARD_ONLY} {spec.name}" if forward_only and spec.kind == "grad"
-                      else f"the {self.leg.name} leg does not return {spec.name}")
+        if y is None or no_gradient:
+            reason = no_gradient or (f"{FORWARD_ONLY} {spec.name}" if forward_only and spec.kind == "grad"
+                                     else f"the {self.leg.name} leg does not return {spec.name}")
             return self._row(case, spec.name, dtype, Status.NOT_PROVIDED, reason=reason, **common)
         r = golden[spec.name]
         metrics = compare(y, r, dtype)

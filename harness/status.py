@@ -29,6 +29,11 @@ FORWARD_ONLY = "forward-only implementation: no backward, so no gradient"
 """The start of a ``not_provided`` gradient row's reason when the leg runs a forward-only implementation
 (``LegBinding.differentiable=False``): the gate then covers the forward tensors only, and says so."""
 
+NO_GRADIENT = "no gradient by design"
+"""The start of a ``not_provided`` gradient row's reason when the leg's binding declares it gives no gradient of
+that input by design (``LegBinding.no_gradient``), followed by the binding's reason: the gate does not compare
+the tensor, and its headline counts it, as it counts a forward-only candidate's gradients."""
+
 FAILING = (Status.BOUND, Status.NONFINITE, Status.ERROR)
 """Result-row statuses that make ``parity run`` exit 1 and fail the gate as the candidate's."""
 

@@ -38,6 +38,23 @@ def check_limits(q, dims: Dims) -> None:
         raise NotImplementedError(f"supported dtypes are bfloat16, float16, float32; got {q.dtype=}; cast the inputs")
 
 
+def check_one_gate(g, g_gamma) -> None:
+    """NotImplementedError when both gates are given: the op contract lets simple_gla and gla take g and g_gamma
+    at once (their log decays add), and these kernels take one. Only which is present is looked at."""
+    if g is not None and g_gamma is not None:
+        raise NotImplementedError("the kernels take one gate, g or g_gamma, not both at once: pass their sum as "
+                                  "one, g=g + g_gamma broadcast over g's shape (exact up to one float32 rounding "
+                                  "per element)")
+
+
+def check_per_head_gamma(g_gamma) -> None:
+    """NotImplementedError for a g_gamma other than one per head, [H]: the contract's [] and gla's [H,K] forms."""
+    if g_gamma is not None and len(g_gamma.shape) != 1:
+        raise NotImplementedError(f"the kernels take g_gamma per head, [H]; got shape {tuple(g_gamma.shape)}: "
+                                  f"broadcast a scalar to [H] (exact); an [H,K] g_gamma is a per-channel g constant "
+                                  f"over the tokens: pass g = g_gamma broadcast to [B,T,H,K] (exact)")
+
+
 # ------------------------------------------------------------------ grouped value heads
 def value_heads(x, v):
     """q or k [B,T,H,K] repeated to v's HV heads (fla's grouped value attention: value head j reads q/k head

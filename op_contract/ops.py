@@ -14,27 +14,39 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .checks import Dims, check_chunk_size, check_log_decay, check_qkv, expect, resolve_scale
+from .checks import (Dims, check_chunk_size, check_floating, check_log_decay, check_qkv, described, expect,
+                     resolve_scale, shape_of)
 
 
 def check_gate_choice(g, g_gamma, g_layout, *, required: bool) -> None:
-    """``g`` (per-token log decay, shape ``g_layout``) or ``g_gamma`` [H]: never both; one of them
-    when ``required`` (else neither means no decay). Only which one is present is looked at."""
+    """``g`` (per-token log decay, shape ``g_layout``), ``g_gamma`` (a constant log decay), or both (their log
+    decays add, as in fla's ``chunk_simple_gla(q, k, v, g, g_gamma)``); one of them when ``required`` (else
+    neither means no decay). Only which one is present is looked at."""
     per_token = "per-channel" if g_layout[-1] == "K" else "per-token"
-    gates = f"g [{','.join(g_layout)}] ({per_token} log decay) and g_gamma [H] (per-head log decay)"
-    if required and (g is None) == (g_gamma is None):
-        raise ValueError(f"pass exactly one of {gates}")
-    if g is not None and g_gamma is not None:
-        raise ValueError(f"pass at most one of {gates}, not both")
+    if required and g is None and g_gamma is None:
+        raise ValueError(f"pass g [{','.join(g_layout)}] ({per_token} log decay), g_gamma (a constant log decay), "
+                         f"or both")
 
 
-def _check_gated(g_layout: str, required: bool, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do,
-                 dht, cu_seqlens) -> tuple[Dims, float]:
-    """The contract of a gated op (simple_gla, gla): ``g`` of shape ``g_layout`` or ``g_gamma`` [H], <= 0."""
+def _check_g_gamma(g_gamma, layouts: tuple[str, ...], dims: Dims) -> None:
+    """ValueError unless ``g_gamma`` is None or a floating array of one of ``layouts`` ("" a scalar, "H", "HK")."""
+    if g_gamma is None:
+        return
+    if shape_of(g_gamma) not in {dims.shape(layout) for layout in layouts}:
+        names = " or ".join(dims.name(layout) for layout in layouts)
+        raise ValueError(f"g_gamma must be {names} (one log decay for every head, per head"
+                         f"{', per head and key channel' if 'HK' in layouts else ''}), got {described(g_gamma)}")
+    check_floating("g_gamma", g_gamma)
+
+
+def _check_gated(g_layout: str, gamma_layouts: tuple[str, ...], required: bool, q, k, v, g, g_gamma, scale,
+                 initial_state, chunk_size, do, dht, cu_seqlens) -> tuple[Dims, float]:
+    """The contract of a gated op (simple_gla, gla): ``g`` of shape ``g_layout``, ``g_gamma`` of one of
+    ``gamma_layouts``, or both, <= 0."""
     dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht, cu_seqlens=cu_seqlens)
     check_gate_choice(g, g_gamma, g_layout, required=required)
     expect("g", g, g_layout, dims)
-    expect("g_gamma", g_gamma, "H", dims)
+    _check_g_gamma(g_gamma, gamma_layouts, dims)
     check_log_decay("g", g)
     check_log_decay("g_gamma", g_gamma)
     check_chunk_size(chunk_size)
@@ -43,14 +55,18 @@ def _check_gated(g_layout: str, required: bool, q, k, v, g, g_gamma, scale, init
 
 def check_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64, *,
                      do=None, dht=None, cu_seqlens=None) -> tuple[Dims, float]:
-    """simple_gla: g [B,T,H] or g_gamma [H] (at most one; neither is no decay), both <= 0."""
-    return _check_gated("BTH", False, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do, dht, cu_seqlens)
+    """simple_gla: g [B,T,H], g_gamma [] or [H] (one log decay for every head, or per head), or both (their log
+    decays add); neither is no decay. All <= 0."""
+    return _check_gated("BTH", ("", "H"), False, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do, dht,
+                        cu_seqlens)
 
 
 def check_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64, *,
               do=None, dht=None, cu_seqlens=None) -> tuple[Dims, float]:
-    """gla: exactly one of g [B,T,H,K] and g_gamma [H], <= 0."""
-    return _check_gated("BTHK", True, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do, dht, cu_seqlens)
+    """gla: g [B,T,H,K], g_gamma [], [H] or [H,K] (broadcast over the tokens, and over the heads and channels it
+    lacks), or both (their log decays add); at least one. All <= 0."""
+    return _check_gated("BTHK", ("", "H", "HK"), True, q, k, v, g, g_gamma, scale, initial_state, chunk_size, do,
+                        dht, cu_seqlens)
 
 
 KDA_OPTIONS = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,

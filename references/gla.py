@@ -6,9 +6,12 @@ state ``[B,H,K,V]``. Per head, with ``a_t = exp(gk_t)`` a per-key-channel decay:
     S_t = Diag(a_t) S_{t-1} + k_t v_t^T,    o_t = scale * S_t^T q_t,
     S_0 = h0 (optional, zeros otherwise),   ht = S_T.
 
-The gate is either ``g [B,T,H,K]`` (per-channel log decay) or ``g_gamma [H]``
-(per-head constant: ``gk_t[c] = g_gamma`` for every t and c). The backward
-takes the loss ``sum(o * do) + sum(ht * dht)``.
+The gate is ``g [B,T,H,K]`` (per-channel log decay), ``g_gamma`` constant over
+the tokens (``[H]`` per head: ``gk_t[c] = g_gamma[h]`` for every t and c; ``[]``
+one value for every head and channel; ``[H,K]`` per head and key channel:
+``gk_t[c] = g_gamma[h, c]``), or both (``gk_t = g_t + g_gamma``, broadcast as
+above: the decays multiply). The backward takes the loss
+``sum(o * do) + sum(ht * dht)``.
 
 Packed variable-length sequences (``cu_seqlens``, B = 1, see :mod:`references._varlen`): the
 recurrence runs on each sequence alone, from ``initial_state[i]`` (or 0) to ``ht[i]``, and chunks
@@ -78,10 +81,12 @@ def _validate(q, k, v, g, g_gamma, initial_state, scale, method, chunk_size, do=
 
 
 def _gate(g, g_gamma, shape):
-    """Per-channel log decay [B,T,H,K] from either gate kind (traced: grads flow to g_gamma)."""
-    if g is not None:
+    """Per-channel log decay [B,T,H,K] from the gates given: g, g_gamma ([H], [] or [H,K], broadcast over what it
+    lacks), or their sum (traced: grads flow to each)."""
+    if g_gamma is None:
         return g
-    return jnp.broadcast_to(g_gamma[None, None, :, None], shape)
+    gamma = g_gamma[None, None, :, None] if g_gamma.ndim == 1 else g_gamma  # [H]; [] and [H,K] align at the end
+    return jnp.broadcast_to(gamma, shape) if g is None else g + gamma
 
 
 # ------------------------------------------------------------------ recurrent

@@ -1,7 +1,8 @@
 """Float64 CPU references for simple_gla (scalar-gated linear attention).
 
-Per batch and head, with a per-token log decay ``g_t`` (``g`` [B,T,H]) or a
-per-head constant ``g_t = gamma_h`` (``g_gamma`` [H]):
+Per batch and head, with a per-token log decay ``g_t`` (``g`` [B,T,H]), a
+constant ``g_t = gamma_h`` (``g_gamma`` [H], or [] one value for every head), or
+both at once (``g_t = g[b,t,h] + gamma_h``: the decays multiply):
 
     S_t = exp(g_t) S_{t-1} + k_t v_tᵀ          S_0 = h0 (or 0)      S: [K, V]
     o_t = scale · S_tᵀ q_t                     ht  = S_T
@@ -52,11 +53,13 @@ __all__ = ["chunk_simple_gla", "chunk_simple_gla_bwd", "naive_recurrent_simple_g
 
 
 def _log_decay(g, g_gamma, B, T, H, dtype):
-    """Per-token log decay [B,T,H] from either gate kind (zeros: no decay)."""
+    """Per-token log decay [B,T,H] from the gates given: g, g_gamma ([H] or [] broadcast over the tokens and
+    heads), their sum when both are (traced: gradients flow to each), zeros (no decay) when neither is."""
+    gamma = None if g_gamma is None else jnp.broadcast_to(g_gamma, (H,))[None, None, :]
     if g is not None:
-        return g
-    if g_gamma is not None:
-        return jnp.broadcast_to(g_gamma[None, None, :], (B, T, H))
+        return g if gamma is None else g + gamma
+    if gamma is not None:
+        return jnp.broadcast_to(gamma, (B, T, H))
     return jnp.zeros((B, T, H), dtype)
 
 
@@ -157,7 +160,7 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     """Forward: ``(o [B,T,H,V], ht [N,H,K,V] or None)`` as float64 numpy arrays.
 
     Args mirror ``fla.ops.simple_gla.chunk_simple_gla``: q, k [B,T,H,K]; v
-    [B,T,H,V]; g [B,T,H] or g_gamma [H] (log decays); scale defaults to K**-0.5;
+    [B,T,H,V]; g [B,T,H], g_gamma [H] or [] (log decays), or both (summed); scale defaults to K**-0.5;
     initial_state [N,H,K,V]; cu_seqlens the N+1 offsets of packed sequences (B = 1),
     else N = B.
     """
@@ -174,7 +177,7 @@ def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None
                          *, cu_seqlens=None, method="chunk", chunk_size=64, compute_dtype="float64"):
     """Backward of ``sum(o*do) + sum(ht*dht)``: dict(dq, dk, dv, dg, dg_gamma, dh0).
 
-    ``dg`` is None unless g is given, ``dg_gamma`` unless g_gamma is given,
+    ``dg`` is None unless g is given, ``dg_gamma`` (g_gamma's shape) unless g_gamma is given,
     ``dh0`` unless initial_state is given. All arrays are float64 numpy. With
     ``cu_seqlens``, dht, initial_state and dh0 are [N,H,K,V].
     """

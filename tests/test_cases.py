@@ -96,7 +96,7 @@ def test_grouped_value_heads_in_the_case_model():
 
 def test_gate_validation():
     with pytest.raises(ValueError, match="alibi"):
-        Gate("g_gamma", "logsigmoid")
+        Gate("g", "const", value=-0.5)  # a per-token g is drawn by logsigmoid or alibi
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))

@@ -1,5 +1,6 @@
 """Any team's implementation as the candidate (issue 21): the leg registry, --impl and entry points, forward-only
-candidates, and an implementation that interprets but does not compile for a real TPU.
+candidates, an implementation that interprets but does not compile for a real TPU, gradients declared absent by
+design, and implementations that do not load (issue 36).
 
 The implementation under test is a tiny package written to a temporary directory with a ``.dist-info`` whose
 entry points name it, as ``pip install`` would leave it. Its kernels are this project's simple_gla kernels,
@@ -55,16 +56,31 @@ def raises(case, a, ctx):
     raise RuntimeError("the kernel team's bug")
 
 
+def forward_with_a_constant_gate(case, a, ctx):
+    # the gate taken as a constant (as tops takes g_gamma): its gradient comes back as zeros
+    return forward(case, {**a, "g": jax.lax.stop_gradient(a["g"])}, ctx)
+
+
 class Impl:
     def __init__(self, binding):
         self.bindings = {"simple_gla": binding}
         self.version = "tiny 1.0"
 
 
+class Unbound:
+    version = "tiny 1.0"
+
+
 FULL = Impl(LegBinding(forward))
 FORWARD_ONLY = Impl(LegBinding(forward, differentiable=False))
 NO_COMPILE = Impl(LegBinding(forward_with_an_fp16_load, differentiable=False))
 RAISES = Impl(LegBinding(raises))
+CONSTANT_GATE = Impl(LegBinding(forward_with_a_constant_gate,
+                                no_gradient=lambda case: {"g": "the gate is a constant here"}))
+CONSTANT_GATE_UNDECLARED = Impl(LegBinding(forward_with_a_constant_gate))
+MISDECLARED = Impl(LegBinding(forward, no_gradient=lambda case: {"g_gamma": "a gate this case does not take"}))
+UNREASONED = Impl(LegBinding(forward, no_gradient=lambda case: {"g": ""}))
+NO_BINDINGS = Unbound()
 '''
 
 ENTRY_POINTS = """
@@ -72,6 +88,7 @@ ENTRY_POINTS = """
 tiny = tiny_impl:FULL
 tiny-fwd = tiny_impl:FORWARD_ONLY
 tiny-broken = tiny_impl:NO_COMPILE
+tiny-gone = tiny_impl_that_is_not_installed:IMPLEMENTATION
 """
 
 
@@ -240,7 +257,9 @@ def test_impl_on_the_command_line_and_a_raising_binding(installed, tmp_path, cap
     assert code == 1  # error rows, and the run went on to the second case
     _, rows = _rows(tmp_path, "mine")
     assert rows["case_id"].nunique() == 2 and set(rows["status"]) == {"error"}
-    assert rows["reason"].str.contains("RuntimeError: the kernel team's bug").all()
+    # it raised while the leg traced it to ask whether it takes the case: the rows say so
+    assert rows["reason"].str.startswith("forward failed while tracing for the refusal check: "
+                                         "RuntimeError: the kernel team's bug").all()
     assert main(["run", "--backend", "other", "--impl", "other", "--case", CASE, "--out", str(tmp_path)]) == 2
     assert "must be NAME=module:object" in capsys.readouterr().err
     assert find_case(CASE)  # the case is the suite's, unchanged
@@ -291,3 +310,68 @@ def test_rows_of_an_implementation_not_installed_here_are_gated(baseline, tmp_pa
     assert main(["gate", str(gpu), str(tmp_path / "bad.csv"), "--candidate-leg", "theirs",
                  "--out", str(tmp_path / "g")]) == 2
     assert "is not a leg name" in capsys.readouterr().err
+
+
+def test_an_implementation_that_does_not_load_is_one_line_and_exit_2(installed, tmp_path, capsys):
+    """A module that does not import, an object that is not there, an object without bindings: one line on stderr,
+    exit 2, before any work. A broken entry point (tiny-gone) breaks only the commands that run its leg."""
+    for name, target, says in (
+            ("absent", "tiny_impl_missing:IMPL", "does not load (ModuleNotFoundError: No module named"),
+            ("misnamed", "tiny_impl:NOPE", "does not load (AttributeError: module 'tiny_impl' has no attribute"),
+            ("unbound", "tiny_impl:NO_BINDINGS", "has no bindings: its object needs `bindings`")):
+        assert main(["run", "--backend", name, "--impl", f"{name}={target}", "--case", CASE,
+                     "--out", str(tmp_path), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"parity: error: implementation {name}={target} {says}") and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())  # no result file was started
+    assert "tiny-gone" in registry.legs() and main(["cases", "--case", CASE]) == 0  # registered, never imported
+    assert main(["run", "--backend", "tiny-gone", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "implementation tiny-gone=tiny_impl_that_is_not_installed:IMPLEMENTATION does not load" in \
+        capsys.readouterr().err
+    assert main(["all", "--candidate", "tiny-gone", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "tiny-gone" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_a_no_gradient_declaration_must_name_a_differentiable_input(installed, tmp_path):
+    """A declared name that is not a differentiable input of the case (simple_gla with g has q, k, v, g), or a
+    declaration without a reason, makes the case's rows error rows that say so; nothing crashes."""
+    for target, says in (("MISDECLARED", "declares no gradient for 'g_gamma', which is not a differentiable input "
+                                         "of this case (q, k, v, g)"),
+                         ("UNREASONED", "declares no gradient for 'g' without a reason")):
+        name = target.lower()
+        assert main(["run", "--backend", name, "--impl", f"{name}=tiny_impl:{target}", "--case", CASE,
+                     "--out", str(tmp_path), "--no-progress"]) == 1
+        _, rows = _rows(tmp_path, name)
+        assert set(rows["status"]) == {"error"} and rows["reason"].str.contains(says, regex=False).all(), \
+            rows["reason"].iloc[0]
+
+
+@pytest.mark.needs_leg("gpu")
+def test_a_gradient_absent_by_design_is_not_compared_and_the_headline_counts_it(installed, baseline, tmp_path):
+    """The binding declares dg absent by design (its forward takes the gate as a constant): dg's row is
+    not_provided with the binding's reason, and the gate passes with a headline that counts it. The same forward
+    undeclared gives a zero dg, which fails its bound and the gate."""
+    gpu, _ = _rows(baseline, "gpu")
+    assert main(["run", "--backend", "constant", "--impl", "constant=tiny_impl:CONSTANT_GATE", "--case", CASE,
+                 "--out", str(tmp_path), "--no-progress"]) == 0
+    path, rows = _rows(tmp_path, "constant")
+    by = rows.set_index("tensor")
+    assert by.at["dg", "status"] == "not_provided"
+    assert by.at["dg", "reason"] == "no gradient by design: the gate is a constant here"
+    assert set(by.drop(index="dg")["status"]) == {"ok"}
+    junit = tmp_path / "junit.xml"
+    assert main(["gate", str(gpu), str(path), "--candidate-leg", "constant", "--out", str(tmp_path / "g"),
+                 "--junit", str(junit)]) == 0
+    md = (tmp_path / "g" / "parity.md").read_text()
+    headline = "PASS, NO GRADIENT BY DESIGN (1 gradient tensor(s) of the baseline not compared)"
+    assert md.startswith(f"## Linear-attention parity: {headline}\n")
+    assert "**No gradient by design**" in md and "dg (the gate is a constant here)" in md
+    assert headline in (tmp_path / "g" / "parity.html").read_text()
+    assert f'value="{headline}"' in junit.read_text()
+
+    assert main(["run", "--backend", "undeclared", "--impl", "undeclared=tiny_impl:CONSTANT_GATE_UNDECLARED",
+                 "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 1
+    path, rows = _rows(tmp_path, "undeclared")
+    dg = rows.set_index("tensor").loc["dg"]
+    assert dg["status"] == "bound" and dg["rel_l2"] == 1.0  # zeros, compared as any gradient
+    assert main(["gate", str(gpu), str(path), "--candidate-leg", "undeclared", "--out", str(tmp_path / "g2")]) == 1

@@ -51,7 +51,32 @@ def test_empty_selection_is_an_error(pytester):
     pytester.makepyfile(test_inline=INLINE)
     result = pytester.runpytest_subprocess("--parity-op", "nope")
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*selects no case*"])
+    result.stdout.fnmatch_lines(["*unknown op 'nope'*"])
+    result = pytester.runpytest_subprocess("--parity-case", _expected_ids()[0], "--parity-op", "gla")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*selects no case*"])
+
+
+def test_parity_op_takes_a_comma_list(pytester):
+    pytester.makepyfile(test_inline=INLINE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--parity-op", "kda,gla", "--collect-only", "-q")
+    expected = sorted(c.id for c in get_suite("smoke") if c.op in ("kda", "gla"))
+    assert sorted(line.split("[", 1)[1][:-1] for line in result.outlines if "::test_case[" in line) == expected
+
+
+def test_counting_uncompared_rows_reads_a_file_without_reasons_quietly(tmp_path, recwarn):
+    """A result file whose reasons are all empty (every row ok) is read without a warning: pandas would read the
+    column as floats, and filling those with "" warns (Pandas4Warning)."""
+    from harness.pytest_plugin import _uncompared_rows
+    from harness.status import FORWARD_ONLY, NO_GRADIENT
+
+    path = tmp_path / "rows.csv"
+    pd.DataFrame({"tensor": ["o", "dq"], "reason": [None, None]}).to_csv(path, index=False)
+    assert _uncompared_rows(path) == (0, 0)
+    assert not recwarn.list, [str(w.message) for w in recwarn.list]
+    pd.DataFrame({"tensor": ["o", "dq", "dg"], "reason": [None, f"{FORWARD_ONLY} dq", f"{NO_GRADIENT}: why"]}).to_csv(
+        path, index=False)
+    assert _uncompared_rows(path) == (1, 1)
 
 
 def test_tpu_compile_targets_reach_the_tpu_leg(pytester):

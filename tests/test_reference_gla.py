@@ -163,10 +163,61 @@ def test_invalid_inputs():
     x = make(T=8)
     with pytest.raises(ValueError):
         chunk_gla(x["q"], x["k"], x["v"])  # no gate
-    with pytest.raises(ValueError):
-        chunk_gla(x["q"], x["k"], x["v"], g=x["g"], g_gamma=x["g_gamma"])
+    with pytest.raises(ValueError, match=r"g_gamma must be \[\] or \[H\] or \[H,K\]"):
+        chunk_gla(x["q"], x["k"], x["v"], g_gamma=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="<= 0"):
+        chunk_gla(x["q"], x["k"], x["v"], g=x["g"], g_gamma=-x["g_gamma"])
     with pytest.raises(ValueError):
         chunk_gla(x["q"], x["k"], x["v"], g=x["g"], method="fused")
+
+
+def test_hand_computed_per_channel_g_gamma():
+    """T = 2, one head, K = 2, V = 1, q = k = v = 1, scale 1, g_gamma [H,K] = (-ln 2, 0): channel 0 halves its
+    state each step, channel 1 keeps it. S_1 = (1, 1), S_2 = (1/2 + 1, 1 + 1) = (1.5, 2); o_t = q . S_t = (2, 3.5).
+    Both gates: g = (0, -ln 2) on channel 1 at t = 2 only, so S_2 = (1.5, 1/2 + 1) and o_2 = 3."""
+    q = k = np.ones((1, 2, 1, 2))
+    v = np.ones((1, 2, 1, 1))
+    gamma = np.array([[-np.log(2), 0.0]])
+    g = np.zeros((1, 2, 1, 2))
+    g[0, 1, 0, 1] = -np.log(2)
+    for method in ("chunk", "recurrent"):
+        kw = dict(scale=1.0, output_final_state=True, method=method, chunk_size=2)
+        o, ht = chunk_gla(q, k, v, g_gamma=gamma, **kw)
+        np.testing.assert_allclose(o.ravel(), [2.0, 3.5], rtol=1e-15)
+        np.testing.assert_allclose(ht.ravel(), [1.5, 2.0], rtol=1e-15)
+        o, ht = chunk_gla(q, k, v, g=g, g_gamma=gamma, **kw)
+        np.testing.assert_allclose(o.ravel(), [2.0, 3.0], rtol=1e-15)
+        np.testing.assert_allclose(ht.ravel(), [1.5, 1.5], rtol=1e-15)
+
+
+@pytest.mark.parametrize("method", ["chunk", "recurrent"])
+def test_g_gamma_forms_are_a_constant_per_channel_gate(method):
+    """g_gamma [H,K], [H] and [] equal gla with g = g_gamma broadcast to [B,T,H,K] (to 1e-15: the same values into
+    the same computation), and their gradient is that g's summed to g_gamma's shape; both gates at once equal
+    g + g_gamma (the sum in float64, as the reference computes it)."""
+    x = make(B=2, T=37, H=3, K=5, V=4, seed=4)
+    B, T, H, K = x["q"].shape
+    r = np.random.default_rng(5)
+    forms = {"H,K": -np.abs(r.standard_normal((H, K))) / 10, "H": -np.abs(r.standard_normal(H)) / 10,
+             "": np.array(-0.07)}
+    kw = dict(initial_state=x["h0"], method=method, chunk_size=8)
+    qkv = (x["q"], x["k"], x["v"])
+    for shape, gamma in forms.items():
+        g_full = np.broadcast_to(gamma if gamma.ndim != 1 else gamma[:, None], (B, T, H, K))
+        for extra in ({}, {"g": x["g"]}):
+            want_g = g_full + extra["g"] if extra else g_full
+            o, ht = chunk_gla(*qkv, g_gamma=gamma, **extra, output_final_state=True, **kw)
+            o_g, ht_g = chunk_gla(*qkv, g=want_g, output_final_state=True, **kw)
+            assert rel(o, o_g) <= 1e-15 and rel(ht, ht_g) <= 1e-15, (shape, extra.keys())
+            got = chunk_gla_bwd(*qkv, x["do"], x["dht"], g_gamma=gamma, **extra, **kw)
+            want = chunk_gla_bwd(*qkv, x["do"], x["dht"], g=want_g, **kw)
+            for name in ("dq", "dk", "dv", "dh0"):
+                assert rel(got[name], want[name]) <= 1e-14, (shape, name)
+            axes = {"H,K": (0, 1), "H": (0, 1, 3), "": (0, 1, 2, 3)}[shape]
+            assert got["dg_gamma"].shape == gamma.shape
+            assert rel(got["dg_gamma"], want["dg"].sum(axis=axes)) <= 1e-12, shape
+            if extra:
+                assert rel(got["dg"], want["dg"]) <= 1e-14
 
 
 def test_compute_dtype_float32_is_close_and_returned_as_float64():

@@ -121,7 +121,74 @@ def test_float32_compute_is_float32_quality():
 def test_reference_validates():
     rng = np.random.default_rng(1)
     q, k, v, do, g, gamma, *_ = _inputs(rng)
-    with pytest.raises(ValueError, match="not both"):
-        chunk_simple_gla(q, k, v, g=g, g_gamma=gamma)
     with pytest.raises(ValueError, match="g must be"):
         chunk_simple_gla(q, k, v, g=g[:, :, :1])
+    with pytest.raises(ValueError, match=r"g_gamma must be \[\] or \[H\]"):  # per channel is gla's
+        chunk_simple_gla(q, k, v, g_gamma=np.full((3, 6), -0.1))
+    with pytest.raises(ValueError, match="<= 0"):
+        chunk_simple_gla(q, k, v, g=g, g_gamma=-gamma)
+
+
+def test_hand_computed_both_gates():
+    """T = 2, one head, K = V = 1, q = k = v = 1, scale 1: g = (0, -ln 2) and g_gamma = -ln 2 decay the state by
+    1/2 at t = 1 (S_0 = 0: nothing to decay) and by 1/4 at t = 2, so S = (1, 1/4 + 1) and o = S."""
+    one = np.ones((1, 2, 1, 1))
+    g = np.array([0.0, -np.log(2)]).reshape(1, 2, 1)
+    for method in ("chunk", "recurrent"):
+        o, ht = chunk_simple_gla(one, one, one, g=g, g_gamma=np.array([-np.log(2)]), scale=1.0,
+                                 output_final_state=True, method=method, chunk_size=2)
+        np.testing.assert_allclose(o.ravel(), [1.0, 1.25], rtol=1e-15)
+        np.testing.assert_allclose(ht.ravel(), [1.25], rtol=1e-15)
+        # a scalar g_gamma is every head's: the same numbers
+        o, _ = chunk_simple_gla(one, one, one, g=g, g_gamma=np.array(-np.log(2)), scale=1.0, method=method,
+                                chunk_size=2)
+        np.testing.assert_allclose(o.ravel(), [1.0, 1.25], rtol=1e-15)
+        # with do = (0, 1): d o_2 / d g_2 = exp(g_2 + g_gamma) S_1 = 1/4, d o_2 / d g_1 = 0 (S_0 = 0: nothing to
+        # decay), and g_gamma adds to both steps' log decay: dg_gamma = 1/4
+        grads = chunk_simple_gla_bwd(one, one, one, np.array([0.0, 1.0]).reshape(one.shape), g=g,
+                                     g_gamma=np.array([-np.log(2)]), scale=1.0, method=method, chunk_size=2)
+        np.testing.assert_allclose(grads["dg_gamma"], [0.25], rtol=1e-14)
+        np.testing.assert_allclose(grads["dg"].ravel(), [0.0, 0.25], rtol=1e-14, atol=1e-16)
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_both_gates_are_their_sum_and_match_numpy(with_state):
+    """g with g_gamma is g + g_gamma (the decays multiply): against the numpy loop on the summed gate, and its
+    gradients are the summed gate's, dg_gamma that dg summed over batch and tokens."""
+    rng = np.random.default_rng(11)
+    q, k, v, do, g, gamma, h0, dht = _inputs(rng)
+    B, T, H, _ = q.shape
+    h0_, dht_ = (h0, dht) if with_state else (None, None)
+    gt = g + gamma
+    o_np, ht_np, grads_np = numpy_simple_gla(q, k, v, gt, h0 if with_state else 0 * h0, do,
+                                             dht if with_state else 0 * dht, 0.3)
+    for method in ("chunk", "recurrent"):
+        kw = dict(scale=0.3, initial_state=h0_, method=method, chunk_size=16)
+        o, ht = chunk_simple_gla(q, k, v, g=g, g_gamma=gamma, output_final_state=True, **kw)
+        assert _rel(o, o_np) < 1e-12 and _rel(ht, ht_np) < 1e-12
+        grads = chunk_simple_gla_bwd(q, k, v, do, dht_, g=g, g_gamma=gamma, **kw)
+        for name in ("dq", "dk", "dv", "dg"):
+            assert _rel(grads[name], grads_np[name]) < 1e-10, name
+        assert _rel(grads["dg_gamma"], grads_np["dg"].sum(axis=(0, 1))) < 1e-10
+        if with_state:
+            assert _rel(grads["dh0"], grads_np["dh0"]) < 1e-10
+
+
+def test_scalar_g_gamma_is_every_heads():
+    """g_gamma [] equals g_gamma [H] holding that value for every head (bit for bit: the same broadcast), and its
+    gradient is the per-head one summed."""
+    rng = np.random.default_rng(12)
+    q, k, v, do, *_ = _inputs(rng)
+    H = q.shape[2]
+    scalar, per_head = np.array(-0.3), np.full((H,), -0.3)
+    for method in ("chunk", "recurrent"):
+        o1, ht1 = chunk_simple_gla(q, k, v, g_gamma=scalar, output_final_state=True, method=method, chunk_size=16)
+        o2, ht2 = chunk_simple_gla(q, k, v, g_gamma=per_head, output_final_state=True, method=method, chunk_size=16)
+        np.testing.assert_array_equal(o1, o2)
+        np.testing.assert_array_equal(ht1, ht2)
+        g1 = chunk_simple_gla_bwd(q, k, v, do, g_gamma=scalar, method=method, chunk_size=16)
+        g2 = chunk_simple_gla_bwd(q, k, v, do, g_gamma=per_head, method=method, chunk_size=16)
+        assert g1["dg_gamma"].shape == ()
+        assert abs(g1["dg_gamma"] - g2["dg_gamma"].sum()) < 1e-12 * abs(g1["dg_gamma"])
+        for name in ("dq", "dk", "dv"):
+            np.testing.assert_array_equal(g1[name], g2[name])

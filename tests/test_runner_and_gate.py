@@ -183,6 +183,21 @@ def test_cli_cases_lists_tensors(capsys):
     assert "dg_gamma" in out
 
 
+def test_op_takes_a_comma_list_as_suite_does(capsys):
+    """``--op a,b`` selects what ``--op a --op b`` selects, and names its result file the same; an unknown op in
+    the list is a usage error, not a silently smaller selection."""
+    from harness.app import Selection
+
+    assert main(["cases", "--suite", "smoke", "--op", "simple_gla,gla"]) == 0
+    joined = capsys.readouterr().out
+    assert main(["cases", "--suite", "smoke", "--op", "simple_gla", "--op", "gla"]) == 0
+    assert capsys.readouterr().out == joined
+    assert {line.split(".")[0] for line in joined.splitlines()} == {"simple_gla", "gla"}
+    assert Selection(ops=("gla, simple_gla",)).result_name("ref") == "ref.op-gla+simple_gla.csv"
+    assert main(["cases", "--suite", "smoke", "--op", "simple_gla,glq"]) == 2
+    assert "unknown op 'glq'" in capsys.readouterr().err
+
+
 def test_reference_cache_on_disk(tmp_path):
     op = get_op(CASE.op)
     inputs = make_inputs(CASE, op.inputs(CASE))

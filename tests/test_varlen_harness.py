@@ -356,4 +356,5 @@ def test_kernels_that_raise_while_asked_make_error_rows_not_an_aborted_run():
     old = dataclasses.replace(get_op("simple_gla"), pallas=LegBinding(forward))
     rows = Runner(make_leg("tpu", compile_targets=()), ReferenceCache(None), ops={"simple_gla": old}).run_case(TPU_CASE)
     assert set(_statuses(rows).values()) == {"error"}
-    assert all(r["reason"].startswith("supports failed: ValueError: initial_state must be") for r in rows)
+    assert all(r["reason"].startswith("forward failed while tracing for the refusal check: ValueError: "
+                                      "initial_state must be") for r in rows)

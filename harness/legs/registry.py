@@ -9,6 +9,11 @@ registry; the built-in legs are below, and any team's implementation joins as a 
 - from an installed package, through the entry-point group :data:`ENTRY_POINT_GROUP`
   (``NAME = "module:object"``).
 
+Either is registered without importing anything: a package whose entry point does not load breaks no command
+but one that runs its leg. Building the leg (:func:`make_leg`) loads the object, and :func:`check_implementation`
+does so before a command's work: a module that does not import, an object that is not there or one without
+``bindings`` is a ValueError of one line (the CLI's exit 2).
+
 The object is an :class:`harness.legs.external.Implementation`: per op, a binding of forward (and optionally
 a differentiable one), refusals and packed sequences (docs/legs.md, "Gating your own implementation").
 """
@@ -21,7 +26,7 @@ import importlib.metadata
 import importlib.util
 import re
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 ROLES = ("reference", "baseline", "candidate")
 ENTRY_POINT_GROUP = "linear_attn_parity.implementations"
@@ -107,6 +112,7 @@ def register_implementation(name: str, target: str) -> LegSpec:
     def build(**options):
         from .external import ExternalLeg
 
+        load_implementation(name, target)
         return ExternalLeg(name, target, **options)
 
     build.target = target
@@ -116,6 +122,33 @@ def register_implementation(name: str, target: str) -> LegSpec:
                    build)
     _LEGS[name] = spec
     return spec
+
+
+def load_implementation(name: str, target: str):
+    """The object at ``target`` (``module:object``), registered as ``name``: a ValueError of one line that says the
+    fix when its module does not import, the object is not in it, or it has no ``bindings`` (a mapping of op
+    name to :class:`harness.ops.base.LegBinding`)."""
+    from .external import load
+
+    try:
+        impl = load(target)
+    except Exception as exc:  # noqa: BLE001 - whatever their package raises while imported, in one line
+        first = next(iter(str(exc).strip().splitlines()), "")
+        raise ValueError(f"implementation {name}={target} does not load ({type(exc).__name__}: {first}): install "
+                         f"the package that provides it, or correct module:object") from None
+    bindings = getattr(impl, "bindings", None)
+    if not isinstance(bindings, Mapping) or not bindings:
+        raise ValueError(f"implementation {name}={target} has no bindings: its object needs `bindings`, a mapping "
+                         f"of op name to harness.ops.base.LegBinding (docs/legs.md, Gating your own implementation)")
+    return impl
+
+
+def check_implementation(name: str) -> None:
+    """That the leg ``name`` exists and, if it is an implementation (entry point, --impl), that its object loads
+    (:func:`load_implementation`): one ValueError before any work."""
+    target = getattr(leg_spec(name).build, "target", None)
+    if target is not None:
+        load_implementation(name, target)
 
 
 def implementations() -> dict[str, str]:

@@ -33,6 +33,10 @@ Binding contracts
   V-first layout. The fla binding passes fla's keyword (:func:`fla_state_layout`); the reference and the
   TPU-side legs call their bindings in the K-first layout, the legs transposing the state in and out
   (:func:`state_k_first`), so a reference or a kernel never needs to know.
+- ``no_gradient(case) -> {input: reason}``: inputs of ``differentiable(case)`` whose gradient the binding
+  gives none of by design (a parameter its forward takes as a constant); the runner makes their gradient rows
+  ``not_provided`` with the reason, whatever the leg computed. Undeclared, a zero gradient is compared as any
+  other (and fails its bound).
 - ``*_supports(case) -> str | None``: ``None`` when the leg can run the case,
   otherwise the reason it cannot (the row becomes ``unsupported``). The TPU
   leg also asks the kernels themselves (``harness.legs.tpu.kernel_refusal``):
@@ -79,6 +83,9 @@ class LegBinding:
     supports: Supports = always
     describe: Callable[[Case], Mapping[str, Any]] = lambda case: {}  # per-case facts for rows (mapping, dispatch)
     differentiable: bool = True  # False: a forward-only implementation; its gradient rows are not_provided
+    # {input name: reason} of the case's differentiable inputs whose gradient the forward gives none of by design
+    # (e.g. a parameter taken as a constant): their gradient rows are not_provided with the reason, not compared
+    no_gradient: Callable[[Case], Mapping[str, str]] = lambda case: {}
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,11 @@ def forward_only(case: Case) -> bool:
 
 
 def validate_variant(case: Case) -> None:
+    """The variant, the decode variant's forward-only rule, and the one gate both ops take (no second gate)."""
     if case.variant not in VARIANTS:
         raise ValueError(f"{case.op} {case.variant=} must be one of {VARIANTS}")
+    if case.gamma is not None:
+        raise ValueError(f"{case.op} takes one gate, a per-token g; it has no g_gamma: drop {case.gamma.label}")
     if forward_only(case) and case.dht:
         raise ValueError(f"{case.op}.{DECODE} is forward only (fla's fused_recurrent kernels have no backward): "
                          f"drop dht")

@@ -42,7 +42,7 @@ from op_contract import check_gate_choice, check_gla
 from .chunk import chunk_bwd_impl, chunk_fwd_impl
 from .. import mxu
 from ..interpret import resolve_interpret, resolve_mxu_model
-from ..common import HeadPadding, check_limits
+from ..common import HeadPadding, check_limits, check_one_gate, check_per_head_gamma
 from ..varlen import Packing
 from .common import PATHS, BlockSizes, Config
 from .fused import fused_bwd_impl, fused_fwd_impl
@@ -62,6 +62,7 @@ def gla_dispatch(g, g_gamma, path: str = "auto", *, ragged_with_state: bool = Fa
     if path not in PATHS:
         raise ValueError(f"{path=} must be one of {PATHS}")
     check_gate_choice(g, g_gamma, "BTHK", required=True)
+    check_one_gate(g, g_gamma)
     if path == "auto":
         return "fused" if g_gamma is not None and not ragged_with_state else "chunk"
     if path == "fused" and g is not None:
@@ -77,6 +78,8 @@ def _validate(q, k, v, g, g_gamma, initial_state, scale, chunk_size, path, outpu
     dims, scale = check_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht,
                             cu_seqlens=cu_seqlens)
     check_limits(q, dims)
+    check_one_gate(g, g_gamma)
+    check_per_head_gamma(g_gamma)
     blocks = BlockSizes(chunk_size=chunk_size)
     packing = Packing.of(cu_seqlens, q)
     ragged_with_state = packing.ends_inside_a_chunk(chunk_size) and (output_final_state or dht is not None)

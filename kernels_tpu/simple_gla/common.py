@@ -36,8 +36,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from op_contract import check_simple_gla
 from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, HeadPadding, causal_mask, check_limits, chunk_rows, chunk_states_map,
-                                masked_exp, row_to_column)
+from kernels_tpu.common import (BlockSizes, HeadPadding, causal_mask, check_limits, check_one_gate,
+                                check_per_head_gamma, chunk_rows, chunk_states_map, masked_exp, row_to_column)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 from kernels_tpu.varlen import ChunkWalk, Packing
 
@@ -190,6 +190,8 @@ def validate(q, k, v, g, g_gamma, scale, initial_state, chunk_size, *, num_steps
     dims, scale = check_simple_gla(q, k, v, g, g_gamma, scale, initial_state, chunk_size, do=do, dht=dht,
                                    cu_seqlens=cu_seqlens)
     check_limits(q, dims)
+    check_one_gate(g, g_gamma)
+    check_per_head_gamma(g_gamma)
     return scale, BlockSizes(chunk_size=chunk_size, num_steps=num_steps)
 
 

@@ -193,8 +193,10 @@ def test_dispatch():
     assert gla_dispatch(None, gg, "fused") == "fused"
     with pytest.raises(NotImplementedError, match="path='chunk'"):
         gla_dispatch(g, None, "fused")
-    with pytest.raises(ValueError):
+    with pytest.raises(NotImplementedError, match="not both at once"):  # the contract's both gates: one here
         gla_dispatch(g, gg, "auto")
+    with pytest.raises(ValueError):
+        gla_dispatch(None, None, "auto")
     with pytest.raises(ValueError):
         gla_dispatch(None, gg, "fast")
 
@@ -207,7 +209,10 @@ def _args(T=64, K=128, V=128, dtype=jnp.float32):
 @pytest.mark.parametrize("bad, err", [
     (dict(), ValueError),  # no gate
     (dict(g_gamma=jnp.zeros((3,))), ValueError),  # wrong H
-    (dict(g_gamma=jnp.zeros((2,)), g=jnp.zeros((1, 64, 2, 128))), ValueError),  # both gates
+    (dict(g_gamma=jnp.zeros((2,)), g=jnp.zeros((1, 64, 2, 128))), NotImplementedError),  # both: the contract's
+    (dict(g_gamma=jnp.zeros(())), NotImplementedError),  # a scalar g_gamma: the contract's, [H] here
+    (dict(g_gamma=jnp.zeros((2, 128))), NotImplementedError),  # an [H,K] g_gamma: the contract's, [H] here
+    (dict(g_gamma=jnp.zeros((2, 3))), ValueError),  # no g_gamma form
     (dict(g_gamma=jnp.zeros((2,)), chunk_size=24), NotImplementedError),  # valid, not a multiple of 16
     (dict(g_gamma=jnp.zeros((2,)), initial_state=jnp.zeros((1, 2, 128, 64))), ValueError),
     (dict(g_gamma=jnp.zeros((2,)), path="fast"), ValueError),

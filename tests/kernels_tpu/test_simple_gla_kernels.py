@@ -351,8 +351,12 @@ def test_invalid_inputs_raise_value_error():
     q = _spec(1, 128, 2, 128)
     g = _spec(1, 128, 2, dtype=jnp.float32)
     gg = _spec(2, dtype=jnp.float32)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(NotImplementedError, match="not both at once"):  # valid (the contract's), not run here
         chunk_simple_gla(q, q, q, g=g, g_gamma=gg, interpret=True)
+    with pytest.raises(NotImplementedError, match=r"g_gamma per head, \[H\]"):
+        chunk_simple_gla(q, q, q, g_gamma=_spec(dtype=jnp.float32), interpret=True)
+    with pytest.raises(ValueError, match=r"g_gamma must be \[\] or \[H\]"):
+        chunk_simple_gla(q, q, q, g_gamma=_spec(2, 128, dtype=jnp.float32), interpret=True)
     with pytest.raises(ValueError, match="g must be"):
         chunk_simple_gla(q, q, q, g=_spec(1, 128, 3, dtype=jnp.float32), interpret=True)
     with pytest.raises(ValueError, match="initial_state"):

@@ -1,0 +1,218 @@
+"""tops (GitHub primatrix/pallas-kernel, package ``tops``) as a candidate: its Pallas TPU kernels on simple_gla,
+gla and kda, through its public entry points.
+
+Each harness op and variant maps onto one tops entry point, called with the case's tensors as the harness draws
+them (q, k, v in the case dtype; gates, h0 in float32), ``scale=case.resolved_scale``, the case's chunk size,
+``initial_state=h0`` (K-first ``[N, H, K, V]``, tops' layout too) and ``output_final_state`` (``ht``):
+
+- ``simple_gla.chunk`` / ``simple_gla.fused_chunk``: ``tops.ops.simple_gla(q, k, v, g_gamma=[H],
+  mode="chunk" | "fused_chunk", chunk_size=C)``. Both are ``custom_vjp``s (their backward kernels). tops pads
+  T to a multiple of C and K, V to multiples of 128 itself. Their backward returns a zero ``dg_gamma`` by
+  design (tops' comment: "g_gamma is treated as a fixed per-head hyperparameter"), which the harness compares
+  as a gradient; ``describe`` records it per row.
+- ``gla.chunk``: ``tops.ops.gla.chunk_gla(q, k, v, g=[B,T,H,K] | g_gamma=[H,1], chunk_size=C,
+  cu_seqlens=...)``. tops takes ``g_gamma`` "broadcastable to [B, T, H, K]": the harness's per-head ``[H]`` is
+  passed as ``[H, 1]`` (``[H]`` itself would broadcast over K, not H). Packed cases pass ``cu_seqlens`` (tops
+  pads each sequence to C). ``chunk_gla`` is no ``custom_vjp``: its gradients are jax's autodiff through
+  tops' forward kernels, whatever that gives. tops' ``fused_chunk_gla`` "delegates to chunk_gla" (g only); the
+  harness has no ``gla.fused_chunk`` variant to bind it to.
+- ``kda.chunk``: ``tops.ops.chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state, None,
+  chunk_size)``, a ``custom_vjp``; ``kda.fused_recurrent`` (the harness's forward-only decode variant):
+  ``tops.ops.fused_recurrent_kda`` (pure JAX, ``lax.scan``).
+- ``simple_gla.fused_recurrent`` and ``gla.fused_recurrent``, for when the harness has those variants:
+  ``simple_gla(..., g= | g_gamma=, mode="fused_recurrent", cu_seqlens_cpu=...)`` and
+  ``tops.ops.gla.fused_recurrent_gla(q, k, v, gk=g, cu_seqlens=...)``.
+
+Refused, with the reason (an ``unsupported`` row):
+
+- what tops' own checks reject, in tops' words (``tops refuses the case: ...``): a ``ValueError`` or
+  ``AssertionError`` raised by a ``raise`` or ``assert`` in tops' source (e.g. "mode='chunk' does not support
+  per-token gate `g`", "... does not support `cu_seqlens`", ``[v] Expected shape ...`` for grouped value
+  heads, "Sequence length T=... must be divisible by chunk_size" in ``chunk_kda``). A ValueError raised
+  inside jax while it traces a tops kernel (e.g. Pallas's "Invalid dtype for `swap`") is tops breaking, not
+  refusing: an ``error`` row, as is anything else tops raises;
+- kda's in-kernel options (``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``,
+  ``use_gate_in_kernel``, ``lower_bound``, ``safe_gate``, ``allow_neg_eigval``): tops' ``chunk_kda`` and
+  ``fused_recurrent_kda`` take none of them (pre-normalised q, k, beta as given, g as the log decay);
+- packed kda cases: ``chunk_kda``'s docstring says its ``cu_seqlens`` is "variable-length mode (not yet
+  supported)" (its state pass ignores it), ``fused_recurrent_kda`` has no such parameter;
+- gla ``g_gamma`` in ``fused_chunk_gla``/``fused_recurrent_gla``, which take a per-channel gate only;
+- a missing install (``tops is not installed (...)``), or an import that fails (its error).
+
+The leg forces interpret mode itself (``pltpu.force_tpu_interpret_mode``); this binding tells tops nothing about
+it. tops decides on its own: most kernels read ``PALLAS_INTERPRET`` (``tops.ops.utils.get_interpret``), the
+fused_chunk kernels use ``interpret = not is_tpu_runtime()`` and then give g_gamma the ``pltpu.ANY`` memory
+space instead of SMEM (``tops/ops/common/fused_chunk.py``, ``simple_gla/fused_chunk.py``).
+
+tops is imported when this module is (outside any trace: it computes jnp constants at import, which fails
+under the leg's trace with a ConcretizationTypeError); without it this module still imports, and every case
+is refused with the install command. Install it with its own stack (Python >= 3.12; its uv.lock pins jax
+0.9.2, libtpu 0.0.37): ``pip install --no-deps 'tops @ git+https://github.com/primatrix/pallas-kernel@<sha>'``
+and einops (flax only for its layers, which this binding does not import); from the archive in
+``../shared/peers/``, ``SETUPTOOLS_SCM_PRETEND_VERSION=0.1.0+d7c3294 pip install --no-deps <unpacked dir>``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from harness.ops.base import LegBinding
+
+INSTALL = ("pip install --no-deps 'tops @ git+https://github.com/primatrix/pallas-kernel@<sha>' einops; "
+           "Python >= 3.12")
+
+try:  # at import, outside any trace (see the module doc)
+    import tops.ops as _ops
+    import tops.ops.gla as _gla
+    _IMPORT_ERROR = None
+except ModuleNotFoundError as exc:
+    _ops = _gla = None
+    _IMPORT_ERROR = (f"tops is not installed ({INSTALL})" if (exc.name or "").partition(".")[0] == "tops"
+                     else f"tops could not be imported: {type(exc).__name__}: {exc}")
+except Exception as exc:  # noqa: BLE001 - any import failure is the reason for every row
+    _ops = _gla = None
+    _IMPORT_ERROR = f"tops could not be imported: {type(exc).__name__}: {exc}"
+
+KDA_OPTIONS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "use_gate_in_kernel", "lower_bound",
+               "safe_gate", "allow_neg_eigval")
+
+ENTRY = {
+    ("simple_gla", "chunk"): "tops.ops.simple_gla(mode='chunk')",
+    ("simple_gla", "fused_chunk"): "tops.ops.simple_gla(mode='fused_chunk')",
+    ("simple_gla", "fused_recurrent"): "tops.ops.simple_gla(mode='fused_recurrent')",
+    ("gla", "chunk"): "tops.ops.gla.chunk_gla",
+    ("gla", "fused_chunk"): "tops.ops.gla.fused_chunk_gla",
+    ("gla", "fused_recurrent"): "tops.ops.gla.fused_recurrent_gla",
+    ("kda", "chunk"): "tops.ops.chunk_kda",
+    ("kda", "fused_recurrent"): "tops.ops.fused_recurrent_kda",
+}
+
+ZERO_DG_GAMMA = ("tops' simple_gla backward returns zeros for g_gamma by design ('g_gamma is treated as a fixed "
+                 "per-head hyperparameter', tops/ops/simple_gla/chunk.py and fused_chunk.py)")
+
+
+def _refusal(case) -> str | None:
+    if _IMPORT_ERROR:
+        return _IMPORT_ERROR
+    if (case.op, case.variant) not in ENTRY:
+        return f"tops has no entry point for {case.op}.{case.variant}"
+    return None
+
+
+def supports_gla(case) -> str | None:
+    if _refusal(case):
+        return _refusal(case)
+    if case.variant != "chunk" and case.gate.kind == "g_gamma":
+        return f"{ENTRY[('gla', case.variant)]} takes a per-channel gate only (g), not g_gamma"
+    return None
+
+
+def supports_kda(case) -> str | None:
+    if _refusal(case):
+        return _refusal(case)
+    given = [name for name in KDA_OPTIONS if case.opt.get(name)]
+    if given:
+        return (f"{ENTRY[('kda', case.variant)]} takes no {', '.join(given)} (its q, k are taken as given, beta "
+                f"as given, g as the log decay)")
+    if case.cu_seqlens is not None:
+        if case.variant == "chunk":
+            return ("tops.ops.chunk_kda: packed sequences are 'variable-length mode (not yet supported)' "
+                    "(its docstring for cu_seqlens; its state pass ignores it)")
+        return "tops.ops.fused_recurrent_kda takes no cu_seqlens (packed sequences)"
+    return None
+
+
+def _raised_by_tops(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by a ``raise`` or ``assert`` statement in tops' own source (its input checks),
+    not inside jax (Pallas's checks of tops' kernels, e.g. "Invalid dtype for `swap`", are errors, not
+    refusals). jax's traceback filtering may drop its own frames, leaving tops' call site last: that line is a
+    call, not a raise or an assert."""
+    import linecache
+    from pathlib import Path
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    filename = tb.tb_frame.f_code.co_filename
+    if not Path(filename).resolve().is_relative_to(Path(_ops.__file__).resolve().parents[1]):
+        return False
+    return linecache.getline(filename, tb.tb_lineno).lstrip().startswith(("raise ", "assert "))
+
+
+def _call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``; tops' own input checks (a ValueError or AssertionError raised by tops' code
+    itself) become refusals, in its words; anything else propagates (an ``error`` row)."""
+    try:
+        return fn(*args, **kwargs)
+    except (ValueError, AssertionError) as exc:
+        if not _raised_by_tops(exc):
+            raise
+        raise NotImplementedError(f"tops refuses the case: {type(exc).__name__}: {exc}") from None
+
+
+def _cu_seqlens(case):
+    import numpy as np
+
+    return None if case.cu_seqlens is None else np.asarray(case.cu_seqlens, np.int32)
+
+
+def forward_simple_gla(case, a, ctx):
+    del ctx  # the candidate leg forces interpret mode itself
+    o, ht = _call(_ops.simple_gla, a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=a.get("g_gamma"),
+                  scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
+                  chunk_size=case.chunk_size, cu_seqlens_cpu=_cu_seqlens(case), mode=case.variant)
+    return {"o": o, "ht": ht}
+
+
+def forward_gla(case, a, ctx):
+    del ctx
+    common = dict(scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
+                  cu_seqlens=_cu_seqlens(case))
+    if case.variant == "fused_recurrent":
+        o, ht = _call(_gla.fused_recurrent_gla, a["q"], a["k"], a["v"], gk=a["g"], **common)
+    else:
+        fn = _gla.chunk_gla if case.variant == "chunk" else _gla.fused_chunk_gla
+        gate = {"g": a["g"]} if "g" in a else {"g_gamma": a["g_gamma"][:, None]}  # [H, 1]: broadcast over B, T, K
+        o, ht = _call(fn, a["q"], a["k"], a["v"], chunk_size=case.chunk_size, **gate, **common)
+    return {"o": o, "ht": ht}
+
+
+def forward_kda(case, a, ctx):
+    del ctx
+    args = (a["q"], a["k"], a["v"], a["g"], a["beta"], case.resolved_scale, a.get("h0"), case.final_state)
+    if case.variant == "fused_recurrent":
+        o, ht = _call(_ops.fused_recurrent_kda, *args)
+    else:
+        o, ht = _call(_ops.chunk_kda, *args, None, case.chunk_size)
+    return {"o": o, "ht": ht}
+
+
+def describe(case) -> dict:
+    out = {"entry": ENTRY.get((case.op, case.variant), "none")}
+    if case.op == "simple_gla" and case.gate.kind == "g_gamma" and case.variant != "fused_recurrent":
+        out["dg_gamma"] = ZERO_DG_GAMMA
+    if case.op == "gla" and case.gate.kind == "g_gamma":
+        out["gate_mapping"] = "g_gamma [H] passed as [H, 1] (tops broadcasts it to [B, T, H, K])"
+    if case.op == "gla" and case.variant == "chunk":
+        out["backward"] = "jax autodiff through tops' forward (chunk_gla has no custom_vjp)"
+    return out
+
+
+class Tops:
+    """The implementation object (:mod:`harness.legs.external`)."""
+
+    bindings = {"simple_gla": LegBinding(forward_simple_gla, _refusal, describe=describe),
+                "gla": LegBinding(forward_gla, supports_gla, describe=describe),
+                "kda": LegBinding(forward_kda, supports_kda, describe=describe)}
+
+    @property
+    def version(self) -> str:
+        try:
+            return f"tops {importlib.metadata.version('tops')}"
+        except importlib.metadata.PackageNotFoundError:
+            return "tops (not installed)"
+
+
+IMPLEMENTATION = Tops()
