@@ -181,11 +181,16 @@ def _names(names) -> str:
 
 
 def kernel_name(params: Mapping[str, Any]) -> str:
-    """A Pallas kernel equation's name: ``name`` (jax >= 0.10), or ``name_and_src_info.name`` (older jax)."""
+    """A Pallas kernel equation's name as Mosaic's lowering names its custom call: the kernel's ``name``
+    (``name_and_src_info.name`` in older jax), else its body's function name, sanitized as jax sanitizes it."""
+    from jax._src.interpreters.mlir import sanitize_name  # what the Mosaic lowering applies (jax 0.9 - 0.12)
+
     name = params.get("name")
     if name is None and params.get("name_and_src_info") is not None:
         name = params["name_and_src_info"].name
-    return str(name or "unnamed kernel")
+    if not name:  # an unnamed kernel (tops', tpu-inference's): named by its body's function
+        name = getattr(getattr(params.get("jaxpr"), "debug_info", None), "func_name", None)
+    return sanitize_name(str(name)) if name else "unnamed kernel"
 
 
 def traced_kernels(closed) -> Kernels:

@@ -186,6 +186,15 @@ def _two_kernels(interpret):
 X = jnp.ones((16, 128), jnp.float32)
 
 
+def test_an_unnamed_kernel_is_named_as_mosaic_names_it():
+    """No ``name``: Mosaic's lowering names the custom call by the kernel body's function, sanitized."""
+    unnamed = lambda x: pl.pallas_call(_double, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)  # noqa: E731
+    body = lambda x_ref, o_ref: _double(x_ref, o_ref)  # noqa: E731
+    lam = lambda x: pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)  # noqa: E731
+    result = compile_for(lambda a: lam(unnamed(a)), (X,), "v6e")
+    assert result.ok and sorted(result.kernels.traced) == sorted(result.kernels.mosaic) == ["_double", "_lambda_"]
+
+
 def test_traced_kernels_counts_each_distinct_program_once():
     kernels = traced_kernels(jax.jit(_two_kernels(False)).trace(X).jaxpr)
     assert sorted(kernels.traced) == ["inner", "outer"] and kernels.interpreted == ()
