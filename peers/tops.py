@@ -14,11 +14,13 @@ them (q, k, v in the case dtype; gates, h0 in float32), ``scale=case.resolved_sc
   both gates at once included (pure JAX ``lax.scan``; gradients by jax's autodiff).
 - ``gla.chunk``: ``tops.ops.gla.chunk_gla(q, k, v, g=[B,T,H,K] | g_gamma=..., chunk_size=C, cu_seqlens=...)``.
   tops takes ``g_gamma`` "broadcastable to [B, T, H, K]": ``[H]`` is passed as ``[H, 1]`` (``[H]`` itself would
-  broadcast over K), ``[]`` and ``[H, K]`` as they are. Packed cases pass ``cu_seqlens``. ``chunk_gla`` is no
-  ``custom_vjp``: its gradients are jax's autodiff through tops' forward kernels, whatever that gives. tops'
+  broadcast over K), ``[]`` and ``[H, K]`` as they are. Packed cases pass ``cu_seqlens``. tops'
   ``fused_chunk_gla`` "delegates to chunk_gla"; the harness has no ``gla.fused_chunk`` variant to bind it to.
-- ``gla.fused_recurrent``: ``tops.ops.gla.fused_recurrent_gla(q, k, v, gk=..., cu_seqlens=...)`` (a Pallas
-  forward, no ``custom_vjp``); a ``g_gamma`` of any form is broadcast to ``gk`` [B, T, H, K] (exact).
+- ``gla.fused_recurrent``: ``tops.ops.gla.fused_recurrent_gla(q, k, v, gk=..., cu_seqlens=...)``; a ``g_gamma``
+  of any form is broadcast to ``gk`` [B, T, H, K] (exact).
+- gla is forward only (``differentiable=False``): neither public entry point has a ``custom_vjp`` (tops'
+  ``chunk_gla_bwd`` and ``fused_recurrent_gla_bwd`` are separate functions they do not use), and jax cannot
+  differentiate their Pallas forwards ("Linearization failed to produce known values for all output primals").
 - ``kda.chunk``: ``tops.ops.chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state, None,
   chunk_size)``, a ``custom_vjp``; ``kda.fused_recurrent`` (the harness's forward-only decode variant):
   ``tops.ops.fused_recurrent_kda`` (pure JAX, ``lax.scan``).
@@ -220,8 +222,11 @@ def describe(case) -> dict:
         out["gate_mapping"] = ("g_gamma broadcast to gk [B, T, H, K] (exact)" if case.variant == "fused_recurrent"
                                else f"g_gamma [{shape}] passed as {'[H, 1]' if shape == 'H' else f'[{shape}]'} "
                                     f"(chunk_gla broadcasts it to [B, T, H, K])")
-    if case.op == "gla" or (case.op == "simple_gla" and case.variant == "fused_recurrent"):
-        out["backward"] = f"jax autodiff through tops' forward ({ENTRY[(case.op, case.variant)]} has no custom_vjp)"
+    if case.op == "simple_gla" and case.variant == "fused_recurrent":
+        out["backward"] = "jax autodiff through tops' lax.scan (no custom_vjp)"
+    if case.op == "gla":
+        out["backward"] = (f"none: {ENTRY[('gla', case.variant)]} has no custom_vjp, and its Pallas forward cannot "
+                           f"be differentiated by jax")
     return out
 
 
@@ -230,7 +235,7 @@ class Tops:
 
     bindings = {"simple_gla": LegBinding(forward_simple_gla, _refusal, describe=describe,
                                          no_gradient=no_gradient),
-                "gla": LegBinding(forward_gla, supports_gla, describe=describe),
+                "gla": LegBinding(forward_gla, supports_gla, describe=describe, differentiable=False),
                 "kda": LegBinding(forward_kda, supports_kda, describe=describe)}
 
     @property
