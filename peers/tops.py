@@ -6,22 +6,24 @@ them (q, k, v in the case dtype; gates, h0 in float32), ``scale=case.resolved_sc
 ``initial_state=h0`` (K-first ``[N, H, K, V]``, tops' layout too) and ``output_final_state`` (``ht``):
 
 - ``simple_gla.chunk`` / ``simple_gla.fused_chunk``: ``tops.ops.simple_gla(q, k, v, g_gamma=[H],
-  mode="chunk" | "fused_chunk", chunk_size=C)``. Both are ``custom_vjp``s (their backward kernels). tops pads
-  T to a multiple of C and K, V to multiples of 128 itself. Their backward returns a zero ``dg_gamma`` by
-  design (tops' comment: "g_gamma is treated as a fixed per-head hyperparameter"), which the harness compares
-  as a gradient; ``describe`` records it per row.
-- ``gla.chunk``: ``tops.ops.gla.chunk_gla(q, k, v, g=[B,T,H,K] | g_gamma=[H,1], chunk_size=C,
-  cu_seqlens=...)``. tops takes ``g_gamma`` "broadcastable to [B, T, H, K]": the harness's per-head ``[H]`` is
-  passed as ``[H, 1]`` (``[H]`` itself would broadcast over K, not H). Packed cases pass ``cu_seqlens`` (tops
-  pads each sequence to C). ``chunk_gla`` is no ``custom_vjp``: its gradients are jax's autodiff through
-  tops' forward kernels, whatever that gives. tops' ``fused_chunk_gla`` "delegates to chunk_gla" (g only); the
-  harness has no ``gla.fused_chunk`` variant to bind it to.
+  mode="chunk" | "fused_chunk", chunk_size=C)``, ``custom_vjp``s (their own backward kernels). tops pads T to a
+  multiple of C and K, V to multiples of 128 itself. A scalar ``g_gamma[]`` is broadcast to [H] (exact). Their
+  backward returns zeros for g_gamma by design (tops: "g_gamma is treated as a fixed per-head hyperparameter"):
+  declared ``no_gradient``, so dg_gamma rows are ``not_provided`` with that reason.
+- ``simple_gla.fused_recurrent``: ``simple_gla(..., g=, g_gamma=, mode="fused_recurrent", cu_seqlens_cpu=...)``,
+  both gates at once included (pure JAX ``lax.scan``; gradients by jax's autodiff).
+- ``gla.chunk``: ``tops.ops.gla.chunk_gla(q, k, v, g=[B,T,H,K] | g_gamma=..., chunk_size=C, cu_seqlens=...)``.
+  tops takes ``g_gamma`` "broadcastable to [B, T, H, K]": ``[H]`` is passed as ``[H, 1]`` (``[H]`` itself would
+  broadcast over K), ``[]`` and ``[H, K]`` as they are. Packed cases pass ``cu_seqlens``. tops'
+  ``fused_chunk_gla`` "delegates to chunk_gla"; the harness has no ``gla.fused_chunk`` variant to bind it to.
+- ``gla.fused_recurrent``: ``tops.ops.gla.fused_recurrent_gla(q, k, v, gk=..., cu_seqlens=...)``; a ``g_gamma``
+  of any form is broadcast to ``gk`` [B, T, H, K] (exact).
+- gla is forward only (``differentiable=False``): neither public entry point has a ``custom_vjp`` (tops'
+  ``chunk_gla_bwd`` and ``fused_recurrent_gla_bwd`` are separate functions they do not use), and jax cannot
+  differentiate their Pallas forwards ("Linearization failed to produce known values for all output primals").
 - ``kda.chunk``: ``tops.ops.chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state, None,
   chunk_size)``, a ``custom_vjp``; ``kda.fused_recurrent`` (the harness's forward-only decode variant):
   ``tops.ops.fused_recurrent_kda`` (pure JAX, ``lax.scan``).
-- ``simple_gla.fused_recurrent`` and ``gla.fused_recurrent``, for when the harness has those variants:
-  ``simple_gla(..., g= | g_gamma=, mode="fused_recurrent", cu_seqlens_cpu=...)`` and
-  ``tops.ops.gla.fused_recurrent_gla(q, k, v, gk=g, cu_seqlens=...)``.
 
 Refused, with the reason (an ``unsupported`` row):
 
@@ -36,7 +38,8 @@ Refused, with the reason (an ``unsupported`` row):
   ``fused_recurrent_kda`` take none of them (pre-normalised q, k, beta as given, g as the log decay);
 - packed kda cases: ``chunk_kda``'s docstring says its ``cu_seqlens`` is "variable-length mode (not yet
   supported)" (its state pass ignores it), ``fused_recurrent_kda`` has no such parameter;
-- gla ``g_gamma`` in ``fused_chunk_gla``/``fused_recurrent_gla``, which take a per-channel gate only;
+- gla with both gates at once: ``chunk_gla`` uses g_gamma "only when g is None" (it would drop it), and
+  ``fused_recurrent_gla`` takes one gate (``gk``), which only a rounding sum would reach;
 - a missing install (``tops is not installed (...)``), or an import that fails (its error).
 
 The leg forces interpret mode itself (``pltpu.force_tpu_interpret_mode``); this binding tells tops nothing about
@@ -48,7 +51,8 @@ tops is imported when this module is (outside any trace: it computes jnp constan
 under the leg's trace with a ConcretizationTypeError); without it this module still imports, and every case
 is refused with the install command. Install it with its own stack (Python >= 3.12; its uv.lock pins jax
 0.9.2, libtpu 0.0.37): ``pip install --no-deps 'tops @ git+https://github.com/primatrix/pallas-kernel@<sha>'``
-and einops (flax only for its layers, which this binding does not import); from the archive in
+and einops (flax only for its layers, which this binding does not import; jax 0.9.2's Pallas TPU module also
+imports absl-py, which jax 0.9.2 does not declare); from the archive in
 ``../shared/peers/``, ``SETUPTOOLS_SCM_PRETEND_VERSION=0.1.0+d7c3294 pip install --no-deps <unpacked dir>``.
 """
 
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
+from harness.ops import gated
 from harness.ops.base import LegBinding
 
 INSTALL = ("pip install --no-deps 'tops @ git+https://github.com/primatrix/pallas-kernel@<sha>' einops; "
@@ -102,9 +107,20 @@ def _refusal(case) -> str | None:
 def supports_gla(case) -> str | None:
     if _refusal(case):
         return _refusal(case)
-    if case.variant != "chunk" and case.gate.kind == "g_gamma":
-        return f"{ENTRY[('gla', case.variant)]} takes a per-channel gate only (g), not g_gamma"
+    if gated.both_gates(case):
+        if case.variant == "fused_recurrent":
+            return ("tops.ops.gla.fused_recurrent_gla takes one key-wise gate (gk): g and g_gamma at once have no "
+                    "exact mapping onto it")
+        return (f"{ENTRY[('gla', case.variant)]} uses g_gamma 'only when g is None' (its docstring): given both, "
+                f"it would drop g_gamma")
     return None
+
+
+def no_gradient(case) -> dict:
+    """tops' chunk and fused_chunk simple_gla return a zero gradient for g_gamma by design."""
+    if case.op == "simple_gla" and case.variant in ("chunk", "fused_chunk") and gated.gamma_shape(case) is not None:
+        return {"g_gamma": ZERO_DG_GAMMA}
+    return {}
 
 
 def supports_kda(case) -> str | None:
@@ -160,7 +176,8 @@ def _cu_seqlens(case):
 
 def forward_simple_gla(case, a, ctx):
     del ctx  # the candidate leg forces interpret mode itself
-    o, ht = _call(_ops.simple_gla, a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=a.get("g_gamma"),
+    g_gamma = gated.per_head_gamma(a.get("g_gamma"), case.H)  # [] broadcast to tops' [H] (exact)
+    o, ht = _call(_ops.simple_gla, a["q"], a["k"], a["v"], g=a.get("g"), g_gamma=g_gamma,
                   scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
                   chunk_size=case.chunk_size, cu_seqlens_cpu=_cu_seqlens(case), mode=case.variant)
     return {"o": o, "ht": ht}
@@ -170,13 +187,20 @@ def forward_gla(case, a, ctx):
     del ctx
     common = dict(scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
                   cu_seqlens=_cu_seqlens(case))
-    if case.variant == "fused_recurrent":
-        o, ht = _call(_gla.fused_recurrent_gla, a["q"], a["k"], a["v"], gk=a["g"], **common)
+    if case.variant == "fused_recurrent":  # gk only: a g_gamma of any form broadcast to [B, T, H, K] (exact)
+        gk = a["g"] if "g" in a else gated.per_channel_gamma(a["g_gamma"], a["q"])
+        o, ht = _call(_gla.fused_recurrent_gla, a["q"], a["k"], a["v"], gk=gk, **common)
     else:
         fn = _gla.chunk_gla if case.variant == "chunk" else _gla.fused_chunk_gla
-        gate = {"g": a["g"]} if "g" in a else {"g_gamma": a["g_gamma"][:, None]}  # [H, 1]: broadcast over B, T, K
+        gate = {"g": a["g"]} if "g" in a else {"g_gamma": _gla_gamma(a["g_gamma"])}
         o, ht = _call(fn, a["q"], a["k"], a["v"], chunk_size=case.chunk_size, **gate, **common)
     return {"o": o, "ht": ht}
+
+
+def _gla_gamma(g_gamma):
+    """A g_gamma [], [H] or [H, K] in the form chunk_gla broadcasts to [B, T, H, K]: [H] as [H, 1] (as it is, [H]
+    would broadcast over K), [] and [H, K] as they are."""
+    return g_gamma[:, None] if g_gamma.ndim == 1 else g_gamma
 
 
 def forward_kda(case, a, ctx):
@@ -191,20 +215,27 @@ def forward_kda(case, a, ctx):
 
 def describe(case) -> dict:
     out = {"entry": ENTRY.get((case.op, case.variant), "none")}
-    if case.op == "simple_gla" and case.gate.kind == "g_gamma" and case.variant != "fused_recurrent":
-        out["dg_gamma"] = ZERO_DG_GAMMA
-    if case.op == "gla" and case.gate.kind == "g_gamma":
-        out["gate_mapping"] = "g_gamma [H] passed as [H, 1] (tops broadcasts it to [B, T, H, K])"
-    if case.op == "gla" and case.variant == "chunk":
-        out["backward"] = "jax autodiff through tops' forward (chunk_gla has no custom_vjp)"
+    shape = gated.gamma_shape(case) if case.op in ("simple_gla", "gla") else None
+    if case.op == "simple_gla" and shape == "":
+        out["gate_mapping"] = "g_gamma [] broadcast to [H] (exact)"
+    if case.op == "gla" and shape is not None:
+        out["gate_mapping"] = ("g_gamma broadcast to gk [B, T, H, K] (exact)" if case.variant == "fused_recurrent"
+                               else f"g_gamma [{shape}] passed as {'[H, 1]' if shape == 'H' else f'[{shape}]'} "
+                                    f"(chunk_gla broadcasts it to [B, T, H, K])")
+    if case.op == "simple_gla" and case.variant == "fused_recurrent":
+        out["backward"] = "jax autodiff through tops' lax.scan (no custom_vjp)"
+    if case.op == "gla":
+        out["backward"] = (f"none: {ENTRY[('gla', case.variant)]} has no custom_vjp, and its Pallas forward cannot "
+                           f"be differentiated by jax")
     return out
 
 
 class Tops:
     """The implementation object (:mod:`harness.legs.external`)."""
 
-    bindings = {"simple_gla": LegBinding(forward_simple_gla, _refusal, describe=describe),
-                "gla": LegBinding(forward_gla, supports_gla, describe=describe),
+    bindings = {"simple_gla": LegBinding(forward_simple_gla, _refusal, describe=describe,
+                                         no_gradient=no_gradient),
+                "gla": LegBinding(forward_gla, supports_gla, describe=describe, differentiable=False),
                 "kda": LegBinding(forward_kda, supports_kda, describe=describe)}
 
     @property

@@ -66,7 +66,7 @@ def rows(tmp_path_factory):
     args = ["run", "--backend", "tops", "--out", str(out), "--no-progress", "--tpu-targets", "v6e"]
     for case in sorted({PASSES, PADDED} | set(REFUSED) | set(BROKEN)):
         args += ["--case", case]
-    assert main(args) == 1  # the finding, the zero dg_gamma and tops' breakages are failing rows
+    assert main(args) == 1  # the finding and tops' breakages are failing rows
     return pd.read_csv(next(out.glob("tops.cases-*.csv")))
 
 
@@ -81,12 +81,12 @@ def test_a_case_tops_passes_matches_the_float64_reference_at_bf16_level(rows):
 
 
 @needs_tops
-def test_its_g_gamma_gradient_is_zero_by_design(rows):
-    """tops' backward returns zeros for g_gamma (a fixed hyperparameter to it): rel_l2 exactly 1, a bound
-    failure until the binding protocol can declare "no gradient by design" (issue 36)."""
+def test_its_g_gamma_gradient_is_declared_none_by_design(rows):
+    """tops' backward returns zeros for g_gamma (a fixed hyperparameter to it): the binding declares it
+    (LegBinding.no_gradient), so the row is not_provided with the reason instead of a zero that fails."""
     dg = rows[(rows.case_id == PASSES) & (rows.tensor == "dg_gamma")]
-    assert len(dg) == 1 and dg.rel_l2.iloc[0] == 1.0 and dg.status.iloc[0] == "bound"
-    assert "returns zeros for g_gamma by design" in dg.details.iloc[0]
+    assert len(dg) == 1 and dg.status.iloc[0] == "not_provided"
+    assert "returns zeros for g_gamma by design" in dg.reason.iloc[0]
 
 
 @needs_tops
