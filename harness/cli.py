@@ -402,6 +402,24 @@ def available_legs() -> dict[str, str | None]:
     return {spec.name: spec.missing() for spec in BUILTIN}
 
 
+def _baseline_rows(path: Path, base: str, cases) -> "object":
+    """The baseline leg's rows of the selected cases, from a result file made on another machine (exit 2 when
+    the file is not the baseline's or lacks a selected case)."""
+    from harness.results import read_results
+
+    rows = read_results(path)
+    legs = sorted(rows["leg"].dropna().unique())
+    if legs != [base]:
+        raise UsageError(f"--baseline-rows {path} holds rows of {', '.join(legs) or 'no leg'}, not of the {base} leg")
+    wanted = [c.id for c in cases]
+    missing = [i for i in wanted if i not in set(rows["case_id"])]
+    if missing:
+        raise UsageError(f"--baseline-rows {path} lacks {len(missing)} of the {len(wanted)} selected cases (first: "
+                         f"{missing[0]}); make them where fla runs: parity run --backend {base} with the same "
+                         "selection")
+    return rows[rows["case_id"].isin(wanted)].reset_index(drop=True)
+
+
 def cmd_all(args) -> int:
     from harness.gate import apply_gate
     from harness.reference_cache import ReferenceCache
@@ -417,8 +435,13 @@ def cmd_all(args) -> int:
     junit = _junit_target(args)
     cache = ReferenceCache(None if args.no_ref_cache else "default")
     frames, paths, status = {}, {}, EXIT_PASS
+    base, ours = default_leg("baseline"), default_leg("candidate")
     runs = [(name, why_not, True) for name, why_not in available_legs().items()]
     runs += [(name, leg_spec(name).missing(), False) for name in args.candidate]  # gated below; no causality
+    if args.baseline_rows:  # made where fla runs: the baseline is not run here
+        paths[base], frames[base] = args.baseline_rows, _baseline_rows(args.baseline_rows, base, cases)
+        runs = [r for r in runs if r[0] != base]
+        print(f"{base}: {frames[base]['case_id'].nunique()} cases' rows from {args.baseline_rows}")
     for name, why_not, causality in runs:
         if why_not:
             print(f"{name}: skipped, {why_not}")
@@ -430,10 +453,10 @@ def cmd_all(args) -> int:
             causal = _run_causality(name, args, cases)
             if causal["status"].isin(CAUSALITY_FAILING).any():
                 status = EXIT_FAIL
-    base, ours = default_leg("baseline"), default_leg("candidate")
     if base in frames and ours in frames:
         result = apply_gate(frames[base], frames[ours], policy, **_gate_options(args))
-        result = _redraw(result, frames, paths, (base, ours), args, cases, cache)
+        if not args.baseline_rows:  # more draws need the baseline run here too
+            result = _redraw(result, frames, paths, (base, ours), args, cases, cache)
         status = _worse(status, _report_gate(result, out, junit, args.force))
     else:
         print(f"gate: skipped, it needs both the {base} and the {ours} legs" + (f"; no {junit} written" if junit else ""))
@@ -614,6 +637,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gate_options(p)
     p.add_argument("--no-causality", action="store_true",
                    help="skip the causality check (one case per op and variant, every leg)")
+    p.add_argument("--baseline-rows", type=Path, metavar="GPU.csv",
+                   help="the baseline leg's rows, made where fla runs (parity run --backend gpu, same selection): "
+                        "not run here (a TPU-side stack has no torch); inconclusive comparisons then stay so "
+                        "(exit 3) rather than drawing more")
     p.add_argument("--candidate", action="append", default=[], metavar="LEG",
                    help="also run this candidate (a registered implementation, e.g. tpu-inference, or --impl) and "
                         "gate it against the gpu leg in OUT/LEG/; OUT/peers.md then compares the candidates "

@@ -375,3 +375,25 @@ def test_a_gradient_absent_by_design_is_not_compared_and_the_headline_counts_it(
     dg = rows.set_index("tensor").loc["dg"]
     assert dg["status"] == "bound" and dg["rel_l2"] == 1.0  # zeros, compared as any gradient
     assert main(["gate", str(gpu), str(path), "--candidate-leg", "undeclared", "--out", str(tmp_path / "g2")]) == 1
+
+
+@pytest.mark.needs_leg("gpu")
+def test_all_gates_a_candidate_against_baseline_rows_made_elsewhere(installed, baseline, tmp_path, capsys):
+    """A TPU-side stack has no torch: ``parity all --baseline-rows GPU.csv`` takes fla's rows from the machine
+    where fla runs, runs the candidates here, and gates them (the tops recipe, docs/ci.md)."""
+    gpu, _ = _rows(baseline, "gpu")
+    out = tmp_path / "all"
+    assert main(["all", "--case", CASE, "--baseline-rows", str(gpu), "--candidate", "tiny", "--no-causality",
+                 "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert f"gpu: 1 cases' rows from {gpu}" in printed and "gpu leg" not in printed  # not run here
+    assert (out / "parity.md").read_text().startswith("## Linear-attention parity: PASS")
+    assert (out / "tiny" / "parity.md").exists() and "tiny" in (out / "peers.md").read_text()
+    _, tpu = _rows(baseline, "tpu")
+    tpu_path = tmp_path / "tpu.csv"
+    tpu.to_csv(tpu_path, index=False)
+    assert main(["all", "--case", CASE, "--baseline-rows", str(tpu_path), "--out", str(out)]) == 2
+    assert "holds rows of tpu, not of the gpu leg" in capsys.readouterr().err
+    other = "simple_gla.chunk/B1-T64-H2-K128-V128/bf16/g=logsigmoid/16/C64"
+    assert main(["all", "--case", CASE, "--case", other, "--baseline-rows", str(gpu), "--out", str(out)]) == 2
+    assert f"lacks 1 of the 2 selected cases (first: {other})" in capsys.readouterr().err
