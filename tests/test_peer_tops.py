@@ -113,3 +113,20 @@ def test_where_tops_breaks_the_row_says_so_in_its_words(rows, case):
     mine = rows[rows.case_id == case]
     assert len(mine) and (mine.status == "error").all()
     assert mine.reason.str.contains(BROKEN[case], regex=False).all(), mine.reason.iloc[0]
+
+
+@needs_tops
+def test_fused_chunk_kernels_tops_interprets_on_a_cpu_never_compile_ok(tmp_path):
+    """Issue 41: tops' fused_chunk picks interpret mode itself (``not is_tpu_runtime()``) and then gives g_gamma the
+    ANY memory space; its public API has no interpret option. Told nothing, the compile must name those kernels
+    and never say ok (before issue 41 the row said ok with only _chunk_fwd_h_kernel compiled by Mosaic)."""
+    import pandas as pd
+
+    from harness.cli import main
+
+    case = "simple_gla.fused_chunk/B1-T128-H2-K128-V128/bf16/g_gamma=alibi(L32,l0)/C64/h0,dht"
+    assert main(["compile", "--backend", "tops", "--case", case, "--target", "v6e", "--out", str(tmp_path),
+                 "--no-progress"]) == 1
+    [row] = pd.read_csv(tmp_path / "compile.tops.csv").to_dict("records")
+    assert row["status"] == "error" and row["kernels_traced"] == 3 and row["kernels_mosaic"] < 3
+    assert "_fused_chunk_fwd_kernel, _fused_chunk_bwd_kernel asked by their library for interpret mode" in row["reason"]
