@@ -246,3 +246,24 @@ def test_hardware_gpu_baseline_reaches_the_tpu_job():
     args = _parity(gate)
     assert (args.gpu_csv, args.tpu_csv) == (baseline, f"{option(tpu_run, '--parity-out')}/{result_name('tpu')}")
     assert f"hashFiles('{args.tpu_csv}')" in _step(wf, "tpu", "Gate")["if"]
+
+
+def test_your_kernels_gate_against_the_rows_fla_uploads():
+    """parity-your-kernels.yml: fla's job (3.11) uploads the gpu.csv its run writes; the candidate's job (3.12, its
+    own jax) downloads it and gates the leg's rows against it."""
+    path = TEMPLATES / "parity-your-kernels.yml"
+    wf = _workflow(path)
+    commands = {job: [argv for j, _, _, argv in _commands(path, "parity") if j == job] for job in wf["jobs"]}
+    [fla_run] = commands["fla"]
+    fla = _parity(fla_run)
+    upload, download = _step(wf, "fla", "Upload"), _step(wf, "candidate", "Download")
+    assert upload["with"]["path"] == f"{fla.out}/{result_name('gpu')}" and fla.backend == "gpu"
+    assert download["with"]["name"] == upload["with"]["name"] and wf["jobs"]["candidate"]["needs"] == "fla"
+    run, gate = (_parity(argv) for argv in commands["candidate"])
+    leg = wf["env"]["LEG"]
+    assert run.backend == leg and gate.candidate_leg == leg
+    assert gate.gpu_csv == f"{download['with']['path']}/{result_name('gpu')}"
+    assert gate.tpu_csv == f"{run.out}/{result_name(leg)}"
+    python = {job: step["with"]["python-version"] for job in ("fla", "candidate")
+              for step in wf["jobs"][job]["steps"] if "setup-python" in step.get("uses", "")}
+    assert python == {"fla": "3.11", "candidate": "3.12"}
