@@ -223,6 +223,23 @@ def traced_kernels(closed) -> Kernels:
     return Kernels(tuple(traced), tuple(interpreted))
 
 
+@contextlib.contextmanager
+def rebound(primitives, wrap, state: threading.local):
+    """Inside the block, on this thread (``state.active``), each jax primitive binds through ``wrap(original)``:
+    installed once per primitive (a Primitive's ``bind`` is an instance attribute here), it must pass through
+    to ``original`` wherever ``state.active`` is off. Used to force what a library cannot be asked for."""
+    for prim in primitives:
+        if prim is not None and not hasattr(prim.bind, "original"):
+            bind = wrap(prim.bind)
+            bind.original = prim.bind
+            prim.bind = bind
+    state.active = True
+    try:
+        yield
+    finally:
+        state.active = False
+
+
 _native = threading.local()
 
 
@@ -232,11 +249,9 @@ def _native_bind(original):
             params = {**params, "interpret": False}
         return original(*args, **params)
 
-    bind.original = original
     return bind
 
 
-@contextlib.contextmanager
 def native_pallas():
     """Inside the block, on this thread, every Pallas kernel is bound with ``interpret=False``, whatever its
     library passed: the mirror of ``pltpu.force_tpu_interpret_mode``, which the emulated run uses. Applies at
@@ -244,14 +259,8 @@ def native_pallas():
     from jax._src.pallas import core as pallas_core  # the Pallas kernel primitives (jax 0.9 - 0.12)
     from jax._src.pallas import pallas_call as pallas_call_module
 
-    for prim in (pallas_call_module.pallas_call_p, getattr(pallas_core, "core_map_p", None)):
-        if prim is not None and not hasattr(prim.bind, "original"):
-            prim.bind = _native_bind(prim.bind)  # a Primitive's bind is an instance attribute here
-    _native.active = True
-    try:
-        yield
-    finally:
-        _native.active = False
+    kernels = (pallas_call_module.pallas_call_p, getattr(pallas_core, "core_map_p", None))
+    return rebound(kernels, _native_bind, _native)
 
 
 def mosaic_kernels(module_text: str) -> tuple[str, ...]:

@@ -21,21 +21,13 @@ from harness.legs.ref import RefLeg
 from harness.legs.tpu import kernel_refusal
 from harness.ops import get_op
 
+from case_files import header as _header
+
 TOPS_TESTS = Path(__file__).resolve().parent.parent / "cases" / "tops-tests"
 FILES = sorted(TOPS_TESTS.glob("*.toml"))
 COUNT = re.compile(r"translated into cases: (\d+) cases\b")
 REFUSED = re.compile(r'(?m)^#\s+(gpu|tpu) leg \((\d+)\): "([^"]+)"$')
 REF_MARKED = re.compile(r'(?m)^\[\[case\]\][^\n]*--ref-method chunk[^\n]*\nid = "([^"]+)"')
-
-
-def _header(path: Path) -> str:
-    """The file's leading comment block."""
-    lines = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        lines.append(line)
-    return "\n".join(lines)
 
 
 def test_the_three_translated_files_are_there():

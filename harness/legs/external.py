@@ -12,7 +12,9 @@ An implementation is a Python object (registered with ``--impl NAME=module:objec
   the rows' details. A forward that raises NotImplementedError refuses the case with its message
   (``unsupported``); anything else it raises is an ``error`` row with its first line, never an abort;
 - optionally ``version``: the string its rows' ``versions`` record (default: the version of the
-  distribution that provides the module).
+  distribution that provides the module);
+- optionally ``tests_rule``: the tolerance its own tests hold its outputs to (a JSON-able mapping, the format
+  :mod:`harness.peer_report` reads), recorded in its rows' settings; ``peers.md`` applies it to the same numbers.
 
 What the leg adds, so that another team's Pallas kernels run here without their cooperation:
 
@@ -33,6 +35,8 @@ import importlib
 import importlib.metadata
 import sys
 import threading
+
+from harness.tpu_compile import rebound
 
 from .tpu import TpuLeg
 
@@ -80,11 +84,9 @@ def _modeled_dot_general(original):
             _local.inside = False
         return out.astype(out_dtype)
 
-    bind.original = original
     return bind
 
 
-@contextlib.contextmanager
 def mxu_rounding():
     """Inside the block, on this thread, every ``lax.dot_general`` with an f32 operand computes as a TPU's
     MXU does at its stated precision (kernels_tpu.mxu's model: DEFAULT one bf16 pass, HIGH three, HIGHEST
@@ -93,14 +95,7 @@ def mxu_rounding():
     must be traced inside the block (the leg clears jax's caches around it)."""
     from jax import lax
 
-    prim = lax.dot_general_p
-    if not hasattr(prim.bind, "original"):
-        prim.bind = _modeled_dot_general(prim.bind)  # a Primitive's bind is an instance attribute here
-    _local.active = True
-    try:
-        yield
-    finally:
-        _local.active = False
+    return rebound((lax.dot_general_p,), _modeled_dot_general, _local)
 
 
 # ------------------------------------------------------------------------------- TPU info, interpret mode
@@ -172,6 +167,9 @@ class ExternalLeg(TpuLeg):
                         mxu_model=("every dot_general rounded as the MXU does (harness.legs.external.mxu_rounding)"
                                    if not self.native else "hardware"),
                         tpu_info=f"{INTERPRET_CHIP} while interpreting; each target's own when compiling")
+        rule = getattr(self.impl, "tests_rule", None)
+        if rule:  # its own tests' tolerance, for peers.md (harness.peer_report)
+            settings["tests_rule"] = rule
         versions = {**env.versions, self.name: implementation_version(self.impl, self.target)}
         return type(env)(mode=env.mode, device=env.device, versions=versions, settings=settings)
 
