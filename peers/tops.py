@@ -230,8 +230,47 @@ def describe(case) -> dict:
     return out
 
 
+TESTS = "tests/ops/{}"
+BF16_ULPS = {"max_ulp": 4, "ulp_dtype": "bfloat16"}
+TESTS_RULE = {
+    "summary": ("tops' own tests' compare_tensor at d7c3294, per entry point (peers/tops.py TESTS_RULE): "
+                "|ref - got| <= atol + rtol |got|, or within max_ulp bf16 ULPs"),
+    "relative_to": "candidate",  # compare_tensor(gold, tensor): np.allclose(gold, tensor), rtol times |tensor|
+    "by_variant": {
+        # test_chunk_fwd_vs_cpu: atol = min(5e-2, 1e-2 + 1e-2 * max(T // C, 1)), rtol 5e-2, max_ulp 4; ht max(atol, 5e-2)
+        "simple_gla.chunk": {"test": TESTS.format("simple_gla/test_chunk_simple_gla_tpu.py"),
+                             "o": {"atol": 1e-2, "atol_per_chunk": 1e-2, "atol_max": 5e-2, "rtol": 5e-2,
+                                   **BF16_ULPS},
+                             "ht": {"atol": 5e-2, "rtol": 5e-2, **BF16_ULPS}},
+        # test_fused_chunk_fwd_vs_cpu: atol = min(5e-2, 2e-2 + 1e-2 * max(T // C, 1)); ht max(atol, 5e-2)
+        "simple_gla.fused_chunk": {"test": TESTS.format("simple_gla/test_fused_chunk_simple_gla_tpu.py"),
+                                   "o": {"atol": 2e-2, "atol_per_chunk": 1e-2, "atol_max": 5e-2, "rtol": 5e-2,
+                                         **BF16_ULPS},
+                                   "ht": {"atol": 5e-2, "rtol": 5e-2, **BF16_ULPS}},
+        # _run_recurrent: compare_tensor(atol=1e-5, rtol=1e-5) on o and ht (max_ulp 1, bf16 ULPs)
+        "simple_gla.fused_recurrent": {"test": TESTS.format("simple_gla/test_simple_gla_tpu.py"),
+                                       "*": {"atol": 1e-5, "rtol": 1e-5, "max_ulp": 1, "ulp_dtype": "bfloat16"}},
+        # test_pallas_chunk_gla.py: atol = rtol = 1e-5 by default
+        "gla.chunk": {"test": TESTS.format("gla/test_pallas_chunk_gla.py"),
+                      "*": {"atol": 1e-5, "rtol": 1e-5, "max_ulp": 1, "ulp_dtype": "bfloat16"}},
+        # test_pallas_fused_recurrent.py: atol = rtol = 1e-4 by default
+        "gla.fused_recurrent": {"test": TESTS.format("gla/test_pallas_fused_recurrent.py"),
+                                "*": {"atol": 1e-4, "rtol": 1e-4, "max_ulp": 1, "ulp_dtype": "bfloat16"}},
+        # kda: no rule. tests/ops/kda/test_chunk_kda_tpu.py compares gradients of an intra-chunk kernel only
+        # (dq, dk, db, dg at atol 5e-3, rtol 5e-2), no forward output of chunk_kda
+    },
+}
+"""The tolerances tops' own TPU tests (tests/ops/**/test_*_tpu.py and test_pallas_*.py at d7c3294) hold each entry
+point's forward to, as :mod:`harness.peer_report` applies them to the same rows (``peers.md``'s own rule): their
+``compare_tensor`` (tests/utils.py) passes where ``np.allclose(ref, got, atol, rtol)`` holds or every element is
+within ``max_ulp`` bf16 ULPs (its default dtype). Their defaults per test function; a test's per-case overrides
+(e.g. gla.fused_recurrent's atol 5e-6 on two cases) are not applied."""
+
+
 class Tops:
     """The implementation object (:mod:`harness.legs.external`)."""
+
+    tests_rule = TESTS_RULE
 
     bindings = {"simple_gla": LegBinding(forward_simple_gla, _refusal, describe=describe,
                                          no_gradient=no_gradient),

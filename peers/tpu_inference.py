@@ -108,6 +108,10 @@ def describe(case) -> dict:
 class TpuInference:
     """The implementation object (:mod:`harness.legs.external`)."""
 
+    tests_rule = {"summary": "allclose(atol = rtol = 1e-2)", "relative_to": "reference",
+                  "default": {"atol": 1e-2, "rtol": 1e-2},
+                  "source": "tpu-inference's kernel tests: allclose(atol=1e-2, rtol=1e-2)"}
+
     bindings = {"kda": LegBinding(forward, supports_kda, describe=describe, differentiable=False),
                 "gdn": LegBinding(forward, _refusal, describe=describe, differentiable=False)}
 
