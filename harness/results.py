@@ -138,10 +138,12 @@ def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
             i = negative[negative].index[0]
             raise ReportError(f"{_where(path, i, metric)}: {float(values[i])!r} is negative; an error is >= 0")
         unmeasured = df["status"].isin(_MEASURED) & ~np.isfinite(values.astype(float))
+        if metric == "rel_l2":  # an all-zero reference and a nonzero result: rel_l2 is +inf, beyond any bound
+            unmeasured &= ~((df["status"] == Status.BOUND) & (values == np.inf))
         if unmeasured.any():
             i = unmeasured[unmeasured].index[0]
             raise ReportError(f"{_where(path, i, metric)}: a {df.at[i, 'status']} row needs a finite value, "
-                              f"got {df.at[i, metric]!r}")
+                              f"got {float(values[i])!r}")
         df[metric] = values.astype(float)
     _check_blocks(df, path)
     hashes = df["input_sha256"].astype("string")
@@ -182,7 +184,7 @@ def _check_blocks(df: pd.DataFrame, path: Path) -> None:
             raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: {cell!r} is not ';'-joined numbers") from None
         rel = float(df.at[i, "rel_l2"])
         if blocks is None:
-            if rel != 0:
+            if rel != 0 and rel != math.inf:  # no blocks: rel_l2 is 0, or +inf (an all-zero reference)
                 raise ReportError(f"{_where(path, i, 'rel_l2_blocks')}: empty, but rel_l2 is {rel!r}")
             continue
         if not (np.all(np.isfinite(blocks)) and np.all(blocks >= 0)):

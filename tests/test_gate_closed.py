@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -228,6 +229,24 @@ def test_impossible_values_are_input_errors(files, capsys, column, value, messag
     assert gate(tmp / "gpu.csv", _write(bad, tmp / "bad.csv")) == 2
     err = _err(capsys)
     assert f"bad.csv:5: column {column!r}" in err and message in err
+
+
+def test_a_nonzero_result_against_an_all_zero_reference_is_a_bound_row_the_files_take(files, capsys):
+    """rel_l2 = inf (docs/definitions.md): fla's dg at T = 1, where the reference's is exactly 0. The row is
+    ``bound`` with no blocks; the file takes it and the gate judges the case, instead of the run's file being
+    refused. An ``ok`` row cannot have it."""
+    from harness.metrics import compare
+
+    row = compare(np.array([1e-9, 0.0]), np.zeros(2), "float32")
+    assert row["rel_l2"] == np.inf and row["rel_l2_blocks"] == ""
+    tmp, _, tpu, gate = files
+    zero = tpu.copy()
+    zero.loc[3, ["status", "rel_l2", "rel_l2_blocks"]] = ["bound", np.inf, ""]
+    assert gate(tmp / "gpu.csv", _write(zero, tmp / "zero.csv")) == 1  # read, then failed as a bound row
+    assert capsys.readouterr().err == ""
+    zero.loc[3, "status"] = "ok"
+    assert gate(tmp / "gpu.csv", _write(zero, tmp / "zero-ok.csv")) == 2
+    assert "a ok row needs a finite value, got inf" in _err(capsys)
 
 
 def test_a_doctored_rel_l2_no_longer_matches_its_blocks(files, capsys):
