@@ -58,8 +58,6 @@ imports absl-py, which jax 0.9.2 does not declare); from the archive in
 
 from __future__ import annotations
 
-import importlib.metadata
-
 from harness.ops import gated
 from harness.ops.base import LegBinding
 
@@ -272,17 +270,12 @@ class Tops:
 
     tests_rule = TESTS_RULE
 
+    distribution = "tops"  # the rows' version: tops', not this project's (which ships the binding)
     bindings = {"simple_gla": LegBinding(forward_simple_gla, _refusal, describe=describe,
                                          no_gradient=no_gradient),
                 "gla": LegBinding(forward_gla, supports_gla, describe=describe, differentiable=False),
                 "kda": LegBinding(forward_kda, supports_kda, describe=describe)}
 
-    @property
-    def version(self) -> str:
-        try:
-            return f"tops {importlib.metadata.version('tops')}"
-        except importlib.metadata.PackageNotFoundError:
-            return "tops (not installed)"
 
 
 IMPLEMENTATION = Tops()

@@ -55,6 +55,8 @@ def test_mapped_cases_match_the_float64_reference_at_bf16_level(rows):
     assert (fwd.status == "ok").all(), fwd[["case_id", "tensor", "status", "reason"]]
     assert (fwd.rel_l2 < 1e-2).all(), fwd[["case_id", "tensor", "rel_l2"]]
     assert set(fwd.compiled_for.dropna()) == {"v6e"}
+    # the version of tpu-inference, not of this project, which ships the binding
+    assert fwd.versions.str.contains('"tpu-inference": "tpu-inference 0.32.0"', regex=False).all()
 
 
 def test_it_is_forward_only(rows):

@@ -132,12 +132,19 @@ def load(target: str):
 
 
 def implementation_version(impl, target: str) -> str:
+    """The rows' version of an implementation: its ``version``; else that of the distribution it names
+    (``distribution``: a binding shipped apart from the kernels it binds, as ``peers/`` are); else that of the
+    distribution providing its module."""
     version = getattr(impl, "version", None)
     if version:
         return str(version)
+    named = getattr(impl, "distribution", None)
     top = target.split(":", 1)[0].split(".", 1)[0]
-    for dist in importlib.metadata.packages_distributions().get(top, []):
-        return f"{dist} {importlib.metadata.version(dist)}"
+    for dist in [named] if named else importlib.metadata.packages_distributions().get(top, []):
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            return f"{dist} (not installed)"
     return "unversioned"
 
 
