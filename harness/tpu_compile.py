@@ -125,7 +125,7 @@ kernel's name, which jax's Mosaic lowering attaches as the ``kernel_name`` attri
 
 @dataclass(frozen=True)
 class Kernels:
-    """The Pallas kernels of one traced program, by name (a multiset: a kernel traced twice counts twice).
+    """The Pallas kernels of one traced program, by name (a kernel traced twice counts twice).
 
     ``traced``: one name per kernel equation, each distinct sub-program visited once (as jax lowers it once);
     ``interpreted``: those whose library asked for interpret mode (then lowered natively by the compile);
@@ -137,8 +137,11 @@ class Kernels:
 
     @property
     def missing(self) -> list[str]:
-        """Traced kernels with no Mosaic custom call of their name (by count), in trace order."""
-        return _minus(self.traced, self.mosaic)
+        """Traced kernels with no Mosaic custom call of their name, in trace order. By name, not by count: jax
+        may lower two equal kernels of different sub-programs once (jax 0.12 does, for gla's recomputed
+        forward), while a kernel lowered some other way lowers so wherever it is traced."""
+        mosaic = set(self.mosaic)
+        return [name for name in self.traced if name not in mosaic]
 
     @property
     def counts(self) -> dict[str, int]:

@@ -146,14 +146,14 @@ def test_parity_md_names_the_compile_targets():
 
 
 # ------------------------------------------------ every kernel reaches Mosaic
-def test_kernels_are_matched_by_name_as_multisets():
-    k = Kernels(traced=("a", "b", "a", "c"), interpreted=("c",), mosaic=("a", "b", "c"))
-    assert k.missing == ["a"]  # the second a has no custom call of its own
-    # traced 4; reached Mosaic as built: a, b (c was asked for interpret mode, then lowered natively)
-    assert k.counts == {"kernels_traced": 4, "kernels_mosaic": 2}
+def test_kernels_are_matched_by_name():
+    k = Kernels(traced=("a", "b", "a", "c", "d"), interpreted=("c",), mosaic=("a", "b", "c"))
+    assert k.missing == ["d"]  # the second a shares the first's custom call (jax may lower equal kernels once)
+    # traced 5; reached Mosaic as built: a, b, a (c was asked for interpret mode, then lowered natively)
+    assert k.counts == {"kernels_traced": 5, "kernels_mosaic": 3}
     problem = k.problem()
-    assert problem.startswith("Mosaic compiled 2 of 4 kernels as their library built them; ")
-    assert "a did not reach Mosaic" in problem and "c asked by their library for interpret mode" in problem
+    assert problem.startswith("Mosaic compiled 3 of 5 kernels as their library built them; ")
+    assert "d did not reach Mosaic" in problem and "c asked by their library for interpret mode" in problem
     assert Kernels(("a", "a"), (), ("a", "a")).problem() == ""
     assert Kernels(("a", "a", "b"), (), ()).problem().startswith("Mosaic compiled 0 of 3")
     assert "a (x2), b did not reach" in Kernels(("a", "a", "b"), (), ()).problem()
