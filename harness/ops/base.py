@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from cases.case import Case
-from cases.inputs import InputSpec, Law, gate_law, normal
+from cases.inputs import InputSpec, Law, normal
 
 
 @dataclass(frozen=True)
@@ -158,12 +158,6 @@ def qkv_specs(case: Case, qk_law: Law | None = None) -> list[InputSpec]:
     ]
 
 
-def gate_spec(case: Case, per_token_shape) -> InputSpec:
-    """The case's gate in float32: ``g_gamma`` [H], or ``g`` with the op's per-token shape."""
-    shape = (lambda c: (c.H,)) if case.gate.kind == "g_gamma" else per_token_shape
-    return InputSpec(case.gate.kind, shape, "float32", gate_law)
-
-
 def state_and_cotangent_specs(case: Case) -> list[InputSpec]:
     """h0 (float32) if the case has one, do [B,T,HV,V] (case dtype), dht (float32) if any.
 
@@ -242,25 +236,3 @@ def call_tpu_kernel(fn, case: Case, *args, **kwargs):
         raise NotImplementedError(f"{name} does not take cu_seqlens (packed variable-length sequences, "
                                   f"lens={'+'.join(map(str, case.lens))}): its signature has no such parameter")
     return fn(*args, cu_seqlens=case.cu_seqlens, **kwargs)
-
-
-def gated_reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: str, compute_dtype: str) -> dict:
-    """Reference binding for ops with fla's ``(q, k, v, g=|g_gamma=, scale, initial_state)`` signature:
-    forward ``fwd`` (o, ht) and backward ``bwd`` (dict of gradients, None where not applicable)."""
-    gates = {case.gate.kind: x[case.gate.kind]}
-    common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
-                  method=method, compute_dtype=compute_dtype, cu_seqlens=case.cu_seqlens)
-    o, ht = fwd(x["q"], x["k"], x["v"], **gates, output_final_state=True, **common)
-    grads = bwd(x["q"], x["k"], x["v"], x["do"], x.get("dht"), **gates, **common)
-    return {"o": o, "ht": ht, **{n: a for n, a in grads.items() if a is not None}}
-
-
-def gated_differentiable(case: Case) -> list[str]:
-    """Inputs whose gradients the gated ops (simple_gla, gla) compare: q, k, v, the gate, h0."""
-    return ["q", "k", "v", case.gate.kind] + (["h0"] if case.h0 else [])
-
-
-def gated_tensors(case: Case) -> list[TensorSpec]:
-    """o, ht, and the gradient of every gated-op input, in its input's dtype."""
-    dtypes = {"q": "case", "k": "case", "v": "case", "g": "float32", "g_gamma": "float32", "h0": "float32"}
-    return forward_tensors(case) + grad_tensors(case, gated_differentiable(case), dtypes)
