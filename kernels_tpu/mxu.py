@@ -2,17 +2,26 @@
 
 Every dot in ``kernels_tpu`` goes through :func:`dot`, which states its
 precision and accumulates in f32. Only what the Mosaic compiler lowers exists
-here (measured with libtpu 0.0.42.1 for v5e, v6e and v7x):
+here, and the model is what Mosaic emits: :data:`MXU_PASSES` lists, per
+precision, the bf16 passes one dot runs and the operand piece each pass feeds
+the MXU, read from Mosaic's own LLO (one ``llo.vmatmul*`` per MXU instruction,
+with its ``matmul_mode``, after the weights latched with their
+``gain_latch_mode``) for v5e, v6e and v7x under jax 0.9.2, 0.10.2 and 0.12
+(``harness/mosaic_dump.py`` re-reads it for every kernel ``parity compile``
+compiles):
 
 - ``Precision.DEFAULT``: one MXU pass. bf16 operands give exact products
-  with f32 accumulation; f32 operands are rounded to bf16 first.
-- ``Precision.HIGHEST``: f32 operands as bf16x6 (three bf16 pieces per
-  operand, the six products of combined order <= 2), about f32 accuracy.
-- :data:`BF16X3`: an explicit three-pass product. Both operands are split
-  in the kernel into ``hi + lo`` bf16 pieces and ``hi·hi + hi·lo + lo·hi``
-  run as three ``DEFAULT`` bf16 dots. Mosaic refuses ``Precision.HIGH``
-  ("Unsupported dot precision"), so the 3-pass product is written out; the
-  same code runs natively and in interpret mode.
+  with f32 accumulation; f32 operands are rounded to bf16 (nearest even) first.
+- ``Precision.HIGHEST``: f32 operands split by truncation into three bf16
+  pieces each (the high, middle and low 8 significand bits), the six products
+  of combined order <= 2, summed in f32 in Mosaic's order: about f32 accuracy.
+- ``Precision.HIGH``: where this jax's Pallas lowers it (jax 0.12:
+  ``contract_precision<bf16x3>``; 0.9.2 and 0.10.2 refuse it), three passes of
+  the same truncation split: ``hi·hi + hi·mid + mid·hi``.
+- :data:`BF16X3`: an explicit three-pass product, written in the kernel: both
+  operands are split into ``hi + lo`` bf16 pieces by rounding and
+  ``hi·hi + hi·lo + lo·hi`` run as three ``DEFAULT`` bf16 dots. It runs under
+  every jax (Mosaic in jax 0.9.2 and 0.10.2 refuses ``Precision.HIGH``).
 - :data:`BF16X4`: the same split with the fourth product ``lo·lo`` too. Two bf16 pieces hold
   any value of at most 16 significant bits exactly (fp16 data has 11), and bf16 products are
   exact in f32, so every product of two fp16 values is exact, as on fla's fp16 tensor cores.
@@ -24,7 +33,7 @@ here (measured with libtpu 0.0.42.1 for v5e, v6e and v7x):
 In Pallas interpret mode on CPU, XLA:CPU ignores ``precision`` and computes
 f32 dots exactly, which would make a kernel look more accurate than on a TPU.
 With ``mxu_model=True`` each MXU pass is evaluated as the hardware rounds it
-(bf16 operands, products exact in f32, f32 accumulation). The model is only
+(bf16 operand pieces, products exact in f32, f32 accumulation). The model is only
 switched on for interpret mode, never on a TPU.
 """
 
@@ -71,6 +80,77 @@ def split_bf16(x: jax.Array, pieces: int) -> list[jax.Array]:
 def widen_fp16(*xs):
     """fp16 arrays -> f32 (exact); anything else unchanged. Mosaic cannot load or store fp16."""
     return tuple(x.astype(F32) if x is not None and x.dtype == jnp.float16 else x for x in xs)
+
+
+# ------------------------------------------------------------ the MXU's passes, as Mosaic emits them
+BF16, NEAREST, HI8, MID8, LO8 = "bf16", "rne", "t0", "t1", "t2"
+"""The operand pieces one MXU pass multiplies: a bf16 operand as it is (exact); an f32 operand rounded to
+bf16, nearest even; or one of the three bf16 pieces an f32 operand is split into by truncation: its high,
+middle and low 8 significand bits (``x = t0 + t1 + t2`` exactly for normal f32 values)."""
+
+_SPLIT_HIGHEST = ((LO8, HI8), (HI8, LO8), (MID8, MID8), (MID8, HI8), (HI8, MID8), (HI8, HI8))
+_SPLIT_HIGH = ((MID8, HI8), (HI8, MID8), (HI8, HI8))
+
+
+def truncate_bf16(x: jax.Array) -> jax.Array:
+    """f32 -> bf16 by dropping the low 16 bits (truncation toward zero), exactly."""
+    bits = lax.bitcast_convert_type(x.astype(F32), jnp.uint32) & jnp.uint32(0xFFFF0000)
+    return lax.bitcast_convert_type(bits, F32).astype(jnp.bfloat16)  # exact: the low bits are zero
+
+
+def piece(x: jax.Array, name: str) -> jax.Array:
+    """The bf16 piece ``name`` (one of :data:`BF16`, ... :data:`LO8`) of ``x``, as the MXU is fed it."""
+    if name == BF16:
+        if x.dtype != jnp.bfloat16:
+            raise ValueError(f"the {BF16} piece is a bf16 operand itself, got {x.dtype}")
+        return x
+    if name == NEAREST:
+        return x.astype(jnp.bfloat16)
+    rest, order = x.astype(F32), (HI8, MID8, LO8).index(name)
+    for _ in range(order):  # each residual is exact in f32
+        rest = rest - truncate_bf16(rest).astype(F32)
+    return truncate_bf16(rest)
+
+
+@functools.cache
+def pallas_lowers(precision) -> bool:
+    """Whether this jax's Pallas TPU lowering takes ``precision`` for an f32 dot: asked of jax itself, by
+    lowering one small kernel for TPU (no TPU or libtpu needed). jax 0.9.2 and 0.10.2 refuse
+    ``Precision.HIGH`` ("Unsupported dot precision"); jax 0.12 lowers it."""
+    from jax.experimental import pallas as pl
+
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = lax.dot_general(a_ref[...], b_ref[...], NN, precision=precision, preferred_element_type=F32)
+
+    a, b = jax.ShapeDtypeStruct((8, 128), F32), jax.ShapeDtypeStruct((128, 128), F32)
+    call = pl.pallas_call(kernel, out_shape=a)
+    try:
+        jax.jit(call).trace(a, b).lower(lowering_platforms=("tpu",))
+    except NotImplementedError:
+        return False
+    return True
+
+
+def mxu_passes(precision, a_dtype, b_dtype, *, pallas: bool = True) -> tuple[tuple[str, str], ...]:
+    """The MXU passes of one ``dot_general`` at ``precision`` (None is DEFAULT) with operands of these dtypes,
+    as ``(lhs piece, rhs piece)`` pairs in the order Mosaic accumulates them (its LLO order).
+
+    DEFAULT feeds a bf16 operand as it is and rounds an f32 one (one pass). HIGHEST and HIGH take f32
+    operands only (Mosaic refuses a bf16 operand: "Bad lhs type"), and, in a Pallas kernel (``pallas``),
+    HIGH only where this jax lowers it. Outside a kernel XLA:TPU lowers HIGH itself; the model gives it
+    Mosaic's three passes there too (XLA's own split is not read from its output)."""
+    precision = Precision.DEFAULT if precision is None else precision
+    bf16 = (jnp.dtype(a_dtype) == jnp.bfloat16, jnp.dtype(b_dtype) == jnp.bfloat16)
+    if precision == Precision.DEFAULT:
+        return ((BF16 if bf16[0] else NEAREST, BF16 if bf16[1] else NEAREST),)
+    if precision not in (Precision.HIGH, Precision.HIGHEST):
+        raise ValueError(f"no MXU passes for precision {precision!r}")
+    if any(bf16):
+        raise ValueError(f"Mosaic takes {precision} for two f32 operands only (bf16 operand: 'Bad lhs type')")
+    if pallas and precision == Precision.HIGH and not pallas_lowers(Precision.HIGH):
+        raise ValueError(f"this jax ({jax.__version__}) does not lower Precision.HIGH in a Pallas TPU kernel; "
+                         "use kernels_tpu.mxu.BF16X3 (explicit 3-pass split)")
+    return _SPLIT_HIGH if precision == Precision.HIGH else _SPLIT_HIGHEST
 
 
 # ------------------------------------------------------------ the precision policy
@@ -212,46 +292,52 @@ def _one_pass(a, b, dims, mxu_model: bool):
     return lax.dot_general(a, b, dims, precision=Precision.DEFAULT, preferred_element_type=F32)
 
 
-# (i, j) pairs of bf16 pieces multiplied at HIGHEST: combined order i + j <= 2
-_HIGHEST_PAIRS = ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0))
-
-
 def dot(a: jax.Array, b: jax.Array, *, precision, preferred_element_type=F32, dimension_numbers=NN,
         mxu_model: bool = False) -> jax.Array:
-    """``a·b`` with a stated precision (one of :data:`PRECISIONS`) and f32 accumulation.
+    """``a·b`` with a stated precision (one of :data:`PRECISIONS`, or ``Precision.HIGH`` where this jax
+    lowers it) and f32 accumulation.
 
     Without ``dimension_numbers`` it is a plain ``a[M,K] @ b[K,N]``; ``TN`` gives
-    ``a.T @ b`` and ``NT_T`` gives ``a @ b.T``.
+    ``a.T @ b`` and ``NT_T`` gives ``a @ b.T``. With ``mxu_model`` (interpret mode only) every pass is
+    evaluated as the MXU rounds it: :func:`mxu_passes` for jax's own precisions, the explicit splits
+    for :data:`BF16X3` and :data:`BF16X4`.
     """
     if precision is None:
         raise ValueError("every kernel dot must state its precision")
-    if precision == Precision.HIGH:
-        raise ValueError("Mosaic does not lower Precision.HIGH; use kernels_tpu.mxu.BF16X3 (explicit 3-pass split)")
-    if precision not in PRECISIONS:
+    if precision == Precision.HIGH and not pallas_lowers(Precision.HIGH):
+        raise ValueError("Mosaic does not lower Precision.HIGH under this jax; use kernels_tpu.mxu.BF16X3 "
+                         "(explicit 3-pass split)")
+    if precision not in PRECISIONS + (Precision.HIGH,):
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if jnp.float16 in (a.dtype, b.dtype):
         raise ValueError("fp16 cannot enter a Mosaic kernel: widen it to f32 with kernels_tpu.mxu.widen_fp16")
     dims = dimension_numbers
     bf16 = jnp.bfloat16
-    if mxu_model:  # every execution reports its modeled work (interpret mode only)
-        record_dot(a.shape, b.shape, dims, 1 if a.dtype == bf16 and b.dtype == bf16 else PASSES[precision])
-    if a.dtype == bf16 and b.dtype == bf16:
-        out = _one_pass(a, b, dims, mxu_model)
-    elif precision in (BF16X3, BF16X4):
+    both_bf16 = a.dtype == bf16 and b.dtype == bf16
+    if precision in (BF16X3, BF16X4) and not both_bf16:  # the explicit split: bf16 dots in the kernel itself
+        if mxu_model:
+            record_dot(a.shape, b.shape, dims, PASSES[precision])
         (a_hi, a_lo), (b_hi, b_lo) = split_bf16(a, 2), split_bf16(b, 2)
         # small terms first so the f32 accumulation rounds as little as possible
         out = _one_pass(a_lo, b_hi, dims, mxu_model) + _one_pass(a_hi, b_lo, dims, mxu_model)
         if precision == BF16X4:
             out = _one_pass(a_lo, b_lo, dims, mxu_model) + out
         out = out + _one_pass(a_hi, b_hi, dims, mxu_model)
-    elif not mxu_model:
-        out = lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
-    elif precision == Precision.DEFAULT:
-        out = _one_pass(a.astype(bf16), b.astype(bf16), dims, mxu_model)
-    else:  # HIGHEST as the MXU runs it: bf16x6
-        a_parts, b_parts = split_bf16(a, 3), split_bf16(b, 3)
-        out = None
-        for i, j in reversed(_HIGHEST_PAIRS):  # small terms first
-            term = _one_pass(a_parts[i], b_parts[j], dims, mxu_model)
-            out = term if out is None else out + term
-    return out.astype(preferred_element_type)
+        return out.astype(preferred_element_type)
+    lax_precision = Precision.DEFAULT if precision in (BF16X3, BF16X4) else precision  # two bf16 operands
+    passes = mxu_passes(lax_precision, a.dtype, b.dtype)
+    if not mxu_model:
+        return lax.dot_general(a, b, dims, precision=lax_precision,
+                               preferred_element_type=F32).astype(preferred_element_type)
+    return modeled_dot(a, b, passes, dims).astype(preferred_element_type)
+
+
+def modeled_dot(a: jax.Array, b: jax.Array, passes, dims) -> jax.Array:
+    """The MXU's result of ``passes`` (:func:`mxu_passes`): each pass's bf16 pieces multiplied exactly and
+    accumulated in f32, the passes summed in f32 in their order; reports the work to active tallies."""
+    record_dot(a.shape, b.shape, dims, len(passes))
+    out = None
+    for lhs, rhs in passes:
+        term = _one_pass(piece(a, lhs), piece(b, rhs), dims, mxu_model=True)
+        out = term if out is None else out + term
+    return out

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from kernels_tpu.mxu import BF16X3, BF16X4, F32_DOT_PRECISION, PASSES, dot, widen_fp16
+from kernels_tpu.mxu import (BF16, BF16X3, BF16X4, F32_DOT_PRECISION, HI8, LO8, MID8, NEAREST, PASSES, dot,
+                             modeled_dot, mxu_passes, pallas_lowers, piece, widen_fp16)
 
 # a = 1 + 2^-10 + 2^-20: bf16 keeps 1 (8 bits), bf16x3 keeps 1 + 2^-10 (2 pieces), bf16x6 all of it
 A = 1.0 + 2.0**-10 + 2.0**-20
@@ -85,8 +86,11 @@ def test_bf16_operands_exact_products_f32_accumulation():
 
 def test_only_what_mosaic_lowers_exists():
     one = jnp.ones((1, 1), jnp.float32)
-    with pytest.raises(ValueError, match="Precision.HIGH"):
-        dot(one, one, precision=lax.Precision.HIGH, mxu_model=True)
+    if not pallas_lowers(lax.Precision.HIGH):  # jax 0.9.2, 0.10.2
+        with pytest.raises(ValueError, match="Precision.HIGH"):
+            dot(one, one, precision=lax.Precision.HIGH, mxu_model=True)
+    with pytest.raises(ValueError, match="Bad lhs type"):  # Mosaic: HIGHEST takes f32 operands only
+        dot(one.astype(jnp.bfloat16), one.astype(jnp.bfloat16), precision=lax.Precision.HIGHEST)
     with pytest.raises(ValueError, match="fp16"):
         dot(one.astype(jnp.float16), one.astype(jnp.float16), precision=lax.Precision.DEFAULT)
 
@@ -126,7 +130,7 @@ def _kernel_with_loop(a_ref, b_ref, o_ref, *, precision):
 @pytest.mark.parametrize("dtype, precision, passes", [
     (jnp.float32, lax.Precision.HIGHEST, 6), (jnp.float32, BF16X4, 4), (jnp.float32, BF16X3, 3),
     (jnp.float32, lax.Precision.DEFAULT, 1),
-    (jnp.bfloat16, lax.Precision.HIGHEST, 1),  # bf16 operands: one pass whatever the stated precision
+    (jnp.bfloat16, BF16X3, 1), (jnp.bfloat16, lax.Precision.DEFAULT, 1),  # two bf16 operands: one exact pass
 ])
 def test_tally_counts_every_executed_dot(dtype, precision, passes):
     """A grid of 2 steps, each running a 3-iteration loop of one [16,128] x [128,128] dot: 6 dots executed."""
@@ -157,3 +161,60 @@ def test_nothing_is_tallied_without_the_model():
     with tally_mxu_work() as tally:
         dot(jnp.ones((8, 128)), jnp.ones((128, 128)), precision=lax.Precision.HIGHEST, mxu_model=False)
     assert tally.macs == {} and np.isnan(tally.ratio)
+
+
+# ------------------------------------------------------------ the passes as Mosaic emits them
+# X = 1 + 2^-8 + 2^-16: bf16 keeps 8 significant bits, so nearest-even rounds X up to 1 + 2^-7, truncation
+# keeps 1, and the truncation split is 1 | 2^-8 | 2^-16 (high, middle, low 8 bits)
+X = 1.0 + 2.0**-8 + 2.0**-16
+
+
+def test_pieces_hand_computed():
+    x = jnp.array([X, -X], jnp.float32)
+    assert np.asarray(piece(x, NEAREST), np.float64).tolist() == [1 + 2.0**-7, -(1 + 2.0**-7)]
+    assert np.asarray(piece(x, HI8), np.float64).tolist() == [1.0, -1.0]
+    assert np.asarray(piece(x, MID8), np.float64).tolist() == [2.0**-8, -2.0**-8]
+    assert np.asarray(piece(x, LO8), np.float64).tolist() == [2.0**-16, -2.0**-16]
+    with pytest.raises(ValueError, match="bf16 operand"):
+        piece(x, BF16)
+
+
+def test_pass_tables_are_mosaics_llo_order():
+    """(lhs piece, rhs piece) per pass, in the order of the llo.vmatmul ops Mosaic emits (libtpu 0.0.42.1 and
+    0.0.50.1, v5e, v6e, v7x); tests/test_mosaic_dump.py checks them against the compiler again."""
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    assert mxu_passes(lax.Precision.DEFAULT, f32, f32) == ((NEAREST, NEAREST),)
+    assert mxu_passes(None, bf16, f32) == ((BF16, NEAREST),)
+    assert mxu_passes(lax.Precision.HIGHEST, f32, f32) == (
+        (LO8, HI8), (HI8, LO8), (MID8, MID8), (MID8, HI8), (HI8, MID8), (HI8, HI8))
+    assert mxu_passes(lax.Precision.HIGH, f32, f32, pallas=False) == ((MID8, HI8), (HI8, MID8), (HI8, HI8))
+
+
+def test_highest_truncates_and_drops_the_order_3_terms():
+    """X^2 = 1 + 2^-7 + 3·2^-16 + 2^-23 + 2^-32 exactly. bf16x6 of the truncation split drops t1·t2, t2·t1
+    (2^-24 each) and t2·t2, so it gives 1 + 2^-7 + 3·2^-16: one f32 ulp (2^-23) short of X^2 rounded. A
+    split by rounding (1 + 2^-7 | -(2^-8 - 2^-16)) holds X in two pieces and would give X^2 rounded."""
+    a = jnp.array([[X]], jnp.float32)
+    got = float(dot(a, a, precision=lax.Precision.HIGHEST, mxu_model=True)[0, 0])
+    assert got == 1 + 2.0**-7 + 3 * 2.0**-16
+    assert float(np.float32(X) * np.float32(X)) == got + 2.0**-23
+
+
+def test_high_is_three_truncation_passes():
+    """hi·hi + hi·mid + mid·hi of X·X = 1 + 2·2^-8: the mid·mid term 2^-16 is dropped."""
+    a = jnp.array([[X]], jnp.float32)
+    got = modeled_dot(a, a, mxu_passes(lax.Precision.HIGH, a.dtype, a.dtype, pallas=False), (((1,), (0,)), ((), ())))
+    assert float(got[0, 0]) == 1 + 2.0**-7
+    if pallas_lowers(lax.Precision.HIGH):  # jax 0.12: a kernel dot at HIGH runs, modeled as Mosaic compiles it
+        assert float(dot(a, a, precision=lax.Precision.HIGH, mxu_model=True)[0, 0]) == 1 + 2.0**-7
+
+
+def test_pallas_lowers_asks_the_installed_jax():
+    import jax
+
+    assert pallas_lowers(lax.Precision.HIGHEST) and pallas_lowers(lax.Precision.DEFAULT)
+    major_minor = tuple(int(p) for p in jax.__version__.split(".")[:2])
+    if major_minor <= (0, 10):  # measured: 0.9.2 and 0.10.2 refuse HIGH, 0.12 lowers it
+        assert not pallas_lowers(lax.Precision.HIGH)
+    elif major_minor >= (0, 12):
+        assert pallas_lowers(lax.Precision.HIGH)

@@ -72,14 +72,14 @@ def _modeled_dot_general(original):
             mxu.record_dot(a.shape, b.shape, params["dimension_numbers"], passes=1)
             return original(*args, **params)
         precision = params.get("precision")
-        precision = precision[0] if isinstance(precision, tuple) else precision
-        modeled = {lax.Precision.HIGHEST: lax.Precision.HIGHEST, lax.Precision.HIGH: mxu.BF16X3}.get(
-            precision, lax.Precision.DEFAULT)  # DEFAULT (and None): f32 operands rounded to bf16, one pass
+        precision = (precision[0] if isinstance(precision, tuple) else precision) or lax.Precision.DEFAULT
         out_dtype = params.get("preferred_element_type") or jnp.result_type(a.dtype, b.dtype)
+        if precision != lax.Precision.DEFAULT:  # HIGH, HIGHEST: the MXU takes them on f32 operands
+            a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        passes = mxu.mxu_passes(precision, a.dtype, b.dtype, pallas=False)
         _local.inside = True
         try:
-            out = mxu.dot(a.astype(jnp.float32), b.astype(jnp.float32), precision=modeled,
-                          dimension_numbers=params["dimension_numbers"], mxu_model=True)
+            out = mxu.modeled_dot(a, b, passes, params["dimension_numbers"])
         finally:
             _local.inside = False
         return out.astype(out_dtype)
@@ -89,8 +89,8 @@ def _modeled_dot_general(original):
 
 def mxu_rounding():
     """Inside the block, on this thread, every ``lax.dot_general`` with an f32 operand computes as a TPU's
-    MXU does at its stated precision (kernels_tpu.mxu's model: DEFAULT one bf16 pass, HIGH three, HIGHEST
-    six), and reports its modeled work to an active ``kernels_tpu.mxu.tally_mxu_work``. Two bf16 operands
+    MXU does at its stated precision (kernels_tpu.mxu's model, ``mxu_passes``: DEFAULT one bf16 pass, HIGH
+    three, HIGHEST six, split as Mosaic splits them), and reports its modeled work to an active ``kernels_tpu.mxu.tally_mxu_work``. Two bf16 operands
     are left alone (exact products, f32 accumulation, as on the MXU). Applies at trace time, so jitted code
     must be traced inside the block (the leg clears jax's caches around it)."""
     from jax import lax
