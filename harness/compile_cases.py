@@ -8,12 +8,13 @@ from .legs.tpu import NATIVE, device_arrays, program
 from .reference_cache import ReferenceCache
 from .runner import Refusal, Runner
 from .status import Status
+from .mosaic_dump import MOSAIC_COLUMNS
 from .tpu_compile import COMPILE_MODE, KERNEL_COLUMNS, MEMORY_FIELDS, TARGETS, compile_for, versions
 
 
 COMPILE_COLUMNS = [
     "case_id", "op", "variant", "dtype", "target", "topology", "mode", "status", "reason", "compile_s", "error",
-    *KERNEL_COLUMNS, *MEMORY_FIELDS, "hbm_bytes", "program", "jax", "jaxlib", "libtpu", "input_sha256", "git_commit",
+    *KERNEL_COLUMNS, *MOSAIC_COLUMNS, *MEMORY_FIELDS, "hbm_bytes", "program", "jax", "jaxlib", "libtpu", "input_sha256", "git_commit",
     "timestamp", "repro",
 ]
 

@@ -25,6 +25,7 @@ from .legs.registry import well_formed
 from .legs.base import MODES
 from .metrics import METRICS, parse_blocks
 from .status import Status
+from .mosaic_dump import MOSAIC_COLUMNS
 from .tpu_compile import KERNEL_COLUMNS
 
 
@@ -34,7 +35,7 @@ MXU_COLUMNS = ["mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd", 
 RESULT_COLUMNS = [
     "case_id", "op", "variant", "dtype", "draw", "tensor", "tensor_dtype", "leg", "status", "reason",
     *METRICS, "rel_l2_blocks", "numel", "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
-    "input_sha256", "mode", "device", "compiled_for", *KERNEL_COLUMNS, *MXU_COLUMNS, "versions", "settings",
+    "input_sha256", "mode", "device", "compiled_for", *KERNEL_COLUMNS, *MOSAIC_COLUMNS, *MXU_COLUMNS, "versions", "settings",
     "details", "git_commit", "timestamp", "suite", "wall_s", "repro",
 ]
 KEY = ["case_id", "tensor"]

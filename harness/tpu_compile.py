@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .mosaic_dump import MISMATCH, MOSAIC_COLUMNS, MxuCheck, UNVERIFIED, dump_dir
+from .mosaic_dump import check as check_mxu
 from .status import Status
 from .tpu_env import prepare_environment
 
@@ -196,14 +198,13 @@ def kernel_name(params: Mapping[str, Any]) -> str:
     return sanitize_name(str(name)) if name else "unnamed kernel"
 
 
-def traced_kernels(closed) -> Kernels:
-    """The Pallas kernels of a traced program ``closed`` (a ClosedJaxpr), ``mosaic`` left empty: every equation
+def kernel_equations(closed) -> list:
+    """The Pallas kernel equations of a traced program ``closed`` (a ClosedJaxpr), in trace order: every equation
     with an ``interpret`` parameter (``pallas_call``, ``core_map``). Sub-programs (jit, vjp, control flow) are
     visited once each, as jax lowers each once; kernel bodies are not entered."""
     from jax.extend.core import ClosedJaxpr, Jaxpr
 
-    traced: list[str] = []
-    interpreted: list[str] = []
+    found: list = []
     seen: set[int] = set()
 
     def visit(j):
@@ -213,9 +214,7 @@ def traced_kernels(closed) -> Kernels:
         seen.add(id(j))
         for e in j.eqns:
             if "interpret" in e.params:
-                traced.append(kernel_name(e.params))
-                if e.params["interpret"]:
-                    interpreted.append(traced[-1])
+                found.append(e)
                 continue
             for v in e.params.values():
                 for x in (v if isinstance(v, (tuple, list)) else (v,)):
@@ -223,7 +222,14 @@ def traced_kernels(closed) -> Kernels:
                         visit(x)
 
     visit(closed)
-    return Kernels(tuple(traced), tuple(interpreted))
+    return found
+
+
+def traced_kernels(closed) -> Kernels:
+    """The Pallas kernels of a traced program (:func:`kernel_equations`), ``mosaic`` left empty."""
+    eqns = kernel_equations(closed)
+    return Kernels(tuple(kernel_name(e.params) for e in eqns),
+                   tuple(kernel_name(e.params) for e in eqns if e.params["interpret"]))
 
 
 @contextlib.contextmanager
@@ -283,11 +289,14 @@ class CompileResult:
     error: str = ""  # the first error line when not ok
     memory: Mapping[str, int | None] | None = None  # MEMORY_FIELDS columns when ok
     kernels: Kernels | None = None  # None when tracing failed
+    mxu: MxuCheck | None = None  # None when nothing was compiled
 
     @property
     def kernel_counts(self) -> dict[str, int | None]:
-        """:data:`KERNEL_COLUMNS` (None each when the program was not traced)."""
-        return self.kernels.counts if self.kernels else dict.fromkeys(KERNEL_COLUMNS)
+        """:data:`KERNEL_COLUMNS` (None each when the program was not traced) and :data:`MOSAIC_COLUMNS` (None
+        each when nothing was compiled)."""
+        counts = self.kernels.counts if self.kernels else dict.fromkeys(KERNEL_COLUMNS)
+        return {**counts, **(self.mxu.columns if self.mxu else dict.fromkeys(MOSAIC_COLUMNS))}
 
     @property
     def ok(self) -> bool:
@@ -342,7 +351,8 @@ def compile_for(fn, args, target: str) -> CompileResult:
         lowered = traced.lower()
         kernels = Kernels(kernels.traced, kernels.interpreted, mosaic_kernels(lowered.as_text()))
         stage = "compile"
-        compiled = lowered.compile()
+        bodies = [(kernel_name(e.params), e.params["jaxpr"]) for e in kernel_equations(traced.jaxpr)]
+        compiled, mxu = _compile_and_read(lowered, bodies)
     except Exception as exc:  # noqa: BLE001 - every refusal becomes a result
         # a NotImplementedError while tracing is the kernels' own refusal of a valid case
         status = Status.UNSUPPORTED if stage == "trace" and isinstance(exc, NotImplementedError) else Status.ERROR
@@ -353,8 +363,28 @@ def compile_for(fn, args, target: str) -> CompileResult:
     seconds = time.perf_counter() - t0
     stats = compiled.memory_analysis()
     memory = {col: getattr(stats, attr, None) for col, attr in MEMORY_FIELDS.items()} if stats else {}
-    problem = kernels.problem()
-    if problem:  # compiled, but not every kernel by Mosaic as its library built it
+    problem = "; ".join(p for p in (kernels.problem(),
+                                    f"MXU passes: {mxu.reason}" if mxu.status == MISMATCH else "") if p)
+    if problem:  # compiled, but not every kernel by Mosaic as its library built it, or not as the model runs it
         return CompileResult(target, Status.ERROR, seconds, error=problem[:ERROR_CHARS], memory=memory,
-                             kernels=kernels)
-    return CompileResult(target, Status.OK, seconds, memory=memory, kernels=kernels)
+                             kernels=kernels, mxu=mxu)
+    return CompileResult(target, Status.OK, seconds, memory=memory, kernels=kernels, mxu=mxu)
+
+
+_COMPILING = threading.Lock()
+"""One compile at a time reads the dump directory: what appears there during it is its own kernels'."""
+
+
+def _compile_and_read(lowered, bodies):
+    """Compile, and check every kernel's dots against what Mosaic emitted (:mod:`harness.mosaic_dump`)."""
+    where = dump_dir()
+    with _COMPILING:
+        before = where.snapshot()
+        compiled = lowered.compile()
+        if where.path is None:
+            return compiled, MxuCheck(UNVERIFIED, reason=where.why_not)
+        try:
+            dumps = where.read_since(before)
+        except (OSError, ValueError) as exc:  # a dump this harness cannot read
+            return compiled, MxuCheck(UNVERIFIED, reason=first_error_line(exc))
+    return compiled, check_mxu(bodies, dumps)

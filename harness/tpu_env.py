@@ -11,8 +11,17 @@ the TPU-less defaults.
 
 from __future__ import annotations
 
+import atexit
 import glob
+import importlib.util
 import os
+import re
+import shutil
+import tempfile
+
+MOSAIC_DUMP_OWNER = "PARITY_MOSAIC_DUMP_PID"
+"""Set beside the harness's own ``--xla_mosaic_dump_to``: the process that made the directory. A child
+process (a worker) inherits both, and makes its own."""
 
 TPU_DEVICE_GLOBS = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
 """Where a TPU VM's chips appear: ``/dev/accelN`` (v2-v4, v5p) or VFIO groups (v5e, v6e, v7x)."""
@@ -34,9 +43,29 @@ def prepare_environment(environ=os.environ, device_globs=TPU_DEVICE_GLOBS) -> No
       process (a pytest-xdist worker, a concurrent run) could not compile.
     - ``TPU_SKIP_MDS_QUERY=1``: no look-ups of a cloud metadata server.
     - :data:`WITHOUT_A_TPU`, only where :func:`tpu_attached` is false: a silent start.
+    - Also only there, Mosaic's passes dumped for the compile's MXU check (:func:`dump_mosaic_passes`); on a
+      TPU host the native runs compile every program, so the dump is left to the user's own flag.
     """
     environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     if not tpu_attached(device_globs):
         for name, value in WITHOUT_A_TPU.items():
             environ.setdefault(name, value)
+        dump_mosaic_passes(environ)
+
+
+def dump_mosaic_passes(environ=os.environ) -> None:
+    """Have libtpu dump Mosaic's passes into a directory of this process's own, removed at exit, so that
+    every compile can read what Mosaic emitted (:mod:`harness.mosaic_dump`). A ``--xla_mosaic_dump_to`` the
+    user set is kept (and only read). Without libtpu, nothing is set."""
+    flags = environ.get("LIBTPU_INIT_ARGS", "")
+    owner = environ.get(MOSAIC_DUMP_OWNER)
+    if importlib.util.find_spec("libtpu") is None or owner == str(os.getpid()):
+        return
+    if "--xla_mosaic_dump_to" in flags and owner is None:
+        return  # the user's own
+    path = tempfile.mkdtemp(prefix="parity-mosaic-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    flags = re.sub(r"\s*--xla_mosaic_dump_to=\S+", "", flags)  # a parent process's, inherited
+    environ["LIBTPU_INIT_ARGS"] = f"{flags} --xla_mosaic_dump_to={path}".strip()
+    environ[MOSAIC_DUMP_OWNER] = str(os.getpid())

@@ -4,13 +4,15 @@ import os
 import subprocess
 import sys
 
-from harness.tpu_env import WITHOUT_A_TPU, prepare_environment, tpu_attached
+from harness.tpu_env import MOSAIC_DUMP_OWNER, WITHOUT_A_TPU, prepare_environment, tpu_attached
 
 
 def test_defaults_without_a_tpu_keep_what_the_user_set(tmp_path):
     none = (str(tmp_path / "accel[0-9]*"),)
     env = {"TPU_ACCELERATOR_TYPE": "v5litepod-8"}
     prepare_environment(env, none)
+    dump = env.pop("LIBTPU_INIT_ARGS")  # Mosaic's passes dumped for the compile's MXU check (test_mosaic_dump.py)
+    assert dump.startswith("--xla_mosaic_dump_to=") and env.pop(MOSAIC_DUMP_OWNER) == str(os.getpid())
     assert env == {"TPU_ACCELERATOR_TYPE": "v5litepod-8", "TPU_WORKER_HOSTNAMES": "localhost",
                    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1"}
 
@@ -22,6 +24,7 @@ def test_a_machine_with_a_tpu_gets_no_topology(tmp_path):
     env = {}
     prepare_environment(env, chips)
     assert not set(WITHOUT_A_TPU) & set(env) and env["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
+    assert "LIBTPU_INIT_ARGS" not in env  # native runs compile every program: no dump unless the user asks
 
 
 def test_parity_cases_starts_silently():

@@ -1,0 +1,321 @@
+"""What Mosaic compiled: the MXU passes of every dot of every kernel, read from libtpu's own dump, and checked
+against the MXU model (``kernels_tpu.mxu.mxu_passes``) that the emulated TPU leg rounds by.
+
+**Where it comes from.** With ``--xla_mosaic_dump_to=DIR`` in ``LIBTPU_INIT_ARGS`` when libtpu starts
+(``harness.tpu_env.prepare_environment`` sets it, to a directory of this process's own), Mosaic writes each
+kernel's MLIR after each of its passes, deviceless compiles included. After ``lower-to-llo`` (the file
+``*-post-lower-to-llo.txt``) every MXU instruction is one op, in program order:
+
+- ``llo.vlatch`` / ``llo.vlatchi``: weights (the dot's right operand) pushed into the MXU, with the
+  ``gain_latch_mode`` that says which bf16 piece of them: ``f32`` (rounded), ``hi.f32``, ``low.f32`` /
+  ``soft_middle_eight.f32``, ``soft_low_eight.f32`` (the truncation split's high, middle and low 8 bits),
+  ``packed.bf16`` (bf16 as it is), with an ``xpose.`` prefix when transposed;
+- ``llo.vmatmul`` / ``llo.vmatmul.mubr``: left-operand rows streamed through, with their ``matmul_mode``
+  (``round``, ``high``, ``low`` / ``soft_middle_eight``, ``soft_low_eight``) and ``data_format`` (f32, bf16);
+- ``llo.vdwg``: the end of one weight phase.
+
+A **phase** is one weight latch and the rows multiplied by it: one bf16 pass over one weight tile. A dot of
+``n`` passes over ``t`` tiles is ``n·t`` phases, each tile's passes in Mosaic's accumulation order.
+
+**The check, per kernel.** The model's side is the kernel's traced body: every ``dot_general`` in program
+order, each with the passes ``mxu_passes(precision, lhs dtype, rhs dtype)`` says it runs. The compiler's side
+is the kernel's phase sequence. Consecutive dots with the same passes are taken together (their tiles cannot
+be told apart, and need not be), and the phases must read as each group's passes repeated at least once per
+dot, group after group, with nothing left over. The first place they do not is a mismatch that names the
+kernel, the dot (its position, operands, precision and source line) and both pass lists.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+LLO_DUMP = "-post-lower-to-llo.txt"
+"""The file of each kernel's MLIR after Mosaic's lower-to-llo pass: one op per MXU instruction."""
+
+DUMP_FLAG = "--xla_mosaic_dump_to"
+
+MOSAIC_COLUMNS = ("mxu_dots", "mxu_passes_model", "mxu_passes_mosaic", "mxu_check")
+"""Rows' columns: the kernels' dots (each as written, once); their passes summed, as the model runs them and as
+Mosaic's LLO shows them (equal when verified); and ``verified``, ``mismatch`` or ``unverified: why``."""
+
+VERIFIED, MISMATCH, UNVERIFIED = "verified", "mismatch", "unverified"
+
+_OP = re.compile(r'"llo\.(vlatch\w*|vmatmul[\w.]*|vdwg)"([^\n]*)')
+_LATCH_MODE = re.compile(r"gain_latch_mode<([\w.]+)>")
+_MATMUL_MODE = re.compile(r"matmul_mode<(\w+)>")
+_DATA_FORMAT = re.compile(r"matmul_data_format<(\w+)>")
+_FUNC = re.compile(r"func\.func @([\w$.-]+)\(")
+
+
+class DumpError(ValueError):
+    """A dump this module cannot read (an op or mode it does not know): the check is ``unverified``."""
+
+
+def _piece(mode: str, data_format: str) -> str:
+    """One MXU operand piece (``kernels_tpu.mxu``'s names) from an LLO mode and the operand's format."""
+    from kernels_tpu import mxu
+
+    pieces = {"round": mxu.NEAREST if data_format == "f32" else mxu.BF16, "": mxu.NEAREST,
+              "high": mxu.HI8, "hi": mxu.HI8, "low": mxu.MID8, "soft_middle_eight": mxu.MID8,
+              "soft_low_eight": mxu.LO8}
+    if data_format == "bf16" and mode in ("", "round"):
+        return mxu.BF16
+    if data_format not in ("f32", "bf16") or mode not in pieces:
+        raise DumpError(f"unknown MXU operand mode {mode!r} ({data_format})")
+    return pieces[mode]
+
+
+def _latch_piece(gain_latch_mode: str) -> str:
+    """``xpose.hi.f32`` -> the high 8-bit piece; ``packed.bf16`` -> bf16 as it is; ``f32`` -> rounded."""
+    tokens = [t for t in gain_latch_mode.split(".") if t not in ("xpose", "packed")]
+    data_format = tokens[-1] if tokens else ""
+    return _piece(".".join(tokens[:-1]), data_format)
+
+
+def llo_phases(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """The kernel's name and its MXU phases, ``(lhs piece, rhs piece)`` each in program order, from the text
+    of a ``*-post-lower-to-llo.txt`` dump."""
+    name = _FUNC.search(text)
+    if name is None:
+        raise DumpError("no func.func in the LLO dump")
+    phases: list[tuple[str, str]] = []
+    latched: set[str] = set()
+    streamed: set[str] = set()
+
+    def close():
+        if streamed:
+            if len(latched) != 1 or len(streamed) != 1:
+                raise DumpError(f"one MXU phase mixes operand pieces: weights {sorted(latched)}, "
+                                f"rows {sorted(streamed)}")
+            phases.append((streamed.pop(), latched.pop()))
+        latched.clear()
+        streamed.clear()
+
+    for op, attrs in _OP.findall(text):
+        if op.startswith("vlatch"):
+            if streamed:  # new weights after rows were streamed: the previous phase is over
+                close()
+            mode = _LATCH_MODE.search(attrs)
+            if mode is None:
+                raise DumpError(f"llo.{op} without a gain_latch_mode")
+            latched.add(_latch_piece(mode.group(1)))
+        elif op.startswith("vmatmul"):
+            mode, fmt = _MATMUL_MODE.search(attrs), _DATA_FORMAT.search(attrs)
+            if mode is None or fmt is None:
+                raise DumpError(f"llo.{op} without a matmul_mode and data_format")
+            streamed.add(_piece(mode.group(1), fmt.group(1)))
+        else:  # vdwg: done with these weights
+            close()
+    close()
+    return name.group(1), phases
+
+
+# ------------------------------------------------------------------------------- the model's dots
+@dataclass(frozen=True)
+class Dot:
+    """One ``dot_general`` of a kernel body as the model runs it."""
+
+    index: int  # 1-based, in program order within the kernel
+    label: str  # operands, precision, source line
+    passes: tuple[tuple[str, str], ...]
+
+
+def _precision(params) -> object:
+    p = params.get("precision")
+    return p[0] if isinstance(p, tuple) else p
+
+
+def model_dots(body) -> list[Dot]:
+    """The ``dot_general``s of a kernel body (a Jaxpr or ClosedJaxpr, sub-programs entered in order), each with
+    the passes the MXU model gives it. A dot the model cannot run (a precision Mosaic refuses) raises
+    DumpError: the compile itself says why."""
+    from jax._src import source_info_util
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    from kernels_tpu import mxu
+
+    dots: list[Dot] = []
+
+    def visit(j):
+        j = j.jaxpr if isinstance(j, ClosedJaxpr) else j
+        for e in j.eqns:
+            if e.primitive.name == "dot_general":
+                a, b = (v.aval for v in e.invars[:2])
+                precision = _precision(e.params)
+                try:
+                    passes = mxu.mxu_passes(precision, a.dtype, b.dtype)
+                except ValueError as exc:
+                    raise DumpError(str(exc)) from None
+                where = source_info_util.summarize(e.source_info)
+                label = f"{a.str_short(short_dtypes=True)} · {b.str_short(short_dtypes=True)} at {precision or 'DEFAULT'}, {where}"
+                dots.append(Dot(len(dots) + 1, label, passes))
+                continue
+            for v in e.params.values():
+                for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                    if isinstance(x, (ClosedJaxpr, Jaxpr)):
+                        visit(x)
+
+    visit(body)
+    return dots
+
+
+def _show(passes: Iterable[tuple[str, str]]) -> str:
+    passes = list(passes)
+    return f"{len(passes)} pass{'es' if len(passes) != 1 else ''} ({', '.join(f'{a}·{b}' for a, b in passes)})"
+
+
+def _known_passes() -> list[tuple[tuple[str, str], ...]]:
+    """Every pass list the MXU model knows (any precision, any operand dtypes), longest first."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from kernels_tpu import mxu
+
+    known = set()
+    for precision in (lax.Precision.DEFAULT, lax.Precision.HIGH, lax.Precision.HIGHEST):
+        for a, b in itertools.product((jnp.float32, jnp.bfloat16), repeat=2):
+            try:
+                known.add(mxu.mxu_passes(precision, a, b, pallas=False))
+            except ValueError:
+                pass
+    return sorted(known, key=len, reverse=True)
+
+
+def _passes_at(phases: list[tuple[str, str]], i: int) -> list[tuple[str, str]]:
+    """What Mosaic runs from phase ``i``: the longest pass list of any precision that the phases start with
+    (one tile of one dot), else the one phase there."""
+    for passes in _known_passes():
+        if tuple(phases[i:i + len(passes)]) == passes:
+            return list(passes)
+    return phases[i:i + 1]
+
+
+def mismatch(kernel: str, dots: list[Dot], phases: list[tuple[str, str]]) -> str:
+    """"" when the phases read as the dots' passes (see the module doc), else where and how they differ."""
+    i = 0
+    for passes, group in itertools.groupby(dots, key=lambda d: d.passes):
+        group = list(group)
+        width, reps = len(passes), 0
+        while tuple(phases[i:i + width]) == passes:
+            i, reps = i + width, reps + 1
+        if reps < len(group):
+            first = group[reps]  # the first dot of the group whose passes are not there
+            found = _passes_at(phases, i)
+            return (f"kernel {kernel}, dot {first.index} of {len(dots)} ({first.label}): the model runs "
+                    f"{_show(passes)}, Mosaic {_show(found) if found else 'no MXU pass'}")
+    if i < len(phases):
+        return (f"kernel {kernel}: Mosaic runs {len(phases) - i} MXU phases after the model's {len(dots)} dots "
+                f"({_show(_passes_at(phases, i))} first)")
+    return ""
+
+
+# ------------------------------------------------------------------------------- one program's check
+@dataclass(frozen=True)
+class MxuCheck:
+    """The outcome for one compiled program: ``status`` (:data:`VERIFIED`, :data:`MISMATCH`, or
+    :data:`UNVERIFIED`), the dots and their passes summed (model; Mosaic's when every dot was read),
+    and the reason when not verified."""
+
+    status: str
+    dots: int | None = None
+    passes_model: int | None = None
+    passes_mosaic: int | None = None
+    reason: str = ""
+
+    @property
+    def columns(self) -> dict:
+        check = self.status if self.status != UNVERIFIED else f"{UNVERIFIED}: {self.reason}"
+        return dict(zip(MOSAIC_COLUMNS, (self.dots, self.passes_model, self.passes_mosaic, check)))
+
+
+def check(kernels: list[tuple[str, object]], dumps: dict[str, list[list[tuple[str, str]]]]) -> MxuCheck:
+    """``kernels``: (name, traced body) of each kernel of the program; ``dumps``: kernel name -> the phase
+    sequences of the kernels of that name Mosaic compiled for it (jax may compile two equal kernels once).
+    A kernel matches when one of its name's dumps reads as its dots."""
+    total_dots = total_passes = 0
+    problems, unread = [], []
+    for name, body in kernels:
+        try:
+            dots = model_dots(body)
+        except DumpError as exc:
+            return MxuCheck(UNVERIFIED, reason=f"kernel {name}: {exc}")
+        total_dots += len(dots)
+        total_passes += sum(len(d.passes) for d in dots)
+        candidates = dumps.get(name, [])
+        if not candidates:
+            unread.append(name)
+            continue
+        reasons = [mismatch(name, dots, phases) for phases in candidates]
+        if all(reasons):
+            problems.append(reasons[0])
+    if problems:
+        return MxuCheck(MISMATCH, total_dots, total_passes, None, "; ".join(problems))
+    if unread:
+        return MxuCheck(UNVERIFIED, total_dots, total_passes, None,
+                        f"no Mosaic LLO dump for kernel{'s' if len(unread) > 1 else ''} {', '.join(unread)}")
+    return MxuCheck(VERIFIED, total_dots, total_passes, total_passes)
+
+
+# ------------------------------------------------------------------------------- the dump directory
+@dataclass
+class DumpDir:
+    """The directory libtpu dumps Mosaic's passes into, as this process configured it. ``owned``: made by
+    the harness for this process (files read are removed); a directory the user named is only read."""
+
+    path: str | None
+    owned: bool
+    why_not: str = ""  # when ``path`` is None
+
+    def snapshot(self) -> set[str]:
+        """The files there now; an owned directory is emptied first (what no check read is stale)."""
+        names = self._list()
+        if self.owned:
+            self._remove(names)
+            return set()
+        return names
+
+    def _list(self) -> set[str]:
+        try:
+            return set(os.listdir(self.path)) if self.path else set()
+        except OSError:
+            return set()
+
+    def _remove(self, names) -> None:
+        for fname in names:
+            try:
+                os.remove(os.path.join(self.path, fname))
+            except OSError:
+                pass
+
+    def read_since(self, before: set[str]) -> dict[str, list[list[tuple[str, str]]]]:
+        """Kernel name -> phase sequences of the LLO dumps written since ``before`` (a :meth:`snapshot`).
+        An owned directory's new files are removed once read."""
+        new = sorted(self._list() - before)
+        out: dict[str, list[list[tuple[str, str]]]] = {}
+        try:
+            for fname in new:
+                if fname.endswith(LLO_DUMP):
+                    with open(os.path.join(self.path, fname)) as fh:
+                        name, phases = llo_phases(fh.read())
+                    out.setdefault(name, []).append(phases)
+        finally:
+            if self.owned:
+                self._remove(new)
+        return out
+
+
+def dump_dir(environ=os.environ) -> DumpDir:
+    """Where this process's libtpu dumps Mosaic's passes, from ``LIBTPU_INIT_ARGS`` (see
+    :func:`harness.tpu_env.prepare_environment`)."""
+    from .tpu_env import MOSAIC_DUMP_OWNER
+
+    flags = environ.get("LIBTPU_INIT_ARGS", "")
+    m = re.search(re.escape(DUMP_FLAG) + r"=(\S+)", flags)
+    if m is None:
+        return DumpDir(None, False, f"LIBTPU_INIT_ARGS has no {DUMP_FLAG}=DIR")
+    owned = environ.get(MOSAIC_DUMP_OWNER) == str(os.getpid())
+    return DumpDir(m.group(1), owned)
