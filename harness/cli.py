@@ -331,12 +331,30 @@ def cmd_compile(args) -> int:
                    "by Mosaic as their library built them")
         hbm = f"; largest HBM footprint {ok['hbm_bytes'].max() / 2**20:.1f} MiB" if len(ok) else ""
         print(f"  {target}: {counts}; {ok['compile_s'].sum():.1f} s compiling; {kernels}{hbm}")
+        print(f"    MXU passes read from Mosaic: {_mxu_summary(part)}")
     bad = df[df["status"] == Status.ERROR]
     for r in bad.to_dict("records")[:20]:
         print(f"  ERROR {r['case_id']} [{r['target']}]: {r['reason']}\n       repro: {r['repro']}")
     if len(bad) > 20:
         print(f"  ... and {len(bad) - 20} more in {path}")
     return EXIT_FAIL if len(bad) else EXIT_PASS
+
+
+def _mxu_summary(part) -> str:
+    """The compile rows' MXU check in one line: dots verified, mismatches, and why any were unverified."""
+    from harness.mosaic_dump import MISMATCH, UNVERIFIED, VERIFIED
+
+    check = part["mxu_check"].fillna("").astype(str)
+    verified = part[check == VERIFIED]
+    text = (f"{len(verified)} cases verified ({int(verified['mxu_dots'].sum())} dots, "
+            f"{int(verified['mxu_passes_mosaic'].sum())} passes as modeled)")
+    mismatched = int((check == MISMATCH).sum())
+    unverified = check[check.str.startswith(UNVERIFIED)]
+    if mismatched:
+        text += f", {mismatched} MISMATCH (error rows)"
+    if len(unverified):
+        text += f", {len(unverified)} UNVERIFIED ({unverified.iloc[0]})"
+    return text
 
 
 def cmd_merge(args) -> int:

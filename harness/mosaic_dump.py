@@ -260,6 +260,16 @@ def check(kernels: list[tuple[str, object]], dumps: dict[str, list[list[tuple[st
     return MxuCheck(VERIFIED, total_dots, total_passes, total_passes)
 
 
+def dumped_kernel_name(fname: str, func_name: str) -> str:
+    """The kernel a dump file is of: its function's name, unless Mosaic renamed that ``main`` (libtpu 0.0.37),
+    then the name in the file's (``<id>-<pass no>-mosaic-dump-<kernel>-<pass>.txt``; libtpu 0.0.42.1 writes
+    ``anonymous`` there instead)."""
+    if func_name != "main":
+        return func_name
+    m = re.search(r"-mosaic-dump-(.+)" + re.escape(LLO_DUMP) + "$", fname)
+    return m.group(1) if m else func_name
+
+
 # ------------------------------------------------------------------------------- the dump directory
 @dataclass
 class DumpDir:
@@ -301,7 +311,7 @@ class DumpDir:
                 if fname.endswith(LLO_DUMP):
                     with open(os.path.join(self.path, fname)) as fh:
                         name, phases = llo_phases(fh.read())
-                    out.setdefault(name, []).append(phases)
+                    out.setdefault(dumped_kernel_name(fname, name), []).append(phases)
         finally:
             if self.owned:
                 self._remove(new)

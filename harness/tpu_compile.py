@@ -347,12 +347,14 @@ def compile_for(fn, args, target: str) -> CompileResult:
             jax.clear_caches()  # its jitted functions were traced with its choice
             with native_pallas():
                 traced = jax.jit(fn).trace(*structs)
-        stage = "lower"
-        lowered = traced.lower()
-        kernels = Kernels(kernels.traced, kernels.interpreted, mosaic_kernels(lowered.as_text()))
-        stage = "compile"
         bodies = [(kernel_name(e.params), e.params["jaxpr"]) for e in kernel_equations(traced.jaxpr)]
-        compiled, mxu = _compile_and_read(lowered, bodies)
+        with mosaic_output() as read_mxu:  # some libtpu versions run Mosaic while lowering (0.0.37)
+            stage = "lower"
+            lowered = traced.lower()
+            kernels = Kernels(kernels.traced, kernels.interpreted, mosaic_kernels(lowered.as_text()))
+            stage = "compile"
+            compiled = lowered.compile()
+            mxu = read_mxu(bodies)
     except Exception as exc:  # noqa: BLE001 - every refusal becomes a result
         # a NotImplementedError while tracing is the kernels' own refusal of a valid case
         status = Status.UNSUPPORTED if stage == "trace" and isinstance(exc, NotImplementedError) else Status.ERROR
@@ -375,16 +377,22 @@ _COMPILING = threading.Lock()
 """One compile at a time reads the dump directory: what appears there during it is its own kernels'."""
 
 
-def _compile_and_read(lowered, bodies):
-    """Compile, and check every kernel's dots against what Mosaic emitted (:mod:`harness.mosaic_dump`)."""
+@contextlib.contextmanager
+def mosaic_output():
+    """Inside the block, this process's compiles are this one's; it yields ``read(bodies)``, which checks every
+    kernel's dots (``bodies``: name, traced body) against what Mosaic emitted in the block
+    (:mod:`harness.mosaic_dump`)."""
     where = dump_dir()
     with _COMPILING:
         before = where.snapshot()
-        compiled = lowered.compile()
-        if where.path is None:
-            return compiled, MxuCheck(UNVERIFIED, reason=where.why_not)
-        try:
-            dumps = where.read_since(before)
-        except (OSError, ValueError) as exc:  # a dump this harness cannot read
-            return compiled, MxuCheck(UNVERIFIED, reason=first_error_line(exc))
-    return compiled, check_mxu(bodies, dumps)
+
+        def read(bodies) -> MxuCheck:
+            if where.path is None:
+                return MxuCheck(UNVERIFIED, reason=where.why_not)
+            try:
+                dumps = where.read_since(before)
+            except (OSError, ValueError) as exc:  # a dump this harness cannot read
+                return MxuCheck(UNVERIFIED, reason=first_error_line(exc))
+            return check_mxu(bodies, dumps)
+
+        yield read

@@ -47,6 +47,11 @@ def test_llo_phases_read_each_operand_piece():
                       (MID8, HI8), (HI8, MID8), (HI8, HI8)]
 
 
+def test_the_kernel_of_a_dump_by_libtpu_version():
+    assert mosaic_dump.dumped_kernel_name("7-0015-mosaic-dump-anonymous-post-lower-to-llo.txt", "k") == "k"  # 0.0.42
+    assert mosaic_dump.dumped_kernel_name("7-0013-mosaic-dump-k_2-post-lower-to-llo.txt", "main") == "k_2"  # 0.0.37
+
+
 def test_llo_phases_refuse_what_they_do_not_know():
     with pytest.raises(DumpError, match="unknown MXU operand mode 'int8_magic'"):
         llo_phases(llo(phase("f32", "int8_magic")))
