@@ -648,6 +648,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calibrate from these result files instead of running the legs")
     p.set_defaults(fn=cmd_calibrate)
 
+    from harness import mxu_probe
+
+    mxu_probe.add_parser(sub)
+
     p = sub.add_parser("all", help="run every leg this machine can run (emulated without hardware), then gate")
     _add_selection(p, shard=False)
     _add_run_options(p)
