@@ -48,7 +48,9 @@ _OP = re.compile(r'"llo\.(vlatch\w*|vmatmul[\w.]*|vdwg)"([^\n]*)')
 _LATCH_MODE = re.compile(r"gain_latch_mode<([\w.]+)>")
 _MATMUL_MODE = re.compile(r"matmul_mode<(\w+)>")
 _DATA_FORMAT = re.compile(r"matmul_data_format<(\w+)>")
-_FUNC = re.compile(r"func\.func @([\w$.-]+)\(")
+_FUNC = re.compile(r'func\.func @([\w$.-]+)\(|"func\.func"\(\) <\{[^\n]*?sym_name = "([^"]+)"')
+"""The kernel's function, the module's first (index maps follow it), printed in MLIR's custom form or, as some
+kernels' LLO dumps are, in the generic form with a ``sym_name`` attribute."""
 
 
 class DumpError(ValueError):
@@ -111,7 +113,7 @@ def llo_phases(text: str) -> tuple[str, list[tuple[str, str]]]:
         else:  # vdwg: done with these weights
             close()
     close()
-    return name.group(1), phases
+    return name.group(1) or name.group(2), phases
 
 
 # ------------------------------------------------------------------------------- the model's dots

@@ -58,6 +58,8 @@ def test_llo_phases_refuse_what_they_do_not_know():
     with pytest.raises(DumpError, match="mixes operand pieces"):
         llo_phases(llo(LATCH.format(i="i", mode="hi.f32") + LATCH.format(i="i", mode="low.f32")
                        + MUL.format(m=".mubr", fmt="f32", mode="high") + DWG))
+    generic = '"builtin.module"() ({\n  "func.func"() <{arg_attrs = [], sym_name = "k_generic"}> ({\n'
+    assert llo_phases(generic + phase("f32", "round")) == ("k_generic", [(NEAREST, NEAREST)])
     with pytest.raises(DumpError, match="no func.func"):
         llo_phases("module {}")
 
