@@ -1,0 +1,171 @@
+"""What the emulated GPU leg assumes a real GPU's compile of fla's kernels does: the one declaration the PTX check
+(``harness.emulation.ptx``) tests against Triton's own sm_80 / sm_90 output.
+
+Each fact is **measured from the emulation itself**, not restated by hand: :func:`emulation_facts` installs the
+emulation's own patches (``dots._install_dot_numerics``, ``bf16_arith._install_bf16_arithmetic``, with the defaults
+``triton_emulation()`` gives the GPU leg) on the Triton interpreter's builder for the length of a probe, feeds it
+values whose results tell the rounding apart, and restores everything. A change to the emulation (or a fault a test
+patches into it) changes the facts, and so what the PTX must show. The facts that are statements rather than
+behaviour (the GPU's ``ex2.approx``) quote ``triton_interpreter``'s documented model.
+
+Facts (``EmulationFacts`` fields) and the PTX each predicts:
+
+- ``tf32_rounding``: how an f32 ``tl.dot`` at input precision tf32 reduces its operands: "truncate" (raw f32 bits
+  handed to the tensor core, which ignores the low 13 mantissa bits), "rna" / "rne" (a ``cvt.rna`` / ``cvt.rn``
+  ``.tf32.f32`` before the mma) or "none" (full f32 products). PTX: tf32 ``mma.sync`` / ``wgmma``, with no
+  ``cvt.*.tf32.f32`` (truncate) or with one (rna, rne).
+- ``low_precision_dot``: bf16/fp16 ``tl.dot``: "exact-products-f32-acc". PTX: a bf16/f16 mma with an f32 accumulator.
+- ``contraction``: whether ``a * b + c`` written as two operations rounds once (fused) or twice. The emulation
+  evaluates each operation on its own: "none". PTX: no ``fma`` that exists only because the compiler contracted.
+- ``bf16_rounding`` / ``f16_rounding``: f32 -> bf16 / f16 casts: "rne". PTX: ``cvt.rn.bf16.f32`` / ``cvt.rn.f16.f32``
+  (``cvt.rz`` only where the kernel asks ``fp_downcast_rounding="rtz"``, which the emulation honours).
+- ``float_to_int``: "truncate" (``cvt.rzi``); ``int_to_float``: "rne" (``cvt.rn``).
+- ``f32_divide``: f32 ``/``: "ieee" (correctly rounded, numpy) -> ``div.rn.f32``; ``f32_sqrt``: "ieee" ->
+  ``sqrt.rn.f32``.
+- ``subnormals``: "kept" (numpy never flushes) -> no ``.ftz`` f32 instruction.
+- ``exp_lowering``: the documented GPU lowering of ``exp`` / ``exp2``, "ex2.approx" (the emulation itself uses
+  numpy's float32 exp: a stated, unmodelled difference). PTX: ``ex2.approx[.ftz].f32``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Dict, Tuple
+
+import numpy as np
+
+from .autotune import LOCK
+from .bf16_arith import _install_bf16_arithmetic
+from .dots import _install_dot_numerics
+from .patcher import Patcher
+from .triton_interpreter import triton_emulation
+
+# the documented lowering of exp and exp2 on the GPU (triton_interpreter's "Numerical model": "Transcendentals
+# (exp, log, ...) use numpy's float32 versions, not the GPU's approximate ``ex2.approx``")
+DOCUMENTED_EXP_LOWERING = "ex2.approx"
+
+
+@dataclasses.dataclass(frozen=True)
+class EmulationFacts:
+    tf32_rounding: str
+    low_precision_dot: str
+    contraction: str
+    bf16_rounding: str
+    f16_rounding: str
+    float_to_int: str
+    int_to_float: str
+    f32_divide: str
+    f32_sqrt: str
+    subnormals: str
+    exp_lowering: str
+
+    def as_dict(self) -> Dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+def leg_defaults() -> Tuple[str, bool]:
+    """(tf32_rounding, dots) as the GPU leg's ``triton_emulation(dot_precision=...)`` call gets them."""
+    params = inspect.signature(triton_emulation).parameters
+    return params["tf32_rounding"].default, params["dots"].default
+
+
+def _f32(*values) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+# f32 values whose TF32 reductions differ by mode (TF32 keeps 10 of 23 mantissa bits):
+# 1 + 2^-11 (an exact tie, kept bit even), 1 + 2^-10 + 2^-11 (a tie, kept bit odd), 1 + 2^-11 + 2^-20 (above half)
+_TF32_PROBE = (1 + 2.0**-11, 1 + 2.0**-10 + 2.0**-11, 1 + 2.0**-11 + 2.0**-20)
+_TF32_CLASSES = {
+    "truncate": (1.0, 1 + 2.0**-10, 1.0),
+    "rna": (1 + 2.0**-10, 1 + 2.0**-9, 1 + 2.0**-10),
+    "rne": (1.0, 1 + 2.0**-9, 1 + 2.0**-10),
+    "none": _TF32_PROBE,
+}
+# f32 values whose bf16 / f16 roundings differ by mode: an exact tie with the kept bit even, one with it odd,
+# and one just above half
+_BF16_PROBE = (1 + 2.0**-8, 1 + 2.0**-7 + 2.0**-8, 1 + 2.0**-8 + 2.0**-20)
+_BF16_CLASSES = {"rne": (1.0, 1 + 2.0**-6, 1 + 2.0**-7), "rna": (1 + 2.0**-7, 1 + 2.0**-6, 1 + 2.0**-7),
+                 "truncate": (1.0, 1 + 2.0**-7, 1.0)}
+_F16_PROBE = (1 + 2.0**-11, 1 + 2.0**-10 + 2.0**-11, 1 + 2.0**-11 + 2.0**-20)
+_F16_CLASSES = {"rne": (1.0, 1 + 2.0**-9, 1 + 2.0**-10), "rna": (1 + 2.0**-10, 1 + 2.0**-9, 1 + 2.0**-10),
+                "truncate": (1.0, 1 + 2.0**-10, 1.0)}
+
+
+def _classify(values, classes: Dict[str, tuple]) -> str:
+    got = tuple(float(v) for v in np.asarray(values, dtype=np.float64).ravel())
+    for name, want in classes.items():
+        if got == tuple(want):
+            return name
+    return "unrecognised " + ", ".join(float(v).hex() for v in got)
+
+
+def emulation_facts() -> EmulationFacts:
+    """Probe the emulation's patched Triton interpreter builder (see the module doc). Thread-safe with the
+    emulation itself (its lock); leaves the builder as it found it."""
+    import triton.language as tl
+    import triton.runtime.interpreter as interp
+    from triton._C.libtriton import ir
+
+    from .handles import real
+
+    TH = interp.TensorHandle
+    tf32_rounding, dots = leg_defaults()
+    with LOCK:
+        patcher = Patcher()
+        try:
+            _install_bf16_arithmetic(patcher)
+            if dots:
+                _install_dot_numerics(patcher, force_dot_precision=None, tf32_rounding=tf32_rounding)
+            b = interp.interpreter_builder
+            P = ir.INPUT_PRECISION
+
+            # f32 dot at TF32: [3,1] @ [1,1] of ones: each output is its operand as the tensor core sees it
+            a = TH(_f32(*_TF32_PROBE).reshape(3, 1), tl.float32)
+            one = TH(_f32(1.0).reshape(1, 1), tl.float32)
+            acc = TH(np.zeros((3, 1), np.float32), tl.float32)
+            tf32 = _classify(real(b.create_dot(a, one, acc, P.TF32, 0)), _TF32_CLASSES)
+
+            # bf16 dot: (1 + 2^-7)^2 = 1 + 2^-6 + 2^-14 is exact in f32, not in bf16
+            x = TH(b.create_fp_to_fp(TH(_f32(1 + 2.0**-7).reshape(1, 1), tl.float32), tl.bfloat16,
+                                     ir.ROUNDING_MODE.RTNE).data.reshape(1, 1), tl.bfloat16)
+            d = real(b.create_dot(x, x, TH(np.zeros((1, 1), np.float32), tl.float32), P.TF32, 0))
+            low = "exact-products-f32-acc" if float(d.ravel()[0]) == 1 + 2.0**-6 + 2.0**-14 else \
+                "rounded " + float(d.ravel()[0]).hex()
+
+            # a * b + c in f32: (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 fused, 0 when the product rounds first
+            u = TH(_f32(1 + 2.0**-12), tl.float32)
+            c = TH(_f32(-(1 + 2.0**-11)), tl.float32)
+            r = float(real(b.create_fadd(b.create_fmul(u, u), c)).ravel()[0])
+            contraction = {0.0: "none", 2.0**-24: "fused"}.get(r, f"unrecognised {r.hex()}")
+
+            def cast(values, to):
+                h = b.cast_impl(TH(_f32(*values), tl.float32), to)
+                return real(h)
+
+            bf16 = _classify(cast(_BF16_PROBE, tl.bfloat16), _BF16_CLASSES)
+            f16 = _classify(cast(_F16_PROBE, tl.float16), _F16_CLASSES)
+            to_int = real(b.cast_impl(TH(_f32(2.75, -2.75), tl.float32), tl.int32))
+            float_to_int = {(2, -2): "truncate", (3, -3): "nearest"}.get(tuple(int(v) for v in to_int),
+                                                                         f"unrecognised {to_int.tolist()}")
+            big = (1 << 24) + 1  # not an f32: the nearest are 2^24 and 2^24 + 2 (a tie: even is 2^24)
+            from_int = real(b.cast_impl(TH(np.array([big, big + 2], np.int32), tl.int32), tl.float32))
+            int_to_float = "rne" if from_int.tolist() == [2.0**24, 2.0**24 + 4] else \
+                f"unrecognised {from_int.tolist()}"
+
+            # 1 / 3 and sqrt(2) correctly rounded in f32
+            q = float(real(b.create_fdiv(TH(_f32(1.0), tl.float32), TH(_f32(3.0), tl.float32))).ravel()[0])
+            divide = "ieee" if q == float(np.float32(1) / np.float32(3)) and q == float(np.float32(1 / 3)) else \
+                f"unrecognised {q.hex()}"
+            s = float(real(b.create_sqrt(TH(_f32(2.0), tl.float32))).ravel()[0])
+            sqrt = "ieee" if s == float(np.float32(np.sqrt(2.0))) else f"unrecognised {s.hex()}"
+
+            # 2^-130 (an f32 subnormal) through the f32 multiply
+            t = float(real(b.create_fmul(TH(_f32(2.0**-65), tl.float32), TH(_f32(2.0**-65), tl.float32))).ravel()[0])
+            subnormals = {2.0**-130: "kept", 0.0: "flushed"}.get(t, f"unrecognised {t.hex()}")
+        finally:
+            patcher.restore()
+    return EmulationFacts(tf32_rounding=tf32, low_precision_dot=low, contraction=contraction, bf16_rounding=bf16,
+                          f16_rounding=f16, float_to_int=float_to_int, int_to_float=int_to_float, f32_divide=divide,
+                          f32_sqrt=sqrt, subnormals=subnormals, exp_lowering=DOCUMENTED_EXP_LOWERING)

@@ -1,0 +1,715 @@
+"""The emulated GPU leg's assumptions checked against Triton's own PTX for fla's kernels, per kernel, sm_80 and sm_90.
+
+Three steps, the first two each in a fresh Python process:
+
+1. **capture** (``python -m harness.emulation.ptx capture``): runs the ``parity`` command (its console entry point)
+   as ``parity run --backend gpu --suite S -j 1`` under the Triton interpreter, with the caches off, and records every
+   kernel launch: the kernel (module, qualname) and the specialization Triton's own launcher would compile for it
+   (``JITFunction`` binder and ``_pack_args`` with the CUDA backend: argument types, constexprs including the pinned
+   autotune config and heuristics, divisibility attributes, ``num_warps`` / ``num_stages``).
+2. **compile** (``python -m harness.emulation.ptx compile``): a process without interpreter mode imports fla (its
+   kernels are then ``JITFunction`` objects) and compiles each distinct specialization with
+   ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))``, keeping the TTIR and the PTX. The LLVM IR
+   is also lowered to PTX a second time with FP fusion off (the backend's own ``make_ptx``), as a control that says
+   which ``fma`` instructions exist only because the compiler contracted a multiply and an add.
+3. **check** (this process): each PTX against :func:`harness.emulation.gpu_model.emulation_facts`, which probes
+   the emulation itself (:data:`ASSUMPTIONS` lists the checks). One CSV row per kernel, target and assumption:
+   ``match``, ``mismatch`` (the PTX contradicts the emulation), ``n/a`` (the kernel has no such operation) or
+   ``error`` (it did not compile).
+
+No GPU and no network: Triton's NVIDIA backend (its bundled LLVM) writes PTX on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from .gpu_model import EmulationFacts, emulation_facts
+
+TARGETS = {"sm80": 80, "sm90": 90}
+ASSUMPTIONS = ("tf32_dot", "ieee_dot", "low_precision_dot", "contraction", "rounding_modes", "f32_div_sqrt",
+               "subnormals", "exp_ex2")
+CSV_COLUMNS = ("kernel", "target", "assumption", "expected", "found", "status")
+STATUSES = ("match", "mismatch", "n/a", "error")
+
+
+class BadInput(ValueError):
+    """A command-line value this command cannot use (exit 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    kernel: str
+    target: str
+    assumption: str
+    expected: str
+    found: str
+    status: str
+
+    def as_list(self) -> List[str]:
+        return [self.kernel, self.target, self.assumption, self.expected, self.found, self.status]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reading TTIR and PTX
+
+_PTX_INSTR = re.compile(r"^\s*(?:@!?%[\w]+\s+)?([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)\b", re.M)
+
+
+def ptx_body(ptx: str) -> str:
+    """The PTX with comments removed."""
+    ptx = re.sub(r"/\*.*?\*/", "", ptx, flags=re.S)
+    return re.sub(r"//[^\n]*", "", ptx)
+
+
+def ptx_instructions(ptx: str) -> Counter:
+    """Mnemonics (with all their modifiers) of every instruction, counted. Directives (``.reg``, ``.loc``, ...),
+    labels and braces are not instructions."""
+    return Counter(m.group(1) for m in _PTX_INSTR.finditer(ptx_body(ptx)))
+
+
+_TENSOR = r"tensor<(?:\d+x)+([a-z]\w*?)(?:,[^>]*)?>"
+_DOT = re.compile(r"=\s*tt\.dot\s+([^:\n]*):\s*" + _TENSOR + r"\s*\*\s*" + _TENSOR + r"\s*->\s*" + _TENSOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class TtirDot:
+    a: str
+    b: str
+    out: str
+    precision: str  # as printed; "ieee" where MLIR elides it (the enum's default: input_precision="ieee")
+
+
+def ttir_dots(ttir: str) -> List[TtirDot]:
+    out = []
+    for m in _DOT.finditer(ttir):
+        operands, a, b, res = m.groups()
+        prec = re.search(r"inputPrecision\s*=\s*(\w+)", operands)
+        out.append(TtirDot(a, b, res, prec.group(1) if prec else "ieee"))
+    return out
+
+
+def ttir_ops(ttir: str, op: str, elem: Optional[str] = None) -> int:
+    """How many ``op`` operations the TTIR has (on tensors or scalars of element type ``elem`` when given)."""
+    n = 0
+    for line in ttir.splitlines():
+        m = re.search(r"=\s*" + re.escape(op) + r"\s", line)
+        if not m:
+            continue
+        if elem is None or re.search(r":\s*(?:tensor<[^>]*x" + elem + r"\b|" + elem + r"\b)", line[m.end():]):
+            n += 1
+    return n
+
+
+def _fmt(counts: Dict[str, int]) -> str:
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
+
+
+def _pick(instr: Counter, pred) -> Dict[str, int]:
+    return {k: v for k, v in instr.items() if pred(k)}
+
+
+_ROUNDINGS = {"rn", "rz", "rm", "rp", "rna", "rni", "rzi", "rmi", "rpi"}
+_FLOATS = {"f16", "f16x2", "bf16", "bf16x2", "f32", "f64", "tf32", "e4m3x2", "e5m2x2"}
+
+
+def _cvt_parts(mnemonic: str):
+    parts = mnemonic.split(".")[1:]
+    rounding = next((p for p in parts if p in _ROUNDINGS), None)
+    types = [p for p in parts if p not in _ROUNDINGS and p not in ("ftz", "sat", "satfinite", "relu")]
+    dst, src = (types[-2], types[-1]) if len(types) >= 2 else (None, None)
+    return rounding, dst, src
+
+
+_MODE_TO_PTX = {"rne": "rn", "truncate": "rz", "rna": "rna"}
+_FLOAT_WIDTH = {"f64": 64, "f32": 32, "tf32": 19, "f16": 16, "f16x2": 16, "bf16": 16, "bf16x2": 16}
+
+
+def _is_tf32_mma(m: str) -> bool:
+    return (m.startswith("mma.") or m.startswith("wgmma.mma_async")) and ".tf32" in m
+
+
+def _is_lowp_mma(m: str, t: str) -> bool:
+    return (m.startswith("mma.") or m.startswith("wgmma.mma_async")) and f".{t}.{t}" in m
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the checks: one function per assumption, each (kernel, target, ttir, ptx, ptx_nofusion, facts) -> Row
+
+
+def check_tf32_dot(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
+    dots = ttir_dots(ttir)
+    f32 = [d for d in dots if d.a == "f32" and d.b == "f32"]
+    tf32 = [d for d in f32 if d.precision == "tf32"]
+    other = sorted({d.precision for d in f32} - {"tf32"})
+    mode = facts.tf32_rounding
+    expected = {
+        "truncate": "tf32 tensor-core mma on the raw f32 registers (no cvt.*.tf32.f32): operands truncated",
+        "rna": "cvt.rna.tf32.f32 on the operands, then a tf32 tensor-core mma",
+        "rne": "cvt.rn.tf32.f32 on the operands, then a tf32 tensor-core mma",
+        "none": "no tf32 mma: full f32 products",
+    }.get(mode, f"unknown emulation rounding {mode!r}")
+    expected = f"emulation: f32 dot at tf32 rounds operands '{mode}' -> {expected}"
+    if not tf32:
+        return Row(kernel, target, "tf32_dot", expected, "no f32 tl.dot at tf32 in the TTIR"
+                   + (f" (f32 dots at {', '.join(other)})" if other else ""), "n/a")
+    mmas = _pick(instr, _is_tf32_mma)
+    cvts = _pick(instr, lambda m: m.startswith("cvt.") and _cvt_parts(m)[1] == "tf32")
+    found = f"{len(tf32)} f32 tt.dot at tf32 in TTIR; tf32 mma: {_fmt(mmas)}; cvt to tf32: {_fmt(cvts)}"
+    split = [p for p in other if p != "ieee"]  # tf32x3 / bf16x3 / bf16x6 convert operands themselves
+    if other:
+        found += f"; other f32 dots at {', '.join(other)}" + (" (their cvt are not attributed)" if split else "")
+    ok_mma = bool(mmas)
+    if mode == "truncate":
+        ok = ok_mma and (not cvts or bool(split))
+    elif mode in ("rna", "rne"):
+        want = f"cvt.{_MODE_TO_PTX[mode] if mode == 'rna' else 'rn'}.tf32.f32"
+        ok = ok_mma and any(k.startswith(want) for k in cvts)
+    elif mode == "none":
+        ok = not mmas
+    else:
+        ok = False
+    return Row(kernel, target, "tf32_dot", expected, found, "match" if ok else "mismatch")
+
+
+def check_ieee_dot(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
+    f32 = [d for d in ttir_dots(ttir) if d.a == "f32" and d.b == "f32"]
+    ieee = [d for d in f32 if d.precision == "ieee"]
+    expected = "emulation: an f32 dot at ieee is a float32 FMA chain over K -> fma.rn.f32, no tensor core for it"
+    if not ieee:
+        return Row(kernel, target, "ieee_dot", expected, "no f32 tl.dot at ieee in the TTIR", "n/a")
+    fma = _pick(instr_nf, lambda m: m == "fma.rn.f32")  # the no-fusion control: only explicit FMAs
+    mmas = _pick(instr, _is_tf32_mma)
+    tc_dots = [d for d in f32 if d.precision != "ieee"]
+    found = f"{len(ieee)} f32 tt.dot at ieee in TTIR; fma.rn.f32 without FP fusion: {_fmt(fma)}; tf32 mma: {_fmt(mmas)}"
+    if tc_dots:
+        found += f"; {len(tc_dots)} other f32 dots use the tensor core"
+    ok = bool(fma) and (not mmas or bool(tc_dots))
+    return Row(kernel, target, "ieee_dot", expected, found, "match" if ok else "mismatch")
+
+
+def check_low_precision_dot(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
+    dots = [d for d in ttir_dots(ttir) if d.a in ("bf16", "f16") and d.a == d.b]
+    expected = (f"emulation: bf16/fp16 dot = {facts.low_precision_dot} -> bf16/f16 tensor-core mma with an f32 "
+                "accumulator")
+    if not dots:
+        return Row(kernel, target, "low_precision_dot", expected, "no bf16/fp16 tl.dot in the TTIR", "n/a")
+    types = sorted({d.a for d in dots})
+    outs = sorted({d.out for d in dots})
+    mmas = _pick(instr, lambda m: any(_is_lowp_mma(m, t) for t in types))
+    f32_acc = _pick(mmas, lambda m: ".f32." in m)
+    other_acc = {k: v for k, v in mmas.items() if k not in f32_acc}
+    found = (f"{len(dots)} {'/'.join(types)} tt.dot -> {'/'.join(outs)} in TTIR; mma: {_fmt(mmas)}")
+    ok = (facts.low_precision_dot == "exact-products-f32-acc" and bool(f32_acc) and not other_acc
+          and outs == ["f32"])
+    return Row(kernel, target, "low_precision_dot", expected, found, "match" if ok else "mismatch")
+
+
+def check_contraction(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
+    fused = _pick(instr, lambda m: m.startswith("fma."))
+    plain = _pick(instr_nf, lambda m: m.startswith("fma."))
+    extra = {k: fused.get(k, 0) - plain.get(k, 0) for k in set(fused) | set(plain)}
+    contracted = {k: v for k, v in extra.items() if v > 0}
+    # LLVM's NVPTX backend writes mul/add/sub without a rounding modifier when FP fusion is allowed, and with .rn
+    # when it is not: "Without an explicit rounding mode on add.f32, ptxas is free to fuse with a multiply"
+    # (llvm/test/CodeGen/NVPTX/fp-contract.ll). So unpinned multiplies and adds of one type may still be fused.
+    unpinned = {}
+    for t in ("f32", "bf16", "f16"):
+        mul = _pick(instr, lambda m: re.fullmatch(rf"mul(\.ftz)?\.{t}(x2)?", m) is not None)
+        add = _pick(instr, lambda m: re.fullmatch(rf"(add|sub)(\.ftz)?\.{t}(x2)?", m) is not None)
+        if mul and add:
+            unpinned.update(mul)
+            unpinned.update(add)
+    if facts.contraction == "fused":
+        expected = "emulation: a*b+c written as two operations rounds once (fused) -> fma from contraction"
+    else:
+        expected = ("emulation: a*b+c written as two operations rounds twice (no contraction) -> no fma beyond those "
+                    "without FP fusion, and every mul/add pinned with .rn (else ptxas may fuse them)")
+    found = (f"fma with Triton's FP fusion: {_fmt(fused)}; without: {_fmt(plain)}; contracted: {_fmt(contracted)}; "
+             f"mul and add/sub left to ptxas (no .rn): {_fmt(unpinned)}")
+    if not fused and not plain and not unpinned:
+        return Row(kernel, target, "contraction", expected, "no fma, and no unpinned mul beside an unpinned add", "n/a")
+    if facts.contraction == "none":
+        ok = not contracted and not unpinned
+    elif facts.contraction == "fused":
+        ok = bool(contracted)
+    else:
+        ok = False
+    return Row(kernel, target, "contraction", expected, found, "match" if ok else "mismatch")
+
+
+def check_rounding_modes(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
+    want = {"bf16": _MODE_TO_PTX.get(facts.bf16_rounding, "?"), "f16": _MODE_TO_PTX.get(facts.f16_rounding, "?")}
+    to_int = {"truncate": "rzi", "nearest": "rni"}.get(facts.float_to_int, "?")
+    from_int = _MODE_TO_PTX.get(facts.int_to_float, "?")
+    rtz_requested = bool(re.search(r"tt\.fp_to_fp[^\n]*rounding\s*=\s*rtz", ttir))
+    expected = (f"emulation: f32->bf16 {facts.bf16_rounding}, f32->f16 {facts.f16_rounding}, float->int "
+                f"{facts.float_to_int}, int->float {facts.int_to_float} -> cvt.{want['bf16']}.bf16*, "
+                f"cvt.{want['f16']}.f16*, cvt.{to_int}.*, cvt.{from_int}.f*.[su]* (cvt.rz.* only where the kernel "
+                f"asks rtz); bf16/f16 arithmetic .rn")
+    seen, bad = Counter(), Counter()
+    for m, n in instr.items():
+        head = m.split(".")[0]
+        if head == "cvt":
+            rounding, dst, src = _cvt_parts(m)
+            if dst is None or dst == "tf32" or src is None:
+                continue  # tf32: the tf32_dot check
+            if dst in _FLOATS and src in _FLOATS:
+                if _FLOAT_WIDTH.get(dst, 99) >= _FLOAT_WIDTH.get(src, 0):
+                    continue  # widening: exact
+                base = dst.rstrip("x2") if dst.endswith("x2") else dst
+                exp = want.get(base, "rn")
+                ok = rounding == exp or (rounding == "rz" and rtz_requested)
+            elif dst in _FLOATS:  # int -> float
+                ok = rounding == from_int or _int_fits(src, dst)
+            elif src in _FLOATS:  # float -> int
+                ok = rounding == to_int
+            else:
+                continue  # integer <-> integer
+            seen[m] += n
+            if not ok:
+                bad[m] += n
+        elif head in ("add", "sub", "mul", "fma", "neg", "abs", "min", "max") and re.search(r"\.(bf16|f16)(x2)?$", m):
+            parts = set(m.split(".")[1:])
+            seen[m] += n
+            if head in ("add", "sub", "mul", "fma") and (parts & _ROUNDINGS) - {"rn"}:
+                bad[m] += n  # no modifier: PTX's default, .rn (whether ptxas fuses it: the contraction check)
+    if not seen:
+        return Row(kernel, target, "rounding_modes", expected, "no rounding float conversion or bf16/f16 arithmetic",
+                   "n/a")
+    found = f"{_fmt(dict(seen))}" + (f"; contradicting: {_fmt(dict(bad))}" if bad else "") + \
+        ("; TTIR asks rtz" if rtz_requested else "")
+    return Row(kernel, target, "rounding_modes", expected, found, "mismatch" if bad else "match")
+
+
+def _int_fits(src: str, dst: str) -> bool:
+    """An integer type every value of which the float type holds exactly (no rounding to check)."""
+    bits = int(re.sub(r"\D", "", src) or 64)
+    mant = {"f64": 53, "f32": 24, "f16": 11, "bf16": 8}.get(dst, 0)
+    return bits <= mant
+
+
+def check_f32_div_sqrt(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
+    n_div = ttir_ops(ttir, "arith.divf", "f32")
+    n_sqrt = ttir_ops(ttir, "math.sqrt", "f32")
+    n_rsqrt = ttir_ops(ttir, "math.rsqrt", "f32")
+    expected = (f"emulation: f32 / {facts.f32_divide}, sqrt {facts.f32_sqrt} (numpy; rsqrt as 1/sqrt) -> div.rn.f32, "
+                "sqrt.rn.f32 (no .approx / .full)")
+    if not (n_div or n_sqrt or n_rsqrt):
+        return Row(kernel, target, "f32_div_sqrt", expected, "no f32 divf, sqrt or rsqrt in the TTIR", "n/a")
+    got = _pick(instr, lambda m: m.split(".")[0] in ("div", "sqrt", "rsqrt", "rcp") and m.endswith(".f32"))
+    approx = {k: v for k, v in got.items() if not (".rn." in k + "." and ".approx" not in k and ".full" not in k)}
+    found = f"TTIR: divf x{n_div}, sqrt x{n_sqrt}, rsqrt x{n_rsqrt}; PTX: {_fmt(got)}"
+    ok = facts.f32_divide == "ieee" and facts.f32_sqrt == "ieee" and not approx
+    return Row(kernel, target, "f32_div_sqrt", expected, found, "match" if ok else "mismatch")
+
+
+def check_subnormals(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
+    expected = f"emulation: f32 subnormals {facts.subnormals} (numpy) -> no .ftz f32 instruction"
+    ftz = _pick(instr, lambda m: ".ftz" in m and m.endswith("f32"))
+    floats = _pick(instr, lambda m: m.endswith(".f32") and m.split(".")[0] not in ("ld", "st", "mov", "cvt"))
+    if not floats:
+        return Row(kernel, target, "subnormals", expected, "no f32 arithmetic", "n/a")
+    found = f".ftz: {_fmt(ftz)}" if ftz else f"no .ftz among {sum(floats.values())} f32 arithmetic instructions"
+    ok = (facts.subnormals == "kept") == (not ftz)
+    return Row(kernel, target, "subnormals", expected, found, "match" if ok else "mismatch")
+
+
+def check_exp_ex2(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
+    n_exp, n_exp2 = ttir_ops(ttir, "math.exp"), ttir_ops(ttir, "math.exp2")
+    expected = (f"emulation (documented): the GPU's exp/exp2 is {facts.exp_lowering} (the emulation uses numpy's "
+                f"f32 exp, a stated difference) -> {facts.exp_lowering}[.ftz].f32")
+    if not (n_exp or n_exp2):
+        return Row(kernel, target, "exp_ex2", expected, "no math.exp / math.exp2 in the TTIR", "n/a")
+    ex2 = _pick(instr, lambda m: m.startswith("ex2."))
+    want = facts.exp_lowering + "."
+    found = f"TTIR: exp x{n_exp}, exp2 x{n_exp2}; PTX: {_fmt(ex2)}"
+    ok = bool(ex2) and all(k.startswith(want) for k in ex2)
+    return Row(kernel, target, "exp_ex2", expected, found, "match" if ok else "mismatch")
+
+
+CHECKS = {
+    "tf32_dot": check_tf32_dot,
+    "ieee_dot": check_ieee_dot,
+    "low_precision_dot": check_low_precision_dot,
+    "contraction": check_contraction,
+    "rounding_modes": check_rounding_modes,
+    "f32_div_sqrt": check_f32_div_sqrt,
+    "subnormals": check_subnormals,
+    "exp_ex2": check_exp_ex2,
+}
+assert tuple(CHECKS) == ASSUMPTIONS
+
+
+def check_kernel(kernel: str, target: str, ttir: str, ptx: str, ptx_nofusion: str,
+                 facts: EmulationFacts) -> List[Row]:
+    """Every assumption for one compiled kernel: one Row each, in :data:`ASSUMPTIONS` order."""
+    instr, instr_nf = ptx_instructions(ptx), ptx_instructions(ptx_nofusion)
+    return [CHECKS[a](kernel, target, ttir, instr, instr_nf, facts) for a in ASSUMPTIONS]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# step 1: capture launches (run in its own process)
+
+
+def _encode_value(v):
+    import triton.language as tl
+
+    if isinstance(v, tl.constexpr):
+        v = v.value
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return {"t": type(v).__name__, "v": v}
+    if isinstance(v, tl.dtype):
+        return {"t": "dtype", "v": str(v)}
+    raise TypeError(f"cannot record constexpr value {v!r} ({type(v).__name__})")
+
+
+def _decode_value(d):
+    import triton.language as tl
+
+    if d["t"] == "dtype":
+        return tl.dtype(d["v"])
+    return d["v"]
+
+
+def specialization_key(rec: dict) -> str:
+    body = json.dumps({k: rec[k] for k in ("module", "qualname", "signature", "constexprs", "attrs", "options")},
+                      sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:10]
+
+
+class LaunchRecorder:
+    """Patches ``InterpretedFunction.run`` (restored by :meth:`close`) to record each launch's specialization as
+    Triton's CUDA launcher would compute it."""
+
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self._backend = make_backend(GPUTarget("cuda", 90, 32))
+        self._jit: Dict[int, object] = {}
+        self.records: Dict[str, dict] = {}
+        self._cls = InterpretedFunction
+        self._orig = InterpretedFunction.run
+        recorder = self
+
+        def run(fn_self, *args, grid, warmup, **kwargs):
+            recorder.record(fn_self, args, kwargs)
+            return recorder._orig(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        InterpretedFunction.run = run
+
+    def close(self):
+        self._cls.run = self._orig
+
+    def record(self, interp_fn, args, kwargs):
+        from triton import knobs
+        from triton.runtime.jit import JITFunction, create_function_from_signature
+
+        jf = self._jit.get(id(interp_fn))
+        if jf is None:
+            jf = JITFunction(interp_fn.fn, **interp_fn.kwargs)
+            jf._ptx_binder = create_function_from_signature(jf.signature, jf.params, self._backend)
+            self._jit[id(interp_fn)] = jf
+        kw = dict(kwargs)  # as JITFunction.run completes them
+        kw["debug"] = kw.get("debug", jf.debug) or knobs.runtime.debug
+        kw["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        kw["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+        bound, spec, opts = jf._ptx_binder(*args, **kw)
+        _options, signature, constexprs, attrs = jf._pack_args(self._backend, kw, bound, spec, opts)
+        names = {p.name for p in jf.params}
+        rec = {
+            "module": interp_fn.fn.__module__,
+            "qualname": interp_fn.fn.__qualname__,
+            "signature": signature,
+            "constexprs": sorted([list(k), _encode_value(v)] for k, v in constexprs.items()),
+            "attrs": sorted([list(k), [list(a) for a in v]] for k, v in attrs.items()),
+            "options": {k: v for k, v in kwargs.items() if k not in names},
+        }
+        key = specialization_key(rec)
+        if key in self.records:
+            self.records[key]["launches"] += 1
+        else:
+            rec["launches"] = 1
+            rec["key"] = key
+            self.records[key] = rec
+
+
+def _parity_entry_point():
+    import importlib.metadata
+
+    for ep in importlib.metadata.entry_points(group="console_scripts"):
+        if ep.name == "parity" and ep.value.startswith("harness."):
+            return ep.load()
+    raise RuntimeError("the `parity` console entry point is not installed (pip install -e .)")
+
+
+def capture_main(out_json: str, parity_argv: Sequence[str]) -> int:
+    from .setup import enable_interpreter_mode
+
+    enable_interpreter_mode()  # before fla is imported, as the GPU leg does
+    recorder = LaunchRecorder()
+    t0 = time.time()
+    try:
+        rc = _parity_entry_point()(list(parity_argv))
+    finally:
+        recorder.close()
+    Path(out_json).write_text(json.dumps({"parity_argv": list(parity_argv), "rc": rc, "seconds": time.time() - t0,
+                                          "specializations": list(recorder.records.values())}, indent=1))
+    return 0  # the launches are recorded whatever the cases' verdicts (rc, in the file)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# step 2: compile (run in its own process, not in interpreter mode)
+
+
+def _resolve_kernel(module: str, qualname: str):
+    import importlib
+
+    from triton.runtime.jit import JITFunction
+
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    seen = 0
+    while not isinstance(obj, JITFunction) and seen < 8:
+        obj = getattr(obj, "fn")
+        seen += 1
+    if not isinstance(obj, JITFunction):
+        raise RuntimeError(f"{module}.{qualname} is not a Triton JITFunction in this process")
+    return obj
+
+
+def compile_main(launches_json: str, out_dir: str, targets: Sequence[str]) -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("compile needs a process without TRITON_INTERPRET")
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # as the GPU leg
+    import warnings
+
+    import triton
+    from triton._C.libtriton import llvm
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+    import fla.ops  # noqa: F401
+
+    data = read_launches(Path(launches_json))
+    out = Path(out_dir)
+    index = []
+    for tname in targets:
+        cc = TARGETS[tname]
+        target = GPUTarget("cuda", cc, 32)
+        backend = make_backend(target)
+        (out / tname).mkdir(parents=True, exist_ok=True)
+        for rec in data["specializations"]:
+            entry = {"key": rec["key"], "module": rec["module"], "qualname": rec["qualname"], "target": tname}
+            stem = out / tname / f"{rec['qualname']}-{rec['key']}"
+            t0 = time.time()
+            try:
+                fn = _resolve_kernel(rec["module"], rec["qualname"])
+                constexprs = {tuple(k): _decode_value(v) for k, v in rec["constexprs"]}
+                attrs = {tuple(k): [tuple(a) for a in v] for k, v in rec["attrs"]}
+                src = ASTSource(fn, rec["signature"], constexprs, attrs)
+                kernel = triton.compile(src, target=target, options=dict(rec["options"]))
+                opt = backend.parse_options(dict(rec["options"]))
+                llir, ptx = kernel.asm["llir"], kernel.asm["ptx"]
+                llvm.init_targets()  # a kernel served from Triton's cache has not initialised LLVM's targets
+                nofusion = backend.make_ptx(llir, {}, dataclasses.replace(opt, enable_fp_fusion=False), cc)
+                stem.with_suffix(".ttir").write_text(kernel.asm["ttir"])
+                stem.with_suffix(".ptx").write_text(ptx)
+                stem.with_suffix(".nofusion.ptx").write_text(nofusion)
+                entry.update(files=stem.name, enable_fp_fusion=opt.enable_fp_fusion, num_warps=opt.num_warps,
+                             num_stages=opt.num_stages, error=None)
+            except Exception as exc:  # noqa: BLE001 - one kernel's failure is its row, the sweep goes on
+                entry.update(files=None, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            entry["seconds"] = round(time.time() - t0, 3)
+            index.append(entry)
+    (out / "index.json").write_text(json.dumps({"triton": triton.__version__, "kernels": index}, indent=1))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# step 3 and the command
+
+
+def kernel_label(rec: dict) -> str:
+    return f"{rec['module']}.{rec['qualname']}@{rec['key']}"
+
+
+def _run_step(argv: List[str], env: dict, what: str, log: Path) -> None:
+    with open(log, "w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "harness.emulation.ptx", *argv], env=env, stdout=fh,
+                              stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parents[2]))
+    if proc.returncode != 0:
+        tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}; log {log}): {tail[0]}")
+
+
+def capture(parity_argv: List[str], out_json: Path, log: Path) -> dict:
+    env = dict(os.environ)
+    env["PARITY_CACHE_DIR"] = ""  # no cache serves (or receives) a case: every launch happens
+    env.pop("TRITON_INTERPRET", None)
+    _run_step(["capture", str(out_json), "--", *parity_argv], env, "capture (the GPU leg under the interpreter)", log)
+    return json.loads(out_json.read_text())
+
+
+def read_launches(path: Path) -> dict:
+    """A capture's launches.json (or .json.gz, as reports/ptx keeps it)."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return json.loads(gzip.decompress(path.read_bytes()))
+    return json.loads(path.read_text())
+
+
+def compile_kernels(launches: Path, out_dir: Path, targets: Sequence[str], log: Path) -> dict:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    with tempfile.TemporaryDirectory(prefix="parity-ptx-triton-cache-") as cache:
+        env["TRITON_CACHE_DIR"] = cache  # every kernel compiled here and now (and timed), none served from a cache
+        _run_step(["compile", str(launches), str(out_dir), ",".join(targets)], env, "compile", log)
+    return json.loads((out_dir / "index.json").read_text())
+
+
+def check_compiled(data: dict, index: dict, compiled_dir: Path, facts: EmulationFacts) -> List[Row]:
+    recs = {r["key"]: r for r in data["specializations"]}
+    rows: List[Row] = []
+    for entry in index["kernels"]:
+        rec = recs[entry["key"]]
+        label = kernel_label(rec)
+        if entry["error"]:
+            rows += [Row(label, entry["target"], a, "compiles to PTX", entry["error"], "error") for a in ASSUMPTIONS]
+            continue
+        stem = compiled_dir / entry["target"] / entry["files"]
+        rows += check_kernel(label, entry["target"], stem.with_suffix(".ttir").read_text(),
+                             stem.with_suffix(".ptx").read_text(), stem.with_suffix(".nofusion.ptx").read_text(),
+                             facts)
+    return rows
+
+
+def write_csv(rows: Iterable[Row], path: Path) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(CSV_COLUMNS)
+        for r in rows:
+            w.writerow(r.as_list())
+
+
+def summarize(rows: Sequence[Row], targets: Sequence[str]) -> str:
+    kernels = {t: len({r.kernel for r in rows if r.target == t}) for t in targets}
+    st = Counter(r.status for r in rows)
+    checks = st["match"] + st["mismatch"]
+    return (f"ptx: {', '.join(f'{kernels[t]} kernels {t}' for t in targets)}; {checks} checks, {st['mismatch']} "
+            f"mismatches, {st['error']} errors ({st['error'] // max(1, len(ASSUMPTIONS))} kernels), "
+            f"{st['n/a']} not applicable")
+
+
+def parse_targets(text: str) -> List[str]:
+    names = [t.strip().replace("_", "") for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in TARGETS]
+    if not names or bad:
+        raise BadInput(f"--target: unknown {', '.join(bad) or '(empty)'}; known: {', '.join(TARGETS)}")
+    return list(dict.fromkeys(names))
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "ptx", help="check the emulated GPU leg's assumptions in Triton's PTX of fla's kernels (sm_80, sm_90)",
+        description="Run the GPU leg (emulated) over the cases to record each fla kernel launch's specialization, "
+                    "compile each with Triton's own pipeline to PTX for each target (no GPU needed), and check the "
+                    "emulation's assumptions (harness/emulation/gpu_model.py) in the PTX. Writes ptx.csv "
+                    "(kernel, target, assumption, expected, found, status), facts.json (the emulation's facts), "
+                    "launches.json (the specializations) and compiled/ (TTIR, PTX, PTX without FP fusion); "
+                    "exit 1 on any mismatch or kernel that does not compile, 2 on bad input.")
+    p.add_argument("--suite", default="smoke", help="suite(s) whose cases the GPU leg runs (default smoke)")
+    p.add_argument("--case", action="append", default=[], help="a case id instead of --suite (repeatable)")
+    p.add_argument("--target", default="sm80,sm90", help="comma-separated: sm80, sm90 (default both)")
+    p.add_argument("--out", default="reports/runs/ptx", help="output directory (default reports/runs/ptx)")
+    p.add_argument("--launches", default=None,
+                   help="a launches.json of an earlier run: compile and check its kernels, skip the capture")
+    p.set_defaults(func=cmd_ptx)
+    return p
+
+
+def cmd_ptx(args) -> int:
+    t0 = time.time()
+    try:
+        targets = parse_targets(args.target)
+        if args.launches is not None and not Path(args.launches).is_file():
+            raise BadInput(f"--launches: no such file {args.launches}")
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise BadInput(f"--out: {out} is not a directory")
+    except BadInput as exc:
+        print(f"parity ptx: error: {exc}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    facts = emulation_facts()
+    try:
+        if args.launches is not None:
+            launches = Path(args.launches)
+            t_cap = 0.0
+        else:
+            selection = [a for c in args.case for a in ("--case", c)] or ["--suite", args.suite]
+            with tempfile.TemporaryDirectory(prefix="parity-ptx-") as tmp:
+                launches = out / "launches.json"
+                tc = time.time()
+                capture(["run", "--backend", "gpu", *selection, "--out", tmp, "-j", "1", "--no-progress", "--force"],
+                        launches, out / "capture.log")
+                t_cap = time.time() - tc
+        data = read_launches(Path(launches))
+        if data.get("rc"):
+            print(f"parity ptx: note: the GPU leg's run exited {data['rc']} (its launches are checked all the same)")
+        if not data["specializations"]:
+            print(f"parity ptx: error: no kernel launch recorded (capture log: {out / 'capture.log'})",
+                  file=sys.stderr)
+            return 2
+        tc = time.time()
+        index = compile_kernels(Path(launches), out / "compiled", targets, out / "compile.log")
+        t_comp = time.time() - tc
+    except RuntimeError as exc:
+        print(f"parity ptx: error: {exc}", file=sys.stderr)
+        return 1
+    rows = check_compiled(data, index, out / "compiled", facts)
+    write_csv(rows, out / "ptx.csv")
+    (out / "facts.json").write_text(json.dumps(facts.as_dict(), indent=1))
+    line = summarize(rows, targets)
+    print(f"{line}; capture {t_cap:.0f} s, compile {t_comp:.0f} s, total {time.time() - t0:.0f} s -> {out / 'ptx.csv'}")
+    bad = [r for r in rows if r.status in ("mismatch", "error")]
+    for r in bad[:5]:
+        print(f"  {r.status}: {r.kernel} {r.target} {r.assumption}: {r.found}")
+    if len(bad) > 5:
+        print(f"  ... {len(bad) - 5} more in {out / 'ptx.csv'}")
+    return 1 if bad else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["capture"] and len(argv) >= 3 and argv[2] == "--":
+        return capture_main(argv[1], argv[3:])
+    if argv[:1] == ["compile"] and len(argv) == 4:
+        return compile_main(argv[1], argv[2], argv[3].split(","))
+    parser = argparse.ArgumentParser(prog="python -m harness.emulation.ptx")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""The PTX check (harness/emulation/ptx.py): the emulated GPU leg's assumptions (harness/emulation/gpu_model.py,
+probed from the emulation itself) against Triton's own sm_80 / sm_90 PTX of fla's kernels.
+
+Fast: hand-made TTIR/PTX snippets for each check, the facts the emulation gives, one real fla kernel compiled for
+both targets (in a subprocess: the compile needs fla's kernels as JITFunctions, not interpreted), a TF32 fault
+patched into the emulation from here, and the command's bad input. Slow (``-m slow``): the whole smoke sweep."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.emulation import dots, gpu_model, ptx
+from harness.emulation.bits import round_to_tf32
+from harness.emulation.gpu_model import emulation_facts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+F32_DOT_TTIR = ("    %b_o = tt.dot %b_q_63, %b_h, %cst_5, inputPrecision = tf32 : tensor<64x128xf32> * "
+                "tensor<128x128xf32> -> tensor<64x128xf32> loc(#loc118)\n")
+BF16_DOT_TTIR = ("    %b_A = tt.dot %q, %k, %cst, inputPrecision = tf32 : tensor<64x64xbf16> * tensor<64x64xbf16> -> "
+                 "tensor<64x64xf32> loc(#loc1)\n")
+MMA_TF32 = "\tmma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 { %r1, %r2, %r3, %r4 }, { %r5, %r6, %r7, %r8 }, " \
+           "{ %r9, %r10 }, { %r1, %r2, %r3, %r4 };\n"
+WGMMA_TF32 = "\twgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%r1,%r2}, %rd1, %rd2, 1, 1;\n"
+
+
+def _ptx(body: str) -> str:
+    return (".version 8.7\n.target sm_80\n.address_size 64\n// a comment: fma.rn.f32 is not an instruction here\n"
+            ".visible .entry k(\n\t.param .u64 k_param_0\n)\n{\n\t.reg .b32 %r<9>;\n$L__BB0_1:\n"
+            + body + "\tret;\n}\n")
+
+
+@pytest.fixture(scope="module")
+def facts():
+    return emulation_facts()
+
+
+def row(check, ttir, body, facts, nofusion_body=None):
+    instr = ptx.ptx_instructions(_ptx(body))
+    instr_nf = ptx.ptx_instructions(_ptx(body if nofusion_body is None else nofusion_body))
+    return check("k@0", "sm80", ttir, instr, instr_nf, facts)
+
+
+def test_the_emulation_states_its_facts_by_behaviour(facts):
+    assert facts.as_dict() == {
+        "tf32_rounding": "truncate", "low_precision_dot": "exact-products-f32-acc", "contraction": "none",
+        "bf16_rounding": "rne", "f16_rounding": "rne", "float_to_int": "truncate", "int_to_float": "rne",
+        "f32_divide": "ieee", "f32_sqrt": "ieee", "subnormals": "kept", "exp_lowering": "ex2.approx"}
+
+
+def test_the_probe_leaves_the_interpreter_builder_as_it_found_it():
+    import triton.runtime.interpreter as interp
+
+    b = interp.interpreter_builder
+    before = {n: getattr(b, n) for n in ("create_dot", "cast_impl", "binary_op", "create_fp_to_fp")}
+    emulation_facts()
+    assert {n: getattr(b, n) for n in before} == before
+
+
+def test_ptx_instructions_skip_comments_directives_and_labels():
+    body = "\t@%p1 cvt.rn.bf16.f32 %rs1, %r1;\n\tex2.approx.ftz.f32 %r2, %r3; // ex2.approx.f32\n" + MMA_TF32
+    got = ptx.ptx_instructions(_ptx(body))
+    assert got == {"cvt.rn.bf16.f32": 1, "ex2.approx.ftz.f32": 1,
+                   "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32": 1, "ret": 1}
+
+
+def test_ttir_dots_read_operand_types_and_precision():
+    assert ptx.ttir_dots(F32_DOT_TTIR + BF16_DOT_TTIR) == [
+        ptx.TtirDot("f32", "f32", "f32", "tf32"), ptx.TtirDot("bf16", "bf16", "f32", "tf32")]
+    elided = F32_DOT_TTIR.replace(", inputPrecision = tf32", "")  # MLIR elides the default: ieee
+    assert ptx.ttir_dots(elided)[0].precision == "ieee"
+
+
+def test_ieee_dot_is_an_fma_chain_not_the_tensor_core(facts):
+    ttir = F32_DOT_TTIR.replace(", inputPrecision = tf32", "")
+    chain = "\tfma.rn.f32 %r1, %r2, %r3, %r1;\n"
+    assert row(ptx.check_ieee_dot, ttir, chain, facts).status == "match"
+    assert row(ptx.check_ieee_dot, ttir, MMA_TF32, facts).status == "mismatch"
+    assert row(ptx.check_ieee_dot, F32_DOT_TTIR, chain, facts).status == "n/a"
+    assert row(ptx.check_tf32_dot, ttir, chain, facts).status == "n/a"
+
+
+def test_tf32_dot_raw_registers_match_truncation_and_a_cvt_does_not(facts):
+    assert row(ptx.check_tf32_dot, F32_DOT_TTIR, MMA_TF32, facts).status == "match"
+    assert row(ptx.check_tf32_dot, F32_DOT_TTIR, WGMMA_TF32, facts).status == "match"
+    rounded = "\tcvt.rna.tf32.f32 %r5, %r5;\n" + MMA_TF32
+    r = row(ptx.check_tf32_dot, F32_DOT_TTIR, rounded, facts)
+    assert r.status == "mismatch" and "cvt.rna.tf32.f32 x1" in r.found and "truncated" in r.expected
+    r = row(ptx.check_tf32_dot, F32_DOT_TTIR, "\tfma.rn.f32 %r1, %r2, %r3, %r1;\n", facts)
+    assert r.status == "mismatch" and "tf32 mma: none" in r.found
+    assert row(ptx.check_tf32_dot, BF16_DOT_TTIR, MMA_TF32, facts).status == "n/a"
+
+
+def test_low_precision_dot_needs_a_bf16_mma_with_f32_accumulator(facts):
+    good = "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%r1}, {%r2}, {%r3}, {%r1};\n"
+    assert row(ptx.check_low_precision_dot, BF16_DOT_TTIR, good, facts).status == "match"
+    assert row(ptx.check_low_precision_dot, BF16_DOT_TTIR, MMA_TF32, facts).status == "mismatch"
+    assert row(ptx.check_low_precision_dot, F32_DOT_TTIR, good, facts).status == "n/a"
+
+
+def test_contraction_counts_the_fma_only_fusion_makes(facts):
+    fused = "\tfma.rn.f32 %r1, %r2, %r3, %r4;\n\tfma.rn.f32 %r5, %r2, %r3, %r4;\n"
+    plain = "\tfma.rn.f32 %r1, %r2, %r3, %r4;\n\tmul.f32 %r6, %r2, %r3;\n\tadd.f32 %r5, %r6, %r4;\n"
+    r = row(ptx.check_contraction, "", fused, facts, nofusion_body=plain)
+    assert r.status == "mismatch" and "contracted: fma.rn.f32 x1" in r.found
+    pinned = plain.replace("mul.f32", "mul.rn.f32").replace("add.f32", "add.rn.f32")
+    assert row(ptx.check_contraction, "", pinned, facts, nofusion_body=pinned).status == "match"
+    # no .rn: ptxas is free to fuse them (LLVM NVPTX writes .rn exactly when fusion is off)
+    r = row(ptx.check_contraction, "", plain, facts, nofusion_body=plain)
+    assert r.status == "mismatch" and "no .rn): add.f32 x1, mul.f32 x1" in r.found
+    assert row(ptx.check_contraction, "", "\tadd.f32 %r1, %r2, %r3;\n", facts).status == "n/a"
+
+
+def test_rounding_modes_of_conversions_and_bf16_arithmetic(facts):
+    ok = "\tcvt.rn.bf16.f32 %rs1, %r1;\n\tcvt.rn.f16.f32 %rs2, %r1;\n\tcvt.rzi.s32.f32 %r2, %r1;\n" \
+         "\tcvt.f32.bf16 %r3, %rs1;\n\tcvt.rn.f32.s32 %r4, %r2;\n\tcvt.u64.u32 %rd1, %r2;\n" \
+         "\tfma.rn.bf16 %rs3, %rs1, %rs1, %rs1;\n"
+    assert row(ptx.check_rounding_modes, "", ok, facts).status == "match"
+    rz = "\tcvt.rz.bf16.f32 %rs1, %r1;\n"
+    r = row(ptx.check_rounding_modes, "", rz, facts)
+    assert r.status == "mismatch" and "contradicting: cvt.rz.bf16.f32 x1" in r.found
+    asks_rtz = "    %zr = tt.fp_to_fp %x_1, rounding = rtz : tensor<128xf32> -> tensor<128xbf16> loc(#loc44)\n"
+    assert row(ptx.check_rounding_modes, asks_rtz, rz, facts).status == "match"
+    assert row(ptx.check_rounding_modes, "", "\tcvt.rni.s32.f32 %r2, %r1;\n", facts).status == "mismatch"
+    assert row(ptx.check_rounding_modes, "", "\tcvt.f32.bf16 %r3, %rs1;\n", facts).status == "n/a"
+    # bf16 arithmetic without a modifier rounds as PTX's default, .rn; .rz would contradict
+    assert row(ptx.check_rounding_modes, "", "\tadd.bf16x2 %r1, %r2, %r3;\n", facts).status == "match"
+    assert row(ptx.check_rounding_modes, "", "\tadd.rz.bf16x2 %r1, %r2, %r3;\n", facts).status == "mismatch"
+
+
+def test_division_and_sqrt_must_be_correctly_rounded(facts):
+    ttir = "    %z_4 = arith.divf %x_1, %y_3 : tensor<128xf32> loc(#loc37)\n"
+    r = row(ptx.check_f32_div_sqrt, ttir, "\tdiv.full.f32 %r1, %r2, %r3;\n", facts)
+    assert r.status == "mismatch" and "div.full.f32 x1" in r.found
+    assert row(ptx.check_f32_div_sqrt, ttir, "\tdiv.rn.f32 %r1, %r2, %r3;\n", facts).status == "match"
+    assert row(ptx.check_f32_div_sqrt, "", "\tdiv.full.f32 %r1, %r2, %r3;\n", facts).status == "n/a"
+
+
+def test_exp_lowers_to_ex2_approx_and_ftz_contradicts_kept_subnormals(facts):
+    ttir = "    %z_16 = math.exp2 %x_1 : tensor<128xf32> loc(#loc41)\n"
+    body = "\tex2.approx.ftz.f32 %r1, %r2;\n"
+    assert row(ptx.check_exp_ex2, ttir, body, facts).status == "match"
+    r = row(ptx.check_exp_ex2, ttir, "\tfma.rn.f32 %r1, %r2, %r3, %r4;\n", facts)  # e.g. a libdevice expf
+    assert r.status == "mismatch" and "PTX: none" in r.found
+    assert row(ptx.check_exp_ex2, "", body, facts).status == "n/a"
+    r = row(ptx.check_subnormals, ttir, body, facts)
+    assert r.status == "mismatch" and "ex2.approx.ftz.f32 x1" in r.found
+    assert row(ptx.check_subnormals, ttir, "\tex2.approx.f32 %r1, %r2;\n", facts).status == "match"
+
+
+# one specialization the smoke suite launches (simple_gla chunk, fp32: three f32 dots at tf32), as the capture
+# records it; the test compiles it for both targets
+CHUNK_FWD_O_FP32 = {
+    "module": "fla.ops.common.chunk_o", "qualname": "chunk_fwd_kernel_o",
+    "signature": {"q": "*fp32", "k": "*fp32", "v": "*fp32", "h": "*fp32", "g": "*fp32", "g_gamma": "constexpr",
+                  "o": "*fp32", "cu_seqlens": "constexpr", "chunk_indices": "constexpr", "scale": "fp32", "T": "i32",
+                  "H": "constexpr", "HV": "constexpr", "K": "constexpr", "V": "constexpr", "BT": "constexpr",
+                  "BK": "constexpr", "BV": "constexpr", "USE_G": "constexpr", "USE_G_GAMMA": "constexpr",
+                  "STATE_V_FIRST": "constexpr", "IS_VARLEN": "constexpr"},
+    "constexprs": [[[i], {"t": "NoneType", "v": None}] for i in (5, 7, 8)]
+    + [[[i], {"t": "int", "v": v}] for i, v in ((11, 2), (12, 2), (13, 128), (14, 128), (15, 64), (16, 128),
+                                                (17, 128))]
+    + [[[i], {"t": "bool", "v": v}] for i, v in ((18, True), (19, False), (20, False), (21, False))],
+    "attrs": [[[i], [["tt.divisibility", 16]]] for i in (0, 1, 2, 3, 4, 6)],
+    "options": {"num_warps": 8, "num_ctas": 1, "num_stages": 3}, "launches": 1,
+}
+CHUNK_FWD_O_FP32["key"] = ptx.specialization_key(CHUNK_FWD_O_FP32)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ptx")
+    launches = d / "launches.json"
+    launches.write_text(json.dumps({"specializations": [CHUNK_FWD_O_FP32]}))
+    index = ptx.compile_kernels(launches, d / "compiled", ["sm80", "sm90"], d / "compile.log")
+    return d, launches, index
+
+
+def test_a_real_fla_kernel_compiles_for_both_targets_and_confirms_tf32_truncation(compiled, facts):
+    d, launches, index = compiled
+    assert [(k["target"], k["error"]) for k in index["kernels"]] == [("sm80", None), ("sm90", None)]
+    rows = ptx.check_compiled(json.loads(launches.read_text()), index, d / "compiled", facts)
+    assert [(r.target, r.assumption) for r in rows] == [(t, a) for t in ("sm80", "sm90") for a in ptx.ASSUMPTIONS]
+    for t, target_line in (("sm80", ".target sm_80"), ("sm90", ".target sm_90")):
+        stem = d / "compiled" / t / f"chunk_fwd_kernel_o-{CHUNK_FWD_O_FP32['key']}"
+        assert target_line in stem.with_suffix(".ptx").read_text()
+    tf32 = {r.target: r for r in rows if r.assumption == "tf32_dot"}
+    assert tf32["sm80"].status == "match" and "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in tf32["sm80"].found
+    assert tf32["sm90"].status == "match" and "wgmma.mma_async" in tf32["sm90"].found
+    assert all("cvt to tf32: none" in r.found for r in tf32.values())
+
+
+def test_a_tf32_fault_in_the_emulation_fails_the_check(compiled, monkeypatch):
+    """The emulation rounds TF32 operands to nearest (ties away) instead of truncating: the facts say so, and the
+    real PTX (raw f32 registers into the mma, no cvt) contradicts it, naming kernel, target and assumption."""
+    d, launches, index = compiled
+    monkeypatch.setattr(dots, "round_to_tf32", lambda x, mode="truncate": round_to_tf32(x, "rna"))
+    faulty = emulation_facts()
+    assert faulty.tf32_rounding == "rna"
+    rows = ptx.check_compiled(json.loads(launches.read_text()), index, d / "compiled", faulty)
+    bad = [r for r in rows if r.status == "mismatch" and r.assumption == "tf32_dot"]
+    assert sorted(r.target for r in bad) == ["sm80", "sm90"]
+    assert all(r.kernel.startswith("fla.ops.common.chunk_o.chunk_fwd_kernel_o@") and "cvt.rna.tf32.f32" in r.expected
+               and "cvt to tf32: none" in r.found for r in bad)
+
+
+def test_a_fault_in_the_legs_default_rounding_is_seen_too(monkeypatch):
+    """The other place the TF32 assumption lives: the rounding triton_emulation() gives the GPU leg by default."""
+    from harness.emulation import triton_interpreter
+
+    kw = dict(triton_interpreter.triton_emulation.__wrapped__.__kwdefaults__)
+    monkeypatch.setitem(triton_interpreter.triton_emulation.__wrapped__.__kwdefaults__, "tf32_rounding", "rne")
+    assert gpu_model.leg_defaults()[0] == "rne" != kw["tf32_rounding"]
+    assert emulation_facts().tf32_rounding == "rne"
+
+
+def test_the_command_checks_a_launches_file_and_writes_its_csv(compiled, tmp_path, capsys):
+    _, launches, _ = compiled
+    args = argparse.Namespace(suite="smoke", case=[], target="sm90", out=str(tmp_path / "out"),
+                              launches=str(launches))
+    rc = ptx.cmd_ptx(args)
+    out = capsys.readouterr().out
+    with open(tmp_path / "out" / "ptx.csv") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0] == list(ptx.CSV_COLUMNS) and len(rows) == 1 + len(ptx.ASSUMPTIONS)
+    n_bad = sum(r[5] in ("mismatch", "error") for r in rows[1:])
+    assert rc == (1 if n_bad else 0)
+    assert out.startswith("ptx: 1 kernels sm90;") and f"{n_bad} mismatches" in out
+
+
+@pytest.mark.parametrize("target, launches, message", [
+    ("sm75", None, "--target: unknown sm75"),
+    ("", None, "--target: unknown (empty)"),
+    ("sm90", "no/such/launches.json", "--launches: no such file"),
+])
+def test_bad_input_is_exit_2_with_one_line(tmp_path, capsys, target, launches, message):
+    args = argparse.Namespace(suite="smoke", case=[], target=target, out=str(tmp_path), launches=launches)
+    assert ptx.cmd_ptx(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_add_parser_registers_ptx():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    ptx.add_parser(sub)
+    args = parser.parse_args(["ptx", "--target", "sm80", "--out", "x"])
+    assert args.func is ptx.cmd_ptx and args.target == "sm80" and args.suite == "smoke"
+
+
+@pytest.mark.slow
+def test_smoke_sweep_sm80_sm90(tmp_path):
+    """The whole smoke suite: every kernel the GPU leg launches compiles for both targets; the TF32, IEEE-dot,
+    bf16-dot, conversion-rounding and ex2 assumptions hold wherever they apply; the exit status says whether any row
+    contradicts the emulation."""
+    args = argparse.Namespace(suite="smoke", case=[], target="sm80,sm90", out=str(tmp_path), launches=None)
+    rc = ptx.cmd_ptx(args)
+    with open(tmp_path / "ptx.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows and not [r for r in rows if r["status"] == "error"]
+    kernels = {(r["kernel"], r["target"]) for r in rows}
+    assert {t for _, t in kernels} == {"sm80", "sm90"}
+    assert len(rows) == len(kernels) * len(ptx.ASSUMPTIONS)
+    for a in ("tf32_dot", "ieee_dot", "low_precision_dot", "rounding_modes", "exp_ex2"):
+        applied = [r for r in rows if r["assumption"] == a and r["status"] != "n/a"]
+        assert applied and all(r["status"] == "match" for r in applied), a
+    assert rc == (1 if any(r["status"] == "mismatch" for r in rows) else 0)
