@@ -649,8 +649,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_calibrate)
 
     from harness import mxu_probe
+    from harness.emulation import ptx
 
     mxu_probe.add_parser(sub)
+    ptx.add_parser(sub)
 
     p = sub.add_parser("all", help="run every leg this machine can run (emulated without hardware), then gate")
     _add_selection(p, shard=False)

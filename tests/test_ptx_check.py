@@ -250,7 +250,7 @@ def test_add_parser_registers_ptx():
     sub = parser.add_subparsers()
     ptx.add_parser(sub)
     args = parser.parse_args(["ptx", "--target", "sm80", "--out", "x"])
-    assert args.func is ptx.cmd_ptx and args.target == "sm80" and args.suite == "smoke"
+    assert args.fn is ptx.cmd_ptx and args.target == "sm80" and args.suite == "smoke"
 
 
 @pytest.mark.slow

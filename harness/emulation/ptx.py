@@ -642,7 +642,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports/runs/ptx", help="output directory (default reports/runs/ptx)")
     p.add_argument("--launches", default=None,
                    help="a launches.json of an earlier run: compile and check its kernels, skip the capture")
-    p.set_defaults(func=cmd_ptx)
+    p.set_defaults(fn=cmd_ptx)
     return p
 
 
@@ -652,6 +652,12 @@ def cmd_ptx(args) -> int:
         targets = parse_targets(args.target)
         if args.launches is not None and not Path(args.launches).is_file():
             raise BadInput(f"--launches: no such file {args.launches}")
+        if not args.case and args.launches is None:
+            from cases.suites import SUITES
+
+            unknown = [s for s in args.suite.split(",") if s.strip() not in SUITES]
+            if unknown:
+                raise BadInput(f"--suite: unknown {', '.join(unknown)}; known: {', '.join(SUITES)}")
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise BadInput(f"--out: {out} is not a directory")
