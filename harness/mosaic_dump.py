@@ -48,9 +48,9 @@ _OP = re.compile(r'"llo\.(vlatch\w*|vmatmul[\w.]*|vdwg)"([^\n]*)')
 _LATCH_MODE = re.compile(r"gain_latch_mode<([\w.]+)>")
 _MATMUL_MODE = re.compile(r"matmul_mode<(\w+)>")
 _DATA_FORMAT = re.compile(r"matmul_data_format<(\w+)>")
-_FUNC = re.compile(r'func\.func @([\w$.-]+)\(|"func\.func"\(\) <\{[^\n]*?sym_name = "([^"]+)"')
+_FUNC = re.compile(r'func\.func @(?:"([^"]+)"|([\w$.-]+))\(|"func\.func"\(\) <\{[^\n]*?sym_name = "([^"]+)"')
 """The kernel's function, the module's first (index maps follow it), printed in MLIR's custom form or, as some
-kernels' LLO dumps are, in the generic form with a ``sym_name`` attribute."""
+kernels' LLO dumps are, in the generic form with a ``sym_name`` attribute; a name with a ``-`` is quoted."""
 
 
 class DumpError(ValueError):
@@ -113,7 +113,7 @@ def llo_phases(text: str) -> tuple[str, list[tuple[str, str]]]:
         else:  # vdwg: done with these weights
             close()
     close()
-    return name.group(1) or name.group(2), phases
+    return next(g for g in name.groups() if g), phases
 
 
 # ------------------------------------------------------------------------------- the model's dots

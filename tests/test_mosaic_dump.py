@@ -60,6 +60,8 @@ def test_llo_phases_refuse_what_they_do_not_know():
                        + MUL.format(m=".mubr", fmt="f32", mode="high") + DWG))
     generic = '"builtin.module"() ({\n  "func.func"() <{arg_attrs = [], sym_name = "k_generic"}> ({\n'
     assert llo_phases(generic + phase("f32", "round")) == ("k_generic", [(NEAREST, NEAREST)])
+    quoted = llo(phase("f32", "round"), name='"decoding_gdn-bt_8"')  # tpu-inference's kernel names
+    assert llo_phases(quoted) == ("decoding_gdn-bt_8", [(NEAREST, NEAREST)])
     with pytest.raises(DumpError, match="no func.func"):
         llo_phases("module {}")
 
