@@ -61,18 +61,12 @@ def _leg_options(args, name: str) -> dict:
 
 def _out_dir(path) -> Path:
     """The output directory, made and proven writable before any work (a bad --out must not cost a run)."""
-    import tempfile
+    from harness.result_file import OutDirError, writable_dir
 
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {path} is a file, not a directory")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        raise UsageError(f"--out {path} is not a writable directory ({exc.strerror or exc})") from None
-    return path
+        return writable_dir(path)
+    except OutDirError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _step_summary() -> None:
@@ -652,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.emulation import ptx
 
     mxu_probe.add_parser(sub)
-    ptx.add_parser(sub)
+    ptx.add_parser(sub).set_defaults(backend=default_leg("baseline"))  # the leg whose fla launches it records
 
     p = sub.add_parser("all", help="run every leg this machine can run (emulated without hardware), then gate")
     _add_selection(p, shard=False)

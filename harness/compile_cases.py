@@ -43,7 +43,7 @@ def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dic
     for target in targets:
         r = leg.compile_for(compile_for, fn, arrays, target)
         out.append({**base, "target": target, "topology": TARGETS[target], "status": r.status, "reason": r.reason,
-                    "compile_s": r.seconds, "error": "" if r.ok else r.error, **r.kernel_counts,
+                    "compile_s": r.seconds, "error": "" if r.ok else r.error, **r.kernel_columns,
                     **(r.memory or {}), "hbm_bytes": r.hbm_bytes})
     return out
 

@@ -33,7 +33,6 @@ import csv
 import itertools
 import math
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -501,9 +500,10 @@ def probe_precision(name: str, native: bool, target: str | None = DEFAULT_TARGET
 
 
 def is_native() -> bool:
-    import jax
+    """On a machine with TPU chips attached, the kernels run on them."""
+    from .tpu_env import tpu_attached
 
-    return jax.default_backend() == "tpu"
+    return tpu_attached()
 
 
 CSV_COLUMNS = ("precision", "operand", "probe", "lhs_bits", "rhs_bits", "out_bits", "expected_bits", "ulp_off",
@@ -581,16 +581,12 @@ class ProbeUsageError(ValueError):
 
 
 def _out_dir(path) -> Path:
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ProbeUsageError(f"--out {path} is a file, not a directory")
+    from .result_file import OutDirError, writable_dir
+
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        raise ProbeUsageError(f"--out {path} is not a writable directory ({exc.strerror or exc})") from None
-    return path
+        return writable_dir(path)
+    except OutDirError as exc:
+        raise ProbeUsageError(str(exc)) from None
 
 
 def _precisions(text: str | None) -> tuple[str, ...]:

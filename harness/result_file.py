@@ -24,6 +24,26 @@ import pandas as pd
 
 from .results import ReportError, column_values, read_results, rows_to_frame, write_csv
 
+
+class OutDirError(ValueError):
+    """An ``--out`` that cannot take the files (the message is the one-line error a command prints)."""
+
+
+def writable_dir(path) -> Path:
+    """The output directory, made and proven writable before any work (a bad --out must not cost a run)."""
+    import tempfile
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutDirError(f"--out {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise OutDirError(f"--out {path} is not a writable directory ({exc.strerror or exc})") from None
+    return path
+
 _RESUME_MUST_MATCH = ("leg", "mode", "suite", "git_commit")
 
 

@@ -293,10 +293,14 @@ class CompileResult:
 
     @property
     def kernel_counts(self) -> dict[str, int | None]:
-        """:data:`KERNEL_COLUMNS` (None each when the program was not traced) and :data:`MOSAIC_COLUMNS` (None
-        each when nothing was compiled)."""
-        counts = self.kernels.counts if self.kernels else dict.fromkeys(KERNEL_COLUMNS)
-        return {**counts, **(self.mxu.columns if self.mxu else dict.fromkeys(MOSAIC_COLUMNS))}
+        """:data:`KERNEL_COLUMNS` (None each when the program was not traced)."""
+        return self.kernels.counts if self.kernels else dict.fromkeys(KERNEL_COLUMNS)
+
+    @property
+    def kernel_columns(self) -> dict:
+        """The rows' columns: :attr:`kernel_counts` and the MXU check's :data:`MOSAIC_COLUMNS` (None each when
+        nothing was compiled)."""
+        return {**self.kernel_counts, **(self.mxu.columns if self.mxu else dict.fromkeys(MOSAIC_COLUMNS))}
 
     @property
     def ok(self) -> bool:

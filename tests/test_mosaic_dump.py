@@ -161,7 +161,7 @@ ARGS = (jax.ShapeDtypeStruct((8, 128), jnp.float32), jax.ShapeDtypeStruct((128, 
 def test_a_compile_reads_every_dots_passes(target):
     r = compile_for(_program, ARGS, target)
     assert r.ok, r.error
-    assert r.kernel_counts["mxu_check"] == VERIFIED
+    assert r.kernel_columns["mxu_check"] == VERIFIED
     assert (r.mxu.dots, r.mxu.passes_model, r.mxu.passes_mosaic) == (2, 7, 7)  # DEFAULT f32 1 + HIGHEST 6
 
 
@@ -205,4 +205,4 @@ def test_a_lowering_that_changes_one_dots_precision_is_an_error(monkeypatch):
 def test_without_a_dump_the_passes_are_unverified_never_a_silent_pass(monkeypatch):
     monkeypatch.setattr(tpu_compile, "dump_dir", lambda environ=None: DumpDir(None, False, "no dump here"))
     r = compile_for(_program, ARGS, "v6e")
-    assert r.ok and r.kernel_counts["mxu_check"] == "unverified: no dump here"
+    assert r.ok and r.kernel_columns["mxu_check"] == "unverified: no dump here"

@@ -52,7 +52,14 @@ def test_a_k_first_binding_sees_the_k_first_case(op_name, leg_name):
     assert set(got) == set(want) and {"ht", "dh0"} <= set(got)
     for name in got:
         expected = want[name].swapaxes(-1, -2) if name in STATE_TENSORS else want[name]
-        np.testing.assert_array_equal(got[name], expected, err_msg=f"{op_name} {name}")
+        if leg_name == "tpu":
+            # the same values, up to the order in which XLA:CPU accumulates the MXU model's f32 passes, which
+            # the programs' layouts may change (simple_gla's dg, a reverse cumsum run as a HIGHEST dot with
+            # truncation pieces: within 5 f32 ulps of its largest value); a wrong transpose is off by O(1)
+            scale = np.finfo(np.float32).eps * float(np.max(np.abs(expected)))
+            np.testing.assert_allclose(got[name], expected, rtol=0, atol=16 * scale, err_msg=f"{op_name} {name}")
+        else:
+            np.testing.assert_array_equal(got[name], expected, err_msg=f"{op_name} {name}")
 
 
 @pytest.mark.needs_leg("gpu")

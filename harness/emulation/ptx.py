@@ -675,7 +675,7 @@ def cmd_ptx(args) -> int:
             with tempfile.TemporaryDirectory(prefix="parity-ptx-") as tmp:
                 launches = out / "launches.json"
                 tc = time.time()
-                capture(["run", "--backend", "gpu", *selection, "--out", tmp, "-j", "1", "--no-progress", "--force"],
+                capture(["run", "--backend", args.backend, *selection, "--out", tmp, "-j", "1", "--no-progress", "--force"],
                         launches, out / "capture.log")
                 t_cap = time.time() - tc
         data = read_launches(Path(launches))
@@ -710,12 +710,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return capture_main(argv[1], argv[3:])
     if argv[:1] == ["compile"] and len(argv) == 4:
         return compile_main(argv[1], argv[2], argv[3].split(","))
-    parser = argparse.ArgumentParser(prog="python -m harness.emulation.ptx")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    add_parser(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
+    print("python -m harness.emulation.ptx runs its capture and compile steps; the command is `parity ptx`",
+          file=sys.stderr)
+    return 2
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -280,7 +280,7 @@ class TpuLeg(Leg):
             result = self.compile_for(compile_for, fn, arrays, target)
             if result.status == Status.UNSUPPORTED:
                 break  # the kernels refuse the case while tracing; the run raises it again as unsupported
-            counts = result.kernel_counts  # the last target's (the failing one's, when one fails)
+            counts = result.kernel_columns  # the last target's (the failing one's, when one fails)
             if not result.ok:
                 return result.reason, {"compiled_for": ",".join(done), **counts}
             done.append(target)
