@@ -45,6 +45,22 @@ def compiled_note(tpu: pd.DataFrame) -> str:
             f"{', '.join(targets)} (the real Mosaic and XLA:TPU compiler, ahead of time).")
     if uncompiled:
         text += f" {uncompiled} case(s) were not compiled (unsupported, or refused by the compiler: see their rows)."
+    return text + _mxu_note(emulated)
+
+
+def _mxu_note(emulated: pd.DataFrame) -> str:
+    """What the compile read of the MXU passes (``mxu_check``): verified against Mosaic's output, or why not."""
+    if "mxu_check" not in emulated.columns:
+        return ""
+    per_case = emulated.groupby("case_id")["mxu_check"].first().dropna().astype(str)
+    if per_case.empty:
+        return ""
+    verified = per_case[per_case == "verified"]
+    text = (f" The MXU model's passes were checked against the passes Mosaic emitted for every kernel dot: "
+            f"{len(verified)} of {len(per_case)} case(s) verified.")
+    others = per_case[per_case != "verified"]
+    if len(others):
+        text += f" **{len(others)} not verified**: {others.iloc[0]}."
     return text
 
 

@@ -143,6 +143,9 @@ def test_parity_md_names_the_compile_targets():
     note = compiled_note(frame)
     assert f"libtpu {libtpu_version()} for v5e, v7x" in note
     assert "not** compiled" in compiled_note(frame.assign(compiled_for=pd.NA))
+    assert "Mosaic emitted for every kernel dot: 1 of 1 case(s) verified." in note
+    unread = compiled_note(frame.assign(mxu_check="unverified: no dump"))
+    assert unread.endswith("0 of 1 case(s) verified. **1 not verified**: unverified: no dump.")
 
 
 # ------------------------------------------------ every kernel reaches Mosaic
