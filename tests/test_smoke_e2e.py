@@ -102,6 +102,7 @@ def check_tpu_rows_were_compiled_and_carry_their_mxu_cost(run):
     ran = tpu[tpu["status"] == "ok"]
     assert set(ran["compiled_for"]) == {"v6e"}, set(ran["compiled_for"])
     assert "compiled with libtpu" in (out / "parity.md").read_text()
+    assert set(ran["mxu_check"]) == {"verified"}, set(ran["mxu_check"])  # every dot's passes as Mosaic emits them
     forward_only = ran["variant"] == "fused_recurrent"  # the decode variants: no backward, so no backward work
     assert (ran["mxu_cost"] >= 1).all() and (ran["mxu_macs_fwd"] > 0).all()
     assert (ran.loc[~forward_only, "mxu_macs_bwd"] > 0).all() and (ran.loc[forward_only, "mxu_macs_bwd"] == 0).all()
