@@ -131,12 +131,22 @@ def _precision(params) -> object:
     return p[0] if isinstance(p, tuple) else p
 
 
+def sub_jaxprs(eqn):
+    """The sub-programs of an equation (jit, vjp, control flow, a kernel's body), in parameter order."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    for v in eqn.params.values():
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(x, (ClosedJaxpr, Jaxpr)):
+                yield x
+
+
 def model_dots(body) -> list[Dot]:
     """The ``dot_general``s of a kernel body (a Jaxpr or ClosedJaxpr, sub-programs entered in order), each with
     the passes the MXU model gives it. A dot the model cannot run (a precision Mosaic refuses) raises
     DumpError: the compile itself says why."""
     from jax._src import source_info_util
-    from jax.extend.core import ClosedJaxpr, Jaxpr
+    from jax.extend.core import ClosedJaxpr
 
     from kernels_tpu import mxu
 
@@ -153,13 +163,11 @@ def model_dots(body) -> list[Dot]:
                 except ValueError as exc:
                     raise DumpError(str(exc)) from None
                 where = source_info_util.summarize(e.source_info)
-                label = f"{a.str_short(short_dtypes=True)} · {b.str_short(short_dtypes=True)} at {precision or 'DEFAULT'}, {where}"
-                dots.append(Dot(len(dots) + 1, label, passes))
+                operands = f"{a.str_short(short_dtypes=True)} · {b.str_short(short_dtypes=True)}"
+                dots.append(Dot(len(dots) + 1, f"{operands} at {precision or 'DEFAULT'}, {where}", passes))
                 continue
-            for v in e.params.values():
-                for x in (v if isinstance(v, (tuple, list)) else (v,)):
-                    if isinstance(x, (ClosedJaxpr, Jaxpr)):
-                        visit(x)
+            for sub in sub_jaxprs(e):
+                visit(sub)
 
     visit(body)
     return dots

@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .mosaic_dump import MISMATCH, MOSAIC_COLUMNS, MxuCheck, UNVERIFIED, dump_dir
+from .mosaic_dump import MISMATCH, MOSAIC_COLUMNS, MxuCheck, UNVERIFIED, dump_dir, sub_jaxprs
 from .mosaic_dump import check as check_mxu
 from .status import Status
 from .tpu_env import prepare_environment
@@ -202,7 +202,7 @@ def kernel_equations(closed) -> list:
     """The Pallas kernel equations of a traced program ``closed`` (a ClosedJaxpr), in trace order: every equation
     with an ``interpret`` parameter (``pallas_call``, ``core_map``). Sub-programs (jit, vjp, control flow) are
     visited once each, as jax lowers each once; kernel bodies are not entered."""
-    from jax.extend.core import ClosedJaxpr, Jaxpr
+    from jax.extend.core import ClosedJaxpr
 
     found: list = []
     seen: set[int] = set()
@@ -216,10 +216,8 @@ def kernel_equations(closed) -> list:
             if "interpret" in e.params:
                 found.append(e)
                 continue
-            for v in e.params.values():
-                for x in (v if isinstance(v, (tuple, list)) else (v,)):
-                    if isinstance(x, (ClosedJaxpr, Jaxpr)):
-                        visit(x)
+            for sub in sub_jaxprs(e):
+                visit(sub)
 
     visit(closed)
     return found
