@@ -61,11 +61,10 @@ def _piece(mode: str, data_format: str) -> str:
     """One MXU operand piece (``kernels_tpu.mxu``'s names) from an LLO mode and the operand's format."""
     from kernels_tpu import mxu
 
-    pieces = {"round": mxu.NEAREST if data_format == "f32" else mxu.BF16, "": mxu.NEAREST,
-              "high": mxu.HI8, "hi": mxu.HI8, "low": mxu.MID8, "soft_middle_eight": mxu.MID8,
-              "soft_low_eight": mxu.LO8}
-    if data_format == "bf16" and mode in ("", "round"):
+    if data_format == "bf16" and mode in ("", "round"):  # bf16 fed as it is
         return mxu.BF16
+    pieces = {"round": mxu.NEAREST, "": mxu.NEAREST, "high": mxu.HI8, "hi": mxu.HI8, "low": mxu.MID8,
+              "soft_middle_eight": mxu.MID8, "soft_low_eight": mxu.LO8}
     if data_format not in ("f32", "bf16") or mode not in pieces:
         raise DumpError(f"unknown MXU operand mode {mode!r} ({data_format})")
     return pieces[mode]
