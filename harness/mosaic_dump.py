@@ -36,7 +36,6 @@ from typing import Iterable
 LLO_DUMP = "-post-lower-to-llo.txt"
 """The file of each kernel's MLIR after Mosaic's lower-to-llo pass: one op per MXU instruction."""
 
-DUMP_FLAG = "--xla_mosaic_dump_to"
 
 MOSAIC_COLUMNS = ("mxu_dots", "mxu_passes_model", "mxu_passes_mosaic", "mxu_check")
 """Rows' columns: the kernels' dots (each as written, once); their passes summed, as the model runs them and as
@@ -330,11 +329,11 @@ class DumpDir:
 def dump_dir(environ=os.environ) -> DumpDir:
     """Where this process's libtpu dumps Mosaic's passes, from ``LIBTPU_INIT_ARGS`` (see
     :func:`harness.tpu_env.prepare_environment`)."""
-    from .tpu_env import MOSAIC_DUMP_OWNER
+    from .tpu_env import MOSAIC_DUMP_FLAG, MOSAIC_DUMP_OWNER
 
     flags = environ.get("LIBTPU_INIT_ARGS", "")
-    m = re.search(re.escape(DUMP_FLAG) + r"=(\S+)", flags)
+    m = re.search(re.escape(MOSAIC_DUMP_FLAG) + r"=(\S+)", flags)
     if m is None:
-        return DumpDir(None, False, f"LIBTPU_INIT_ARGS has no {DUMP_FLAG}=DIR")
+        return DumpDir(None, False, f"LIBTPU_INIT_ARGS has no {MOSAIC_DUMP_FLAG}=DIR")
     owned = environ.get(MOSAIC_DUMP_OWNER) == str(os.getpid())
     return DumpDir(m.group(1), owned)

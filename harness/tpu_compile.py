@@ -29,6 +29,10 @@ carries the two counts, and is ``error``, naming the kernels, when
   spaces, tiles), so no verdict on it can be ``ok``. A binding that passes its ``ctx.interpret`` to the
   library's own option (None natively) compiles what a TPU runs.
 
+The compile also reads what Mosaic emitted for each kernel and checks every dot's MXU passes against the MXU
+model (:mod:`harness.mosaic_dump`): a mismatch is ``error``; a dump it cannot read leaves the check
+``unverified``, with the reason.
+
 This is the library (targets, one compile, its result); the TPU leg uses it before each emulated case, and
 ``parity compile`` runs it over cases through :mod:`harness.compile_cases`.
 """

@@ -19,6 +19,9 @@ import re
 import shutil
 import tempfile
 
+MOSAIC_DUMP_FLAG = "--xla_mosaic_dump_to"
+"""libtpu's flag (in ``LIBTPU_INIT_ARGS``) for the directory Mosaic dumps its passes into."""
+
 MOSAIC_DUMP_OWNER = "PARITY_MOSAIC_DUMP_PID"
 """Set beside the harness's own ``--xla_mosaic_dump_to``: the process that made the directory. A child
 process (a worker) inherits both, and makes its own."""
@@ -62,10 +65,10 @@ def dump_mosaic_passes(environ=os.environ) -> None:
     owner = environ.get(MOSAIC_DUMP_OWNER)
     if importlib.util.find_spec("libtpu") is None or owner == str(os.getpid()):
         return
-    if "--xla_mosaic_dump_to" in flags and owner is None:
+    if MOSAIC_DUMP_FLAG in flags and owner is None:
         return  # the user's own
     path = tempfile.mkdtemp(prefix="parity-mosaic-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
-    flags = re.sub(r"\s*--xla_mosaic_dump_to=\S+", "", flags)  # a parent process's, inherited
-    environ["LIBTPU_INIT_ARGS"] = f"{flags} --xla_mosaic_dump_to={path}".strip()
+    flags = re.sub(r"\s*" + re.escape(MOSAIC_DUMP_FLAG) + r"=\S+", "", flags)  # a parent process's, inherited
+    environ["LIBTPU_INIT_ARGS"] = f"{flags} {MOSAIC_DUMP_FLAG}={path}".strip()
     environ[MOSAIC_DUMP_OWNER] = str(os.getpid())

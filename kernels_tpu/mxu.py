@@ -59,8 +59,6 @@ BF16X4 = "bf16x4"
 """Four bf16 passes: all products of two-piece splits, exact for two fp16 operands (see the module doc)."""
 
 PRECISIONS = (Precision.DEFAULT, BF16X3, BF16X4, Precision.HIGHEST)
-PASSES = {Precision.DEFAULT: 1, BF16X3: 3, BF16X4: 4, Precision.HIGHEST: 6}
-"""MXU passes per dot of f32 operands (bf16 operands always take one)."""
 
 NN = (((1,), (0,)), ((), ()))  # a[M,K] @ b[K,N]
 TN = (((0,), (0,)), ((), ()))  # a[K,M], b[K,N] -> a.T @ b
@@ -90,6 +88,9 @@ middle and low 8 significand bits (``x = t0 + t1 + t2`` exactly for normal f32 v
 
 _SPLIT_HIGHEST = ((LO8, HI8), (HI8, LO8), (MID8, MID8), (MID8, HI8), (HI8, MID8), (HI8, HI8))
 _SPLIT_HIGH = ((MID8, HI8), (HI8, MID8), (HI8, HI8))
+
+PASSES = {Precision.DEFAULT: 1, BF16X3: 3, BF16X4: 4, Precision.HIGHEST: len(_SPLIT_HIGHEST)}
+"""MXU passes per dot of f32 operands at the precisions of :data:`PRECISIONS` (bf16 operands take one)."""
 
 
 def truncate_bf16(x: jax.Array) -> jax.Array:

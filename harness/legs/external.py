@@ -90,7 +90,8 @@ def _modeled_dot_general(original):
 def mxu_rounding():
     """Inside the block, on this thread, every ``lax.dot_general`` with an f32 operand computes as a TPU's
     MXU does at its stated precision (kernels_tpu.mxu's model, ``mxu_passes``: DEFAULT one bf16 pass, HIGH
-    three, HIGHEST six, split as Mosaic splits them), and reports its modeled work to an active ``kernels_tpu.mxu.tally_mxu_work``. Two bf16 operands
+    three, HIGHEST six, split as Mosaic splits them), and reports its modeled work to an active
+    ``kernels_tpu.mxu.tally_mxu_work``. Two bf16 operands
     are left alone (exact products, f32 accumulation, as on the MXU). Applies at trace time, so jitted code
     must be traced inside the block (the leg clears jax's caches around it)."""
     from jax import lax
