@@ -48,9 +48,19 @@ def row(check, ttir, body, facts, nofusion_body=None):
 
 def test_the_emulation_states_its_facts_by_behaviour(facts):
     assert facts.as_dict() == {
-        "tf32_rounding": "truncate", "low_precision_dot": "exact-products-f32-acc", "contraction": "none",
+        "tf32_rounding": "truncate", "low_precision_dot": "exact-products-f32-acc", "contraction": "fused f32, bf16",
         "bf16_rounding": "rne", "f16_rounding": "rne", "float_to_int": "truncate", "int_to_float": "rne",
-        "f32_divide": "ieee", "f32_sqrt": "ieee", "subnormals": "kept", "exp_lowering": "ex2.approx"}
+        "f32_divide": "rcp", "f32_sqrt": "ieee-ftz", "subnormals": "kept", "exp2_subnormals": "flushed",
+        "exp_lowering": "ex2.approx"}
+
+
+@pytest.fixture
+def stock_facts(monkeypatch):
+    """The facts of the emulation without its PTX arithmetic (ptx_arith off): numpy's, rounded at every step."""
+    monkeypatch.setattr(gpu_model, "_install_ptx_arithmetic", lambda patcher: None)
+    f = emulation_facts()
+    assert (f.contraction, f.f32_divide, f.f32_sqrt, f.exp2_subnormals) == ("none", "ieee", "ieee", "kept")
+    return f
 
 
 def test_the_probe_leaves_the_interpreter_builder_as_it_found_it():
@@ -103,15 +113,25 @@ def test_low_precision_dot_needs_a_bf16_mma_with_f32_accumulator(facts):
     assert row(ptx.check_low_precision_dot, F32_DOT_TTIR, good, facts).status == "n/a"
 
 
-def test_contraction_counts_the_fma_only_fusion_makes(facts):
+def test_contraction_counts_the_fma_only_fusion_makes(facts, stock_facts):
     fused = "\tfma.rn.f32 %r1, %r2, %r3, %r4;\n\tfma.rn.f32 %r5, %r2, %r3, %r4;\n"
     plain = "\tfma.rn.f32 %r1, %r2, %r3, %r4;\n\tmul.f32 %r6, %r2, %r3;\n\tadd.f32 %r5, %r6, %r4;\n"
-    r = row(ptx.check_contraction, "", fused, facts, nofusion_body=plain)
-    assert r.status == "mismatch" and "contracted: fma.rn.f32 x1" in r.found
     pinned = plain.replace("mul.f32", "mul.rn.f32").replace("add.f32", "add.rn.f32")
-    assert row(ptx.check_contraction, "", pinned, facts, nofusion_body=pinned).status == "match"
+    # the emulation fuses f32 and bf16: contracted fma of those types, or unpinned pairs left to ptxas, agree
+    r = row(ptx.check_contraction, "", fused, facts, nofusion_body=plain)
+    assert r.status == "match" and "contracted: fma.rn.f32 x1" in r.found
+    assert row(ptx.check_contraction, "", plain, facts, nofusion_body=plain).status == "match"
+    bf16x2 = fused + "\tfma.rn.bf16x2 %r7, %r2, %r3, %r4;\n"
+    assert row(ptx.check_contraction, "", bf16x2, facts, nofusion_body=plain).status == "match"
+    f16 = "\tfma.rn.f16 %rs1, %rs2, %rs3, %rs4;\n"
+    r = row(ptx.check_contraction, "", f16, facts, nofusion_body="")
+    assert r.status == "mismatch" and "contracted: fma.rn.f16 x1" in r.found
+    # an emulation that rounds the product first contradicts every contracted fma and every unpinned pair
+    r = row(ptx.check_contraction, "", fused, stock_facts, nofusion_body=plain)
+    assert r.status == "mismatch" and "contracted: fma.rn.f32 x1" in r.found
+    assert row(ptx.check_contraction, "", pinned, stock_facts, nofusion_body=pinned).status == "match"
     # no .rn: ptxas is free to fuse them (LLVM NVPTX writes .rn exactly when fusion is off)
-    r = row(ptx.check_contraction, "", plain, facts, nofusion_body=plain)
+    r = row(ptx.check_contraction, "", plain, stock_facts, nofusion_body=plain)
     assert r.status == "mismatch" and "no .rn): add.f32 x1, mul.f32 x1" in r.found
     assert row(ptx.check_contraction, "", "\tadd.f32 %r1, %r2, %r3;\n", facts).status == "n/a"
 
@@ -133,24 +153,47 @@ def test_rounding_modes_of_conversions_and_bf16_arithmetic(facts):
     assert row(ptx.check_rounding_modes, "", "\tadd.rz.bf16x2 %r1, %r2, %r3;\n", facts).status == "mismatch"
 
 
-def test_division_and_sqrt_must_be_correctly_rounded(facts):
-    ttir = "    %z_4 = arith.divf %x_1, %y_3 : tensor<128xf32> loc(#loc37)\n"
-    r = row(ptx.check_f32_div_sqrt, ttir, "\tdiv.full.f32 %r1, %r2, %r3;\n", facts)
-    assert r.status == "mismatch" and "div.full.f32 x1" in r.found
-    assert row(ptx.check_f32_div_sqrt, ttir, "\tdiv.rn.f32 %r1, %r2, %r3;\n", facts).status == "match"
-    assert row(ptx.check_f32_div_sqrt, "", "\tdiv.full.f32 %r1, %r2, %r3;\n", facts).status == "n/a"
+def test_division_and_sqrt_are_the_instructions_the_emulation_models(facts, stock_facts):
+    div = "    %z_4 = arith.divf %x_1, %y_3 : tensor<128xf32> loc(#loc37)\n"
+    sqrt = "    %r_5 = math.sqrt %x_1 : tensor<128xf32> loc(#loc38)\n"
+    full, rn = "\tdiv.full.f32 %r1, %r2, %r3;\n", "\tdiv.rn.f32 %r1, %r2, %r3;\n"
+    assert row(ptx.check_f32_div_sqrt, div, full, facts).status == "match"
+    r = row(ptx.check_f32_div_sqrt, div, rn, facts)
+    assert r.status == "mismatch" and "not the emulation's: div.rn.f32 x1" in r.found and "missing: div.full.f32" in r.found
+    r = row(ptx.check_f32_div_sqrt, div, full, stock_facts)
+    assert r.status == "mismatch" and "not the emulation's: div.full.f32 x1" in r.found
+    assert row(ptx.check_f32_div_sqrt, div, rn, stock_facts).status == "match"
+    # tl.div_rn / tl.sqrt_rn are precise in the TTIR and div.rn / sqrt.rn in the PTX, whatever the facts
+    precise = ("    %z_4 = tt.precise_divf %x_1, %y_3 : tensor<128xf32> loc(#loc37)\n"
+               "    %r_5 = tt.precise_sqrt %x_1 : tensor<128xf32> loc(#loc38)\n")
+    assert row(ptx.check_f32_div_sqrt, precise, rn + "\tsqrt.rn.f32 %r4, %r2;\n", facts).status == "match"
+    approx_sqrt = "\tsqrt.approx.ftz.f32 %r4, %r2;\n"
+    assert row(ptx.check_f32_div_sqrt, sqrt, approx_sqrt, facts).status == "match"
+    assert row(ptx.check_f32_div_sqrt, sqrt, approx_sqrt, stock_facts).status == "mismatch"
+    assert row(ptx.check_f32_div_sqrt, "", full, facts).status == "n/a"
 
 
-def test_exp_lowers_to_ex2_approx_and_ftz_contradicts_kept_subnormals(facts):
+def test_exp_lowers_to_ex2_approx_and_ftz_only_where_the_emulation_flushes(facts, stock_facts):
     ttir = "    %z_16 = math.exp2 %x_1 : tensor<128xf32> loc(#loc41)\n"
     body = "\tex2.approx.ftz.f32 %r1, %r2;\n"
     assert row(ptx.check_exp_ex2, ttir, body, facts).status == "match"
     r = row(ptx.check_exp_ex2, ttir, "\tfma.rn.f32 %r1, %r2, %r3, %r4;\n", facts)  # e.g. a libdevice expf
     assert r.status == "mismatch" and "PTX: none" in r.found
     assert row(ptx.check_exp_ex2, "", body, facts).status == "n/a"
-    r = row(ptx.check_subnormals, ttir, body, facts)
-    assert r.status == "mismatch" and "ex2.approx.ftz.f32 x1" in r.found
-    assert row(ptx.check_subnormals, ttir, "\tex2.approx.f32 %r1, %r2;\n", facts).status == "match"
+    # exp2's flush is the emulation's; an emulation that keeps exp2's subnormals is contradicted
+    assert row(ptx.check_subnormals, ttir, body, facts).status == "match"
+    r = row(ptx.check_subnormals, ttir, body, stock_facts)
+    assert r.status == "mismatch" and "not the emulation's: ex2.approx.ftz.f32 x1" in r.found
+    assert row(ptx.check_subnormals, ttir, "\tex2.approx.f32 %r1, %r2;\n", stock_facts).status == "match"
+    # f32 arithmetic the kernel writes keeps subnormals in the emulation: a flushing multiply contradicts it
+    r = row(ptx.check_subnormals, "", "\tmul.ftz.f32 %r1, %r2, %r3;\n", facts)
+    assert r.status == "mismatch" and "not the emulation's: mul.ftz.f32 x1" in r.found
+    # libdevice's logf (math.log) is a polynomial of fma.rn.ftz.f32; the emulation's log is numpy's, as its exp is
+    log = "    %b_gate_25 = math.log %b_gate_24 : tensor<64xf32> loc(#loc66)\n"
+    poly = "\tfma.rn.ftz.f32 %r29, %r27, %r28, %r23;\n"
+    r = row(ptx.check_subnormals, log, poly, facts)
+    assert r.status == "match" and "inside libdevice's math.log" in r.found
+    assert row(ptx.check_subnormals, "", poly, facts).status == "mismatch"
 
 
 # one specialization the smoke suite launches (simple_gla chunk, fp32: three f32 dots at tf32), as the capture
@@ -207,6 +250,24 @@ def test_a_tf32_fault_in_the_emulation_fails_the_check(compiled, monkeypatch):
     assert sorted(r.target for r in bad) == ["sm80", "sm90"]
     assert all(r.kernel.startswith("fla.ops.common.chunk_o.chunk_fwd_kernel_o@") and "cvt.rna.tf32.f32" in r.expected
                and "cvt to tf32: none" in r.found for r in bad)
+
+
+def test_a_contraction_fault_in_the_emulation_fails_the_check(compiled, facts, monkeypatch):
+    """The emulation rounds a product before the add that receives it (its fma left out): the real PTX, whose
+    contracted fma.rn.f32 exist only because Triton compiles with FP fusion on, contradicts it on both targets."""
+    from harness.emulation import ptx_arith
+
+    d, launches, index = compiled
+    data = json.loads(launches.read_text())
+    good = {(r.target, r.status) for r in ptx.check_compiled(data, index, d / "compiled", facts)
+            if r.assumption == "contraction"}
+    assert good == {("sm80", "match"), ("sm90", "match")}
+    monkeypatch.setattr(ptx_arith, "fused_multiply_add", lambda *a, **k: None)
+    faulty = emulation_facts()
+    assert faulty.contraction == "none" and faulty.f32_divide == facts.f32_divide
+    bad = [r for r in ptx.check_compiled(data, index, d / "compiled", faulty) if r.status == "mismatch"]
+    assert sorted((r.target, r.assumption) for r in bad) == [("sm80", "contraction"), ("sm90", "contraction")]
+    assert all("contracted: fma.rn.f32" in r.found for r in bad)
 
 
 def test_a_fault_in_the_legs_default_rounding_is_seen_too(monkeypatch):

@@ -273,6 +273,74 @@ def test_loop_induction_variable_fails_without_fix():
         _run(_loop_var, out, 3)
 
 
+# ---------------------------------------------------------------- scalar arithmetic as the PTX computes it
+
+
+@_ijit
+def _scalar_ops(A, B, C, O, N: tl.constexpr, F32: tl.constexpr):
+    o = tl.arange(0, N)
+    a, b, c = tl.load(A + o), tl.load(B + o), tl.load(C + o)
+    tl.store(O + o, a * b + c)
+    tl.store(O + N + o, c - a * b)
+    tl.store(O + 2 * N + o, a * b - c)
+    tl.store(O + 3 * N + o, a / b)
+    if F32:  # tl.sqrt and the precise forms take f32 only
+        tl.store(O + 4 * N + o, tl.math.exp2(c))
+        tl.store(O + 5 * N + o, tl.sqrt(c))
+        tl.store(O + 6 * N + o, tl.div_rn(a, b))
+        tl.store(O + 7 * N + o, tl.sqrt_rn(c))
+
+
+def _scalar(a, b, c, dtype=torch.float32, **kw):
+    args = [torch.tensor(v, dtype=torch.float32).to(dtype) for v in (a, b, c)]
+    out = torch.zeros(8 * len(a), dtype=dtype)
+    with triton_emulation(**kw):
+        _run(_scalar_ops, *args, out, N=len(a), F32=dtype == torch.float32)
+    return [[float(v) for v in r] for r in out.float().view(8, len(a))]
+
+
+U = 1 + 2.0**-12  # U*U = 1 + 2^-11 + 2^-24: an f32 midpoint, 1 + 2^-11 once rounded
+
+
+def test_a_product_fused_into_its_add_rounds_once():
+    # p = U*U is exact in one fma; c picks the cases: p - (1 + 2^-11) = 2^-24 exactly, and p +- 2^-80, just above and
+    # below the midpoint, round up and down (a float64 sum would land on the midpoint and round to the even one)
+    M, tiny = 1 + 2.0**-11, 2.0**-80
+    got = _scalar([U] * 4, [U] * 4, [-M, tiny, M, -tiny])
+    assert got[0] == [2.0**-24, M + 2.0**-23, 2 + 2.0**-10, M]  # a*b + c
+    assert got[1] == [-(2 + 2.0**-10), -M, -2.0**-24, -(M + 2.0**-23)]  # c - a*b = fma(-a, b, c)
+    assert got[2] == [2 + 2.0**-10, M, 2.0**-24, M + 2.0**-23]  # a*b - c = fma(a, b, -c)
+    stock = _scalar([U] * 4, [U] * 4, [-M, tiny, M, -tiny], ptx_arith=False)  # a*b rounds to M first
+    assert stock[0] == [0.0, M, 2 + 2.0**-10, M] and stock[2] == [2 + 2.0**-10, M, 0.0, M]
+
+
+def test_bf16_contracts_too():
+    v = 1 + 2.0**-7  # v*v = 1 + 2^-6 + 2^-14: 1 + 2^-6 in bf16
+    assert _scalar([v], [v], [-(1 + 2.0**-6)], torch.bfloat16)[0] == [2.0**-14]
+    assert _scalar([v], [v], [-(1 + 2.0**-6)], torch.bfloat16, ptx_arith=False)[0] == [0.0]
+
+
+def test_division_is_the_dividend_times_the_reciprocal():
+    got = _scalar([3.0, 3.0 * 2.0**100], [7.0, 1.5 * 2.0**127], [1.0, 1.0])
+    rcp7 = np.float32(1) / np.float32(7)
+    assert got[3][0] == float(np.float32(3) * rcp7) != float(np.float32(3) / np.float32(7))
+    assert got[6][0] == float(np.float32(3) / np.float32(7))  # div_rn stays correctly rounded
+    # a divisor beyond 2^126: both scaled by 1/4, so the reciprocal (2/3 * 2^-125) stays normal; unscaled it would be
+    # the subnormal 2/3 * 2^-127, which has two fewer bits
+    exact = 3.0 * 2.0**100 / (1.5 * 2.0**127)  # 2^-26
+    assert got[3][1] == float(np.float32(3 * 2.0**98) * (np.float32(1) / np.float32(1.5 * 2.0**125)))
+    assert abs(got[3][1] - exact) <= 2.0**-26 * 2.0**-23
+
+
+def test_exp2_and_sqrt_flush_subnormals_where_the_ptx_does():
+    got = _scalar([1.0] * 4, [1.0] * 4, [-126.0, -130.0, 2.0**-130, 4.0])
+    assert got[4][:2] == [2.0**-126, 0.0]  # ex2.approx.ftz: 2^-130 is subnormal, flushed
+    assert got[5][2:] == [0.0, 2.0]  # sqrt.approx.ftz: the subnormal operand reads as 0
+    assert got[7][2] == 2.0**-65  # sqrt_rn keeps it
+    stock = _scalar([1.0] * 4, [1.0] * 4, [-126.0, -130.0, 2.0**-130, 4.0], ptx_arith=False)
+    assert stock[4][1] == 2.0**-130 and stock[5][2] == 2.0**-65
+
+
 # ---------------------------------------------------------------- autotune
 
 

@@ -2,11 +2,12 @@
 (``harness.emulation.ptx``) tests against Triton's own sm_80 / sm_90 output.
 
 Each fact is **measured from the emulation itself**, not restated by hand: :func:`emulation_facts` installs the
-emulation's own patches (``dots._install_dot_numerics``, ``bf16_arith._install_bf16_arithmetic``, with the defaults
-``triton_emulation()`` gives the GPU leg) on the Triton interpreter's builder for the length of a probe, feeds it
-values whose results tell the rounding apart, and restores everything. A change to the emulation (or a fault a test
-patches into it) changes the facts, and so what the PTX must show. The facts that are statements rather than
-behaviour (the GPU's ``ex2.approx``) quote ``triton_interpreter``'s documented model.
+emulation's own patches (``dots._install_dot_numerics``, ``bf16_arith._install_bf16_arithmetic``,
+``ptx_arith._install_ptx_arithmetic``, with the defaults ``triton_emulation()`` gives the GPU leg) on the Triton
+interpreter's builder for the length of a probe, feeds it values whose results tell the rounding apart, and
+restores everything. A change to the emulation (or a fault a test patches into it) changes the facts, and so what
+the PTX must show. The facts that are statements rather than behaviour (the GPU's ``ex2.approx``) quote
+``triton_interpreter``'s documented model.
 
 Facts (``EmulationFacts`` fields) and the PTX each predicts:
 
@@ -15,14 +16,19 @@ Facts (``EmulationFacts`` fields) and the PTX each predicts:
   ``.tf32.f32`` before the mma) or "none" (full f32 products). PTX: tf32 ``mma.sync`` / ``wgmma``, with no
   ``cvt.*.tf32.f32`` (truncate) or with one (rna, rne).
 - ``low_precision_dot``: bf16/fp16 ``tl.dot``: "exact-products-f32-acc". PTX: a bf16/f16 mma with an f32 accumulator.
-- ``contraction``: whether ``a * b + c`` written as two operations rounds once (fused) or twice. The emulation
-  evaluates each operation on its own: "none". PTX: no ``fma`` that exists only because the compiler contracted.
+- ``contraction``: whether ``a * b + c`` written as two operations rounds once (fused) or twice, per type:
+  "fused f32, bf16" (``ptx_arith``: a product fused into the add that receives it) or "none". PTX: the ``fma``
+  that exist only because the compiler contracted are of those types (or ptxas is left to fuse unpinned
+  ``mul``/``add``); with "none", no such ``fma`` and every ``mul``/``add`` pinned ``.rn``.
 - ``bf16_rounding`` / ``f16_rounding``: f32 -> bf16 / f16 casts: "rne". PTX: ``cvt.rn.bf16.f32`` / ``cvt.rn.f16.f32``
   (``cvt.rz`` only where the kernel asks ``fp_downcast_rounding="rtz"``, which the emulation honours).
 - ``float_to_int``: "truncate" (``cvt.rzi``); ``int_to_float``: "rne" (``cvt.rn``).
-- ``f32_divide``: f32 ``/``: "ieee" (correctly rounded, numpy) -> ``div.rn.f32``; ``f32_sqrt``: "ieee" ->
-  ``sqrt.rn.f32``.
-- ``subnormals``: "kept" (numpy never flushes) -> no ``.ftz`` f32 instruction.
+- ``f32_divide``: f32 ``/``: "rcp" (``ptx_arith``: the dividend times the correctly rounded reciprocal, two
+  roundings) -> ``div.full.f32``, or "ieee" (correctly rounded, numpy) -> ``div.rn.f32``. ``f32_sqrt``:
+  "ieee-ftz" (correctly rounded, a subnormal operand read as zero) -> ``sqrt.approx.ftz.f32``, or "ieee" ->
+  ``sqrt.rn.f32``. ``tl.div_rn`` / ``tl.sqrt_rn`` stay IEEE in both (their TTIR ops are the precise ones).
+- ``subnormals``: f32 arithmetic's, "kept" (numpy never flushes) -> no ``.ftz`` on f32 add/mul/fma the kernel
+  writes itself. ``exp2_subnormals``: "flushed" (``ptx_arith``: 2^x below 2^-126 is +0) -> ``ex2.approx.ftz.f32``.
 - ``exp_lowering``: the documented GPU lowering of ``exp`` / ``exp2``, "ex2.approx" (the emulation itself uses
   numpy's float32 exp: a stated, unmodelled difference). PTX: ``ex2.approx[.ftz].f32``.
 """
@@ -39,6 +45,7 @@ from .autotune import LOCK
 from .bf16_arith import _install_bf16_arithmetic
 from .dots import _install_dot_numerics
 from .patcher import Patcher
+from .ptx_arith import _install_ptx_arithmetic
 from .triton_interpreter import triton_emulation
 
 # the documented lowering of exp and exp2 on the GPU (triton_interpreter's "Numerical model": "Transcendentals
@@ -58,16 +65,17 @@ class EmulationFacts:
     f32_divide: str
     f32_sqrt: str
     subnormals: str
+    exp2_subnormals: str
     exp_lowering: str
 
     def as_dict(self) -> Dict[str, str]:
         return dataclasses.asdict(self)
 
 
-def leg_defaults() -> Tuple[str, bool]:
-    """(tf32_rounding, dots) as the GPU leg's ``triton_emulation(dot_precision=...)`` call gets them."""
+def leg_defaults() -> Tuple[str, bool, bool]:
+    """(tf32_rounding, dots, ptx_arith) as the GPU leg's ``triton_emulation(dot_precision=...)`` call gets them."""
     params = inspect.signature(triton_emulation).parameters
-    return params["tf32_rounding"].default, params["dots"].default
+    return params["tf32_rounding"].default, params["dots"].default, params["ptx_arith"].default
 
 
 def _f32(*values) -> np.ndarray:
@@ -108,14 +116,16 @@ def emulation_facts() -> EmulationFacts:
     import triton.runtime.interpreter as interp
     from triton._C.libtriton import ir
 
-    from .handles import real
+    from .handles import encode, real
 
     TH = interp.TensorHandle
-    tf32_rounding, dots = leg_defaults()
+    tf32_rounding, dots, ptx_arith = leg_defaults()
     with LOCK:
         patcher = Patcher()
         try:
             _install_bf16_arithmetic(patcher)
+            if ptx_arith:
+                _install_ptx_arithmetic(patcher)
             if dots:
                 _install_dot_numerics(patcher, force_dot_precision=None, tf32_rounding=tf32_rounding)
             b = interp.interpreter_builder
@@ -134,11 +144,16 @@ def emulation_facts() -> EmulationFacts:
             low = "exact-products-f32-acc" if float(d.ravel()[0]) == 1 + 2.0**-6 + 2.0**-14 else \
                 "rounded " + float(d.ravel()[0]).hex()
 
-            # a * b + c in f32: (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 fused, 0 when the product rounds first
-            u = TH(_f32(1 + 2.0**-12), tl.float32)
-            c = TH(_f32(-(1 + 2.0**-11)), tl.float32)
-            r = float(real(b.create_fadd(b.create_fmul(u, u), c)).ravel()[0])
-            contraction = {0.0: "none", 2.0**-24: "fused"}.get(r, f"unrecognised {r.hex()}")
+            # a * b + c: in f32, (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 fused, 0 when the product rounds first; in
+            # bf16 (products and sums rounded to bf16), (1 + 2^-7)^2 - (1 + 2^-6) is 2^-14 fused, 0 otherwise
+            def contracted(v, c, t):
+                x = TH(np.asarray(encode(_f32(v), t)), t)
+                r = float(real(b.create_fadd(b.create_fmul(x, x), TH(np.asarray(encode(_f32(c), t)), t))).ravel()[0])
+                return r != 0.0
+            fused = [name for name, v, c, t in (("f32", 1 + 2.0**-12, -(1 + 2.0**-11), tl.float32),
+                                                ("bf16", 1 + 2.0**-7, -(1 + 2.0**-6), tl.bfloat16))
+                     if contracted(v, c, t)]
+            contraction = "fused " + ", ".join(fused) if fused else "none"
 
             def cast(values, to):
                 h = b.cast_impl(TH(_f32(*values), tl.float32), to)
@@ -154,18 +169,26 @@ def emulation_facts() -> EmulationFacts:
             int_to_float = "rne" if from_int.tolist() == [2.0**24, 2.0**24 + 4] else \
                 f"unrecognised {from_int.tolist()}"
 
-            # 1 / 3 and sqrt(2) correctly rounded in f32
-            q = float(real(b.create_fdiv(TH(_f32(1.0), tl.float32), TH(_f32(3.0), tl.float32))).ravel()[0])
-            divide = "ieee" if q == float(np.float32(1) / np.float32(3)) and q == float(np.float32(1 / 3)) else \
-                f"unrecognised {q.hex()}"
-            s = float(real(b.create_sqrt(TH(_f32(2.0), tl.float32))).ravel()[0])
-            sqrt = "ieee" if s == float(np.float32(np.sqrt(2.0))) else f"unrecognised {s.hex()}"
+            def f32_op(fn, *values):
+                return float(real(fn(*(TH(_f32(v), tl.float32) for v in values))).ravel()[0])
 
-            # 2^-130 (an f32 subnormal) through the f32 multiply
-            t = float(real(b.create_fmul(TH(_f32(2.0**-65), tl.float32), TH(_f32(2.0**-65), tl.float32))).ravel()[0])
+            # 3 / 7: correctly rounded, or 3 times the correctly rounded 1/7 (two roundings, another f32)
+            q = f32_op(b.create_fdiv, 3.0, 7.0)
+            divide = {float(np.float32(3) / np.float32(7)): "ieee",
+                      float(np.float32(3) * (np.float32(1) / np.float32(7))): "rcp"}.get(q, f"unrecognised {q.hex()}")
+            # sqrt(2) correctly rounded; sqrt(2^-130) (an f32 subnormal) 2^-65, or 0 when the operand is flushed
+            s2, s_tiny = f32_op(b.create_sqrt, 2.0), f32_op(b.create_sqrt, 2.0**-130)
+            sqrt = (("ieee" if s2 == float(np.float32(np.sqrt(2.0))) else f"unrecognised {s2.hex()}")
+                    + {2.0**-65: "", 0.0: "-ftz"}.get(s_tiny, f" unrecognised {s_tiny.hex()}"))
+
+            # 2^-130 (an f32 subnormal) through the f32 multiply, and as exp2(-130)
+            t = f32_op(b.create_fmul, 2.0**-65, 2.0**-65)
             subnormals = {2.0**-130: "kept", 0.0: "flushed"}.get(t, f"unrecognised {t.hex()}")
+            e = f32_op(b.create_exp2, -130.0)
+            exp2_subnormals = {2.0**-130: "kept", 0.0: "flushed"}.get(e, f"unrecognised {e.hex()}")
         finally:
             patcher.restore()
     return EmulationFacts(tf32_rounding=tf32, low_precision_dot=low, contraction=contraction, bf16_rounding=bf16,
                           f16_rounding=f16, float_to_int=float_to_int, int_to_float=int_to_float, f32_divide=divide,
-                          f32_sqrt=sqrt, subnormals=subnormals, exp_lowering=DOCUMENTED_EXP_LOWERING)
+                          f32_sqrt=sqrt, subnormals=subnormals, exp2_subnormals=exp2_subnormals,
+                          exp_lowering=DOCUMENTED_EXP_LOWERING)

@@ -233,8 +233,10 @@ def check_contraction(kernel, target, ttir, instr, instr_nf, facts: EmulationFac
         if mul and add:
             unpinned.update(mul)
             unpinned.update(add)
-    if facts.contraction == "fused":
-        expected = "emulation: a*b+c written as two operations rounds once (fused) -> fma from contraction"
+    fused_types = facts.contraction.split(" ", 1)[1].split(", ") if facts.contraction.startswith("fused ") else []
+    if fused_types:
+        expected = (f"emulation: a*b+c written as two operations rounds once in {', '.join(fused_types)} (fused) -> "
+                    "the fma from contraction are of those types")
     else:
         expected = ("emulation: a*b+c written as two operations rounds twice (no contraction) -> no fma beyond those "
                     "without FP fusion, and every mul/add pinned with .rn (else ptxas may fuse them)")
@@ -244,11 +246,19 @@ def check_contraction(kernel, target, ttir, instr, instr_nf, facts: EmulationFac
         return Row(kernel, target, "contraction", expected, "no fma, and no unpinned mul beside an unpinned add", "n/a")
     if facts.contraction == "none":
         ok = not contracted and not unpinned
-    elif facts.contraction == "fused":
-        ok = bool(contracted)
+    elif fused_types:
+        # every contracted fma is of a type the emulation fuses (fma.rn.f32, fma.rn.ftz.f32, fma.rn.bf16x2, ...);
+        # unpinned pairs ptxas may fuse are what fusion on looks like where LLVM formed no fma itself
+        ok = all(_fma_type(k) in fused_types for k in contracted)
     else:
         ok = False
     return Row(kernel, target, "contraction", expected, found, "match" if ok else "mismatch")
+
+
+def _fma_type(mnemonic: str) -> str:
+    """fma.rn.ftz.f32 -> f32, fma.rn.bf16x2 -> bf16."""
+    t = mnemonic.split(".")[-1]
+    return t[:-2] if t.endswith("x2") else t
 
 
 def check_rounding_modes(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
@@ -302,30 +312,76 @@ def _int_fits(src: str, dst: str) -> bool:
     return bits <= mant
 
 
+# the PTX instruction each fact predicts for f32 arith.divf / math.sqrt (tt.precise_divf / tt.precise_sqrt, from
+# tl.div_rn / tl.sqrt_rn, are div.rn.f32 / sqrt.rn.f32 whatever the facts)
+_DIVIDE_PTX = {"ieee": "div.rn.f32", "rcp": "div.full.f32"}
+_SQRT_PTX = {"ieee": "sqrt.rn.f32", "ieee-ftz": "sqrt.approx.ftz.f32"}
+
+
 def check_f32_div_sqrt(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
     n_div = ttir_ops(ttir, "arith.divf", "f32")
     n_sqrt = ttir_ops(ttir, "math.sqrt", "f32")
     n_rsqrt = ttir_ops(ttir, "math.rsqrt", "f32")
-    expected = (f"emulation: f32 / {facts.f32_divide}, sqrt {facts.f32_sqrt} (numpy; rsqrt as 1/sqrt) -> div.rn.f32, "
-                "sqrt.rn.f32 (no .approx / .full)")
-    if not (n_div or n_sqrt or n_rsqrt):
+    n_pdiv = ttir_ops(ttir, "tt.precise_divf", "f32")
+    n_psqrt = ttir_ops(ttir, "tt.precise_sqrt", "f32")
+    want_div, want_sqrt = _DIVIDE_PTX.get(facts.f32_divide, "?"), _SQRT_PTX.get(facts.f32_sqrt, "?")
+    expected = (f"emulation: f32 / {facts.f32_divide}, sqrt {facts.f32_sqrt} (rsqrt as 1/sqrt, IEEE) -> {want_div}, "
+                f"{want_sqrt}; div.rn.f32 / sqrt.rn.f32 where the kernel asks div_rn / sqrt_rn")
+    if not (n_div or n_sqrt or n_rsqrt or n_pdiv or n_psqrt):
         return Row(kernel, target, "f32_div_sqrt", expected, "no f32 divf, sqrt or rsqrt in the TTIR", "n/a")
     got = _pick(instr, lambda m: m.split(".")[0] in ("div", "sqrt", "rsqrt", "rcp") and m.endswith(".f32"))
-    approx = {k: v for k, v in got.items() if not (".rn." in k + "." and ".approx" not in k and ".full" not in k)}
-    found = f"TTIR: divf x{n_div}, sqrt x{n_sqrt}, rsqrt x{n_rsqrt}; PTX: {_fmt(got)}"
-    ok = facts.f32_divide == "ieee" and facts.f32_sqrt == "ieee" and not approx
+    allowed = {want_div} if n_div else set()
+    allowed |= {want_sqrt} if n_sqrt else set()
+    allowed |= {"div.rn.f32"} if n_pdiv else set()
+    allowed |= {"sqrt.rn.f32"} if n_psqrt else set()
+    unexplained = {k: v for k, v in got.items() if k not in allowed}
+    missing = sorted(m for m, n in ((want_div, n_div), (want_sqrt, n_sqrt)) if n and m not in got)
+    found = (f"TTIR: divf x{n_div}, sqrt x{n_sqrt}, rsqrt x{n_rsqrt}, precise divf x{n_pdiv}, precise sqrt "
+             f"x{n_psqrt}; PTX: {_fmt(got)}")
+    if unexplained:
+        found += f"; not the emulation's: {_fmt(unexplained)}"
+    if missing:
+        found += f"; missing: {', '.join(missing)}"
+    ok = not unexplained and not missing
     return Row(kernel, target, "f32_div_sqrt", expected, found, "match" if ok else "mismatch")
 
 
+# TTIR math ops Triton lowers to a libdevice routine (__nv_logf, ...), whose own polynomial uses fma.rn.ftz.f32: the
+# emulation computes them with numpy's f32 function, a stated difference like ex2.approx's
+_LIBDEVICE_MATH = ("math.log", "math.log1p", "math.erf", "math.tanh", "math.sin", "math.cos", "math.pow")
+
+
+# .ftz f32 instructions the emulation's facts account for: fla's exp2 (ex2.approx.ftz, when the emulation flushes
+# exp2's subnormal results), tl.sqrt (sqrt.approx.ftz, when it flushes sqrt's subnormal operands) and the inside of
+# a libdevice routine the kernel calls
+def _ftz_explained(mnemonic: str, facts: EmulationFacts, libdevice: Sequence[str]) -> bool:
+    if mnemonic.startswith("ex2."):
+        return facts.exp2_subnormals == "flushed"
+    if mnemonic.startswith("sqrt."):
+        return facts.f32_sqrt.endswith("-ftz")
+    if mnemonic.startswith("fma.") and libdevice:
+        return True
+    return facts.subnormals == "flushed"
+
+
 def check_subnormals(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
-    expected = f"emulation: f32 subnormals {facts.subnormals} (numpy) -> no .ftz f32 instruction"
+    expected = (f"emulation: f32 subnormals {facts.subnormals} in arithmetic, exp2's {facts.exp2_subnormals}, sqrt "
+                f"{facts.f32_sqrt} -> .ftz only on the instructions the emulation flushes (and inside libdevice "
+                "routines, which it computes with numpy)")
     ftz = _pick(instr, lambda m: ".ftz" in m and m.endswith("f32"))
     floats = _pick(instr, lambda m: m.endswith(".f32") and m.split(".")[0] not in ("ld", "st", "mov", "cvt"))
     if not floats:
         return Row(kernel, target, "subnormals", expected, "no f32 arithmetic", "n/a")
+    libdevice = [op for op in _LIBDEVICE_MATH if ttir_ops(ttir, op, "f32")]
+    unexplained = {k: v for k, v in ftz.items() if not _ftz_explained(k, facts, libdevice)}
     found = f".ftz: {_fmt(ftz)}" if ftz else f"no .ftz among {sum(floats.values())} f32 arithmetic instructions"
-    ok = (facts.subnormals == "kept") == (not ftz)
-    return Row(kernel, target, "subnormals", expected, found, "match" if ok else "mismatch")
+    if libdevice and any(k.startswith("fma.") for k in ftz):
+        found += f" (fma.*.ftz inside libdevice's {', '.join(libdevice)})"
+    if unexplained:
+        found += f"; not the emulation's: {_fmt(unexplained)}"
+    if facts.subnormals == "flushed" and not ftz:
+        unexplained = {"(no .ftz)": 1}
+    return Row(kernel, target, "subnormals", expected, found, "mismatch" if unexplained else "match")
 
 
 def check_exp_ex2(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:

@@ -44,6 +44,11 @@ Numerical model (what "H100-like" means here)
   equals a correctly rounded bf16 op, which is what sm_90 bf16 arithmetic and
   ``cvt.rn.bf16.f32`` give.  Transcendentals (exp, log, ...) use numpy's
   float32 versions, not the GPU's approximate ``ex2.approx`` etc.
+* scalar f32 (and bf16-evaluated-in-f32) arithmetic follows Triton's PTX for
+  sm_80/sm_90 (``ptx_arith``): a multiply feeding an add or subtract is fused
+  (one rounding), f32 ``/`` is ``div.full.f32`` (a product with the
+  reciprocal), ``tl.sqrt`` is ``sqrt.approx.ftz.f32`` and ``tl.math.exp2`` is
+  ``ex2.approx.ftz.f32`` (subnormal operands / results flushed to zero).
 * bf16 reductions: pairwise tree with an RNE rounding after every add; bf16
   cumsum/cumprod: sequential with a rounding after every step.  The GPU's exact
   combine order depends on the layout and is not reproduced.
@@ -103,6 +108,7 @@ from .dots import _install_dot_numerics
 from .fla_gather import _install_fla_gather_fallback
 from .loop_vars import _install_induction_vars
 from .patcher import MISSING, Patcher
+from .ptx_arith import _install_ptx_arithmetic
 from .setup import (EMULATED_TRITON, emulation_problem, enable_interpreter_mode, interpreter_mode_enabled,  # noqa: F401
                     native_cuda_available, triton_versions)
 
@@ -127,8 +133,8 @@ TF32_ROUNDINGS = ("truncate", "rne", "rna")
 @contextlib.contextmanager
 def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision: bool = False,
                      tf32_rounding: str = "truncate", autotune_rule: AutotuneRule = "first", bf16: bool = True,
-                     dots: bool = True, loop_tensors: bool = True,
-                     autotune: bool = True) -> Iterator[EmulationSession]:
+                     dots: bool = True, loop_tensors: bool = True, autotune: bool = True,
+                     ptx_arith: bool = True) -> Iterator[EmulationSession]:
     """Scoped H100-like numerics for the Triton interpreter (see module doc).
 
     dot_precision: default ``input_precision`` for float32 ``tl.dot`` in the
@@ -138,8 +144,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         ``input_precision``/``allow_tf32`` explicitly.
     tf32_rounding: "truncate" (H100 tensor core on raw fp32), "rne" or "rna".
     autotune_rule: see :func:`pinned_autotune`.
-    bf16 / dots / loop_tensors / autotune: switch individual fixes off (for
-        demonstrating the stock interpreter's behaviour).
+    bf16 / dots / loop_tensors / autotune / ptx_arith: switch individual fixes
+        off (for demonstrating the stock interpreter's behaviour).
 
     Yields an :class:`EmulationSession` (``autotune_records()``,
     ``chosen_configs()``, ``configs_summary()``, ``settings``).  Raises
@@ -166,6 +172,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         "tf32_rounding": tf32_rounding,
         "bf16_rounding": "rne" if bf16 else "stock-interpreter",
         "dot_accumulation": "exact-products-f32" if dots else "stock-interpreter",
+        "scalar_arith": "ptx" if ptx_arith else "stock-interpreter",
         "loop_induction_tensors": bool(loop_tensors),
         "autotune_rule": (autotune_rule if isinstance(autotune_rule, str) else "callable") if autotune else "stock",
     })
@@ -178,6 +185,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
                 _install_induction_vars(patcher)
             if bf16:
                 _install_bf16_arithmetic(patcher)
+            if ptx_arith:  # after bf16: its fma and divisions go through bf16_arith's patches
+                _install_ptx_arithmetic(patcher)
             if dots:
                 _install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
                                       tf32_rounding=tf32_rounding)
