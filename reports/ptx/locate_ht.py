@@ -1,0 +1,48 @@
+"""Where fla's and this project's fused-recurrent final states (ht) differ from the float64 reference, per packed
+sequence, with fla emulated as Triton compiles it (products fused into their adds: harness/emulation/ptx_arith.py)
+and as numpy rounds (every operation rounded). README.md quotes its output.
+
+    python reports/ptx/locate_ht.py CASE_ID [CASE_ID ...]
+"""
+
+import sys
+
+import numpy as np
+
+from cases.inputs import make_inputs
+from harness.app import case_from_id
+from harness.legs.registry import make_leg
+from harness.ops import get_op
+from harness.reference_cache import ReferenceCache
+
+
+def rel(a, b, axis):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.sqrt(((a - b) ** 2).sum(axis) / (b ** 2).sum(axis))
+
+
+def main(case_ids):
+    from harness.emulation import triton_interpreter
+
+    defaults = triton_interpreter.triton_emulation.__wrapped__.__kwdefaults__
+    for case_id in case_ids:
+        case = case_from_id(case_id)
+        op = get_op(case.op)
+        x = make_inputs(case, op.inputs(case))
+        gold = np.asarray(ReferenceCache(None).get(op, case, x)["ht"], np.float64)
+        axes = tuple(range(1, gold.ndim))  # one value per packed sequence
+        got = {}
+        for arith in (True, False):
+            defaults["ptx_arith"] = arith
+            got[f"fla, {'PTX' if arith else 'numpy'} arithmetic"] = make_leg("gpu").run(op, case, x).tensors["ht"]
+        defaults["ptx_arith"] = True
+        got["this project's TPU kernel"] = make_leg("tpu", compile_targets=()).run(op, case, x).tensors["ht"]
+        print(case_id)
+        print(f"  sequence lengths {np.diff(case.cu_seqlens).tolist()}; ht rel_l2 per sequence, and over all:")
+        for name, ht in got.items():
+            per = " ".join(f"{v:.3e}" for v in rel(ht, gold, axes))
+            print(f"  {name:28s} {per}   all {rel(ht, gold, None):.3e}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
