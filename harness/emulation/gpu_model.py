@@ -146,14 +146,16 @@ def emulation_facts() -> EmulationFacts:
 
             # a * b + c: in f32, (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 fused, 0 when the product rounds first; in
             # bf16 (products and sums rounded to bf16), (1 + 2^-7)^2 - (1 + 2^-6) is 2^-14 fused, 0 otherwise
-            def contracted(v, c, t):
+            def rounding(v, c, t, exact):
                 x = TH(np.asarray(encode(_f32(v), t)), t)
                 r = float(real(b.create_fadd(b.create_fmul(x, x), TH(np.asarray(encode(_f32(c), t)), t))).ravel()[0])
-                return r != 0.0
-            fused = [name for name, v, c, t in (("f32", 1 + 2.0**-12, -(1 + 2.0**-11), tl.float32),
-                                                ("bf16", 1 + 2.0**-7, -(1 + 2.0**-6), tl.bfloat16))
-                     if contracted(v, c, t)]
-            contraction = "fused " + ", ".join(fused) if fused else "none"
+                return {exact: "fused", 0.0: "twice"}.get(r, f"unrecognised {r.hex()}")
+            per_type = {name: rounding(v, c, t, exact) for name, v, c, t, exact in (
+                ("f32", 1 + 2.0**-12, -(1 + 2.0**-11), tl.float32, 2.0**-24),
+                ("bf16", 1 + 2.0**-7, -(1 + 2.0**-6), tl.bfloat16, 2.0**-14))}
+            odd = [f"{name} {r}" for name, r in per_type.items() if r.startswith("unrecognised")]
+            fused = [name for name, r in per_type.items() if r == "fused"]
+            contraction = ("; ".join(odd) if odd else "fused " + ", ".join(fused) if fused else "none")
 
             def cast(values, to):
                 h = b.cast_impl(TH(_f32(*values), tl.float32), to)
