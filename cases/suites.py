@@ -305,6 +305,14 @@ GDN_OPTIONS = (("use_qk_l2norm_in_kernel", True), ("use_beta_sigmoid_in_kernel",
 GDN_GATE = (("use_gate_in_kernel", True),)
 """The gate computed in the op from A_log and dt_bias (fla's ``use_gate_in_kernel``)."""
 
+CONV = (("conv1d", 4),)
+"""The short causal convolution of width 4 in front of the op (fla's ShortConvolution with SiLU, its layers'
+default width), over q, k and v; with q and k normalised in the op, as the layers do."""
+
+QWEN3_NEXT = GDN_OPTIONS + GDN_GATE + CONV
+"""Qwen3-Next's gated delta rule layer as a serving kernel runs it end to end (vLLM TPU's fused conv1d + GDN):
+the convolution, then the gate, beta's sigmoid and the q/k normalisation in the op."""
+
 
 def _gdn_smoke() -> list[Case]:
     base = dict(op="gdn", variant="chunk", B=1, chunk_size=64)
@@ -321,7 +329,19 @@ def _gdn_smoke() -> list[Case]:
         # fused_recurrent kernel (forward only)
         Case(T=sum(DECODE_LENS), H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=G, h0=True, lens=DECODE_LENS,
              options=GDN_OPTIONS, **{**base, "variant": DECODE}),
+        # the whole layer: the convolution in front, from carried conv states, on packed sequences, a first
+        # sequence shorter than the convolution's width; gradients of its weight and states too
+        Case(T=sum(CONV_LENS), H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=G, h0=True, dht=True, lens=CONV_LENS,
+             options=QWEN3_NEXT, **base),
+        # ... and its decode step: one-token requests continuing carried conv and recurrent states
+        Case(T=sum(DECODE_LENS), H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=G, h0=True, lens=DECODE_LENS,
+             options=QWEN3_NEXT, **{**base, "variant": DECODE}),
     ]
+
+
+CONV_LENS = (2, 37, 25)
+"""Packed sequences for the convolution: one shorter than its width's state (2 < W-1 = 3: its final conv state
+keeps an input of the carried state), one spanning a chunk boundary."""
 
 
 def _gdn_regressions() -> list[Case]:
@@ -343,6 +363,13 @@ def _gdn_regressions() -> list[Case]:
              **{**base, "variant": DECODE}),
         Case(T=sum(EDGE_LENS), H=1, dtype="bfloat16", gate=G, h0=True, lens=EDGE_LENS, options=GDN_OPTIONS,
              **{**base, "variant": DECODE}),
+        # the convolution with a bias, fp32 and fp16, unpacked batch rows from zero conv states; kda behind it too
+        Case(T=80, H=1, dtype="float32", gate=G, dht=True, options=QWEN3_NEXT + (("conv1d_bias", True),),
+             **{**base, "B": 2}),
+        Case(T=sum(DECODE_LENS), H=1, dtype="float16", gate=G, h0=True, lens=DECODE_LENS,
+             options=QWEN3_NEXT + (("conv1d_bias", True),), **{**base, "variant": DECODE}),
+        Case(T=sum(CONV_LENS), H=1, dtype="bfloat16", gate=G, h0=True, dht=True, lens=CONV_LENS,
+             options=(("use_qk_l2norm_in_kernel", True),) + CONV, **{**base, "op": "kda"}),
         # fla's gate strengths per dtype (no clamp: gdn has no lower bound)
         *gate_strength_cases("gdn"),
     ]

@@ -4,7 +4,9 @@ For a case and a cut position ``t0`` the leg runs twice: on the case's inputs,
 and on inputs whose time-indexed forward tensors (every input of shape
 [B, T, ...] that is not an upstream gradient: q, k, v, g, beta, ...) are
 redrawn at positions ``t > t0``. The upstream gradients (``do``, ``dht``) stay
-the same. Then ``o`` and ``dq`` at positions ``t <= t0`` must not change.
+the same. Then ``o`` at positions ``t <= t0`` and ``dq`` at ``t <= t0 - r`` must not change, where ``r`` is
+how far ahead an input token's gradient reads by the op's maths (``OpDescriptor.gradient_lookahead``: 0 for the
+bare ops, W-1 behind a causal convolution of width W, whose input t feeds outputs t..t+W-1).
 
 A chunked kernel masks future positions with exact zeros, so the result is
 normally bit-exact; that is what is required (``max_abs_diff == 0``). Where a
@@ -125,7 +127,7 @@ def perturb_sequence(op: OpDescriptor, case: Case, inputs: Inputs, i: int) -> In
     alt = make_inputs(case.replace(seed=case.seed + 104729), op.inputs(case))
     arrays = dict(inputs.arrays)
     for name, a in inputs.arrays.items():
-        layout = _layout(case, a.shape)
+        layout = _layout(op, case, name, a.shape)
         if layout is None:
             continue
         b = a.copy()
@@ -142,13 +144,14 @@ def _per_token(case: Case, shape) -> bool:
     return len(shape) >= 3 and tuple(shape[:2]) == (case.B, case.T) and shape[2] in (case.H, case.HV)
 
 
-def _layout(case: Case, shape) -> str | None:
-    """``"token"`` for a per-token array ([B,T,...]), ``"state"`` for a per-sequence one (``case.state_shape``),
-    None for anything else (a parameter every sequence shares)."""
+def _layout(op: OpDescriptor, case: Case, name: str, shape) -> str | None:
+    """``"token"`` for a per-token array ([B,T,...]), ``"state"`` for a per-sequence one (``case.state_shape``, or
+    an array the op declares per sequence, :attr:`OpDescriptor.per_sequence`: [N,...]), None for anything else (a
+    parameter every sequence shares)."""
     shape = tuple(shape)
     if _per_token(case, shape):
         return "token"
-    if shape == tuple(case.state_shape):
+    if shape == tuple(case.state_shape) or name in op.per_sequence(case):
         return "state"
     return None
 
@@ -166,7 +169,7 @@ def isolation_tensors(op: OpDescriptor, case: Case) -> list[str]:
     (per token or per sequence) and the gradients of per-token and per-sequence inputs."""
     shapes = {n: s for n, (s, _) in input_shapes(case, op.inputs(case)).items()}
     return [t.name for t in op.tensors(case)
-            if t.kind != "grad" or _layout(case, shapes.get(t.name[1:], ())) is not None]
+            if t.kind != "grad" or _layout(op, case, t.name[1:], shapes.get(t.name[1:], ())) is not None]
 
 
 def _diff(y0: np.ndarray, y1: np.ndarray) -> tuple[bool, float, float]:
@@ -204,7 +207,7 @@ def check_case(leg: Leg, case: Case, t0: int | None = None, runner: Runner | Non
         return rows(r.op, r.status, r.reason, r.columns.get("input_sha256", ""))
     base, base_wall = base.tensors, base_columns["wall_s"]
     out = _causality_rows(leg, case, t0, mode, inputs.sha256, base_wall + moved_columns["wall_s"], base,
-                          moved.tensors, checked_tensors(op, case))
+                          moved.tensors, checked_tensors(op, case), op.gradient_lookahead(case))
     for i in seqs:
         try:
             moved, moved_columns = runner.execute(op, case, perturb_sequence(op, case, inputs, i))
@@ -248,7 +251,7 @@ def _isolation_rows(leg, op, case, i, mode, sha, wall, base, moved) -> list[Caus
             out.append(row(name, Status.UNSUPPORTED, f"the {leg.name} leg does not return {name}"))
             continue
         y0, y1 = (np.asarray(x, dtype=np.float64) for x in (base[name], moved[name]))
-        layout = _layout(case, y0.shape)
+        layout = _layout(op, case, name, y0.shape)
         if layout is None or y1.shape != y0.shape:
             out.append(row(name, Status.ERROR, f"{name} has shape {y0.shape}, neither per token [B,T,H,...] nor "
                                                f"per sequence {case.state_shape}"))
@@ -268,15 +271,18 @@ def _isolation_rows(leg, op, case, i, mode, sha, wall, base, moved) -> list[Caus
     return out
 
 
-def _causality_rows(leg, case, t0, mode, sha, wall, base, moved, names) -> list[CausalityRow]:
+def _causality_rows(leg, case, t0, mode, sha, wall, base, moved, names, lookahead=0) -> list[CausalityRow]:
+    """``o`` up to ``t0``; a gradient up to ``t0 - lookahead`` (:attr:`OpDescriptor.gradient_lookahead`: an input
+    token that feeds later outputs too has a gradient that reads their future)."""
     out = []
     for name in names:
+        cut = t0 - (lookahead if name.startswith("d") else 0)
         if base.get(name) is None or moved.get(name) is None:
             out.append(CausalityRow(case.id, leg.name, name, t0, np.nan, np.nan, False, Status.UNSUPPORTED,
                                     f"the {leg.name} leg does not return {name}", mode, sha, wall))
             continue
-        y0 = np.asarray(base[name], dtype=np.float64)[:, : t0 + 1]
-        y1 = np.asarray(moved[name], dtype=np.float64)[:, : t0 + 1]
+        y0 = np.asarray(base[name], dtype=np.float64)[:, : cut + 1]
+        y1 = np.asarray(moved[name], dtype=np.float64)[:, : cut + 1]
         finite, max_abs, rel = _diff(y0, y1)
         exact = finite and max_abs == 0.0
         if not finite:
@@ -284,7 +290,7 @@ def _causality_rows(leg, case, t0, mode, sha, wall, base, moved, names) -> list[
         elif exact or rel <= CAUSALITY_REL_BOUND:
             status, why = Status.OK, "" if exact else f"not bit-exact: rel change {rel:.2e} <= {CAUSALITY_REL_BOUND:g}"
         else:
-            status, why = Status.LEAK, (f"{name}[t<={t0}] changed when inputs after t0 changed: max |diff| "
+            status, why = Status.LEAK, (f"{name}[t<={cut}] changed when inputs after t0={t0} changed: max |diff| "
                                    f"{max_abs:.3g}, rel {rel:.3g} > {CAUSALITY_REL_BOUND:g}")
         out.append(CausalityRow(case.id, leg.name, name, t0, max_abs, rel, exact, status, why, mode, sha, wall))
     return out

@@ -125,7 +125,8 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=N
             jax.block_until_ready(outputs)
             jax.effects_barrier()  # the forward's dots have reported
             tally.phase = "backward"
-        cotangents = {}
+        # zeros for an output no loss term reads (a conv state: the vjp takes one cotangent per output)
+        cotangents = {name: jnp.zeros_like(value) for name, value in outputs.items()}
         for out_name, cot_name in cotangent_pairs(op, case, outputs):
             value = outputs[out_name]
             cot = arrays.get(cot_name) if cot_name else None

@@ -104,6 +104,12 @@ class OpDescriptor:
     notes: Mapping[str, str] = field(default_factory=dict)
     # the kernel path a case takes beyond its variant (gla: "fused" or "chunk" kernels), for coverage rules
     kernel_path: Callable[[Case], str] = lambda case: case.variant
+    # inputs and outputs held one per packed sequence ([N,...]) besides the state-shaped ones (h0, ht, dht, dh0),
+    # e.g. a conv state: the isolation check redraws entry i of each and compares the others bit for bit
+    per_sequence: Callable[[Case], frozenset] = lambda case: frozenset()
+    # how many tokens ahead a per-token input's gradient reads by the op's maths (0: input t feeds outputs <= t
+    # through the state only; W-1 behind a causal convolution of width W): the causality check's cut for gradients
+    gradient_lookahead: Callable[[Case], int] = lambda case: 0
 
     def tensor_names(self, case: Case) -> list[str]:
         return [t.name for t in self.tensors(case)]

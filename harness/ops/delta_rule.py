@@ -12,15 +12,21 @@ from typing import Callable
 from cases.case import Case
 from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_normal
 
-from .base import forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs
+from .base import TensorSpec, fla_varlen, forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs
 
 Shape = Callable[[Case], tuple]
 DECODE = "fused_recurrent"
+CONV_OPTIONS = ("conv1d", "conv1d_bias")
+"""The short causal convolution in front of the delta rule (fla's ``ShortConvolution``, as its GatedDeltaNet and
+KDA layers apply it): ``conv1d=W`` convolves q, k and v per channel with a kernel of width W, then SiLU;
+``conv1d_bias`` adds a bias. Both ops take them; neither is an option of fla's op function, whose inputs the
+convolution makes (:func:`conv_inputs`)."""
+CONV_WIDTHS = range(2, 9)
 VARIANTS = ("chunk", DECODE)
 """``chunk``: fla's chunk kernels, forward and backward. ``fused_recurrent``: the decode path, forward only (fla's
 ``fused_recurrent_*`` kernels raise in backward: serving never differentiates), token by token on fla's side."""
 DTYPES = {"q": "case", "k": "case", "v": "case", "g": "float32", "beta": "case", "h0": "float32",
-          "A_log": "float32", "dt_bias": "float32"}
+          "A_log": "float32", "dt_bias": "float32", "conv_weight": "case", "conv_bias": "case", "conv_h0": "case"}
 
 
 def forward_only(case: Case) -> bool:
@@ -56,7 +62,7 @@ def inputs(case: Case, opts: dict, g_shape: Shape, dt_bias_shape: Shape) -> list
     if opts["use_gate_in_kernel"]:
         specs.append(InputSpec("A_log", lambda c: (c.HV,), "float32", normal()))
         specs.append(InputSpec("dt_bias", dt_bias_shape, "float32", normal()))
-    return specs + state_and_cotangent_specs(case)
+    return specs + conv_specs(case) + state_and_cotangent_specs(case)
 
 
 def differentiable(case: Case) -> list[str]:
@@ -66,11 +72,14 @@ def differentiable(case: Case) -> list[str]:
     names = ["q", "k", "v", "g", "beta"]
     if gate_in_kernel(case):
         names += ["A_log", "dt_bias"]
+    names += [spec.name for spec in conv_specs(case)]
     return names + (["h0"] if case.h0 else [])
 
 
 def tensors(case: Case):
-    return forward_tensors(case) + grad_tensors(case, differentiable(case), DTYPES)
+    conv_state = [TensorSpec("conv_ht", "case", "output", "final conv state [N,D,W-1]: each sequence's last W-1 "
+                             "inputs of q, k, v (their exact bits)")] if conv_width(case) and case.final_state else []
+    return forward_tensors(case) + conv_state + grad_tensors(case, differentiable(case), DTYPES)
 
 
 def reference(fwd, bwd, case: Case, x: dict, method: str, compute_dtype: str, opts: dict) -> dict:
@@ -79,13 +88,158 @@ def reference(fwd, bwd, case: Case, x: dict, method: str, compute_dtype: str, op
     common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
                   method=method, compute_dtype=compute_dtype, A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
                   cu_seqlens=case.cu_seqlens, **opts)
+    conv = conv_width(case) and _ReferenceConv(case, x, compute_dtype)
+    if conv:
+        x = {**x, **conv.outputs}
     qkvgb = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     o, ht = fwd(*qkvgb, output_final_state=True, **common)
     names = differentiable(case)
     grads = bwd(*qkvgb, x["do"], x.get("dht"), **common) if names else {}
-    return {"o": o, "ht": ht, **{"d" + n: grads["d" + n] for n in names}}
+    extra = {}
+    if conv:
+        extra["conv_ht"] = conv.final_state
+        grads = {**grads, **(conv.gradients(grads) if names else {})}
+    return {"o": o, "ht": ht, **extra, **{"d" + n: grads["d" + n] for n in names}}
 
 
 def gate_params(case: Case, t: dict) -> dict:
     """A_log and dt_bias, as keywords, when the case gates in the kernel."""
     return dict(A_log=t["A_log"], dt_bias=t["dt_bias"]) if gate_in_kernel(case) else {}
+
+
+# ------------------------------------------------------------------ the short convolution (conv1d=W)
+def conv_width(case: Case) -> int:
+    """The case's convolution width W, 0 without one."""
+    return int(case.opt.get("conv1d", 0))
+
+
+def conv_channels(case: Case) -> int:
+    """D, the channels the convolution runs over: q's, k's and v's heads flattened and concatenated in that order
+    (fla's layers convolve each with its own ShortConvolution; per channel, that is one convolution over the
+    concatenation, which is the qkv layout vLLM TPU's fused kernel takes)."""
+    return 2 * case.H * case.K + case.HV * case.V
+
+
+def per_sequence(case: Case) -> frozenset:
+    """The convolution's per-sequence arrays ([N,D,W-1]: its state in and out, and the state's gradient)."""
+    return frozenset({"conv_h0", "conv_ht", "dconv_h0"}) if conv_width(case) else frozenset()
+
+
+def gradient_lookahead(case: Case) -> int:
+    """W-1 with the convolution (input token t feeds the convolved tokens t..t+W-1), 0 without."""
+    return max(conv_width(case) - 1, 0)
+
+
+def kernel_options(case: Case) -> dict:
+    """The case's options less the convolution's, which no op function takes."""
+    return {name: value for name, value in case.opt.items() if name not in CONV_OPTIONS}
+
+
+def validate_conv(case: Case) -> None:
+    """The convolution options' rules: a width in :data:`CONV_WIDTHS`, the bias only with a width, and q, k
+    normalised in the op (the convolution's output is not unit-norm; the delta rule's state stays bounded only
+    with unit keys, which is why fla's layers normalise after the convolution)."""
+    opts = case.opt
+    if "conv1d" in opts:
+        W = opts["conv1d"]
+        if isinstance(W, bool) or not isinstance(W, int) or W not in CONV_WIDTHS:
+            raise ValueError(f"{case.op} option conv1d={W!r} is the convolution's width: an integer in "
+                             f"[{CONV_WIDTHS.start}, {CONV_WIDTHS.stop - 1}] (fla's default is 4)")
+        if not opts.get("use_qk_l2norm_in_kernel"):
+            raise ValueError(f"{case.op} option conv1d needs use_qk_l2norm_in_kernel=1: q and k are normalised after "
+                             f"the convolution, as fla's layers do")
+    if "conv1d_bias" in opts:
+        if not isinstance(opts["conv1d_bias"], bool):
+            raise ValueError(f"{case.op} option conv1d_bias={opts['conv1d_bias']!r} must be a bool")
+        if "conv1d" not in opts:
+            raise ValueError(f"{case.op} option conv1d_bias needs conv1d=<width>")
+
+
+def conv_specs(case: Case) -> list[InputSpec]:
+    """With ``conv1d=W``: the weight [D,W] ~ N(0, 1/W) (the scale of fla's ShortConvolution's initialisation),
+    the bias [D] with ``conv1d_bias``, and with ``h0`` each sequence's conv state [N,D,W-1] (the inputs before
+    its first token), all in the case dtype, in which a layer holds them."""
+    W = conv_width(case)
+    if not W:
+        return []
+    specs = [InputSpec("conv_weight", lambda c: (conv_channels(c), W), "case", normal(W ** -0.5))]
+    if case.opt.get("conv1d_bias"):
+        specs.append(InputSpec("conv_bias", lambda c: (conv_channels(c),), "case", normal()))
+    if case.h0:
+        specs.append(InputSpec("conv_h0", lambda c: (c.state_shape[0], conv_channels(c), W - 1), "case", normal()))
+    return specs
+
+
+def pack_qkv(case: Case, t, cat) -> object:
+    """q, k, v of ``t`` as one [B,T,D] array (:func:`conv_channels`'s order); ``cat(list, axis)`` is the
+    framework's concatenation (numpy's, jax's or torch's)."""
+    B, T = t["q"].shape[:2]
+    return cat([t[name].reshape(B, T, -1) for name in ("q", "k", "v")], -1)
+
+
+def unpack_qkv(case: Case, y) -> dict:
+    """The inverse of :func:`pack_qkv`: {q, k, v} from [B,T,D]."""
+    B, T = y.shape[:2]
+    hk = case.H * case.K
+    return {"q": y[..., :hk].reshape(B, T, case.H, case.K), "k": y[..., hk:2 * hk].reshape(B, T, case.H, case.K),
+            "v": y[..., 2 * hk:].reshape(B, T, case.HV, case.V)}
+
+
+class _ReferenceConv:
+    """The float64 convolution of a case's q, k, v (:mod:`references.conv1d`), and the chain rule back through it."""
+
+    def __init__(self, case: Case, x: dict, compute_dtype: str):
+        import numpy as np
+
+        from references.conv1d import causal_conv1d
+
+        self.case, self.x = case, x
+        self.xin = pack_qkv(case, x, np.concatenate)
+        self.kw = dict(initial_state=x.get("conv_h0"), activation="silu", cu_seqlens=case.cu_seqlens,
+                       compute_dtype=compute_dtype)
+        y, self.final_state = causal_conv1d(self.xin, x["conv_weight"], x.get("conv_bias"), output_final_state=True,
+                                            **self.kw)
+        self.outputs = unpack_qkv(case, y)
+
+    def gradients(self, grads: dict) -> dict:
+        """dq, dk, dv of the raw inputs and the convolution's own (dconv_weight, dconv_bias, dconv_h0) from the
+        delta rule's gradients of the convolved q, k, v."""
+        import numpy as np
+
+        from references.conv1d import causal_conv1d_bwd
+
+        dy = pack_qkv(self.case, {n: grads["d" + n] for n in ("q", "k", "v")}, np.concatenate)
+        g = causal_conv1d_bwd(self.xin, self.x["conv_weight"], self.x.get("conv_bias"), dy, **self.kw)
+        return {**{"d" + n: v for n, v in unpack_qkv(self.case, g["dx"]).items()},
+                "dconv_weight": g["dweight"], "dconv_bias": g["dbias"], "dconv_h0": g["dh0"]}
+
+
+def fla_conv(case: Case, t: dict) -> tuple[dict, dict]:
+    """fla's ``causal_conv1d`` (SiLU, as its layers call it) on the case's q, k, v: ``(t with the convolved q, k,
+    v, {"conv_ht": final state})``; ``(t, {})`` without ``conv1d``. fla's state is [N,D,W] with one unread
+    column in front (:mod:`references.conv1d`): the case's state goes in behind a zero column, and that column
+    of the final state is dropped."""
+    if not conv_width(case):
+        return t, {}
+    import torch
+    import torch.nn.functional as F
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    h0 = t.get("conv_h0")
+    y, ht = causal_conv1d(pack_qkv(case, t, torch.cat), weight=t["conv_weight"], bias=t.get("conv_bias"),
+                          initial_state=None if h0 is None else F.pad(h0, (1, 0)), output_final_state=True,
+                          activation="silu", **fla_varlen(case, t["q"]))
+    return {**t, **unpack_qkv(case, y)}, {"conv_ht": ht[..., 1:]}
+
+
+def pallas_conv(case: Case, a: dict) -> tuple[dict, dict]:
+    """The TPU kernels' convolution (:mod:`kernels_tpu.conv1d`), as :func:`fla_conv` returns fla's."""
+    if not conv_width(case):
+        return a, {}
+    import jax.numpy as jnp
+
+    from kernels_tpu.conv1d import causal_conv1d
+
+    y, ht = causal_conv1d(pack_qkv(case, a, jnp.concatenate), a["conv_weight"], a.get("conv_bias"), a.get("conv_h0"),
+                          "silu", cu_seqlens=case.cu_seqlens)
+    return {**a, **unpack_qkv(case, y)}, {"conv_ht": ht}

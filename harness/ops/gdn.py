@@ -49,10 +49,11 @@ def validate(case: Case) -> None:
     delta_rule.validate_variant(case)
     if case.gate is None or case.gate.kind != "g" or case.gate.law != "logsigmoid":
         raise ValueError(f"gdn takes a per-token g gate [B,T,HV] (Gate(kind='g')), got {case.gate}")
-    unknown = set(case.opt) - set(OPTIONS)
+    unknown = set(case.opt) - set(OPTIONS) - set(delta_rule.CONV_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown gdn options {sorted(unknown)}; known: {OPTIONS}")
-    for name, value in case.opt.items():
+        raise ValueError(f"unknown gdn options {sorted(unknown)}; known: {OPTIONS + delta_rule.CONV_OPTIONS}")
+    delta_rule.validate_conv(case)
+    for name, value in delta_rule.kernel_options(case).items():
         if not isinstance(value, bool):
             raise ValueError(f"gdn option {name}={value!r} must be a bool")
     opts = options(case)
@@ -76,6 +77,7 @@ def fla_forward(case: Case, t: dict) -> dict:
     chunk size), with the case's options."""
     from fla.ops import gated_delta_rule as fla_gdn
 
+    t, conv_state = delta_rule.fla_conv(case, t)
     if delta_rule.forward_only(case):
         fn, chunking = fla_gdn.fused_recurrent_gated_delta_rule, {}
     else:
@@ -83,7 +85,7 @@ def fla_forward(case: Case, t: dict) -> dict:
     o, ht = fn(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], scale=case.resolved_scale,
                initial_state=t.get("h0"), output_final_state=case.final_state, **chunking, **options(case),
                **delta_rule.gate_params(case, t), **fla_varlen(case, t["q"]), **fla_state_layout(case))
-    return {"o": o, "ht": ht}
+    return {"o": o, "ht": ht, **conv_state}
 
 
 def fla_supports(case: Case) -> str | None:
@@ -104,13 +106,14 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu import gdn as kernels
 
     fn = kernels.chunk_gated_delta_rule
+    a, conv_state = delta_rule.pallas_conv(case, a)
     if delta_rule.forward_only(case):  # decode: the forward kernel, its state dots float32-accurate
         fn = functools.partial(kernels.chunk_gated_delta_rule_fwd, dot_precision=mxu.DECODE_F32_PRECISION)
     o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
                             scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
                             chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
                             **options(case), **delta_rule.gate_params(case, a))
-    return {"o": o, "ht": ht}
+    return {"o": o, "ht": ht, **conv_state}
 
 
 GDN = OpDescriptor(
@@ -121,6 +124,8 @@ GDN = OpDescriptor(
     tensors=delta_rule.tensors,
     differentiable=delta_rule.differentiable,
     cotangents={"o": "do", "ht": "dht"},
+    per_sequence=delta_rule.per_sequence,
+    gradient_lookahead=delta_rule.gradient_lookahead,
     validate=validate,
     reference=reference,
     fla=LegBinding(fla_forward, fla_supports,

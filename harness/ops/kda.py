@@ -51,7 +51,7 @@ def options(case: Case) -> dict:
     """The case's kda options with fla's defaults filled in."""
     opts = {name: False for name in BOOL_OPTIONS}
     opts["lower_bound"] = None
-    opts.update(case.opt)
+    opts.update(delta_rule.kernel_options(case))
     if isinstance(opts["lower_bound"], int) and not isinstance(opts["lower_bound"], bool):
         opts["lower_bound"] = float(opts["lower_bound"])  # an id spells -5.0 as -5: fla and the kernels get a float
     return opts
@@ -66,9 +66,10 @@ def validate(case: Case) -> None:
     delta_rule.validate_variant(case)
     if case.gate is None or case.gate.kind != "g" or case.gate.law != "logsigmoid":
         raise ValueError(f"kda takes a per-token g gate [B,T,HV,K] (Gate(kind='g')), got {case.gate}")
-    unknown = set(case.opt) - set(OPTIONS)
+    unknown = set(case.opt) - set(OPTIONS) - set(delta_rule.CONV_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown kda options {sorted(unknown)}; known: {OPTIONS}")
+        raise ValueError(f"unknown kda options {sorted(unknown)}; known: {OPTIONS + delta_rule.CONV_OPTIONS}")
+    delta_rule.validate_conv(case)
     opts = options(case)
     for name in BOOL_OPTIONS:
         if not isinstance(opts[name], bool):
@@ -106,6 +107,7 @@ def fla_forward(case: Case, t: dict) -> dict:
     no safe_gate), with the case's options (Triton pinned, see fla_supports)."""
     from fla.ops import kda as fla_kda
 
+    t, conv_state = delta_rule.fla_conv(case, t)
     kwargs = _fla_kwargs(case)
     if delta_rule.forward_only(case):
         fn = fla_kda.fused_recurrent_kda
@@ -115,7 +117,7 @@ def fla_forward(case: Case, t: dict) -> dict:
     o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale, initial_state=t.get("h0"),
                output_final_state=case.final_state, **kwargs, **delta_rule.gate_params(case, t),
                **fla_varlen(case, t["q"]), **fla_state_layout(case))
-    return {"o": o, "ht": ht}
+    return {"o": o, "ht": ht, **conv_state}
 
 
 def fla_supports(case: Case) -> str | None:
@@ -138,6 +140,7 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu import kda as kernels
 
     extra = delta_rule.gate_params(case, a)
+    a, conv_state = delta_rule.pallas_conv(case, a)
     fn = kernels.chunk_kda
     if delta_rule.forward_only(case):  # decode: the forward kernel, its state dots float32-accurate
         fn = functools.partial(kernels.chunk_kda_fwd, dot_precision=mxu.DECODE_F32_PRECISION)
@@ -145,7 +148,7 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
                             scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
                             chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
                             **_fla_kwargs(case), **extra)
-    return {"o": o, "ht": ht}
+    return {"o": o, "ht": ht, **conv_state}
 
 
 KDA = OpDescriptor(
@@ -156,6 +159,8 @@ KDA = OpDescriptor(
     tensors=delta_rule.tensors,
     differentiable=delta_rule.differentiable,
     cotangents={"o": "do", "ht": "dht"},
+    per_sequence=delta_rule.per_sequence,
+    gradient_lookahead=delta_rule.gradient_lookahead,
     validate=validate,
     reference=reference,
     fla=LegBinding(fla_forward, fla_supports,
