@@ -273,6 +273,53 @@ def test_loop_induction_variable_fails_without_fix():
         _run(_loop_var, out, 3)
 
 
+# ---------------------------------------------------------------- comparisons are int1
+
+
+@_ijit
+def _mask_from_scalar_compare(CU, X, O, BD: tl.constexpr, W: tl.constexpr):
+    # fla's causal_conv1d compute_dh0_kernel: a loaded length compared with a static_range index, & a bool block
+    i_n = tl.program_id(0)
+    seq_len = tl.load(CU + i_n + 1) - tl.load(CU + i_n)  # an int64 scalar
+    o_d = tl.arange(0, BD)
+    m_d = o_d < 3
+    for t in tl.static_range(0, W):
+        m_t = (t < seq_len) & m_d  # the scalar comparison is splatted to the block's shape
+        tl.store(O + (i_n * W + t) * BD + o_d, tl.load(X + t * BD + o_d, mask=m_t, other=0))
+
+
+@_ijit
+def _compare_to_f32(A, B, O, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(O + o, (tl.load(A + o) < tl.load(B + o)).to(tl.float32))
+
+
+def _masked_by_scalar_compare():
+    cu = torch.tensor([0, 1, 3], dtype=torch.int64)  # lengths 1 and 2
+    x = torch.arange(1, 13, dtype=torch.float32)  # rows t = 0, 1, 2 of 4: 1..4, 5..8, 9..12
+    out = torch.full((2 * 3 * 4, ), -1.0)
+    _mask_from_scalar_compare[(2, )](cu, x, out, BD=4, W=3)
+    return out.view(2, 3, 4).tolist()
+
+
+def test_a_splatted_scalar_comparison_is_a_bool_load_mask():
+    with triton_emulation():
+        got = _masked_by_scalar_compare()
+    assert got == [[[1, 2, 3, 0], [0, 0, 0, 0], [0, 0, 0, 0]],  # length 1: row 0 only, columns < 3
+                   [[1, 2, 3, 0], [5, 6, 7, 0], [0, 0, 0, 0]]]  # length 2: rows 0 and 1
+    # the stock handle says int64, so the splat makes an int64 mask: "mask has unsupported dtype"
+    with pytest.raises(Exception, match="mask has unsupported dtype"):
+        _masked_by_scalar_compare()
+
+
+def test_a_bf16_comparison_casts_as_a_bool():
+    a, b = _bf16([1.0, 2.0, 3.0, -4.0]), _bf16([2.0, 1.0, 4.0, 5.0])
+    out = torch.full((4, ), -1.0)
+    with triton_emulation():
+        _run(_compare_to_f32, a, b, out, N=4)
+    assert out.tolist() == [1.0, 0.0, 1.0, 1.0]  # not the bools read as bf16 bits (1 -> 2^-133)
+
+
 # ---------------------------------------------------------------- scalar arithmetic as the PTX computes it
 
 

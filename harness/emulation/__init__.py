@@ -7,7 +7,8 @@ its module docstring. It is assembled from one module per fix: ``setup``
 (reversible patches), ``autotune`` (pinned configs, used natively too),
 ``loop_vars`` (tensor loop variables), ``handles`` (float values in and out
 of interpreter tensors), ``bf16_arith`` (bf16 rounding), ``dots`` (tl.dot
-numerics) and ``fla_gather`` (fla's gather-free path).
+numerics), ``comparisons`` (int1 comparison results) and ``fla_gather``
+(fla's gather-free path).
 """
 
 from .triton_interpreter import (  # noqa: F401

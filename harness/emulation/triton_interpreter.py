@@ -16,6 +16,10 @@ natively on CUDA when a GPU is present, otherwise on CPU with
    to nearest even, and the interpreter's own RTNE path rounds ties up.
 4. ``tl.dot`` ignores ``input_precision``: float32 dots are computed with full
    float32 inputs, while an H100 feeds TF32 to the tensor cores by default.
+5. A comparison's handle carries its operands' type instead of int1, so a
+   splatted scalar comparison becomes an int64 (etc.) mask that ``tl.load``
+   rejects, and a cast of a bf16 comparison reads the bools as bf16 bits
+   (``comparisons``).  Always fixed: it is not a numerics choice.
 
 :func:`triton_emulation` is a context manager that fixes all of this for the
 duration of a ``with`` block and restores every patched attribute on exit
@@ -104,6 +108,7 @@ import numpy as np
 from .autotune import LOCK, AutotuneRecord, AutotuneRule, EmulationSession, _install_autotune_pin, pinned_autotune
 from .bf16_arith import _install_bf16_arithmetic
 from .bits import bf16_bits_to_f32, f32_to_bf16_bits, round_to_tf32
+from .comparisons import _install_int1_comparisons
 from .dots import _install_dot_numerics
 from .fla_gather import _install_fla_gather_fallback
 from .loop_vars import _install_induction_vars
@@ -190,6 +195,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
             if dots:
                 _install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
                                       tf32_rounding=tf32_rounding)
+            _install_int1_comparisons(patcher)  # not a numerics choice: the interpreter's own type slip
             session.settings["fla_gather_disabled_in"] = _install_fla_gather_fallback(patcher)
             if dot_precision is not None:
                 # core.dot resolves input_precision=None from this knob at every
