@@ -77,7 +77,7 @@ except Exception as exc:  # noqa: BLE001 - any import failure is the reason for 
     _IMPORT_ERROR = f"tops could not be imported: {type(exc).__name__}: {exc}"
 
 KDA_OPTIONS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "use_gate_in_kernel", "lower_bound",
-               "safe_gate", "allow_neg_eigval")
+               "safe_gate", "allow_neg_eigval", "conv1d", "conv1d_bias")
 
 ENTRY = {
     ("simple_gla", "chunk"): "tops.ops.simple_gla(mode='chunk')",

@@ -1,4 +1,6 @@
-"""vLLM's TPU backend (``tpu-inference`` on PyPI) as a candidate: its ``fused_gdn`` Pallas kernel on gdn and kda.
+"""vLLM's TPU backend (``tpu-inference`` on PyPI) as candidates, one per kernel generation of its gated delta rule:
+``tpu-inference`` (v1, ``fused_gdn``, below), ``tpu-inference-v2`` (its decode kernel, :data:`V2`) and
+``tpu-inference-v3`` (the fused conv1d + GDN kernel vLLM runs by default, :data:`V3`).
 
 ``tpu_inference.kernels.gdn.v1.fused_gdn_kernel_wrapper.fused_gdn`` is a forward kernel for the gated delta
 rule family, serving packed requests from a state cache: gdn's scalar decay per head ([T, H_v], which it
@@ -30,20 +32,28 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+from harness.ops import delta_rule
 from harness.ops.base import LegBinding
 
 KERNEL = "tpu_inference.kernels.gdn.v1.fused_gdn_kernel_wrapper"
+V2_KERNEL = "tpu_inference.kernels.gdn.v2.gdn_decode_kernel"
+V3_KERNEL = "tpu_inference.kernels.gdn.v3.wrapper"
 INSTALL = "pip install --no-deps tpu-inference"
 
 
-def _kernel():
-    """``fused_gdn``, imported without running ``tpu_inference/__init__.py`` (which imports vLLM)."""
+def _module(name: str):
+    """A kernel module of tpu-inference, imported without running ``tpu_inference/__init__.py`` (which imports
+    vLLM)."""
     if "tpu_inference" not in sys.modules:
         spec = importlib.util.find_spec("tpu_inference")
         if spec is None:
             raise NotImplementedError(f"tpu-inference is not installed ({INSTALL})")
         sys.modules["tpu_inference"] = importlib.util.module_from_spec(spec)  # its __init__ is never executed
-    return importlib.import_module(KERNEL).fused_gdn
+    return importlib.import_module(name)
+
+
+def _kernel():
+    return _module(KERNEL).fused_gdn
 
 
 def _refusal(case) -> str | None:
@@ -56,6 +66,8 @@ def _refusal(case) -> str | None:
                 "(cases with use_beta_sigmoid_in_kernel=1 map exactly)")
     if opt.get("allow_neg_eigval"):
         return "fused_gdn has no allow_neg_eigval"
+    if opt.get("conv1d"):
+        return "v1's fused_gdn has no convolution in front (v3's fused_conv1d_gdn has)"
     return None
 
 
@@ -118,3 +130,179 @@ class TpuInference:
 
 
 IMPLEMENTATION = TpuInference()
+
+
+# ------------------------------------------------------------------------------------------ v3 and v2
+SERVING_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel")
+"""What the v2 and v3 kernels always do in the kernel, as vLLM's Qwen3-Next layer calls them: normalise q and k,
+compute the gate from ``A_log`` and ``dt_bias``, squash beta's logits. A case maps only with all three."""
+
+SPEC_TOKENS = 2
+"""v3's ``num_spec_tokens`` for a case whose leading requests (from carried states) hold 2 or 3 tokens: verify
+windows of up to ``SPEC_TOKENS + 1`` tokens, each written as one state checkpoint per token."""
+
+TOKEN_ALIGN = 16
+"""v3 traces only for a token count that is a multiple of 16 (an odd chunk does not broadcast): the binding pads
+the packed tokens with rows that belong to no request."""
+
+
+def _serving_refusal(case, generation: str) -> str | None:
+    """What neither v2 nor v3 can take: a missing install, kda, an option off, a second gate form, another scale."""
+    if importlib.util.find_spec("tpu_inference") is None:
+        return f"tpu-inference is not installed ({INSTALL})"
+    if case.op != "gdn":
+        return f"{generation} is the gated delta rule with a scalar decay per head (gdn); {case.op} does not map"
+    off = [name for name in SERVING_OPTIONS if not case.opt.get(name)]
+    if off:
+        return (f"{generation} always normalises q, k, computes the gate and squashes beta in the kernel; this case "
+                f"has {', '.join(o + '=0' for o in off)}")
+    if case.opt.get("allow_neg_eigval"):
+        return f"{generation} has no allow_neg_eigval"
+    if case.scale is not None:
+        return f"{generation} scales q by K**-0.5 itself; this case sets scale={case.scale}"
+    return None
+
+
+def _requests(case):
+    """(offsets, lengths) of the case's requests: its packed sequences, or one per batch row."""
+    offsets = case.cu_seqlens if case.cu_seqlens is not None else tuple(range(0, case.B * case.T + 1, case.T))
+    return offsets, [b - a for a, b in zip(offsets, offsets[1:])]
+
+
+def _windows(case, lengths) -> tuple[int, int]:
+    """(decode_end, num_spec_tokens): with carried states, the leading requests of at most ``SPEC_TOKENS + 1``
+    tokens form v3's batched segment (one-token decodes, or verify windows when one holds more than a token)."""
+    if not case.h0:
+        return 0, 0
+    end = next((i for i, n in enumerate(lengths) if n > SPEC_TOKENS + 1), len(lengths))
+    return end, SPEC_TOKENS if any(n > 1 for n in lengths[:end]) else 0
+
+
+def supports_v3(case) -> str | None:
+    why = _serving_refusal(case, "v3's fused_conv1d_gdn")
+    if why:
+        return why
+    if not delta_rule.conv_width(case):
+        return "v3's fused_conv1d_gdn always convolves q, k, v first (SiLU after): a case maps with conv1d=W"
+    return None
+
+
+def forward_v3(case, a, ctx):
+    """One ``fused_conv1d_gdn`` call on the case's requests.
+
+    - qkv: q, k, v packed per token as the case's convolution reads them ([T, 2·H·K + HV·V], the layout v3
+      takes); ``b`` beta's logits, ``a`` the raw gate; the conv weight [D, 1, W] (fla's Conv1d weight).
+    - State slots: slot 0 is v3's null slot; request i writes slots from ``1 + i·w`` (w = 1, or
+      ``SPEC_TOKENS + 1`` checkpoint slots per verify window) and reads a slot of its own after them, holding
+      ``h0[i]`` and ``conv_h0[i]`` (v3's ``read_state_indices``, vLLM's prefix caching): a state read from the
+      write slot instead, or written to the read slot, shows in ``ht``.
+    - ``seq_lens`` counts one earlier token for a request with a carried state (v3 reads a state only then).
+    - ``ht`` and ``conv_ht``: each request's last checkpoint (of its last token)."""
+    import jax.numpy as jnp
+
+    del ctx  # the candidate leg forces interpret mode itself
+    wrapper = _module(V3_KERNEL)
+    B, T, H, K = a["q"].shape
+    HV, V = a["v"].shape[2:]
+    W = delta_rule.conv_width(case)
+    offsets, lengths = _requests(case)
+    N = len(lengths)
+    decode_end, spec = _windows(case, lengths)
+    group = [SPEC_TOKENS + 1 if spec and i < decode_end else 1 for i in range(N)]
+    write = [1 + sum(group[:i]) for i in range(N)]
+    read = [1 + sum(group) + i for i in range(N)]
+    slots = 1 + sum(group) + N
+    rows = -(-(B * T) // TOKEN_ALIGN) * TOKEN_ALIGN
+
+    def tokens(x):
+        x = jnp.asarray(x).reshape((B * T,) + x.shape[2:]).astype(jnp.float32)
+        return jnp.pad(x, [(0, rows - B * T)] + [(0, 0)] * (x.ndim - 1))
+
+    qkv = tokens(delta_rule.pack_qkv(case, a, jnp.concatenate))
+    D = qkv.shape[1]
+    conv = jnp.zeros((slots, W - 1, D), jnp.float32)
+    rec = jnp.zeros((slots, HV, K, V), jnp.float32)
+    if case.h0:
+        conv = conv.at[jnp.asarray(read)].set(jnp.asarray(a["conv_h0"], jnp.float32).swapaxes(1, 2))
+        rec = rec.at[jnp.asarray(read)].set(jnp.asarray(a["h0"], jnp.float32))
+    i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
+    bias = a.get("conv_bias")
+    try:
+        (conv_out, rec_out), out = wrapper.fused_conv1d_gdn(
+            qkv, tokens(a["beta"]), tokens(a["g"]), conv, rec,
+            jnp.asarray(a["conv_weight"], jnp.float32)[:, None, :],
+            None if bias is None else jnp.asarray(bias, jnp.float32),
+            jnp.asarray(a["A_log"], jnp.float32), jnp.asarray(a["dt_bias"], jnp.float32),
+            i32(offsets), i32(write), i32((decode_end, N, N)), i32([n + int(case.h0) for n in lengths]), i32(read),
+            i32([0] * N) if spec else None, n_kq=H, n_v=HV, d_k=K, d_v=V, kernel_size=W, num_spec_tokens=spec)
+    except (AssertionError, ValueError, TypeError) as exc:  # its input checks, or its trace failing on the shapes
+        raise NotImplementedError(f"fused_conv1d_gdn does not take the case (raised before running): "
+                                  f"{type(exc).__name__}: {exc}") from None
+    last = jnp.asarray([w + (n - 1 if g > 1 else 0) for w, n, g in zip(write, lengths, group)])
+    o = out[:B * T].reshape(B, T, HV, V).astype(a["q"].dtype)
+    return {"o": o, "ht": rec_out[last], "conv_ht": conv_out[last].swapaxes(1, 2).astype(a["q"].dtype)}
+
+
+def describe_v3(case) -> dict:
+    _, lengths = _requests(case)
+    decode_end, spec = _windows(case, lengths)
+    return {"entry": f"{V3_KERNEL}.fused_conv1d_gdn", "requests": len(lengths), "batched_requests": decode_end,
+            "num_spec_tokens": spec, "compute_precision": "float32 (its default)",
+            "state_slots": "read slots apart from write slots (read_state_indices)"}
+
+
+def supports_v2(case) -> str | None:
+    why = _serving_refusal(case, "v2's ragged_gated_delta_rule_decode_only")
+    if why:
+        return why
+    if delta_rule.conv_width(case):
+        return ("v2's decode kernel takes q, k, v after the convolution (vLLM runs it apart); its apply_silu is the "
+                "convolution's activation alone: a case maps without conv1d")
+    _, lengths = _requests(case)
+    if not case.h0 or any(n != 1 for n in lengths):
+        return ("v2's ragged_gated_delta_rule_decode_only is the decode path: one token per request, each from "
+                "its carried state (h0); its chunked recurrent_scan is not bound (it applies SiLU to q, k, v "
+                "in the kernel, which no case without the convolution has)")
+    return None
+
+
+def forward_v2(case, a, ctx):
+    """``ragged_gated_delta_rule_decode_only``: request i's one token reads and writes state slot ``1 + i`` (slot
+    0 null); the packed tokens are padded to a multiple of 8 rows of the null slot."""
+    import jax.numpy as jnp
+
+    del ctx
+    kernel = _module(V2_KERNEL).ragged_gated_delta_rule_decode_only
+    B, T, H, K = a["q"].shape
+    HV, V = a["v"].shape[2:]
+    N = B * T
+    rows = -(-N // 8) * 8
+
+    def tokens(x):
+        x = jnp.asarray(x).reshape((N,) + x.shape[2:]).astype(jnp.float32)
+        return jnp.pad(x, [(0, rows - N)] + [(0, 0)] * (x.ndim - 1))
+
+    rec = jnp.zeros((N + 1, HV, K, V), jnp.float32).at[1:].set(jnp.asarray(a["h0"], jnp.float32))
+    slots = jnp.asarray(list(range(1, N + 1)) + [0] * (rows - N), jnp.int32)
+    try:
+        rec_out, out = kernel(tokens(delta_rule.pack_qkv(case, a, jnp.concatenate)), tokens(a["beta"]),
+                              tokens(a["g"]), rec, jnp.asarray(a["A_log"], jnp.float32),
+                              jnp.asarray(a["dt_bias"], jnp.float32), jnp.arange(N + 1, dtype=jnp.int32), slots,
+                              jnp.asarray((N, N, N), jnp.int32), n_kq=H, n_v=HV, d_k=K, d_v=V)
+    except (AssertionError, ValueError, TypeError) as exc:
+        raise NotImplementedError(f"ragged_gated_delta_rule_decode_only does not take the case (raised before "
+                                  f"running): {type(exc).__name__}: {exc}") from None
+    return {"o": out[:N].reshape(B, T, HV, V).astype(a["q"].dtype), "ht": rec_out[1:]}
+
+
+class _Generation(TpuInference):
+    """One more kernel generation of tpu-inference, its own candidate (rows and reports apart from v1's)."""
+
+    def __init__(self, gdn: LegBinding):
+        self.bindings = {"gdn": gdn}
+
+
+V3 = _Generation(LegBinding(forward_v3, supports_v3, describe=describe_v3, differentiable=False))
+V2 = _Generation(LegBinding(forward_v2, supports_v2,
+                            describe=lambda c: {"entry": f"{V2_KERNEL}.ragged_gated_delta_rule_decode_only"},
+                            differentiable=False))

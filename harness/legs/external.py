@@ -19,7 +19,8 @@ An implementation is a Python object (registered with ``--impl NAME=module:objec
 What the leg adds, so that another team's Pallas kernels run here without their cooperation:
 
 - interpret mode forced on every ``pallas_call`` (``pltpu.force_tpu_interpret_mode``), with uninitialised
-  memory poisoned with NaN, as for this project's kernels;
+  memory poisoned with NaN, as for this project's kernels, and ref reshapes taught to the interpreter
+  (:mod:`harness.emulation.pallas_refs`: Mosaic compiles them, the interpreter cannot read them);
 - an answer to ``pltpu.get_tpu_info()`` on a machine without a TPU: the info of the chip being compiled
   for (v6e while interpreting), as a kernel that sizes its tiles from it would get on that chip;
 - every ``dot_general`` it binds rounded as a TPU's matrix unit rounds it (:func:`mxu_rounding`): XLA:CPU
@@ -36,6 +37,7 @@ import importlib.metadata
 import sys
 import threading
 
+from harness.emulation.pallas_refs import ref_reshapes
 from harness.tpu_compile import rebound
 
 from .tpu import TpuLeg
@@ -211,7 +213,7 @@ class ExternalLeg(TpuLeg):
         with self._lock:
             jax.clear_caches()
             try:
-                with tpu_info_for(INTERPRET_CHIP), mxu_rounding(), \
+                with tpu_info_for(INTERPRET_CHIP), mxu_rounding(), ref_reshapes(), \
                         pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(uninitialized_memory="nan")):
                     return super().run(op, case, inputs)
             finally:
