@@ -69,3 +69,46 @@ def test_what_does_not_map_is_refused_with_its_reason(rows, case):
     mine = rows[rows.case_id == case]
     assert len(mine) and (mine.status == "unsupported").all()
     assert mine.reason.str.contains(REFUSED[case], regex=False).all(), mine.reason.iloc[0]
+
+
+# ---------------------------------------------------------------------------------------------- v3 and v2
+QWEN3_NEXT = "conv1d=4,use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1,use_qk_l2norm_in_kernel=1"
+V3_MAPPED = {
+    # the convolution in front; a one-token decode and a 3-token verify window (num_spec_tokens = 2) from carried
+    # conv and recurrent states, beside a prefill: v3's batched and per-sequence segments in one call
+    f"gdn.fused_recurrent/B1-T24-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens=1+3+20,h0,{QWEN3_NEXT}",
+}
+V3_REFUSED = {
+    f"gdn.chunk/{GQA}/C64/lens=9+15,h0,use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1,use_qk_l2norm_in_kernel=1":
+        "always convolves",
+    f"kda.chunk/{GQA},lb-5/C64/lens=9+15,use_beta_sigmoid_in_kernel=1": "kda does not map",
+}
+V2_DECODE = ("gdn.fused_recurrent/B1-T8-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens=1+1+1+1+1+1+1+1,h0,"
+             "use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1,use_qk_l2norm_in_kernel=1")
+
+
+def test_v3_maps_the_fused_convolution_windows_and_slots(tmp_path):
+    args = ["run", "--backend", "tpu-inference-v3", "--out", str(tmp_path), "--no-progress", "--tpu-targets", "v6e"]
+    for case in sorted(V3_MAPPED | set(V3_REFUSED)):
+        args += ["--case", case]
+    assert main(args) == 0
+    rows = pd.read_csv(next(tmp_path.glob("tpu-inference-v3.cases-*.csv")))
+    fwd = rows[rows.case_id.isin(V3_MAPPED)].set_index("tensor")
+    assert (fwd.loc[["o", "ht", "conv_ht"], "status"] == "ok").all(), fwd[["status", "reason"]]
+    assert (fwd.loc[["o", "ht"], "rel_l2"] < 1e-2).all(), fwd.rel_l2
+    assert fwd.loc["conv_ht", "max_abs"] == 0  # the last W-1 raw inputs, read from the right slots, bit for bit
+    assert fwd.loc["o", "details"].count('"num_spec_tokens": 2') == 1
+    for case, why in V3_REFUSED.items():
+        mine = rows[rows.case_id == case]
+        assert len(mine) and (mine.status == "unsupported").all() and mine.reason.str.contains(why).all()
+
+
+def test_v2_decode_states_land_in_the_wrong_slots_and_the_gate_fails(tmp_path):
+    """reports/peers/tpu-inference/v2-v3: under Pallas's default DMA timing (a copy reads its source when waited
+    on) request i's slot holds a later request's state; o is right. The gate must fail on ht."""
+    args = ["all", "--candidate", "tpu-inference-v2", "--case", V2_DECODE, "--out", str(tmp_path), "--no-causality",
+            "--no-progress", "--tpu-targets", "v6e"]
+    assert main(args) == 1
+    parity = pd.read_csv(next(tmp_path.glob("parity*.csv")))
+    verdicts = parity.groupby("tensor").verdict.agg(set)
+    assert verdicts["o"] == {"pass"} and "fail" in verdicts["ht"], verdicts

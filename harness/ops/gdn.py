@@ -18,6 +18,9 @@ Case options (``Case.options``), each passed to every leg under fla's keyword of
   gradients are compared.
 - ``use_beta_sigmoid_in_kernel`` (bool): ``beta`` is drawn as logits N(0,1) and passed through a sigmoid in
   the op; ``allow_neg_eigval`` (bool) doubles it (fla requires the sigmoid with it).
+- ``conv1d`` (int W) and ``conv1d_bias`` (bool): the layer's short causal convolution in front of the op
+  (:data:`harness.ops.delta_rule.CONV_OPTIONS`), with its inputs ``conv_weight``, ``conv_bias``, ``conv_h0`` and
+  its final state ``conv_ht``; not an option of fla's op function.
 """
 
 from __future__ import annotations
