@@ -35,6 +35,8 @@ import sys
 from harness.ops import delta_rule
 from harness.ops.base import LegBinding
 
+from . import mapping
+
 KERNEL = "tpu_inference.kernels.gdn.v1.fused_gdn_kernel_wrapper"
 V2_KERNEL = "tpu_inference.kernels.gdn.v2.gdn_decode_kernel"
 V3_KERNEL = "tpu_inference.kernels.gdn.v3.wrapper"
@@ -86,14 +88,13 @@ def forward(case, a, ctx):
     fused_gdn = _kernel()
     B, T, _, K = a["q"].shape  # q, k keep their H heads: fused_gdn repeats them to v's HV itself
     HV, V = a["v"].shape[2:]
-    offsets = case.cu_seqlens if case.cu_seqlens is not None else tuple(range(0, B * T + 1, T))
-    N = len(offsets) - 1
+    offsets, lengths = mapping.requests(case)
+    N = len(lengths)
 
     def tokens(x):
         return x.reshape((B * T,) + x.shape[2:])
 
     h0 = a.get("h0")
-    lengths = [b - a_ for a_, b in zip(offsets, offsets[1:])]
     decode_end = 0 if h0 is None else next((i for i, n in enumerate(lengths) if n != 1), N)
     cache = jnp.zeros((N, HV, K, V), jnp.float32) if h0 is None else jnp.array(h0, jnp.float32)  # a copy: donated
     gate = {}
@@ -112,7 +113,7 @@ def forward(case, a, ctx):
 
 
 def describe(case) -> dict:
-    lengths = case.lens or (case.T,) * case.B
+    _, lengths = mapping.requests(case)
     decode = 0 if not case.h0 else next((i for i, n in enumerate(lengths) if n != 1), len(lengths))
     return {"entry": f"{KERNEL}.fused_gdn", "requests": len(lengths), "decode_requests": decode}
 
@@ -163,12 +164,6 @@ def _serving_refusal(case, generation: str) -> str | None:
     return None
 
 
-def _requests(case):
-    """(offsets, lengths) of the case's requests: its packed sequences, or one per batch row."""
-    offsets = case.cu_seqlens if case.cu_seqlens is not None else tuple(range(0, case.B * case.T + 1, case.T))
-    return offsets, [b - a for a, b in zip(offsets, offsets[1:])]
-
-
 def _windows(case, lengths) -> tuple[int, int]:
     """(decode_end, num_spec_tokens): with carried states, the leading requests of at most ``SPEC_TOKENS + 1``
     tokens form v3's batched segment (one-token decodes, or verify windows when one holds more than a token)."""
@@ -194,8 +189,9 @@ def forward_v3(case, a, ctx):
       takes); ``b`` beta's logits, ``a`` the raw gate; the conv weight [D, 1, W] (fla's Conv1d weight).
     - State slots: slot 0 is v3's null slot; request i writes slots from ``1 + i·w`` (w = 1, or
       ``SPEC_TOKENS + 1`` checkpoint slots per verify window) and reads a slot of its own after them, holding
-      ``h0[i]`` and ``conv_h0[i]`` (v3's ``read_state_indices``, vLLM's prefix caching): a state read from the
-      write slot instead, or written to the read slot, shows in ``ht``.
+      ``h0[i]`` and ``conv_h0[i]`` (zeros without h0; v3's ``read_state_indices``, vLLM's prefix caching): a
+      state read from the write slot instead shows in ``ht``; a read slot that comes back changed in any bit
+      raises :class:`peers.mapping.SlotWritten` (an ``error`` row naming the slots).
     - ``seq_lens`` counts one earlier token for a request with a carried state (v3 reads a state only then).
     - ``ht`` and ``conv_ht``: each request's last checkpoint (of its last token)."""
     import jax.numpy as jnp
@@ -205,7 +201,7 @@ def forward_v3(case, a, ctx):
     B, T, H, K = a["q"].shape
     HV, V = a["v"].shape[2:]
     W = delta_rule.conv_width(case)
-    offsets, lengths = _requests(case)
+    offsets, lengths = mapping.requests(case)
     N = len(lengths)
     decode_end, spec = _windows(case, lengths)
     group = [SPEC_TOKENS + 1 if spec and i < decode_end else 1 for i in range(N)]
@@ -220,11 +216,12 @@ def forward_v3(case, a, ctx):
 
     qkv = tokens(delta_rule.pack_qkv(case, a, jnp.concatenate))
     D = qkv.shape[1]
-    conv = jnp.zeros((slots, W - 1, D), jnp.float32)
-    rec = jnp.zeros((slots, HV, K, V), jnp.float32)
-    if case.h0:
-        conv = conv.at[jnp.asarray(read)].set(jnp.asarray(a["conv_h0"], jnp.float32).swapaxes(1, 2))
-        rec = rec.at[jnp.asarray(read)].set(jnp.asarray(a["h0"], jnp.float32))
+    # what the read slots hold: the carried states, or zeros (a fresh request reads none, and they stay zero)
+    conv_read = (jnp.asarray(a["conv_h0"], jnp.float32).swapaxes(1, 2) if case.h0
+                 else jnp.zeros((N, W - 1, D), jnp.float32))
+    rec_read = jnp.asarray(a["h0"], jnp.float32) if case.h0 else jnp.zeros((N, HV, K, V), jnp.float32)
+    conv = jnp.zeros((slots, W - 1, D), jnp.float32).at[jnp.asarray(read)].set(conv_read)
+    rec = jnp.zeros((slots, HV, K, V), jnp.float32).at[jnp.asarray(read)].set(rec_read)
     i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
     bias = a.get("conv_bias")
     try:
@@ -238,13 +235,16 @@ def forward_v3(case, a, ctx):
     except (AssertionError, ValueError, TypeError) as exc:  # its input checks, or its trace failing on the shapes
         raise NotImplementedError(f"fused_conv1d_gdn does not take the case (raised before running): "
                                   f"{type(exc).__name__}: {exc}") from None
+    # prefix caching's blocks are read, never written: a stray write would corrupt another request's prefix
+    mapping.check_kept(conv_read, conv_out[jnp.asarray(read)], read, "fused_conv1d_gdn's conv state")
+    mapping.check_kept(rec_read, rec_out[jnp.asarray(read)], read, "fused_conv1d_gdn's recurrent state")
     last = jnp.asarray([w + (n - 1 if g > 1 else 0) for w, n, g in zip(write, lengths, group)])
     o = out[:B * T].reshape(B, T, HV, V).astype(a["q"].dtype)
     return {"o": o, "ht": rec_out[last], "conv_ht": conv_out[last].swapaxes(1, 2).astype(a["q"].dtype)}
 
 
 def describe_v3(case) -> dict:
-    _, lengths = _requests(case)
+    _, lengths = mapping.requests(case)
     decode_end, spec = _windows(case, lengths)
     return {"entry": f"{V3_KERNEL}.fused_conv1d_gdn", "requests": len(lengths), "batched_requests": decode_end,
             "num_spec_tokens": spec, "compute_precision": "float32 (its default)",
@@ -258,7 +258,7 @@ def supports_v2(case) -> str | None:
     if delta_rule.conv_width(case):
         return ("v2's decode kernel takes q, k, v after the convolution (vLLM runs it apart); its apply_silu is the "
                 "convolution's activation alone: a case maps without conv1d")
-    _, lengths = _requests(case)
+    _, lengths = mapping.requests(case)
     if not case.h0 or any(n != 1 for n in lengths):
         return ("v2's ragged_gated_delta_rule_decode_only is the decode path: one token per request, each from "
                 "its carried state (h0); its chunked recurrent_scan is not bound (it applies SiLU to q, k, v "

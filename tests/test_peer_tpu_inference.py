@@ -112,3 +112,36 @@ def test_v2_decode_states_land_in_the_wrong_slots_and_the_gate_fails(tmp_path):
     parity = pd.read_csv(tmp_path / "tpu-inference-v2" / "parity.csv")  # the candidate's own gate
     verdicts = parity.groupby("tensor").verdict.agg(set)
     assert verdicts["ht"] == {"fail"}, verdicts
+
+
+def test_v3_a_write_to_a_read_slot_raises_naming_the_slot(monkeypatch):
+    """A fault from the test side: a fused_conv1d_gdn that also writes one element of a read slot (prefix
+    caching's block, which another request may share). The binding must raise, naming the slot; the runner turns
+    that into the case's error rows."""
+    import numpy as np
+    from jax.experimental.pallas import tpu as pltpu
+
+    import peers.tpu_inference as ti
+    from cases.case import Case
+    from cases.inputs import make_inputs
+    from harness.emulation.pallas_refs import ref_reshapes
+    from harness.legs.external import INTERPRET_CHIP, tpu_info_for
+    from harness.ops import get_op
+    from peers.mapping import SlotWritten
+
+    wrapper = ti._module(ti.V3_KERNEL)
+    honest = wrapper.fused_conv1d_gdn
+
+    def stray_write(*args, **kwargs):
+        (conv, rec), out = honest(*args, **kwargs)
+        read = args[13]  # read_state_indices
+        return (conv, rec.at[read[1], 0, 0, 0].add(1.0)), out  # request 1 reads slot 4 (3 slots before: null, 2 writes)
+
+    monkeypatch.setattr(wrapper, "fused_conv1d_gdn", stray_write)
+    case = Case.from_id(f"gdn.fused_recurrent/B1-T16-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens=1+15,h0,"
+                        f"{QWEN3_NEXT}")
+    arrays = make_inputs(case, get_op("gdn").inputs(case)).arrays
+    with tpu_info_for(INTERPRET_CHIP), ref_reshapes(), pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
+        with pytest.raises(SlotWritten, match=r"recurrent state: slot\(s\) \[4\] changed .*4: 1\)"):
+            ti.forward_v3(case, arrays, None)
+    assert np.isfinite(arrays["h0"]).all()  # the case's own arrays are never written

@@ -1,0 +1,43 @@
+"""What the peer bindings share when they map a case onto a serving kernel: its requests, and the state slots a
+call must leave alone.
+
+A serving kernel takes packed requests (``cu_seqlens`` / ``query_start_loc``) and a pooled state buffer indexed by
+slot. A case's requests are its packed sequences, or one per batch row; a binding gives each request the slots it
+reads and writes, and every other slot of the pool (a prefix cache's read blocks, another request's state) must
+come back bit for bit as it went in.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def requests(case) -> tuple[tuple[int, ...], list[int]]:
+    """(offsets, lengths) of the case's requests: its packed sequences (``cu_seqlens``), or one per batch row."""
+    offsets = tuple(case.cu_seqlens) if case.cu_seqlens is not None else tuple(range(0, case.B * case.T + 1,
+                                                                                     case.T))
+    return offsets, [b - a for a, b in zip(offsets, offsets[1:])]
+
+
+class SlotWritten(RuntimeError):
+    """A kernel changed a state slot it was given only to read (or not given at all)."""
+
+
+def check_kept(expected, got, slots, what: str) -> None:
+    """Raise :class:`SlotWritten` naming every slot ``slots[i]`` whose contents ``got[i]`` after the call differ,
+    in any bit, from ``expected[i]``, what the binding put there. NaN bits count as bits. Under a trace (the
+    compile step traces shapes only) there are no values to compare: nothing is checked."""
+    import jax
+
+    if any(isinstance(x, jax.core.Tracer) for x in (expected, got)):
+        return
+    expected, got = np.asarray(expected), np.asarray(got)
+    if expected.shape != got.shape or expected.dtype != got.dtype:
+        raise SlotWritten(f"{what}: slots {list(slots)} came back as {got.dtype}{list(got.shape)}, "
+                          f"not {expected.dtype}{list(expected.shape)}")
+    bits = np.dtype(f"u{expected.dtype.itemsize}")
+    changed = {int(s): float(np.max(np.abs(got[i].astype(np.float64) - expected[i].astype(np.float64))))
+               for i, s in enumerate(slots) if not np.array_equal(expected[i].view(bits), got[i].view(bits))}
+    if changed:
+        raise SlotWritten(f"{what}: slot(s) {sorted(changed)} changed by a call given them only to read (max "
+                          f"|change| per slot: " + ", ".join(f"{s}: {d:.3g}" for s, d in changed.items()) + ")")
