@@ -202,10 +202,11 @@ def _report_gate(result, out: Path, junit: Path | None = None, force: bool = Fal
     return EXIT_PASS if result.passed else EXIT_FAIL
 
 
-def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, cases, cache):
-    """``parity all``'s sequential test: while the gate has inconclusive comparisons short of the cap, run
-    both legs on those cases at the draws that decide them (seeds the files do not have yet), fold the rows
-    into each leg's result file (so ``parity gate`` on the files gives the same verdict), and gate again."""
+def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, cases, cache, options: dict):
+    """``parity all``'s sequential test: while the gate of ``legs`` (baseline, candidate) has inconclusive
+    comparisons short of the cap, run each leg on the draws that decide them which it does not have yet (an
+    earlier candidate's draws may have given the baseline some), fold the rows into each leg's result file
+    (so ``parity gate`` on the files gives the same verdict), and gate again."""
     import pandas as pd
 
     from harness.gate import apply_gate, undrawn_id
@@ -225,16 +226,20 @@ def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, case
         print(f"gate: {len(result.inconclusive)} comparison(s) inconclusive: {len(todo)} more draws of "
               f"{len({c.replace(seed=0).id for c in todo})} case(s), up to {need} draws")
         for name in legs:
+            have = set(frames[name]["case_id"])
+            missing = [c for c in todo if c.id not in have]
+            if not missing:
+                continue
             extra = paths[name].with_name(f"{paths[name].stem}.redraws.csv")
             for scratch in (extra, extra.with_name(f"{extra.stem}.partial.csv")):  # parity all's own, from a crash
                 scratch.unlink(missing_ok=True)
-            _, rows = _run_leg(name, args, todo, cache, path=extra)
+            _, rows = _run_leg(name, args, missing, cache, path=extra)
             frames[name] = pd.concat([frames[name], rows], ignore_index=True)
             with ResultFile(paths[name], {"leg": name, "suite": _selection(args).suite_label}, force=True):
                 write_csv(frames[name], paths[name])
             extra.unlink()
             print(f"{name}: {len(rows)} rows of the new draws folded into {paths[name]}")
-        result = apply_gate(frames[legs[0]], frames[legs[1]], _policy(args), **_gate_options(args))
+        result = apply_gate(frames[legs[0]], frames[legs[1]], _policy(args), **options)
     return result
 
 
@@ -468,7 +473,7 @@ def cmd_all(args) -> int:
     if base in frames and ours in frames:
         result = apply_gate(frames[base], frames[ours], policy, **_gate_options(args))
         if not args.baseline_rows:  # more draws need the baseline run here too
-            result = _redraw(result, frames, paths, (base, ours), args, cases, cache)
+            result = _redraw(result, frames, paths, (base, ours), args, cases, cache, _gate_options(args))
         status = _worse(status, _report_gate(result, out, junit, args.force))
     else:
         print(f"gate: skipped, it needs both the {base} and the {ours} legs" + (f"; no {junit} written" if junit else ""))
@@ -476,8 +481,10 @@ def cmd_all(args) -> int:
     for name in extra:
         print(f"gate of {name} (in {out / name}):")
         options = {**_gate_options(args), "candidate_leg": name}
-        status = _worse(status, _report_gate(apply_gate(frames[base], frames[name], policy, **options),
-                                             _out_dir(out / name)))
+        result = apply_gate(frames[base], frames[name], policy, **options)
+        if not args.baseline_rows:  # its own inconclusive comparisons get their draws, as this project's do
+            result = _redraw(result, frames, paths, (base, name), args, cases, cache, options)
+        status = _worse(status, _report_gate(result, _out_dir(out / name)))
     if extra:
         from harness.peer_report import peer_markdown, peer_table
         from harness.results import atomic_write_text, write_csv

@@ -89,8 +89,8 @@ def test_unsupported_and_error_rows_do_not_stop_the_run():
     assert all_rows[-1]["status"] == "ok"
 
 
-def _frame(leg, **kw):
-    return rows_to_frame(Runner(FakeLeg(leg, **kw), ReferenceCache(None)).run_case(CASE))
+def _frame(leg, case=CASE, **kw):
+    return rows_to_frame(Runner(FakeLeg(leg, **kw), ReferenceCache(None)).run_case(case))
 
 
 def test_gate_verdicts():
@@ -224,3 +224,19 @@ def test_gpu_leg_refuses_when_fla_may_leave_triton(monkeypatch):
     monkeypatch.setenv(FLA_DISPATCH_ENV, "0")
     reason = make_leg("gpu").supports(get_op("kda"), case)
     assert reason and reason.startswith(f"{FLA_DISPATCH_ENV}='0'")
+
+
+def test_an_extra_draw_the_candidate_never_ran_is_not_judged_but_a_missing_draw_0_or_tensor_fails():
+    """With several candidates, ``parity all`` draws more of a case to decide one candidate's comparison; the
+    baseline file then holds draws another candidate never ran. Those are not judged against it; its own draw 0
+    missing, or a tensor missing from a draw it ran, still fails closed."""
+    drawn = CASE.replace(seed=1)
+    gpu = pd.concat([_frame("gpu"), _frame("gpu", case=drawn)], ignore_index=True)
+    tpu = _frame("tpu")
+    res = apply_gate(gpu, tpu, Policy())
+    assert res.passed and drawn.id not in set(res.parity["case_id"])
+    both = pd.concat([tpu, _frame("tpu", case=drawn)], ignore_index=True)
+    res = apply_gate(gpu, both[~((both["case_id"] == drawn.id) & (both["tensor"] == "dq"))], Policy())
+    assert not res.passed and list(res.failures[["case_id", "tensor"]].itertuples(index=False)) == [(drawn.id, "dq")]
+    res = apply_gate(gpu, _frame("tpu", case=drawn), Policy())
+    assert not res.passed and set(res.failures["case_id"]) == {CASE.id}
