@@ -145,3 +145,18 @@ def test_v3_a_write_to_a_read_slot_raises_naming_the_slot(monkeypatch):
         with pytest.raises(SlotWritten, match=r"recurrent state: slot\(s\) \[4\] changed .*4: 1\)"):
             ti.forward_v3(case, arrays, None)
     assert np.isfinite(arrays["h0"]).all()  # the case's own arrays are never written
+
+
+def test_v3_fp32_decode_fails_the_gate_at_bf16_precision(tmp_path):
+    """reports/peers/tpu-inference/v2-v3, finding 2: v3 computes its dots in one bf16 MXU pass whatever the
+    input dtype, so fp32 decode lands at bf16's error, thousands of times fla's (f32 in fused_recurrent). The gate
+    must fail it on o and ht, decided (not inconclusive)."""
+    case = f"gdn.fused_recurrent/B1-T8-H2-HV4-K128-V128/fp32/g=logsigmoid/16/C64/lens=1+3+4,h0,{QWEN3_NEXT}"
+    args = ["all", "--candidate", "tpu-inference-v3", "--case", case, "--out", str(tmp_path), "--no-causality",
+            "--no-progress", "--tpu-targets", "v6e"]
+    assert main(args) == 1
+    parity = pd.read_csv(tmp_path / "tpu-inference-v3" / "parity.csv")
+    parity = parity[parity.case_id == case].set_index(["tensor", "metric"])  # draw 0 (more may decide max_abs)
+    for tensor in ("o", "ht"):
+        assert parity.loc[(tensor, "rel_l2"), "verdict"] == "fail"
+        assert parity.loc[(tensor, "rel_l2"), "ratio"] > 100, parity.loc[(tensor, "rel_l2")]
