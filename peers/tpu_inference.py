@@ -147,7 +147,7 @@ TOKEN_ALIGN = 16
 the packed tokens with rows that belong to no request."""
 
 
-def _serving_refusal(case, generation: str) -> str | None:
+def serving_refusal(case, generation: str) -> str | None:
     """What neither v2 nor v3 can take: a missing install, kda, an option off, a second gate form, another scale."""
     if importlib.util.find_spec("tpu_inference") is None:
         return f"tpu-inference is not installed ({INSTALL})"
@@ -174,7 +174,7 @@ def _windows(case, lengths) -> tuple[int, int]:
 
 
 def supports_v3(case) -> str | None:
-    why = _serving_refusal(case, "v3's fused_conv1d_gdn")
+    why = serving_refusal(case, "v3's fused_conv1d_gdn")
     if why:
         return why
     if not delta_rule.conv_width(case):
@@ -183,21 +183,27 @@ def supports_v3(case) -> str | None:
 
 
 def forward_v3(case, a, ctx):
-    """One ``fused_conv1d_gdn`` call on the case's requests.
+    """One ``fused_conv1d_gdn`` call on the case's requests (:func:`conv1d_gdn`), read slots apart."""
+    del ctx  # the candidate leg forces interpret mode itself
+    return conv1d_gdn(case, a, _module(V3_KERNEL).fused_conv1d_gdn, read_slots_apart=True)
+
+
+def conv1d_gdn(case, a, fused_conv1d_gdn, *, read_slots_apart: bool) -> dict:
+    """One call of v3's ``fused_conv1d_gdn`` (or a vendored copy of it: sglang-jax's ``fused_chunk_parallel``,
+    which has no ``read_state_indices``) on the case's requests.
 
     - qkv: q, k, v packed per token as the case's convolution reads them ([T, 2·H·K + HV·V], the layout v3
       takes); ``b`` beta's logits, ``a`` the raw gate; the conv weight [D, 1, W] (fla's Conv1d weight).
     - State slots: slot 0 is v3's null slot; request i writes slots from ``1 + i·w`` (w = 1, or
-      ``SPEC_TOKENS + 1`` checkpoint slots per verify window) and reads a slot of its own after them, holding
-      ``h0[i]`` and ``conv_h0[i]`` (zeros without h0; v3's ``read_state_indices``, vLLM's prefix caching): a
-      state read from the write slot instead shows in ``ht``; a read slot that comes back changed in any bit
-      raises :class:`peers.mapping.SlotWritten` (an ``error`` row naming the slots).
+      ``SPEC_TOKENS + 1`` checkpoint slots per verify window). With ``read_slots_apart`` it reads a slot of its
+      own after them (v3's ``read_state_indices``, vLLM's prefix caching), else its first write slot; the read
+      slot holds ``h0[i]`` and ``conv_h0[i]`` (zeros without h0). A state read from the wrong slot shows in
+      ``ht``; a read slot apart that comes back changed in any bit raises :class:`peers.mapping.SlotWritten`
+      (an ``error`` row naming the slots).
     - ``seq_lens`` counts one earlier token for a request with a carried state (v3 reads a state only then).
     - ``ht`` and ``conv_ht``: each request's last checkpoint (of its last token)."""
     import jax.numpy as jnp
 
-    del ctx  # the candidate leg forces interpret mode itself
-    wrapper = _module(V3_KERNEL)
     B, T, H, K = a["q"].shape
     HV, V = a["v"].shape[2:]
     W = delta_rule.conv_width(case)
@@ -206,8 +212,8 @@ def forward_v3(case, a, ctx):
     decode_end, spec = _windows(case, lengths)
     group = [SPEC_TOKENS + 1 if spec and i < decode_end else 1 for i in range(N)]
     write = [1 + sum(group[:i]) for i in range(N)]
-    read = [1 + sum(group) + i for i in range(N)]
-    slots = 1 + sum(group) + N
+    read = [1 + sum(group) + i for i in range(N)] if read_slots_apart else write
+    slots = 1 + sum(group) + (N if read_slots_apart else 0)
     rows = -(-(B * T) // TOKEN_ALIGN) * TOKEN_ALIGN
 
     def tokens(x):
@@ -224,20 +230,21 @@ def forward_v3(case, a, ctx):
     rec = jnp.zeros((slots, HV, K, V), jnp.float32).at[jnp.asarray(read)].set(rec_read)
     i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
     bias = a.get("conv_bias")
+    slot_args = [i32(offsets), i32(write), i32((decode_end, N, N)), i32([n + int(case.h0) for n in lengths])]
     try:
-        (conv_out, rec_out), out = wrapper.fused_conv1d_gdn(
+        (conv_out, rec_out), out = fused_conv1d_gdn(
             qkv, tokens(a["beta"]), tokens(a["g"]), conv, rec,
             jnp.asarray(a["conv_weight"], jnp.float32)[:, None, :],
             None if bias is None else jnp.asarray(bias, jnp.float32),
             jnp.asarray(a["A_log"], jnp.float32), jnp.asarray(a["dt_bias"], jnp.float32),
-            i32(offsets), i32(write), i32((decode_end, N, N)), i32([n + int(case.h0) for n in lengths]), i32(read),
-            i32([0] * N) if spec else None, n_kq=H, n_v=HV, d_k=K, d_v=V, kernel_size=W, num_spec_tokens=spec)
+            *slot_args, *([i32(read)] if read_slots_apart else []), read_offsets=i32([0] * N) if spec else None,
+            n_kq=H, n_v=HV, d_k=K, d_v=V, kernel_size=W, num_spec_tokens=spec)
     except (AssertionError, ValueError, TypeError) as exc:  # its input checks, or its trace failing on the shapes
         raise NotImplementedError(f"fused_conv1d_gdn does not take the case (raised before running): "
                                   f"{type(exc).__name__}: {exc}") from None
-    # prefix caching's blocks are read, never written: a stray write would corrupt another request's prefix
-    mapping.check_kept(conv_read, conv_out[jnp.asarray(read)], read, "fused_conv1d_gdn's conv state")
-    mapping.check_kept(rec_read, rec_out[jnp.asarray(read)], read, "fused_conv1d_gdn's recurrent state")
+    if read_slots_apart:  # prefix caching's blocks are read, never written: a stray write would corrupt a prefix
+        mapping.check_kept(conv_read, conv_out[jnp.asarray(read)], read, "fused_conv1d_gdn's conv state")
+        mapping.check_kept(rec_read, rec_out[jnp.asarray(read)], read, "fused_conv1d_gdn's recurrent state")
     last = jnp.asarray([w + (n - 1 if g > 1 else 0) for w, n, g in zip(write, lengths, group)])
     o = out[:B * T].reshape(B, T, HV, V).astype(a["q"].dtype)
     return {"o": o, "ht": rec_out[last], "conv_ht": conv_out[last].swapaxes(1, 2).astype(a["q"].dtype)}
@@ -252,7 +259,7 @@ def describe_v3(case) -> dict:
 
 
 def supports_v2(case) -> str | None:
-    why = _serving_refusal(case, "v2's ragged_gated_delta_rule_decode_only")
+    why = serving_refusal(case, "v2's ragged_gated_delta_rule_decode_only")
     if why:
         return why
     if delta_rule.conv_width(case):
