@@ -59,9 +59,19 @@ def repro(leg: str, case_id: str) -> str:
     return f"parity run --backend {leg} --case '{case_id}'"
 
 
+EMBEDDED_TRACEBACK = "Traceback (most recent call last):"
+
+
 def _short_error(exc: BaseException) -> str:
-    """The exception's type and message on one line, plus where in our code it surfaced."""
-    msg = " ".join(f"{type(exc).__name__}: {exc}".split())
+    """The exception's type and message on one line, plus where in our code it surfaced. An error that carries
+    the traceback of another raised inside a callback (jax's ``CpuCallback error``, e.g. a check of Pallas's TPU
+    interpreter) is named by that one's last line, which says what happened."""
+    text = str(exc)
+    if EMBEDDED_TRACEBACK in text:  # its frames are indented; the exception, from its first unindented line on
+        lines = text.split(EMBEDDED_TRACEBACK, 1)[1].splitlines()
+        start = next((i for i, line in enumerate(lines) if line.strip() and not line[0].isspace()), None)
+        text = text if start is None else "in a callback, " + " ".join(lines[start:])
+    msg = " ".join(f"{type(exc).__name__}: {text}".split())
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
     where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return (msg[:500] + ("..." if len(msg) > 500 else "")) + where

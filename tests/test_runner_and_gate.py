@@ -240,3 +240,19 @@ def test_an_extra_draw_the_candidate_never_ran_is_not_judged_but_a_missing_draw_
     assert not res.passed and list(res.failures[["case_id", "tensor"]].itertuples(index=False)) == [(drawn.id, "dq")]
     res = apply_gate(gpu, _frame("tpu", case=drawn), Policy())
     assert not res.passed and set(res.failures["case_id"]) == {CASE.id}
+
+
+def test_an_error_carrying_a_callbacks_traceback_is_named_by_the_inner_exception():
+    """jax's CpuCallback errors embed the traceback of what a callback raised (Pallas's TPU interpreter checks
+    run as callbacks): the row's reason is that exception, not the first frame of its traceback."""
+    from harness.runner import _short_error
+
+    inner = ("INTERNAL: CpuCallback error calling callback: Traceback (most recent call last):\n"
+             '  File "/x/callback.py", line 816, in _wrapped_callback\n'
+             '  File "/x/interpret_pallas_call.py", line 290, in _check_for_revisiting\n'
+             "RuntimeError: Revisited block (0, 1) of output 0 in iteration (1, 0, 0).\n"
+             "The block was previously visited in iterations (0, 0, 1).")
+    assert _short_error(RuntimeError(inner)) == (
+        "RuntimeError: in a callback, RuntimeError: Revisited block (0, 1) of output 0 in iteration (1, 0, 0). The "
+        "block was previously visited in iterations (0, 0, 1).")
+    assert _short_error(ValueError("plain\nmessage")) == "ValueError: plain message"
