@@ -14,12 +14,14 @@ candidates: the linear-attention kernels it serves models with, under ``python/s
   as given; its in-kernel gate (``A_log`` [H], ``dt_bias`` per channel, ``lower_bound``) maps exactly. Pallas.
 - ``gdn``: with the convolution in front (``conv1d=W``), ``gdn.fused_chunk_parallel.fused_conv1d_gdn``, a
   vendored snapshot of tpu-inference's GDN v3 (commit a9072c8; Qwen3.5 runs it), mapped as the tpu-inference-v3
-  binding maps v3 (:func:`peers.tpu_inference.conv1d_gdn`), its initial state read from the write slot (the
-  snapshot has no ``read_state_indices``). Without it, the pure-JAX forms the convolution's output feeds:
-  ``chunked_gated_delta_rule_jax`` for ``chunk`` cases, ``ragged_gated_delta_rule_ref`` (token by token) for
-  ``fused_recurrent`` ones, on a state pool (slot 0 null, request i in slot 1 + i, ``has_initial_state`` from
-  h0). Both normalise q and k, compute the gate from ``A_log`` and ``dt_bias`` and squash beta in the kernel,
-  always: a gdn case maps only with all three options.
+  binding maps v3 (:func:`peers.tpu_inference.conv1d_gdn`), as sglang-jax's prefill calls it: every request in
+  the per-sequence segment (``distribution = (0, 0, N)``, no verify windows), its initial state read from its
+  write slot (the snapshot has no ``read_state_indices``). Without it, the pure-JAX forms the convolution's output feeds:
+  ``chunked_gated_delta_rule_jax`` for ``chunk`` cases (sglang-jax's ``chunked_jax`` prefill), and for
+  ``fused_recurrent`` ones ``decode_gated_delta_rule_ref`` (its production decode) when every request is one
+  token from a carried state, else ``ragged_gated_delta_rule_ref`` (token by token), on a state pool (slot 0
+  null, request i in slot 1 + i, ``has_initial_state`` from h0). All of them normalise q and k, compute the gate
+  from ``A_log`` and ``dt_bias`` and squash beta in the kernel, always: a gdn case maps only with all three.
 
 ``sglang-jax-decode`` binds ``simple_gla.simple_gla_fused.decode_simple_gla_fused``, sglang-jax's own Pallas
 decode kernel, to ``simple_gla.fused_recurrent`` cases of one token per request: it reads and writes a pooled
@@ -59,6 +61,7 @@ ENTRY = {
     ("gdn", "conv1d"): "gdn.fused_chunk_parallel.fused_conv1d_gdn",
     ("gdn", "chunk"): "gdn.gated_delta.chunked_gated_delta_rule_jax",
     ("gdn", "fused_recurrent"): "gdn.gated_delta.ragged_gated_delta_rule_ref",
+    ("gdn", "decode"): "gdn.gated_delta.decode_gated_delta_rule_ref",
     ("decode", "fused_recurrent"): "simple_gla.simple_gla_fused.decode_simple_gla_fused",
 }
 """(op, variant) -> the entry point under ``sgl_jax.srt.kernels`` (gdn with the convolution: ``("gdn",
@@ -75,7 +78,13 @@ def _installed() -> str | None:
 
 
 def _gdn_key(case) -> tuple[str, str]:
-    return ("gdn", "conv1d") if delta_rule.conv_width(case) else ("gdn", case.variant)
+    """gdn's entry point: the fused kernel with the convolution; without it, the decode form when every request
+    is one token from a carried state (its production decode), else the case's variant's pure-JAX form."""
+    if delta_rule.conv_width(case):
+        return ("gdn", "conv1d")
+    if case.variant == "fused_recurrent" and case.h0 and set(mapping.requests(case)[1]) == {1}:
+        return ("gdn", "decode")
+    return ("gdn", case.variant)
 
 
 def _call(fn, *args, **kwargs):
@@ -190,7 +199,7 @@ def supports_gdn(case) -> str | None:
 def forward_gdn(case, a, ctx):
     del ctx
     if delta_rule.conv_width(case):
-        return tpu_inference.conv1d_gdn(case, a, _entry(("gdn", "conv1d")), read_slots_apart=False)
+        return tpu_inference.conv1d_gdn(case, a, _entry(("gdn", "conv1d")), read_slots_apart=False, batched=False)
     import jax.numpy as jnp
 
     B, T, H, K = a["q"].shape
@@ -201,20 +210,25 @@ def forward_gdn(case, a, ctx):
     pool = jnp.zeros((N + 1, HV, K, V), jnp.float32)
     if case.h0:
         pool = pool.at[1:].set(jnp.asarray(a["h0"], jnp.float32))
+    key = _gdn_key(case)
+    slots, fresh = jnp.arange(1, N + 1, dtype=jnp.int32), jnp.full((N,), bool(case.h0))
     common = dict(n_kq=H, n_v=HV, d_k=K, d_v=V)
-    if case.variant == "chunk":
+    if key == ("gdn", "decode"):
+        requests, common["has_initial_state"] = (slots,), fresh
+    else:
+        requests = (jnp.asarray(offsets, jnp.int32), slots, fresh)
+    if key == ("gdn", "chunk"):
         common["chunk_size"] = case.chunk_size
-    pool_out, o = _call(_entry(_gdn_key(case)), tokens(delta_rule.pack_qkv(case, a, jnp.concatenate)),
-                        tokens(a["beta"]), tokens(a["g"]), pool, jnp.asarray(a["A_log"], jnp.float32),
-                        jnp.asarray(a["dt_bias"], jnp.float32), jnp.asarray(offsets, jnp.int32),
-                        jnp.arange(1, N + 1, dtype=jnp.int32), jnp.full((N,), bool(case.h0)), **common)
+    pool_out, o = _call(_entry(key), tokens(delta_rule.pack_qkv(case, a, jnp.concatenate)), tokens(a["beta"]),
+                        tokens(a["g"]), pool, jnp.asarray(a["A_log"], jnp.float32),
+                        jnp.asarray(a["dt_bias"], jnp.float32), *requests, **common)
     return {"o": o.reshape(B, T, HV, V).astype(a["q"].dtype), "ht": pool_out[1:]}
 
 
 def describe(case) -> dict:
     key = _gdn_key(case) if case.op == "gdn" else (case.op, case.variant)
     out = {"entry": f"{KERNELS}.{ENTRY.get(key, 'none')}"}
-    if key in (("simple_gla", "fused_recurrent"), ("gdn", "chunk"), ("gdn", "fused_recurrent")):
+    if key in (("simple_gla", "fused_recurrent"), ("gdn", "chunk"), ("gdn", "fused_recurrent"), ("gdn", "decode")):
         out["ran_as"] = "pure JAX (XLA), every dot at its stated precision through the MXU model"
     else:
         out["ran_as"] = "Pallas, interpreted with the MXU model"

@@ -185,15 +185,18 @@ def supports_v3(case) -> str | None:
 def forward_v3(case, a, ctx):
     """One ``fused_conv1d_gdn`` call on the case's requests (:func:`conv1d_gdn`), read slots apart."""
     del ctx  # the candidate leg forces interpret mode itself
-    return conv1d_gdn(case, a, _module(V3_KERNEL).fused_conv1d_gdn, read_slots_apart=True)
+    return conv1d_gdn(case, a, _module(V3_KERNEL).fused_conv1d_gdn, read_slots_apart=True, batched=True)
 
 
-def conv1d_gdn(case, a, fused_conv1d_gdn, *, read_slots_apart: bool) -> dict:
+def conv1d_gdn(case, a, fused_conv1d_gdn, *, read_slots_apart: bool, batched: bool) -> dict:
     """One call of v3's ``fused_conv1d_gdn`` (or a vendored copy of it: sglang-jax's ``fused_chunk_parallel``,
     which has no ``read_state_indices``) on the case's requests.
 
     - qkv: q, k, v packed per token as the case's convolution reads them ([T, 2·H·K + HV·V], the layout v3
       takes); ``b`` beta's logits, ``a`` the raw gate; the conv weight [D, 1, W] (fla's Conv1d weight).
+    - Segments: with ``batched``, the leading short requests from carried states form v3's batched segment
+      (decodes, or verify windows: :func:`_windows`) and the rest its per-sequence one; without, every request
+      is in the per-sequence segment (``distribution = (0, N, N)``), as sglang-jax's prefill calls it.
     - State slots: slot 0 is v3's null slot; request i writes slots from ``1 + i·w`` (w = 1, or
       ``SPEC_TOKENS + 1`` checkpoint slots per verify window). With ``read_slots_apart`` it reads a slot of its
       own after them (v3's ``read_state_indices``, vLLM's prefix caching), else its first write slot; the read
@@ -209,7 +212,7 @@ def conv1d_gdn(case, a, fused_conv1d_gdn, *, read_slots_apart: bool) -> dict:
     W = delta_rule.conv_width(case)
     offsets, lengths = mapping.requests(case)
     N = len(lengths)
-    decode_end, spec = _windows(case, lengths)
+    decode_end, spec = _windows(case, lengths) if batched else (0, 0)
     group = [SPEC_TOKENS + 1 if spec and i < decode_end else 1 for i in range(N)]
     write = [1 + sum(group[:i]) for i in range(N)]
     read = [1 + sum(group) + i for i in range(N)] if read_slots_apart else write
