@@ -178,8 +178,9 @@ def forward_kda(case, a, ctx):
     del ctx
     gate = {}
     if delta_rule.gate_in_kernel(case):
-        gate = dict(use_gate_in_kernel=True, A_log=jnp.asarray(a["A_log"]), dt_bias=jnp.asarray(a["dt_bias"]),
-                    lower_bound=case.opt.get("lower_bound"))
+        # A_log [H] and dt_bias [H, K], as Kimi-Linear's layer passes them (kda_backend.py)
+        gate = dict(use_gate_in_kernel=True, A_log=jnp.asarray(a["A_log"]),
+                    dt_bias=jnp.asarray(a["dt_bias"]).reshape(case.HV, case.K), lower_bound=case.opt.get("lower_bound"))
     out = _call(_entry(("kda", "chunk")), _packed(case, a["q"]), _packed(case, a["k"]), _packed(case, a["v"]),
                 _packed(case, a["g"]), _packed(case, a["beta"]), case.resolved_scale, a.get("h0"), case.final_state,
                 _cu_seqlens(case), chunk_size=case.chunk_size, **gate)
