@@ -68,13 +68,28 @@ ENTRY = {
 "conv1d")``; the decode candidate's: ``("decode", ...)``)."""
 
 
+
+def _import_kernels() -> tuple[dict, str | None]:
+    """The kernel modules, imported when this module is (outside any trace: docs/legs.md), and why not."""
+    if importlib.util.find_spec("sgl_jax") is None:
+        return {}, f"sglang-jax is not installed ({INSTALL})"
+    try:
+        return {module: importlib.import_module(f"{KERNELS}.{module}")
+                for module in sorted({entry.rpartition(".")[0] for entry in ENTRY.values()})}, None
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason for every row
+        return {}, f"sglang-jax's kernels could not be imported: {type(exc).__name__}: {exc}"
+
+
+_MODULES, _IMPORT_ERROR = _import_kernels()
+
+
 def _entry(key) -> object:
     module, _, name = ENTRY[key].rpartition(".")
-    return getattr(importlib.import_module(f"{KERNELS}.{module}"), name)
+    return getattr(_MODULES[module], name)
 
 
 def _installed() -> str | None:
-    return None if importlib.util.find_spec("sgl_jax") else f"sglang-jax is not installed ({INSTALL})"
+    return _IMPORT_ERROR
 
 
 def _gdn_key(case) -> tuple[str, str]:
