@@ -244,6 +244,38 @@ def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, case
 
 
 # -------------------------------------------------------------------- verbs
+def cmd_peers(args) -> int:
+    """``reports/peers/README.md`` and ``index.html`` from every report's rows (harness.peer_table); ``--check``
+    writes nothing and exits 1 when the page differs from what the rows give."""
+    from pathlib import Path
+
+    from harness.peer_table import HEAD, html_page, markdown, tables
+    from harness.results import atomic_write_text
+
+    root = Path(args.root)
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a folder of reports (each a folder with gpu.csv[.gz] and candidates' rows)")
+    try:
+        t = tables(root, _policy(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    pages = {root / "README.md": markdown(t), root / "index.html": html_page(t)}
+    if args.check:
+        stale = [str(p) for p, text in pages.items() if not p.exists() or p.read_text() != text]
+        print(f"peers: {', '.join(stale)} differ from the rows; run parity peers --root {root}" if stale
+              else f"peers: {root}/README.md and index.html match the rows")
+        return EXIT_FAIL if stale else EXIT_PASS
+    title = HEAD.splitlines()[0]
+    mine = root / "README.md"
+    if mine.exists() and not mine.read_text().startswith(title) and not args.force:
+        raise UsageError(f"{mine} was not written by parity peers; --force replaces it")
+    for path, text in pages.items():
+        atomic_write_text(path, text)
+    print(f"peers: {len(t['ops'])} rows (op, variant, dtype, gate form) x {len(t['ops'].columns) - 4} candidates "
+          f"-> {mine}, {root / 'index.html'}")
+    return EXIT_PASS
+
+
 def cmd_cases(args) -> int:
     """One line per case: its id and compared tensors. For your own cases (by id or file), a note on stderr
     where a kernel binding already refuses the case, so the refusal is seen when the case is made."""
@@ -630,6 +662,14 @@ def build_parser() -> argparse.ArgumentParser:
                         f"$PARITY_JOBS, else one per CPU and per {GIB_PER_JOB} GiB of memory; 1: no workers); the "
                         "rows come out in case order at any N")
     p.set_defaults(fn=cmd_compile)
+
+    p = sub.add_parser("peers", help="one table for every peer: README.md and index.html from the rows of every "
+                                     "report under a folder (default reports/peers)")
+    p.add_argument("--root", default="reports/peers", help="the folder of reports (default reports/peers)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the pages differ from the rows")
+    p.add_argument("--force", action="store_true", help="replace a README.md that parity peers did not write")
+    _add_policy(p)
+    p.set_defaults(fn=cmd_peers)
 
     p = sub.add_parser("merge", help="merge shard result files of one leg into one CSV")
     p.add_argument("-o", "--output", required=True, help="merged CSV to write (never one of the inputs)")

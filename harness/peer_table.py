@@ -1,0 +1,237 @@
+"""One table for every peer (``parity peers``): the rows of every candidate's report under ``reports/peers/``,
+side by side per op, variant, dtype and gate form.
+
+A report is a folder holding the baseline's rows (``gpu.csv`` or ``gpu.csv.gz``) and, beside them, each candidate's
+(``<leg>.csv[.gz]``, the file named after the leg its rows name: ``tpu`` for this project's kernels, ``tops``,
+``tpu-inference``, ``sglang-jax``, ...; :func:`candidate_frames`). The variant is labelled with the case's
+convolution in front (``conv1d=W``), which only some candidates map. Each report is judged on its own baseline rows with the shipped policy
+(:func:`harness.peer_report.peer_table`: per case and forward tensor, ε_candidate / ε_fla on rel-L2 and the gate's
+verdict). A (candidate, case, tensor) that several reports hold is taken from the report made last (its baseline
+rows' newest ``timestamp``).
+
+Per (op, variant, dtype, gate form) and candidate, a cell says:
+
+- ``gm×``: the geometric mean of ε_candidate / ε_fla over the forward tensors both measured (``ok``), ``max×`` the
+  largest, ``n`` how many;
+- how many of them the gate failed (``fail``) or could not decide (``inconclusive``);
+- how many cases the candidate refused (``unsupported``) or broke on (``error``: a crash, a wrong shape, a
+  non-finite output).
+
+The compile table counts, per candidate and target, the cases it ran (not refused) whose rows say they were compiled
+for that target (``compiled_for``). The findings table lists each report's ``findings.toml`` (``[[finding]]``
+tables with ``candidate``, ``title`` and ``link``, relative to that report's folder): what a person located and
+wrote up, linked, counted per candidate.
+
+Everything but the findings is computed from rows; ``parity peers`` writes ``README.md`` and ``index.html`` in the
+folder it reads, and ``tests/test_peer_table.py`` fails when the committed page differs from what the rows give.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+
+from cases.case import Case
+
+from .peer_report import FORWARD, peer_table
+from .policy import Policy
+from .results import read_table
+
+BASELINE = "gpu"
+TARGETS = ("v5e", "v6e", "v7x")
+FINDINGS = "findings.toml"
+
+
+def _result_file(folder: Path, stem: str) -> Path | None:
+    return next((p for p in (folder / f"{stem}.csv", folder / f"{stem}.csv.gz") if p.exists()), None)
+
+
+def report_folders(root: Path) -> list[Path]:
+    """Every folder under ``root`` (itself included) that holds baseline rows, in path order."""
+    return sorted({p.parent for pattern in ("gpu.csv", "gpu.csv.gz") for p in Path(root).rglob(pattern)})
+
+
+def candidate_frames(folder: Path) -> list[pd.DataFrame]:
+    """The candidates' rows of one report: each ``<leg>.csv[.gz]`` or ``<what>.<leg>.csv[.gz]`` (e.g. the rows of
+    the cases a candidate breaks on, kept apart) whose rows all name ``leg`` (not the baseline's or the
+    reference's), in name order."""
+    frames = []
+    for path in sorted(folder.iterdir()):
+        suffix = next((x for x in (".csv", ".csv.gz") if path.name.endswith(x)), None)
+        leg = path.name[:-len(suffix)].rpartition(".")[2] if suffix else ""
+        if not leg or leg in (BASELINE, "ref"):
+            continue
+        frame = read_table(path)
+        if {"leg", "case_id", "tensor", "rel_l2"} <= set(frame.columns) and set(frame["leg"]) == {leg}:
+            frames.append(frame)
+    return frames
+
+
+def gate_form(case: Case) -> str:
+    """The case's gates: ``g``, ``g_gamma[H]`` (its form: ``[]`` one for every head, ``[H]``, ``[H,K]``), both
+    joined by ``+``; ``(in kernel)`` when the op computes the gate from A_log and dt_bias."""
+    forms = ["g" if gate.kind == "g" else f"g_gamma[{gate.gamma_shape}]" for gate in case.gates]
+    return "+".join(forms) + (" (in kernel)" if case.opt.get("use_gate_in_kernel") else "")
+
+
+def all_rows(root: Path, policy: Policy) -> pd.DataFrame:
+    """Every report's :func:`harness.peer_report.peer_table` rows, with its folder, one per (candidate, case,
+    tensor): the newest report's."""
+    tables = []
+    for folder in report_folders(root):
+        baseline = read_table(_result_file(folder, BASELINE))
+        candidates = candidate_frames(folder)
+        if not candidates:
+            continue
+        table = peer_table(baseline, candidates, policy)
+        table["report"] = folder.relative_to(root).as_posix() or "."
+        table["made"] = str(baseline["timestamp"].max())
+        case_rows = pd.concat(candidates)[["case_id", "leg", "compiled_for"]].drop_duplicates(["case_id", "leg"])
+        table = table.drop(columns="compiled_for").merge(
+            case_rows.rename(columns={"leg": "candidate"}), on=["case_id", "candidate"], how="left")
+        tables.append(table)
+    if not tables:
+        raise ValueError(f"no report under {root}: a report is a folder with gpu.csv[.gz] and its candidates' rows")
+    rows = pd.concat(tables, ignore_index=True).sort_values(["made", "report"], kind="stable")
+    rows = rows.drop_duplicates(["candidate", "case_id", "tensor"], keep="last")
+    cases = {cid: Case.from_id(cid) for cid in rows["case_id"].unique()}
+    rows["op"] = rows["case_id"].map(lambda c: cases[c].op)
+    rows["variant"] = rows["case_id"].map(lambda c: cases[c].variant + (f" conv1d={cases[c].opt['conv1d']}"
+                                                                         if cases[c].opt.get("conv1d") else ""))
+    rows["dtype"] = rows["case_id"].map(lambda c: cases[c].dtype)
+    rows["gate"] = rows["case_id"].map(lambda c: gate_form(cases[c]))
+    return rows.reset_index(drop=True)
+
+
+GROUP = ["op", "variant", "dtype", "gate"]
+
+
+def summarize(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (op, variant, dtype, gate form, candidate): the cell's numbers (see the module doc)."""
+    out = []
+    for key, group in rows.groupby(GROUP + ["candidate"], sort=True):
+        fwd = group[group["tensor"].isin(FORWARD)]
+        measured = fwd[(fwd["status"] == "ok") & (fwd["ratio"] > 0)]
+        ratios = measured["ratio"].astype(float)
+        per_case = fwd.groupby("case_id")["status"].agg(set)
+        out.append(dict(zip(GROUP + ["candidate"], key),
+                        n=len(ratios),
+                        gm=math.exp(ratios.map(math.log).mean()) if len(ratios) else math.nan,
+                        worst=ratios.max() if len(ratios) else math.nan,
+                        fail=int((fwd["verdict"] == "fail").sum()),
+                        inconclusive=int((fwd["verdict"] == "inconclusive").sum()),
+                        cases=len(per_case),
+                        unsupported=int(per_case.map(lambda s: s == {"unsupported"}).sum()),
+                        error=int(per_case.map(lambda s: "error" in s or "nonfinite" in s).sum()),
+                        reports=" ".join(sorted(group["report"].unique()))))
+    return pd.DataFrame(out)
+
+
+def cell(r) -> str:
+    """One candidate's cell (see the module doc)."""
+    parts = []
+    if r.n:
+        parts.append(f"{r.gm:.2f}× (max {r.worst:.3g}×, n {r.n})")
+    if r.fail or r.inconclusive:
+        parts.append(", ".join(f"{count} {word}" for count, word in ((r.fail, "fail"),
+                                                                     (r.inconclusive, "inconclusive")) if count))
+    if r.error:
+        parts.append(f"{r.error}/{r.cases} error")
+    if r.unsupported:
+        parts.append(f"{r.unsupported}/{r.cases} unsupported")
+    return "; ".join(parts) or "–"
+
+
+def compile_counts(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per candidate: cases run (not refused) and, per target, how many of them were compiled for it."""
+    ran = rows[rows["status"] != "unsupported"].drop_duplicates(["candidate", "case_id"])
+    out = []
+    for candidate, group in ran.groupby("candidate"):
+        targets = group["compiled_for"].fillna("").map(lambda s: set(s.split(",")) if s else set())
+        out.append({"candidate": candidate, "cases run": len(group),
+                    **{t: int(targets.map(lambda s, t=t: t in s).sum()) for t in TARGETS}})
+    return pd.DataFrame(out)
+
+
+def findings(root: Path) -> list[dict]:
+    """Every report's ``findings.toml`` entries, each with its link made relative to ``root``."""
+    out = []
+    for path in sorted(Path(root).rglob(FINDINGS)):
+        folder = path.parent.relative_to(root).as_posix()
+        for f in tomllib.loads(path.read_text())["finding"]:
+            out.append({"candidate": f["candidate"], "title": f["title"], "link": f"{folder}/{f['link']}",
+                        "report": folder})
+    return out
+
+
+def _candidates(summary: pd.DataFrame) -> list[str]:
+    """Column order: this project's kernels (``tpu``) first, then the peers by name."""
+    names = sorted(summary["candidate"].unique())
+    return (["tpu"] if "tpu" in names else []) + [n for n in names if n != "tpu"]
+
+
+def tables(root: Path, policy: Policy) -> dict[str, pd.DataFrame]:
+    """The page's tables: ``ops`` (one row per op, variant, dtype, gate form; one column per candidate),
+    ``compile`` and ``findings``."""
+    rows = all_rows(root, policy)
+    summary = summarize(rows)
+    names = _candidates(summary)
+    summary["cell"] = summary.apply(cell, axis=1)
+    ops = summary.pivot_table(index=GROUP, columns="candidate", values="cell", aggfunc="first").reindex(
+        columns=names).fillna("").reset_index()
+    found = pd.DataFrame(findings(root), columns=["candidate", "title", "link", "report"])
+    return {"ops": ops, "compile": compile_counts(rows).set_index("candidate").reindex(
+        names).dropna(how="all").reset_index(), "findings": found}
+
+
+def _md_table(frame: pd.DataFrame) -> list[str]:
+    cols = list(frame.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in r) + " |")
+    return lines
+
+
+HEAD = """# Every peer against fla, side by side
+
+Made by `parity peers` from the rows of every report under this folder, never edited by hand (its test fails when
+it differs from them). A cell: ε_candidate / ε_fla on rel-L2 over the forward tensors (o, ht; conv_ht where the
+case convolves) both measured, as a geometric mean (max, n); how many of those the shipped policy's gate failed or
+could not decide; how many cases the candidate broke on (error) or refused (unsupported). `tpu` is this project's
+kernels. An empty cell: no report ran that candidate on such cases. Each report is judged on its own fla rows;
+where reports share a case, the newest one's rows count. Definitions: `harness/peer_table.py`.
+"""
+
+
+def markdown(t: dict[str, pd.DataFrame]) -> str:
+    lines = [HEAD]
+    for op, frame in t["ops"].groupby("op", sort=True):
+        lines += [f"## {op}", ""] + _md_table(frame.drop(columns="op")) + [""]
+    lines += ["## Compiled for real TPUs", "",
+              "Cases each candidate ran (not refused), and how many of them compiled for each target (libtpu, "
+              "deviceless).", ""] + _md_table(t["compile"]) + [""]
+    lines += ["## Located findings", ""]
+    counts = t["findings"].groupby("candidate").size()
+    lines += [", ".join(f"{c}: {n}" for c, n in counts.items()) + "." if len(counts) else "None declared.", ""]
+    for f in t["findings"].itertuples(index=False):
+        lines.append(f"- **{f.candidate}**: [{f.title}]({f.link})")
+    return "\n".join(lines) + "\n"
+
+
+def html_page(t: dict[str, pd.DataFrame]) -> str:
+    """The same tables as one self-contained page (inline CSS, no script)."""
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}th{background:#eee}")
+    parts = [f"<!doctype html><meta charset='utf-8'><title>Every peer against fla</title><style>{style}</style>",
+             "<h1>Every peer against fla, side by side</h1>",
+             "<p>" + html.escape(HEAD.split("\n", 2)[2].replace("\n", " ")) + "</p>"]
+    for op, frame in t["ops"].groupby("op", sort=True):
+        parts += [f"<h2>{html.escape(op)}</h2>", frame.drop(columns="op").to_html(index=False)]
+    parts += ["<h2>Compiled for real TPUs</h2>", t["compile"].to_html(index=False), "<h2>Located findings</h2><ul>"]
+    parts += [f"<li><b>{html.escape(f.candidate)}</b>: <a href='{html.escape(f.link)}'>{html.escape(f.title)}</a>"
+              for f in t["findings"].itertuples(index=False)]
+    return "\n".join(parts) + "</ul>\n"

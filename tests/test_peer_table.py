@@ -1,0 +1,65 @@
+"""The table of every peer (harness/peer_table.py, ``parity peers``): its numbers on hand-made rows, the committed
+page against the committed rows, and what it never overwrites."""
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cases.case import Case
+from harness.cli import main
+from harness.peer_table import cell, gate_form, html_page, markdown, summarize, tables
+from harness.policy import default_policy
+
+ROOT = Path(__file__).resolve().parents[1] / "reports" / "peers"
+
+
+def _row(case, tensor, status="ok", ratio=1.0, verdict="pass", candidate="peer"):
+    return {"op": "gdn", "variant": "chunk", "dtype": "bfloat16", "gate": "g", "candidate": candidate,
+            "case_id": case, "tensor": tensor, "status": status, "ratio": ratio, "verdict": verdict, "report": "r"}
+
+
+def test_a_cell_is_the_geometric_mean_the_worst_and_the_counts():
+    rows = pd.DataFrame([_row("a", "o", ratio=2.0, verdict="fail"), _row("a", "ht", ratio=0.5),
+                         _row("a", "dq", ratio=100.0),  # a gradient: not a forward tensor, not counted
+                         _row("b", "o", status="unsupported", ratio=math.nan, verdict="unsupported"),
+                         _row("b", "ht", status="unsupported", ratio=math.nan, verdict="unsupported"),
+                         _row("c", "o", status="error", ratio=math.nan, verdict="fail"),
+                         _row("c", "ht", status="ok", ratio=8.0, verdict="inconclusive")])
+    (r,) = summarize(rows).itertuples(index=False)
+    assert (r.n, r.worst, r.fail, r.inconclusive, r.cases, r.unsupported, r.error) == (3, 8.0, 2, 1, 3, 1, 1)
+    assert r.gm == pytest.approx((2.0 * 0.5 * 8.0) ** (1 / 3))  # 2: exp(mean(ln 2, ln 0.5, ln 8))
+    assert cell(r) == "2.00× (max 8×, n 3); 2 fail, 1 inconclusive; 1/3 error; 1/3 unsupported"
+
+
+def test_gate_forms_name_each_gate_and_the_in_kernel_law():
+    assert gate_form(Case.from_id("simple_gla.chunk/B1-T64-H2-K128-V128/bf16/g_gamma=alibi(L32,l0)/C64")) == \
+        "g_gamma[H]"
+    assert gate_form(Case.from_id(
+        "simple_gla.fused_recurrent/B1-T64-H2-K128-V128/bf16/g=logsigmoid/16/g_gamma=alibi(L32,l0)/C64")) == \
+        "g+g_gamma[H]"
+    assert gate_form(Case.from_id("kda.chunk/B1-T64-H2-K128-V128/bf16/g=logsigmoid/16/C64/use_gate_in_kernel=1")) \
+        == "g (in kernel)"
+
+
+def test_the_committed_page_is_what_the_committed_rows_give():
+    t = tables(ROOT, default_policy())
+    assert (ROOT / "README.md").read_text() == markdown(t), "run: parity peers"
+    assert (ROOT / "index.html").read_text() == html_page(t), "run: parity peers"
+    assert main(["peers", "--check"]) == 0
+
+
+def test_it_never_overwrites_a_page_it_did_not_write(tmp_path, capsys):
+    report = tmp_path / "one"
+    report.mkdir()
+    for name in ("gpu.csv.gz", "tpu.csv.gz"):  # one report: fla's rows and this project's
+        (report / name).write_bytes((ROOT / "tops" / name).read_bytes())
+    (tmp_path / "README.md").write_text("# my notes\n")
+    assert main(["peers", "--root", str(tmp_path)]) == 2
+    assert "not written by parity peers" in capsys.readouterr().err
+    assert (tmp_path / "README.md").read_text() == "# my notes\n"
+    assert main(["peers", "--root", str(tmp_path), "--check"]) == 1
+    assert main(["peers", "--root", str(tmp_path), "--force"]) == 0
+    assert (tmp_path / "README.md").read_text().startswith("# Every peer against fla")
+    assert main(["peers", "--root", str(tmp_path)]) == 0  # its own page it replaces
