@@ -202,6 +202,15 @@ def _report_gate(result, out: Path, junit: Path | None = None, force: bool = Fal
     return EXIT_PASS if result.passed else EXIT_FAIL
 
 
+def _drawn_by(base, candidate, cases):
+    """The baseline rows a candidate is gated on in ``parity all``: the selected cases', and the extra draws the
+    candidate ran too. With several candidates, the draws run to decide one candidate's comparison are not
+    another's evidence, nor missing from its file (``parity gate`` on the files, which cannot know why a draw is
+    there, fails them unless ``--allow-missing``)."""
+    ids = {c.id for c in cases} | set(candidate["case_id"])
+    return base[base["case_id"].isin(ids)]
+
+
 def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, cases, cache, options: dict):
     """``parity all``'s sequential test: while the gate of ``legs`` (baseline, candidate) has inconclusive
     comparisons short of the cap, run each leg on the draws that decide them which it does not have yet (an
@@ -239,7 +248,8 @@ def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, case
                 write_csv(frames[name], paths[name])
             extra.unlink()
             print(f"{name}: {len(rows)} rows of the new draws folded into {paths[name]}")
-        result = apply_gate(frames[legs[0]], frames[legs[1]], _policy(args), **options)
+        result = apply_gate(_drawn_by(frames[legs[0]], frames[legs[1]], cases), frames[legs[1]], _policy(args),
+                            **options)
     return result
 
 
@@ -513,7 +523,7 @@ def cmd_all(args) -> int:
     for name in extra:
         print(f"gate of {name} (in {out / name}):")
         options = {**_gate_options(args), "candidate_leg": name}
-        result = apply_gate(frames[base], frames[name], policy, **options)
+        result = apply_gate(_drawn_by(frames[base], frames[name], cases), frames[name], policy, **options)
         if not args.baseline_rows:  # its own inconclusive comparisons get their draws, as this project's do
             result = _redraw(result, frames, paths, (base, name), args, cases, cache, options)
         status = _worse(status, _report_gate(result, _out_dir(out / name)))

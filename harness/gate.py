@@ -31,10 +31,7 @@ Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
 ``fail``          TPU row ``error``, ``nonfinite`` or ``bound``; the TPU
                   gives no tensor the GPU gives; the GPU row is an ``error``
                   (a broken baseline measures nothing); or the (case, tensor)
-                  is in one file only (except an extra draw, seed > 0, of a
-                  case the baseline has and the candidate never ran: drawn to
-                  decide another candidate, it is not judged here, and this
-                  candidate's failures pool the draws it has)
+                  is in one file only
 ``missing``       in one file only, with ``allow_missing`` (a deliberate
                   subset): counted and shown, not failed
 ``bounds_only``   no GPU number (``not_provided``, ``unsupported`` or out of
@@ -311,11 +308,7 @@ def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_mi
     _check_hashes(gpu, tpu)
     g_rows = {tuple(k): r for k, r in zip(gpu[KEY].itertuples(index=False), gpu.to_dict("records"))}
     t_rows = {tuple(k): r for k, r in zip(tpu[KEY].itertuples(index=False), tpu.to_dict("records"))}
-    # an extra draw (seed > 0) the baseline has and the candidate never ran is not judged: it was drawn to decide
-    # another candidate's comparison, and this candidate's verdict pools the draws it has (a missing draw 0, or a
-    # tensor missing from a draw it ran, still fails)
-    ran = set(tpu["case_id"])
-    keys = list(t_rows) + [k for k in g_rows if k not in t_rows and (k[0] in ran or undrawn_id(k[0]) == k[0])]
+    keys = list(t_rows) + [k for k in g_rows if k not in t_rows]
     rows = []
     for key in keys:
         rows.extend(_judge(key, g_rows.get(key), t_rows.get(key), policy, allow_missing))

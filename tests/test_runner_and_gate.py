@@ -226,19 +226,24 @@ def test_gpu_leg_refuses_when_fla_may_leave_triton(monkeypatch):
     assert reason and reason.startswith(f"{FLA_DISPATCH_ENV}='0'")
 
 
-def test_an_extra_draw_the_candidate_never_ran_is_not_judged_but_a_missing_draw_0_or_tensor_fails():
+def test_parity_all_gates_each_candidate_on_the_draws_it_ran():
     """With several candidates, ``parity all`` draws more of a case to decide one candidate's comparison; the
-    baseline file then holds draws another candidate never ran. Those are not judged against it; its own draw 0
-    missing, or a tensor missing from a draw it ran, still fails closed."""
+    baseline then holds draws another candidate never ran. Each candidate is gated on the selected cases and its
+    own draws (``_drawn_by``); its draw 0 missing still fails, and so does a tensor missing from a draw it ran."""
+    from harness.cli import _drawn_by
+
     drawn = CASE.replace(seed=1)
     gpu = pd.concat([_frame("gpu"), _frame("gpu", case=drawn)], ignore_index=True)
     tpu = _frame("tpu")
-    res = apply_gate(gpu, tpu, Policy())
-    assert res.passed and drawn.id not in set(res.parity["case_id"])
+    assert set(_drawn_by(gpu, tpu, [CASE])["case_id"]) == {CASE.id}
+    assert apply_gate(_drawn_by(gpu, tpu, [CASE]), tpu, Policy()).passed
+    assert not apply_gate(gpu, tpu, Policy()).passed  # the files alone: the draw is missing, and fails
     both = pd.concat([tpu, _frame("tpu", case=drawn)], ignore_index=True)
-    res = apply_gate(gpu, both[~((both["case_id"] == drawn.id) & (both["tensor"] == "dq"))], Policy())
+    partial = both[~((both["case_id"] == drawn.id) & (both["tensor"] == "dq"))]
+    res = apply_gate(_drawn_by(gpu, partial, [CASE]), partial, Policy())
     assert not res.passed and list(res.failures[["case_id", "tensor"]].itertuples(index=False)) == [(drawn.id, "dq")]
-    res = apply_gate(gpu, _frame("tpu", case=drawn), Policy())
+    only_drawn = _frame("tpu", case=drawn)
+    res = apply_gate(_drawn_by(gpu, only_drawn, [CASE]), only_drawn, Policy())
     assert not res.passed and set(res.failures["case_id"]) == {CASE.id}
 
 
