@@ -23,6 +23,7 @@ if importlib.util.find_spec("sgl_jax") is None:
 
 QWEN = "use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1,use_qk_l2norm_in_kernel=1"
 ALIBI = "g_gamma=alibi(L32,l0)/C64"
+FP32_DECODE = f"gdn.fused_recurrent/B1-T4-H2-HV4-K128-V128/fp32/g=logsigmoid/16/C64/lens=1+1+1+1,h0,{QWEN}"
 MAPPED = {
     # simple_gla_fwd (Pallas): packed prefill from carried states, a partial last chunk; batch rows as requests
     f"simple_gla.chunk/B1-T100-H2-K128-V128/bf16/{ALIBI}/lens=37+63,h0": "simple_gla_fwd",
@@ -37,6 +38,7 @@ MAPPED = {
     f"gdn.chunk/B1-T48-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens=20+28,h0,{QWEN}": "chunked_gated_delta_rule_jax",
     f"gdn.fused_recurrent/B1-T4-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens=1+1+1+1,h0,{QWEN}":
         "decode_gated_delta_rule_ref",
+    FP32_DECODE: "decode_gated_delta_rule_ref",
 }
 REFUSED = {
     "simple_gla.chunk/B1-T64-H2-K128-V128/bf16/g=logsigmoid/16/C64": "has a per-token g",
@@ -68,6 +70,23 @@ def test_mapped_cases_match_the_float64_reference_at_bf16_level(rows):
     assert fwd.versions.str.contains('"sglang-jax": "sglang-jax 0.0.2+cddbf6f"', regex=False).all()
     conv = fwd[fwd.tensor == "conv_ht"]
     assert len(conv) == 1 and conv.max_abs.iloc[0] == 0  # the last W-1 raw inputs, bit for bit
+
+
+def test_pure_jax_dots_run_where_the_compiled_program_runs_them(rows):
+    """XLA:TPU fuses the decode step's two einsums into f32 multiply-reduces (no MXU instruction): the emulated run
+    computes them in f32, so fp32 decode lands at f32's error, not at a bf16 pass's (harness/xla_dots.py). The
+    chunked prefill keeps its matmuls on the MXU, and they are rounded."""
+    import json
+
+    def xla(case):
+        return json.loads(rows[(rows.case_id == case) & (rows.tensor == "o")].details.iloc[0])["xla_dots"]
+
+    decode = xla(FP32_DECODE)
+    assert decode["on_mxu"] == 0 and decode["outside_kernels"] == 2, decode
+    fp32 = rows[(rows.case_id == FP32_DECODE) & rows.tensor.isin(["o", "ht"])]
+    assert (fp32.rel_l2 < 1e-5).all(), fp32[["tensor", "rel_l2"]]
+    chunked = xla(next(c for c, e in MAPPED.items() if e == "chunked_gated_delta_rule_jax"))
+    assert chunked["on_mxu"] >= 1, chunked
 
 
 def test_it_is_forward_only(rows):

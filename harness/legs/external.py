@@ -24,7 +24,9 @@ What the leg adds, so that another team's Pallas kernels run here without their 
 - an answer to ``pltpu.get_tpu_info()`` on a machine without a TPU: the info of the chip being compiled
   for (v6e while interpreting), as a kernel that sizes its tiles from it would get on that chip;
 - every ``dot_general`` it binds rounded as a TPU's matrix unit rounds it (:func:`mxu_rounding`): XLA:CPU
-  computes f32 dots exactly, which would make a kernel look more accurate than on hardware;
+  computes f32 dots exactly, which would make a kernel look more accurate than on hardware; a dot outside the
+  kernels (pure-JAX code) only where XLA:TPU keeps it on the MXU, read from the program it compiles for the
+  interpreted chip (:mod:`harness.xla_dots`; the rows' ``details.xla_dots`` say which ran where);
 - the same ahead-of-time compile for v5e, v6e and v7x as this project's kernels: a case that does not
   compile is an ``error`` row, and the gate fails it.
 """
@@ -37,6 +39,7 @@ import importlib.metadata
 import sys
 import threading
 
+from harness import xla_dots
 from harness.emulation.pallas_refs import ref_reshapes
 from harness.tpu_compile import rebound
 
@@ -69,6 +72,10 @@ def _modeled_dot_general(original):
         replayed = sys._getframe(1).f_code.co_name == INTERPRETER_EVAL
         if (not getattr(_local, "active", False) or getattr(_local, "inside", False) or replayed or not floats
                 or jnp.float16 in (a.dtype, b.dtype)):
+            return original(*args, **params)
+        xla = getattr(_local, "xla", None)  # a dot XLA:TPU computes off the MXU runs in f32, as there
+        if xla is not None and not xla.on_mxu(xla_dots.signature(a, b, params["dimension_numbers"],
+                                                                 params.get("preferred_element_type"))):
             return original(*args, **params)
         if a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16:  # one exact pass, as the MXU does: counted only
             mxu.record_dot(a.shape, b.shape, params["dimension_numbers"], passes=1)
@@ -208,13 +215,26 @@ class ExternalLeg(TpuLeg):
 
         if self.native:
             return super().run(op, case, inputs)
+        import dataclasses
+
         from jax.experimental.pallas import tpu as pltpu
+
+        from .tpu import NATIVE, device_arrays, program
 
         with self._lock:
             jax.clear_caches()
             try:
+                with tpu_info_for(INTERPRET_CHIP):  # which dots outside the kernels XLA:TPU puts on the MXU
+                    xla = xla_dots.read(program(op, case, NATIVE, binding=self.binding(op)),
+                                        (device_arrays(inputs),), INTERPRET_CHIP)
+                jax.clear_caches()
+                _local.xla = xla
                 with tpu_info_for(INTERPRET_CHIP), mxu_rounding(), ref_reshapes(), \
                         pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(uninitialized_memory="nan")):
-                    return super().run(op, case, inputs)
+                    out = super().run(op, case, inputs)
+                if not xla.outside and not xla.reason:  # every dot is a kernel's: nothing to say
+                    return out
+                return dataclasses.replace(out, details={**out.details, "xla_dots": xla.summary()})
             finally:
+                _local.xla = None
                 jax.clear_caches()
