@@ -37,11 +37,11 @@ import pandas as pd
 
 from cases.case import Case
 
+from .legs.registry import default_leg
 from .peer_report import FORWARD, peer_table
 from .policy import Policy
 from .results import read_table
 
-BASELINE = "gpu"
 TARGETS = ("v5e", "v6e", "v7x")
 FINDINGS = "findings.toml"
 
@@ -52,7 +52,8 @@ def _result_file(folder: Path, stem: str) -> Path | None:
 
 def report_folders(root: Path) -> list[Path]:
     """Every folder under ``root`` (itself included) that holds baseline rows, in path order."""
-    return sorted({p.parent for pattern in ("gpu.csv", "gpu.csv.gz") for p in Path(root).rglob(pattern)})
+    base = default_leg("baseline")
+    return sorted({p.parent for pattern in (f"{base}.csv", f"{base}.csv.gz") for p in Path(root).rglob(pattern)})
 
 
 def candidate_frames(folder: Path) -> list[pd.DataFrame]:
@@ -63,7 +64,7 @@ def candidate_frames(folder: Path) -> list[pd.DataFrame]:
     for path in sorted(folder.iterdir()):
         suffix = next((x for x in (".csv", ".csv.gz") if path.name.endswith(x)), None)
         leg = path.name[:-len(suffix)].rpartition(".")[2] if suffix else ""
-        if not leg or leg in (BASELINE, "ref"):
+        if not leg or leg in (default_leg("baseline"), default_leg("reference")):
             continue
         frame = read_table(path)
         if {"leg", "case_id", "tensor", "rel_l2"} <= set(frame.columns) and set(frame["leg"]) == {leg}:
@@ -83,7 +84,7 @@ def all_rows(root: Path, policy: Policy) -> pd.DataFrame:
     tensor): the newest report's."""
     tables = []
     for folder in report_folders(root):
-        baseline = read_table(_result_file(folder, BASELINE))
+        baseline = read_table(_result_file(folder, default_leg("baseline")))
         candidates = candidate_frames(folder)
         if not candidates:
             continue
@@ -169,9 +170,10 @@ def findings(root: Path) -> list[dict]:
 
 
 def _candidates(summary: pd.DataFrame) -> list[str]:
-    """Column order: this project's kernels (``tpu``) first, then the peers by name."""
+    """Column order: this project's kernels (the built-in candidate) first, then the peers by name."""
+    ours = default_leg("candidate")
     names = sorted(summary["candidate"].unique())
-    return (["tpu"] if "tpu" in names else []) + [n for n in names if n != "tpu"]
+    return ([ours] if ours in names else []) + [n for n in names if n != ours]
 
 
 def tables(root: Path, policy: Policy) -> dict[str, pd.DataFrame]:

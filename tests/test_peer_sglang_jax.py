@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
+from peer_rows import assert_forward_only, assert_refused
 
 if importlib.util.find_spec("sgl_jax") is None:
     if os.environ.get("PARITY_REQUIRE_SGLANG_JAX") == "1":
@@ -90,15 +91,12 @@ def test_pure_jax_dots_run_where_the_compiled_program_runs_them(rows):
 
 
 def test_it_is_forward_only(rows):
-    grads = rows[rows.case_id.isin(MAPPED) & ~rows.tensor.isin(["o", "ht", "conv_ht"])]
-    assert len(grads) and (grads.status == "not_provided").all()
+    assert_forward_only(rows, MAPPED, ("o", "ht", "conv_ht"))
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_what_does_not_map_is_refused_with_its_reason(rows, case):
-    mine = rows[rows.case_id == case]
-    assert len(mine) and (mine.status == "unsupported").all()
-    assert mine.reason.str.contains(REFUSED[case], regex=False).all(), mine.reason.iloc[0]
+    assert_refused(rows, case, REFUSED[case])
 
 
 DECODE = f"simple_gla.fused_recurrent/B1-T4-H2-K128-V128/bf16/{ALIBI}/lens=1+1+1+1,h0"

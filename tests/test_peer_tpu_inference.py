@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
+from peer_rows import assert_forward_only, assert_refused
 
 if importlib.util.find_spec("tpu_inference") is None:
     if os.environ.get("PARITY_REQUIRE_TPU_INFERENCE") == "1":
@@ -60,15 +61,12 @@ def test_mapped_cases_match_the_float64_reference_at_bf16_level(rows):
 
 
 def test_it_is_forward_only(rows):
-    grads = rows[rows.case_id.isin(MAPPED) & ~rows.tensor.isin(["o", "ht"])]
-    assert len(grads) and (grads.status == "not_provided").all()
+    assert_forward_only(rows, MAPPED)
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_what_does_not_map_is_refused_with_its_reason(rows, case):
-    mine = rows[rows.case_id == case]
-    assert len(mine) and (mine.status == "unsupported").all()
-    assert mine.reason.str.contains(REFUSED[case], regex=False).all(), mine.reason.iloc[0]
+    assert_refused(rows, case, REFUSED[case])
 
 
 # ---------------------------------------------------------------------------------------------- v3 and v2
