@@ -29,9 +29,9 @@ state buffer by request (``recurrent_indices``, ``has_initial_state``). Request 
 dummy) and a spare slot after the last are named by no request, and the spare must come back bit for bit
 (:func:`peers.mapping.check_kept`).
 
-Pure-JAX forms run as XLA would run them on a TPU as far as dots go: the candidate leg rounds every
-``dot_general`` at its stated precision as the MXU does (DEFAULT: one bf16 pass). Every binding is forward only
-(a serving stack: none has a backward). Refused, with the reason: what an entry point does not take (listed in
+Pure-JAX forms run as XLA:TPU runs them as far as dots go: the candidate leg reads from the program compiled for
+the chip which of their dots stay on the MXU (rounded as the MXU rounds them) and which XLA fuses into f32
+multiply-reduces (computed in f32): :mod:`harness.xla_dots`. Every binding is forward only (a serving stack: none has a backward). Refused, with the reason: what an entry point does not take (listed in
 each ``supports_*``), and the kernels' own input checks (an ``AssertionError``, ``ValueError`` or
 ``NotImplementedError`` raised by sgl_jax's source).
 
