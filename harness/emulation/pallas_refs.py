@@ -1,4 +1,4 @@
-"""Ref reshapes in Pallas's TPU interpreter (jax 0.10 - 0.12): a kernel may view a VMEM ref under another shape
+"""Ref reshapes in Pallas's TPU interpreter (jax 0.10 - 0.12; on jax 0.9 nothing is patched): a kernel may view a VMEM ref under another shape
 (``ref.reshape(...)``, a ``ReshapeTransform``), which Mosaic compiles, but the interpreter cannot run.
 
 The interpreter reads and writes kernel refs through two host callbacks, ``get`` and ``swap``
@@ -76,11 +76,23 @@ def _teach(base_get, base_swap):
     return get, swap
 
 
+def _taught_here(ipc) -> bool:
+    """Whether this jax's interpreter has the callbacks :func:`_teach` knows: token first, decorated (jax 0.10 -
+    0.12). jax 0.9's take no token and are not decorated; there ref reshapes stay unsupported, as jax left them."""
+    import inspect
+
+    return hasattr(ipc.get, "__wrapped__") and next(iter(inspect.signature(ipc.get).parameters)) == "token"
+
+
 @contextlib.contextmanager
 def ref_reshapes() -> Iterator[None]:
-    """Pallas's TPU interpreter runs kernels that reshape refs, inside the block; restored after."""
+    """Pallas's TPU interpreter runs kernels that reshape refs, inside the block; restored after. On a jax whose
+    interpreter :func:`_taught_here` does not know, the block runs as it is."""
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
+    if not _taught_here(ipc):
+        yield
+        return
     before = ipc.get, ipc.swap
     get, swap = _teach(*before)
     get.__wrapped__, swap.__wrapped__ = _teach(before[0].__wrapped__, before[1].__wrapped__)
