@@ -215,7 +215,8 @@ def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, case
     """``parity all``'s sequential test: while the gate of ``legs`` (baseline, candidate) has inconclusive
     comparisons short of the cap, run each leg on the draws that decide them which it does not have yet (an
     earlier candidate's draws may have given the baseline some), fold the rows into each leg's result file
-    (so ``parity gate`` on the files gives the same verdict), and gate again."""
+    (so ``parity gate`` on the files gives the same verdict; with several candidates, ``--allow-missing`` for
+    the draws a candidate did not run: :func:`_drawn_by`), and gate again."""
     import pandas as pd
 
     from harness.gate import apply_gate, undrawn_id
