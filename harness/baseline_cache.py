@@ -81,7 +81,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 SUBDIR = "baselines"
 FORMAT = 1
 _COMMON = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/registry.py", "harness/ops/base.py",
-           "cases/case.py")
+           "harness/ops/serving.py", "cases/case.py")
 """What every cached leg's output depends on; each leg adds its own (``LegSpec.cache_sources``)."""
 
 LABEL = "baseline cache"

@@ -44,7 +44,8 @@ from cases.case import Case
 from cases.inputs import Inputs, input_shapes, inputs_sha256, make_inputs
 
 from .legs.base import Leg
-from .ops.base import OpDescriptor
+from .ops.base import OpDescriptor, per_token
+from .ops.serving import is_served
 from .reference_cache import ReferenceCache
 from .runner import Refusal, Runner
 from .status import Status
@@ -111,7 +112,7 @@ def perturb_future(op: OpDescriptor, case: Case, inputs: Inputs, t0: int) -> Inp
     alt = make_inputs(case.replace(seed=case.seed + 7919), op.inputs(case))
     arrays = dict(inputs.arrays)
     for name, a in inputs.arrays.items():
-        if name in cotangent_names or not _per_token(case, a.shape):
+        if name in cotangent_names or not per_token(case, a.shape):
             continue
         b = a.copy()
         b[:, t0 + 1:] = alt[name][:, t0 + 1:]
@@ -139,17 +140,12 @@ def perturb_sequence(op: OpDescriptor, case: Case, inputs: Inputs, i: int) -> In
     return Inputs(arrays, inputs_sha256(arrays))
 
 
-def _per_token(case: Case, shape) -> bool:
-    """Whether ``shape`` is a per-token array's: [B,T,H,...] (q, k) or [B,T,HV,...] (v, o, the gate, beta)."""
-    return len(shape) >= 3 and tuple(shape[:2]) == (case.B, case.T) and shape[2] in (case.H, case.HV)
-
-
 def _layout(op: OpDescriptor, case: Case, name: str, shape) -> str | None:
     """``"token"`` for a per-token array ([B,T,...]), ``"state"`` for a per-sequence one (``case.state_shape``, or
     an array the op declares per sequence, :attr:`OpDescriptor.per_sequence`: [N,...]), None for anything else (a
     parameter every sequence shares)."""
     shape = tuple(shape)
-    if _per_token(case, shape):
+    if per_token(case, shape):
         return "token"
     if shape == tuple(case.state_shape) or name in op.per_sequence(case):
         return "state"
@@ -326,14 +322,16 @@ def causality_cases(cases: list[Case]) -> list[Case]:
     varlen paths, and the isolation check); the first with K and V multiples of 128, so every leg
     runs it, and among packed cases preferably one of three or more sequences (one isolation run
     checks both directions); among equals the cheapest. Each is cut to a bounded length
-    (:func:`bounded_case`)."""
+    (:func:`bounded_case`). Serving cases (a state pool, decode chains: :mod:`harness.ops.serving`) are not
+    chosen: their state tensors are slots of a pool, not one per sequence, and their prefill is the same kernel
+    path as a plain case's."""
     def merit(case: Case) -> tuple[bool, bool, int]:
         cost = case.B * case.T * case.HV * case.K * case.V  # the recurrence's work, up to a constant
         return (not (case.K % 128 or case.V % 128), case.num_seqs >= 3 if case.lens is not None else True,
                 -cost)
 
     chosen: dict[tuple, Case] = {}
-    for case in map(bounded_case, cases):
+    for case in map(bounded_case, (c for c in cases if not is_served(c))):
         key = (case.op, case.variant, case.gate and case.gate.kind, case.lens is not None)
         if key not in chosen or merit(case) > merit(chosen[key]):
             chosen[key] = case

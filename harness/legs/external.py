@@ -41,6 +41,7 @@ import threading
 
 from harness import xla_dots
 from harness.emulation.pallas_refs import ref_reshapes
+from harness.ops.serving import served_binding
 from harness.tpu_compile import rebound
 
 from .tpu import TpuLeg
@@ -175,7 +176,8 @@ class ExternalLeg(TpuLeg):
         return self._impl
 
     def binding(self, op):
-        return dict(getattr(self.impl, "bindings", {})).get(op.name)
+        # the serving options (a state pool, decode chains) are applied around it, as around the built-in legs'
+        return served_binding(op, dict(getattr(self.impl, "bindings", {})).get(op.name))
 
     def environment(self):
         env = super().environment()

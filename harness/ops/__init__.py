@@ -6,9 +6,11 @@ from .base import LegBinding, OpDescriptor, TensorSpec
 from .gdn import GDN
 from .gla import GLA
 from .kda import KDA
+from .serving import served
 from .simple_gla import SIMPLE_GLA
 
-REGISTRY: dict[str, OpDescriptor] = {d.name: d for d in (SIMPLE_GLA, GLA, KDA, GDN)}
+# every op takes the serving options (a state pool, decode steps after a prefill): harness.ops.serving
+REGISTRY: dict[str, OpDescriptor] = {d.name: served(d) for d in (SIMPLE_GLA, GLA, KDA, GDN)}
 
 
 def get_op(name: str) -> OpDescriptor:

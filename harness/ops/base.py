@@ -110,6 +110,9 @@ class OpDescriptor:
     # how many tokens ahead a per-token input's gradient reads by the op's maths (0: input t feeds outputs <= t
     # through the state only; W-1 behind a causal convolution of width W): the causality check's cut for gradients
     gradient_lookahead: Callable[[Case], int] = lambda case: 0
+    # the variant that runs one-token decode steps (fla's fused_recurrent kernels), for serving cases' decode
+    # chains (harness.ops.serving); None: the op has none
+    decode_variant: str | None = None
 
     def tensor_names(self, case: Case) -> list[str]:
         return [t.name for t in self.tensors(case)]
@@ -125,6 +128,11 @@ class OpDescriptor:
                 if why:
                     out[f.name] = why
         return out
+
+
+def per_token(case: Case, shape) -> bool:
+    """Whether ``shape`` is a per-token array's: [B,T,H,...] (q, k) or [B,T,HV,...] (v, o, the gate, beta)."""
+    return len(shape) >= 3 and tuple(shape[:2]) == (case.B, case.T) and shape[2] in (case.H, case.HV)
 
 
 def grad_name(input_name: str) -> str:

@@ -122,6 +122,7 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
 GDN = OpDescriptor(
     name="gdn",
     variants=VARIANTS,
+    decode_variant=delta_rule.DECODE,
     doc=__doc__,
     inputs=inputs,
     tensors=delta_rule.tensors,

@@ -190,6 +190,7 @@ def pallas_describe(case: Case) -> dict:
 GLA = OpDescriptor(
     name="gla",
     variants=VARIANTS,
+    decode_variant=gated.RECURRENT,
     doc=__doc__,
     inputs=inputs,
     tensors=gated.tensors,

@@ -154,6 +154,7 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
 KDA = OpDescriptor(
     name="kda",
     variants=VARIANTS,
+    decode_variant=delta_rule.DECODE,
     doc=__doc__,
     inputs=inputs,
     tensors=delta_rule.tensors,

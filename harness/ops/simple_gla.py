@@ -122,6 +122,7 @@ def pallas_describe(case: Case) -> dict:
 SIMPLE_GLA = OpDescriptor(
     name="simple_gla",
     variants=VARIANTS,
+    decode_variant=gated.RECURRENT,
     doc=__doc__,
     inputs=inputs,
     tensors=gated.tensors,
