@@ -15,6 +15,8 @@
   and dht per sequence; and every op, variant, gate kind and kernel path packing each chunk edge
   (:data:`EDGE_LENS`: one token, C - 1, C, C + 1, a multiple of C next to a longer sequence).
   fla's own tests' gate strengths (normalizers 0.1 and 10: strong and weak decay) per op and dtype.
+  Serving (``harness.ops.serving``): a pooled state buffer, decode steps after a prefill, and requests of
+  length 0 beside long ones under every gate form, on every op's chunk paths (smoke holds gdn's).
 - ``standard``: a broader grid for pre-merge runs on hardware, with one packing of four sequences per op
   and gate kind, and fla's test row that found fp16 under strong decay (T = 1000, H = 4) per op.
 - ``stress``: long sequences, H=16, ALiBi from layer 0 of 20-32 layers: the
@@ -412,6 +414,53 @@ def empty_sequence_cases() -> list[Case]:
             Case("gdn", "chunk", H=2, HV=4, gate=G, options=GDN_OPTIONS, **base)]
 
 
+ZERO_LENS = (0, 70, 0, 37, 21)
+"""A serving batch with requests of length 0 beside long ones (T = 128): the first and the third are empty (their
+states pass through: to their write slots, with a pool), one spans two chunks, one ends inside the second."""
+
+POOL = (("pool", 11),)
+"""A pooled state buffer of 11 slots for :data:`ZERO_LENS`'s five requests (``harness.ops.serving``): each writes
+its own odd slot, the odd requests read another slot, the third starts from zeros, slot 10 and the even slots of
+the even requests are named by no request (they must come back bit for bit)."""
+
+
+def serving_cases() -> list[Case]:
+    """Serving semantics (``harness.ops.serving``) on every op: a pooled state buffer read and written by request
+    index with a has-initial-state flag, decode steps continuing the prefill's final state, and requests of length
+    0 beside long ones under every gate form (g; g_gamma per head and one for all heads; kda's in-kernel gate with
+    its lower_bound; both gates at once is no form fla or this project's kernels take) on every op's chunk path,
+    the fused ones included (simple_gla's fused_chunk, gla's fused g_gamma
+    kernels: no final state, so no pool, and gdn's fused convolution)."""
+    base = dict(B=1, T=sum(ZERO_LENS), K=64, V=64, chunk_size=64, lens=ZERO_LENS, h0=True)
+    decode = POOL + (("decode", 3),)
+    kda_gate = (("use_gate_in_kernel", True), ("lower_bound", -5.0), ("use_qk_l2norm_in_kernel", True))
+    return [
+        Case("simple_gla", "chunk", H=2, dtype="bfloat16", gate=G, dht=True, options=POOL, **base),
+        Case("simple_gla", "chunk", H=2, dtype="float32", gate=alibi(8, 0), dht=True, options=POOL, **base),
+        Case("simple_gla", "chunk", H=2, dtype="bfloat16", gate=Gate("g_gamma", "const", value=-0.5, gamma_shape=""),
+             dht=True, options=POOL, **base),
+        Case("simple_gla", "fused_chunk", H=2, dtype="float16", gate=alibi(8, 0), dht=True, options=POOL, **base),
+        Case("simple_gla", "fused_chunk", H=2, dtype="bfloat16", gate=G, dht=True, options=POOL, **base),
+        # Ling's decode: ALiBi g_gamma, the prefill's state continued by three one-token steps
+        Case("simple_gla", "chunk", H=2, dtype="bfloat16", gate=alibi(8, 0), options=decode, **base),
+        Case("gla", "chunk", H=2, dtype="bfloat16", gate=G, dht=True, options=POOL, **base),
+        Case("gla", "chunk", H=2, dtype="float32", gate=alibi(8, 0), final_state=False, **base),
+        Case("gla", "chunk", H=2, dtype="float16", gate=G, options=decode, **base),
+        Case("kda", "chunk", H=1, HV=2, dtype="bfloat16", gate=G, dht=True, options=POOL + kda_gate, **base),
+        Case("kda", "chunk", H=1, dtype="float32", gate=G, options=decode + kda_gate, **base),
+        Case("gdn", "chunk", H=1, HV=2, dtype="bfloat16", gate=G, dht=True, options=POOL + GDN_OPTIONS + GDN_GATE,
+             **base),
+        Case("gdn", "chunk", H=1, HV=2, dtype="bfloat16", gate=G, dht=True, options=POOL + QWEN3_NEXT, **base),
+    ]
+
+
+def _gdn_serving_smoke() -> list[Case]:
+    """Qwen3-Next's gdn served: a pooled state buffer, a zero-length request, three decode steps after the
+    prefill."""
+    return [Case("gdn", "chunk", B=1, T=sum(ZERO_LENS), H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=G,
+                 chunk_size=64, h0=True, lens=ZERO_LENS, options=POOL + (("decode", 3),) + GDN_OPTIONS + GDN_GATE)]
+
+
 def _gdn_standard() -> list[Case]:
     out = [Case("gdn", "chunk", B=2, T=512, H=2, HV=4, K=128, V=128, dtype=dtype, gate=G, chunk_size=64, h0=True,
                 dht=True, options=opts)
@@ -451,10 +500,10 @@ def _kda_decode_regressions() -> list[Case]:
 
 # suite name -> the per-op case lists it is made of (adding an op adds its lists here)
 SUITES = {
-    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke),
+    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke, _gdn_serving_smoke),
     "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _kda_decode_regressions,
                     _gdn_regressions, packing_edge_cases, state_layout_cases, gate_masking_cases,
-                    empty_sequence_cases),
+                    empty_sequence_cases, serving_cases),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),
     # a seeded sample of the shapes users add, not the suites' own: where the false-alarm rate is measured

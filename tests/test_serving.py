@@ -1,0 +1,214 @@
+"""Serving case features (``harness.ops.serving``): the slot and chain rules on hand-written values, the float64
+reference against independent computations (each request on its own; a prefill then token-by-token recurrent
+steps) to 1e-12, the pool's chain rule against autodiff in jax and torch, and the legs' pools bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cases.case import Case, Gate
+from cases.inputs import make_inputs
+from cases.suites import serving_cases
+from harness.ops import REGISTRY
+from harness.ops.base import LegBinding, per_token
+from harness.ops.gdn import GDN
+from harness.ops.gla import GLA
+from harness.ops.kda import KDA
+from harness.ops.serving import (Slots, chain, gather, inner, pool_gradient, run_chain, scatter, served_forward,
+                                 slots, split)
+from harness.ops.simple_gla import SIMPLE_GLA
+
+RAW = {d.name: d for d in (SIMPLE_GLA, GLA, KDA, GDN)}  # the descriptors as the ops wrote them, unserved
+G = Gate("g", "logsigmoid", normalizer=16)
+
+
+def _case(lens=(2, 0, 5, 3), **options) -> Case:
+    return Case("gdn", "chunk", B=1, T=sum(lens), H=1, K=16, V=16, dtype="float32", gate=G, h0=True, lens=lens,
+                options=tuple(options.items()))
+
+
+# ----------------------------------------------------------------- the rules, by hand
+def test_slots_rule_by_hand():
+    s = slots(_case(pool=9))
+    assert s == Slots(size=9, read=(1, 2, 5, 6), write=(1, 3, 5, 7), has_initial_state=(True, True, False, True))
+    assert s.kept == (0, 2, 4, 6, 8)  # read-only slots (2, 6) come back too
+    assert slots(_case()) is None
+    base, serving = split(_case(pool=9, decode=2))
+    assert serving == {"pool": 9, "decode": 2} and base.options == () and base.h0
+
+
+def test_chain_by_hand():
+    """lens 2, 0, 5, 3 with three decode steps: request 0 (2 tokens) decodes both and joins at step 1, request 1
+    has none, the others prefill 2 and 0 tokens first."""
+    calls = chain(GDN, _case(decode=3))
+    assert [(c.case.variant, c.case.lens, c.positions) for c in calls] == [
+        ("chunk", (0, 0, 2, 0), (2, 3)),
+        ("fused_recurrent", (0, 0, 1, 1), (4, 7)),
+        ("fused_recurrent", (1, 0, 1, 1), (0, 5, 8)),
+        ("fused_recurrent", (1, 0, 1, 1), (1, 6, 9))]
+    assert all(c.case.final_state and not c.case.dht for c in calls)
+    # a binding without the decode variant steps through the prefill's (one token per request)
+    refuse = lambda c: "no decode kernel" if c.variant == "fused_recurrent" else None  # noqa: E731
+    assert {c.case.variant for c in chain(GDN, _case(decode=3), refuse)} == {"chunk"}
+    # unpacked rows: every row the same split; a first step with no h0 and no prefill starts from zeros
+    rows = chain(GDN, Case("gdn", "chunk", B=2, T=2, H=1, K=16, V=16, dtype="float32", gate=G,
+                           options=(("decode", 2),)))
+    assert [(c.case.T, c.case.h0, c.positions) for c in rows] == [(1, False, (0,)), (1, True, (1,))]
+
+
+@pytest.mark.parametrize("options, h0, dht, message", [
+    ({"pool": 8}, True, False, "needs at least 9"),
+    ({"pool": 9}, False, False, "needs h0"),
+    ({"pool": 0}, True, False, "positive int"),
+    ({"decode": 2}, True, True, "drop dht"),
+    ({"decode": 2, "conv1d": 4, "use_qk_l2norm_in_kernel": True}, True, False, "conv"),
+])
+def test_bad_serving_options_say_the_fix(options, h0, dht, message):
+    case = _case(**options).replace(h0=h0, dht=dht)
+    with pytest.raises(ValueError, match=message):
+        REGISTRY["gdn"].validate(case)
+
+
+def test_decode_of_the_decode_variant_is_refused():
+    with pytest.raises(ValueError, match="pass variant='chunk'"):
+        REGISTRY["gdn"].validate(_case(decode=2).replace(variant="fused_recurrent"))
+
+
+def test_pool_gradient_by_hand():
+    """Slots 0..4, requests reading (1, 2) and writing (1, 3), the second without an initial state."""
+    s = Slots(size=5, read=(1, 2), write=(1, 3), has_initial_state=(True, False))
+    dht = np.arange(5.0)[:, None]
+    dh0 = np.array([[10.0], [20.0]])
+    got = pool_gradient(dht, dh0, s, dht)
+    # 0, 2, 4 pass dht through; 1 and 3 were overwritten (their dht is not the old value's); slot 1 was read
+    np.testing.assert_array_equal(got[:, 0], [0.0, 10.0, 2.0, 0.0, 4.0])
+    np.testing.assert_array_equal(pool_gradient(None, dh0, s, dht)[:, 0], [0.0, 10.0, 0.0, 0.0, 0.0])
+
+
+# ----------------------------------------------------------------- the reference, against independent computations
+POOLED = [c for c in serving_cases() if "pool" in c.opt and "decode" not in c.opt and not RAW[c.op].per_sequence(c)]
+DECODING = [c for c in serving_cases() if "decode" in c.opt]
+
+
+def _close(got, want, what):
+    scale = max(1.0, float(np.max(np.abs(want))))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("case", POOLED, ids=str)
+def test_pooled_reference_is_each_request_on_its_own(case):
+    """Each request alone (an unpacked case of its own tokens, its state read from its slot or zeros), then the
+    pool assembled by hand: o, ht, every gradient to 1e-12; untouched slots bit for bit."""
+    op, raw = REGISTRY[case.op], RAW[case.op]
+    x = make_inputs(case, op.inputs(case)).as_float64()
+    got = op.reference(case, x, method="chunk")
+    base, s = inner(case), slots(case)
+    pool, dht = x["h0"], x.get("dht")
+    want = {"ht": pool.copy(), "dh0": np.zeros_like(pool) if dht is None else dht.copy()}
+    want["dh0"][list(s.write)] = 0
+    o = np.zeros_like(got["o"])
+    grads = {t.name: np.zeros_like(got[t.name]) for t in op.tensors(case) if t.kind == "grad" and t.name != "dh0"}
+    for i, (bos, eos) in enumerate(zip(base.cu_seqlens[:-1], base.cu_seqlens[1:])):
+        h0 = pool[s.read[i]] if s.has_initial_state[i] else np.zeros_like(pool[0])
+        if eos == bos:  # an empty request: its state passes through, and so does its gradient
+            want["ht"][s.write[i]] = h0
+            if s.has_initial_state[i] and dht is not None:
+                want["dh0"][s.read[i]] += dht[s.write[i]]
+            continue
+        one = base.replace(lens=None, T=eos - bos)
+        xi = {n: (a[:, bos:eos] if per_token(base, a.shape) else a) for n, a in x.items()}
+        xi["h0"] = h0[None]
+        if dht is not None:
+            xi["dht"] = dht[s.write[i]][None]
+        out = raw.reference(one, xi, method="chunk")
+        o[:, bos:eos] = out["o"]
+        want["ht"][s.write[i]] = out["ht"][0]
+        if s.has_initial_state[i]:
+            want["dh0"][s.read[i]] += out["dh0"][0]
+        for name in grads:
+            g = out[name]
+            if per_token(one, g.shape):
+                grads[name][:, bos:eos] = g
+            else:  # a parameter every request shares: the requests' gradients add
+                grads[name] += g
+    _close(got["o"], o, "o")
+    _close(got["ht"], want["ht"], "ht")
+    _close(got["dh0"], want["dh0"], "dh0")
+    for name, g in grads.items():
+        _close(got[name], g, name)
+    np.testing.assert_array_equal(got["ht"][list(s.kept)], pool[list(s.kept)])
+    assert all(a.dtype == np.float64 for a in got.values())
+
+
+@pytest.mark.parametrize("case", DECODING, ids=str)
+def test_decode_reference_is_a_prefill_then_recurrent_steps(case):
+    """The served reference computes a decode case in one chunked call; here the prefill runs chunked and every
+    step through the reference's token-by-token recurrence, each from the state the last one left."""
+    op, raw = REGISTRY[case.op], RAW[case.op]
+    x = make_inputs(case, op.inputs(case)).as_float64()
+    got = op.reference(case, x, method="chunk")
+    s = slots(case)
+
+    def step(c, t):
+        return raw.reference(c, t, method="recurrent" if c.variant == raw.decode_variant else "chunk")
+
+    t = dict(x)
+    t["h0"] = gather(x["h0"], s)
+    want = run_chain(op, case, LegBinding(step), t)
+    assert len(chain(op, case)) == 4  # the prefill and three steps
+    _close(got["o"], want["o"], "o")
+    _close(got["ht"], scatter(x["h0"], want["ht"], s), "ht")
+    assert set(got) == {"o", "ht"}  # forward only
+
+
+# ----------------------------------------------------------------- the pool in the legs' frameworks
+def _toy(case, t):
+    """A binding standing in for a kernel: ht = 2 h0 + the sum of q over tokens, o = q."""
+    return {"o": t["q"], "ht": 2 * t["h0"] + t["q"].sum()}
+
+
+def test_served_forward_autodiff_is_the_pool_chain_rule():
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)
+    case = _case(pool=9)
+    s = slots(case)
+    rng = np.random.default_rng(3)
+    pool = rng.standard_normal((9, 1, 2, 2))
+    q = rng.standard_normal((1, case.T, 1, 2))
+    dht = rng.standard_normal(pool.shape)
+    forward = served_forward(REGISTRY["gdn"], LegBinding(_toy))
+    out, vjp = jax.vjp(lambda p: forward(case, {"h0": p, "q": jnp.asarray(q)})["ht"], jnp.asarray(pool))
+    (dpool,) = vjp(jnp.asarray(dht))
+    dh0 = 2 * dht[list(s.write)]  # the toy's gradient of each request's initial state
+    np.testing.assert_allclose(np.asarray(dpool), pool_gradient(dht, dh0, s, pool), rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(np.asarray(out)[list(s.kept)], pool[list(s.kept)])
+    # the new request (no initial state) starts from zeros, not from its read slot: its ht is the toy's q term
+    np.testing.assert_allclose(np.asarray(out)[s.write[2]], np.full((1, 2, 2), q.sum()), rtol=1e-15)
+
+    import torch
+
+    tp = torch.tensor(pool, requires_grad=True)
+    ht = served_forward(REGISTRY["gdn"], LegBinding(_toy))(case, {"h0": tp, "q": torch.tensor(q)})["ht"]
+    (tgrad,) = torch.autograd.grad(ht, tp, torch.tensor(dht))
+    np.testing.assert_allclose(tgrad.numpy(), np.asarray(dpool), rtol=0, atol=1e-15)
+
+
+# ----------------------------------------------------------------- the legs
+@pytest.mark.parametrize("leg", ["tpu", "gpu"])
+def test_legs_keep_unwritten_slots_bit_for_bit(leg):
+    from harness.legs.registry import make_leg
+
+    case = serving_cases()[0]
+    op = REGISTRY[case.op]
+    inputs = make_inputs(case, op.inputs(case))
+    out = make_leg(leg, **({"compile_targets": ()} if leg == "tpu" else {})).run(op, case, inputs).tensors
+    s = slots(case)
+    kept = list(s.kept)
+    assert out["ht"].shape == inputs.arrays["h0"].shape == (11, 2, 64, 64)
+    np.testing.assert_array_equal(out["ht"][kept].view(np.uint32), inputs.arrays["h0"][kept].view(np.uint32))
+    assert not np.array_equal(out["ht"][list(s.write)], inputs.arrays["h0"][list(s.write)])
+    # the gradient of a slot no request names is the cotangent, passed through exactly
+    np.testing.assert_array_equal(out["dh0"][10], inputs.arrays["dht"][10])
