@@ -431,7 +431,8 @@ def serving_cases() -> list[Case]:
     its lower_bound; both gates at once is no form fla or this project's kernels take) on every op's chunk path,
     the fused ones included (simple_gla's fused_chunk, gla's fused g_gamma
     kernels: no final state, so no pool, and gdn's fused convolution)."""
-    base = dict(B=1, T=sum(ZERO_LENS), K=64, V=64, chunk_size=64, lens=ZERO_LENS, h0=True)
+    # K = V = 128: the peers' kernels take these (sglang-jax's packed simple_gla and v3's lanes need 128)
+    base = dict(B=1, T=sum(ZERO_LENS), K=128, V=128, chunk_size=64, lens=ZERO_LENS, h0=True)
     decode = POOL + (("decode", 3),)
     kda_gate = (("use_gate_in_kernel", True), ("lower_bound", -5.0), ("use_qk_l2norm_in_kernel", True))
     return [
@@ -457,7 +458,7 @@ def serving_cases() -> list[Case]:
 def _gdn_serving_smoke() -> list[Case]:
     """Qwen3-Next's gdn served: a pooled state buffer, a zero-length request, three decode steps after the
     prefill."""
-    return [Case("gdn", "chunk", B=1, T=sum(ZERO_LENS), H=1, HV=2, K=64, V=64, dtype="bfloat16", gate=G,
+    return [Case("gdn", "chunk", B=1, T=sum(ZERO_LENS), H=1, HV=2, K=128, V=128, dtype="bfloat16", gate=G,
                  chunk_size=64, h0=True, lens=ZERO_LENS, options=POOL + (("decode", 3),) + GDN_OPTIONS + GDN_GATE)]
 
 

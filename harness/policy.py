@@ -67,6 +67,12 @@ BOUNDS: list[Bound] = [
           dtype="float32"),
     Bound(1e-1, "fp32 inputs: the gate parameters' gradients sum cancelling TF32 dg terms", tensor="ddt_bias",
           dtype="float32"),
+    # bf16: the same sum, dA_log = sum over tokens and channels of dg * (g + dt_bias) (checked on the reference to
+    # 1e-14). On draw 0 of the regressions case kda.chunk/B1-T128-H1-HV2-K128-V128/bf16/.../pool=11 (in-kernel gate,
+    # lower_bound -5) head 0's terms cancel 202-fold (sum |terms| / |sum|), and fla's dg, 2.4e-3 off (bf16 level),
+    # leaves dA_log 5.008e-2; draws 1-3 (cancelling at most 55-fold) give 5.9e-3, 2.4e-3, 1.2e-2.
+    Bound(1e-1, "bf16 inputs: the gate parameters' gradients sum cancelling dg terms", tensor="dA_log",
+          dtype="bfloat16"),
     # the reference leg at float32 compute: float32 rounding only.
     Bound(1e-4, "float32 re-computation of the reference", role="reference"),
 ]

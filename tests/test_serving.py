@@ -207,8 +207,19 @@ def test_legs_keep_unwritten_slots_bit_for_bit(leg):
     out = make_leg(leg, **({"compile_targets": ()} if leg == "tpu" else {})).run(op, case, inputs).tensors
     s = slots(case)
     kept = list(s.kept)
-    assert out["ht"].shape == inputs.arrays["h0"].shape == (11, 2, 64, 64)
+    assert out["ht"].shape == inputs.arrays["h0"].shape == (11, *case.state_shape[1:])
     np.testing.assert_array_equal(out["ht"][kept].view(np.uint32), inputs.arrays["h0"][kept].view(np.uint32))
     assert not np.array_equal(out["ht"][list(s.write)], inputs.arrays["h0"][list(s.write)])
     # the gradient of a slot no request names is the cotangent, passed through exactly
     np.testing.assert_array_equal(out["dh0"][10], inputs.arrays["dht"][10])
+
+
+def test_gate_parameter_gradient_is_the_sum_the_bound_describes():
+    """The reference's dA_log is the sum harness.policy's bf16 dA_log bound reasons about, sum of dg * (g + dt_bias)
+    over tokens and channels (the in-kernel gate lower_bound * sigmoid(exp(A_log) (g + dt_bias))), to 1e-12."""
+    case = next(c for c in serving_cases() if c.op == "kda" and "pool" in c.opt and "decode" not in c.opt)
+    op = REGISTRY["kda"]
+    x = make_inputs(case, op.inputs(case)).as_float64()
+    got = op.reference(case, x, method="chunk")
+    terms = got["dg"] * (x["g"] + x["dt_bias"].reshape(case.HV, case.K))
+    _close(got["dA_log"], terms.sum(axis=(0, 1, 3)), "dA_log")
