@@ -449,6 +449,8 @@ def serving_cases() -> list[Case]:
         Case("gla", "chunk", H=2, dtype="float16", gate=G, options=decode, **base),
         Case("kda", "chunk", H=1, HV=2, dtype="bfloat16", gate=G, dht=True, options=POOL + kda_gate, **base),
         Case("kda", "chunk", H=1, dtype="float32", gate=G, options=decode + kda_gate, **base),
+        # Kimi-Linear's layer as sglang-jax serves it: its in-kernel gate, q and k normalised before the kernel
+        Case("kda", "chunk", H=2, dtype="bfloat16", gate=G, dht=True, options=POOL + kda_gate[:2], **base),
         Case("gdn", "chunk", H=1, HV=2, dtype="bfloat16", gate=G, dht=True, options=POOL + GDN_OPTIONS + GDN_GATE,
              **base),
         Case("gdn", "chunk", H=1, HV=2, dtype="bfloat16", gate=G, dht=True, options=POOL + QWEN3_NEXT, **base),

@@ -223,3 +223,16 @@ def test_gate_parameter_gradient_is_the_sum_the_bound_describes():
     got = op.reference(case, x, method="chunk")
     terms = got["dg"] * (x["g"] + x["dt_bias"].reshape(case.HV, case.K))
     _close(got["dA_log"], terms.sum(axis=(0, 1, 3)), "dA_log")
+
+
+def test_the_peers_serving_cases_file_is_the_suites_serving_cases():
+    from cases.case_file import load_cases
+    from cases.suites import _gdn_serving_smoke
+
+    from pathlib import Path
+
+    from harness.ops import get_op
+
+    path = Path(__file__).resolve().parent.parent / "cases" / "peers" / "serving.toml"
+    listed = [c.id for c in load_cases(path, get_op)]
+    assert listed == [c.id for c in serving_cases() + _gdn_serving_smoke()]
