@@ -4,7 +4,8 @@ side by side per op, variant, dtype and gate form.
 A report is a folder holding the baseline's rows (``gpu.csv`` or ``gpu.csv.gz``) and, beside them, each candidate's
 (``<leg>.csv[.gz]``, the file named after the leg its rows name: ``tpu`` for this project's kernels, ``tops``,
 ``tpu-inference``, ``sglang-jax``, ...; :func:`candidate_frames`). The variant is labelled with the case's
-convolution in front (``conv1d=W``), which only some candidates map. Each report is judged on its own baseline rows with the shipped policy
+convolution in front (``conv1d=W``) and a server's calls (``pool=S``, ``decode=n``: :func:`variant_label`), which
+candidates map differently. Each report is judged on its own baseline rows with the shipped policy
 (:func:`harness.peer_report.peer_table`: per case and forward tensor, ε_candidate / ε_fla on rel-L2 and the gate's
 verdict). A (candidate, case, tensor) that several reports hold is taken from the report made last (its baseline
 rows' newest ``timestamp``).
@@ -38,6 +39,7 @@ import pandas as pd
 from cases.case import Case
 
 from .legs.registry import default_leg
+from .ops.serving import OPTIONS as SERVING_OPTIONS
 from .peer_report import FORWARD, peer_table
 from .policy import Policy
 from .results import read_table
@@ -101,11 +103,20 @@ def all_rows(root: Path, policy: Policy) -> pd.DataFrame:
     rows = rows.drop_duplicates(["candidate", "case_id", "tensor"], keep="last")
     cases = {cid: Case.from_id(cid) for cid in rows["case_id"].unique()}
     rows["op"] = rows["case_id"].map(lambda c: cases[c].op)
-    rows["variant"] = rows["case_id"].map(lambda c: cases[c].variant + (f" conv1d={cases[c].opt['conv1d']}"
-                                                                         if cases[c].opt.get("conv1d") else ""))
+    rows["variant"] = rows["case_id"].map(lambda c: variant_label(cases[c]))
     rows["dtype"] = rows["case_id"].map(lambda c: cases[c].dtype)
     rows["gate"] = rows["case_id"].map(lambda c: gate_form(cases[c]))
     return rows.reset_index(drop=True)
+
+
+LABELLED_OPTIONS = ("conv1d", *SERVING_OPTIONS)
+"""The case options a variant's label names: the convolution in front, and a server's calls (a state pool, decode
+steps), which candidates map differently from a plain call."""
+
+
+def variant_label(case: Case) -> str:
+    """The case's variant and its :data:`LABELLED_OPTIONS` (``chunk conv1d=4 pool=11``)."""
+    return " ".join([case.variant, *(f"{k}={case.opt[k]}" for k in LABELLED_OPTIONS if case.opt.get(k))])
 
 
 GROUP = ["op", "variant", "dtype", "gate"]

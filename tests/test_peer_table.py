@@ -9,7 +9,7 @@ import pytest
 
 from cases.case import Case
 from harness.cli import main
-from harness.peer_table import cell, gate_form, html_page, markdown, summarize, tables
+from harness.peer_table import cell, gate_form, html_page, markdown, summarize, tables, variant_label
 from harness.policy import default_policy
 
 ROOT = Path(__file__).resolve().parents[1] / "reports" / "peers"
@@ -41,6 +41,14 @@ def test_gate_forms_name_each_gate_and_the_in_kernel_law():
         "g+g_gamma[H]"
     assert gate_form(Case.from_id("kda.chunk/B1-T64-H2-K128-V128/bf16/g=logsigmoid/16/C64/use_gate_in_kernel=1")) \
         == "g (in kernel)"
+
+
+def test_variants_name_the_convolution_and_a_servers_calls():
+    case = Case.from_id("gdn.chunk/B1-T64-H2-K128-V128/bf16/g=logsigmoid/16/C64/lens=30+34,h0,conv1d=4,pool=5,"
+                        "use_qk_l2norm_in_kernel=1")
+    assert variant_label(case) == "chunk conv1d=4 pool=5"
+    assert variant_label(case.replace(options=(("decode", 3), ("pool", 5)))) == "chunk pool=5 decode=3"
+    assert variant_label(case.replace(options=())) == "chunk"
 
 
 def test_the_committed_page_is_what_the_committed_rows_give():
