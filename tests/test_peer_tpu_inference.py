@@ -158,3 +158,16 @@ def test_v3_fp32_decode_fails_the_gate_at_bf16_precision(tmp_path):
     for tensor in ("o", "ht"):
         assert parity.loc[(tensor, "rel_l2"), "verdict"] == "fail"
         assert parity.loc[(tensor, "rel_l2"), "ratio"] > 100, parity.loc[(tensor, "rel_l2")]
+
+
+def test_v3_an_empty_request_loses_its_carried_state_and_the_gate_fails(tmp_path):
+    """reports/peers/serving, finding 1: with read and write slots apart (read_state_indices), a request of no
+    tokens leaves its write slot as it was, so its carried states never reach it: the pool's slot and its conv
+    state come back zero. The gate must fail ht and conv_ht; the requests with tokens are right."""
+    case = f"gdn.chunk/B1-T32-H2-K128-V128/bf16/g=logsigmoid/16/C64/lens=0+20+0+12,h0,pool=9,{QWEN3_NEXT}"
+    args = ["all", "--candidate", "tpu-inference-v3", "--case", case, "--out", str(tmp_path), "--no-causality",
+            "--no-progress", "--tpu-targets", "v6e"]
+    assert main(args) == 1
+    verdicts = pd.read_csv(tmp_path / "tpu-inference-v3" / "parity.csv").groupby("tensor").verdict.agg(set)
+    assert verdicts["ht"] == verdicts["conv_ht"] == {"fail"}, verdicts  # beyond the bf16 bound
+    assert "pass" in verdicts["o"] and "fail" not in verdicts["o"], verdicts
