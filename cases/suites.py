@@ -8,7 +8,8 @@
   variable-length sequences (``lens``, fla's ``cu_seqlens``) whose boundaries
   fall inside chunks, one sequence spanning two of its own chunks; for gdn and kda one case with grouped
   value heads (``HV`` > H), and for gdn a decode step (one- and three-token sequences from carried states)
-  packed beside a prefill.
+  packed beside a prefill, and gdn served (``harness.ops.serving``: a state pool, zero-length requests, decode
+  steps after the prefill).
 - ``regressions``: cases reproducing known failure classes (see each entry);
   packed sequences at their edges: a one-token sequence, boundaries one token
   before and one after a chunk edge, sequences of C - 1 and C + 1 tokens, h0

@@ -172,7 +172,13 @@ def test_served_forward_autodiff_is_the_pool_chain_rule():
     import jax
     import jax.numpy as jnp
 
-    jax.config.update("jax_enable_x64", True)
+    from references._x64 import float64_cpu
+
+    with float64_cpu():  # scoped: a global jax_enable_x64 would change every later test in this process
+        _check_the_pool_chain_rule_in_jax_and_torch(jax, jnp)
+
+
+def _check_the_pool_chain_rule_in_jax_and_torch(jax, jnp):
     case = _case(pool=9)
     s = slots(case)
     rng = np.random.default_rng(3)
@@ -182,6 +188,7 @@ def test_served_forward_autodiff_is_the_pool_chain_rule():
     forward = served_forward(REGISTRY["gdn"], LegBinding(_toy))
     out, vjp = jax.vjp(lambda p: forward(case, {"h0": p, "q": jnp.asarray(q)})["ht"], jnp.asarray(pool))
     (dpool,) = vjp(jnp.asarray(dht))
+    assert np.asarray(dpool).dtype == np.float64
     dh0 = 2 * dht[list(s.write)]  # the toy's gradient of each request's initial state
     np.testing.assert_allclose(np.asarray(dpool), pool_gradient(dht, dh0, s, pool), rtol=0, atol=1e-15)
     np.testing.assert_array_equal(np.asarray(out)[list(s.kept)], pool[list(s.kept)])
