@@ -243,3 +243,15 @@ def test_the_peers_serving_cases_file_is_the_suites_serving_cases():
     path = Path(__file__).resolve().parent.parent / "cases" / "peers" / "serving.toml"
     listed = [c.id for c in load_cases(path, get_op)]
     assert listed == [c.id for c in serving_cases() + _gdn_serving_smoke()]
+
+
+def test_the_wrapped_functions_a_cache_hashes_name_the_ops_modules():
+    """A leg's cache keys on the files its functions come from (harness.baseline_cache.binding_fingerprint): the
+    served wrappers lead it to the op's own modules, and serving.py is hashed for every leg besides."""
+    from harness.baseline_cache import _COMMON, _source_file
+
+    kda = REGISTRY["kda"]
+    assert _source_file(kda.differentiable).endswith("harness/ops/delta_rule.py")
+    for fn in (kda.reference, kda.fla.forward, kda.fla.describe, kda.pallas.forward):
+        assert _source_file(fn).endswith("harness/ops/kda.py"), fn
+    assert "harness/ops/serving.py" in _COMMON

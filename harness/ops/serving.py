@@ -16,7 +16,7 @@ pool after it, both [S,HV,K,V] (``dht`` and ``dh0`` too: the gradient of the poo
 - every third request (``i % 3 == 2``) is new: its has-initial-state flag is false and it starts from zeros,
   whatever its read slot holds;
 - S >= 2N + 1: slot 2N and the even slots of even requests are named by no request. Every slot no request writes
-  comes back bit for bit (:func:`kept_slots`).
+  comes back bit for bit (:attr:`Slots.kept`).
 
 ``decode=n``: request i's last ``min(n, len_i)`` tokens are decode steps, one token per call through the op's
 decode variant (:attr:`OpDescriptor.decode_variant`), each call starting from the state the previous one returned;
@@ -233,7 +233,7 @@ def pool_gradient(dht_pool, dh0: np.ndarray | None, s: Slots, like: np.ndarray) 
     return out
 
 
-def _pool_shape(case: Case, s: Slots) -> Callable[[Case], tuple]:
+def _pool_shape(s: Slots) -> Callable[[Case], tuple]:
     return lambda c: (s.size, *inner(c).state_shape[1:])
 
 
@@ -285,6 +285,8 @@ def served_binding(op: OpDescriptor, binding: LegBinding | None) -> LegBinding |
 
 
 def _serve(op: OpDescriptor, binding: LegBinding) -> LegBinding:
+    # each wrapper names what it wraps (functools.wraps): a leg's cache hashes the module of the op's own function
+    @functools.wraps(binding.describe)
     def describe(case: Case) -> dict:
         details = dict(binding.describe(inner(case)))
         s, serving = slots(case), split(case)[1]
@@ -308,7 +310,7 @@ def served(op: OpDescriptor) -> OpDescriptor:
         specs = op.inputs(inner(case))
         s = slots(case)
         if s is not None:  # h0 and dht are the pool and its cotangent
-            specs = [dataclasses.replace(spec, shape=_pool_shape(case, s)) if spec.name in ("h0", "dht") else spec
+            specs = [dataclasses.replace(spec, shape=_pool_shape(s)) if spec.name in ("h0", "dht") else spec
                      for spec in specs]
         return specs
 
@@ -316,6 +318,7 @@ def served(op: OpDescriptor) -> OpDescriptor:
         decode = "decode" in split(case)[1]
         return [t for t in op.tensors(inner(case)) if not (decode and t.kind == "grad")]
 
+    @functools.wraps(op.differentiable)
     def differentiable(case: Case) -> list[str]:
         return [] if "decode" in split(case)[1] else op.differentiable(inner(case))
 

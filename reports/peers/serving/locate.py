@@ -31,6 +31,7 @@ def main(leg_name: str, case_id: str) -> None:
     from harness.legs.registry import make_leg
     from harness.ops import get_op
     from harness.ops.serving import slots
+    from peers.mapping import requests
 
     case = case_from_id(case_id)
     op = get_op(case.op)
@@ -38,7 +39,7 @@ def main(leg_name: str, case_id: str) -> None:
     want = op.reference(case, inputs.as_float64(), method="chunk")
     leg = make_leg(leg_name, **({"compile_targets": ()} if leg_name == "tpu" else {}))
     got = leg.run(op, case, inputs).tensors
-    offsets = case.cu_seqlens or tuple(range(0, case.B * case.T + 1, case.T))
+    offsets, _ = requests(case)
     print(f"{leg_name} on {case_id}")
     for i, (bos, eos) in enumerate(zip(offsets, offsets[1:])):
         o = _rel(got["o"][:, bos:eos], want["o"][:, bos:eos]) if eos > bos else "(no tokens)"
