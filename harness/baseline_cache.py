@@ -130,6 +130,26 @@ def sources_fingerprint(leg: str) -> str:
     return _hash_files(p for pattern in _COMMON + leg_spec(leg).cache_sources for p in _ROOT.glob(pattern))
 
 
+def leg_inputs(leg_name: str, cases) -> dict:
+    """What a cached leg's outputs on ``cases`` are a function of, as this cache keys them, for a record of work
+    made from those outputs (``parity ptx --reuse``: the launches the GPU leg makes): the leg, the case ids, its
+    environment (mode, device, versions, settings), :func:`sources_fingerprint` and each op's
+    :func:`binding_fingerprint`. ValueError for a leg that is not cached (nothing here to key it by)."""
+    from .legs import make_leg
+    from .ops import get_op
+
+    if not cached(leg_name):
+        raise ValueError(f"the {leg_name} leg is not cached: its outputs have no key")
+    leg = make_leg(leg_name)
+    env = leg.environment()
+    ops = sorted({case.op for case in cases})
+    return {"leg": leg_name, "cases": [case.id for case in cases],
+            "environment": json.loads(json.dumps({"mode": env.mode, "device": env.device, "versions": env.versions,
+                                                  "settings": env.settings}, sort_keys=True, default=str)),
+            "sources": sources_fingerprint(leg_name),
+            "bindings": {name: binding_fingerprint(get_op(name), leg) for name in ops}}
+
+
 def _source_file(fn: Callable) -> str | None:
     while isinstance(fn, functools.partial):
         fn = fn.func
@@ -230,12 +250,18 @@ class BaselineCache:
 
     def key(self, op: OpDescriptor, case: Case, inputs: Inputs) -> str | None:
         """The entry's key, or None when the op's binding has no source to hash (then nothing is cached)."""
+        return self.content_key(op, case, input_sha256=inputs.sha256)
+
+    def content_key(self, op: OpDescriptor, case: Case, **more) -> str | None:
+        """sha256 of what the leg's work on ``case`` depends on (its environment, sources and binding, the case)
+        and of ``more`` (what else the work depends on: the inputs' hash for a run, the target and the compile's
+        own sources for a compile), or None when the op's binding has no source to hash."""
         if id(op) not in self._bindings:  # per descriptor object (kept alive here, so its id is not reused)
             self._bindings[id(op)] = (op, binding_fingerprint(op, self.leg))
         binding = self._bindings[id(op)][1]
         if binding is None:
             return None
-        record = {**self._base, "binding": binding, "case_id": case.id, "input_sha256": inputs.sha256}
+        record = {**self._base, "binding": binding, "case_id": case.id, **more}
         return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
     def _path(self, key: str) -> Path:

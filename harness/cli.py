@@ -255,6 +255,15 @@ def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, case
 
 
 # -------------------------------------------------------------------- verbs
+def ptx_leg_inputs(leg: str, suite: str, case_ids) -> dict:
+    """``parity ptx``'s view of the leg whose launches it records: the selected cases and what the leg's outputs
+    on them depend on (:func:`harness.baseline_cache.leg_inputs`); ValueError for a bad selection."""
+    from harness.app import Selection
+    from harness.baseline_cache import leg_inputs
+
+    return leg_inputs(leg, Selection(suite="" if case_ids else suite, case_ids=tuple(case_ids)).cases())
+
+
 def cmd_peers(args) -> int:
     """``reports/peers/README.md`` and ``index.html`` from every report's rows (harness.peer_table); ``--check``
     writes nothing and exits 1 when the page differs from what the rows give."""
@@ -342,15 +351,19 @@ def cmd_gate(args) -> int:
 
 def cmd_compile(args) -> int:
     from harness.results import write_csv
-    from harness.compile_cases import compile_frame
+    from harness.compile_cases import RecordError, compile_frame, read_record, reused_rows
     from harness.tpu_compile import COMPILE_DEFAULT_TARGETS, parse_targets, versions
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
     cases = _select_cases(args)
     _out_dir(args.out)
+    reuse = [Path(p) for text in args.reuse or () for p in text.split(",") if p.strip()]
+    try:
+        record = read_record(reuse)
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
     v = versions()
     print(f"compile: {len(cases)} cases x {', '.join(targets)} with jax {v['jax']}, libtpu {v['libtpu']}")
-    rows = []
     from harness.legs import make_leg
     from harness.reference_cache import ReferenceCache
     from harness.runner import Runner
@@ -360,8 +373,14 @@ def cmd_compile(args) -> int:
     options = {"compile_targets": ()}
     runner = Runner(make_leg(args.backend, **options), ReferenceCache(None))  # its steps up to the run, nothing more
     t0 = time.perf_counter()
-    args.workers.run(runner, options, cases, on_case=lambda case, compiled: rows.extend(compiled), task="compile",
-                     targets=targets, progress=None if args.no_progress else "compile")
+    settled = {case.id: reused_rows(case, targets, runner, record) for case in cases}
+    todo = [case for case in cases if settled[case.id] is None]
+    if reuse:
+        print(f"compile: {len(cases) - len(todo)} of {len(cases)} cases reused from {', '.join(map(str, reuse))} "
+              f"(the content key of every target's row unchanged: sources, versions, case), {len(todo)} to compile")
+    args.workers.run(runner, options, todo, on_case=lambda case, compiled: settled.update({case.id: compiled}),
+                     task="compile", targets=targets, progress=None if args.no_progress else "compile")
+    rows = [row for case in cases for row in settled[case.id]]
     df = compile_frame(rows)
     stem = "compile" if args.backend == default_leg("candidate") else f"compile.{args.backend}"
     path = write_csv(df, Path(args.out) / (f"{stem}.{args.tag}.csv" if args.tag else f"{stem}.csv"))
@@ -663,6 +682,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", metavar="T,..", help="TPU targets (default v5e,v6e,v7x; of v4, v5e, v5p, v6e, v7x)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--tag", help="insert a tag in the file name: compile.<tag>.csv")
+    p.add_argument("--reuse", action="append", metavar="CSV[,CSV]",
+                   help="earlier compile.csv files (gzipped or not): an ok row whose content key (the sources, "
+                        "versions and case it was made from, the target) is the one this compile would have is "
+                        "reused, not compiled again; any other case compiles (repeatable)")
     p.add_argument("--backend", default=default_leg("candidate"), metavar="LEG",
                    help="the candidate leg whose binding compiles (default tpu, this project's kernels; another "
                         "writes compile.<leg>.csv)")
@@ -704,7 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.emulation import ptx
 
     mxu_probe.add_parser(sub)
-    ptx.add_parser(sub).set_defaults(backend=default_leg("baseline"))  # the leg whose fla launches it records
+    # the leg whose fla launches it records, and what that leg's outputs on the cases depend on (its record's key)
+    ptx.add_parser(sub).set_defaults(backend=default_leg("baseline"), leg_inputs=ptx_leg_inputs)
 
     p = sub.add_parser("all", help="run every leg this machine can run (emulated without hardware), then gate")
     _add_selection(p, shard=False)

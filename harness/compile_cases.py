@@ -3,6 +3,9 @@ time for real TPU targets (:mod:`harness.tpu_compile`), one row per (case, targe
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from .baseline_cache import BaselineCache, _hash_files, cached, source_closure
 from .legs.registry import default_leg, make_leg
 from .legs.tpu import NATIVE, device_arrays, program
 from .reference_cache import ReferenceCache
@@ -15,8 +18,39 @@ from .tpu_compile import COMPILE_MODE, KERNEL_COLUMNS, MEMORY_FIELDS, TARGETS, c
 COMPILE_COLUMNS = [
     "case_id", "op", "variant", "dtype", "target", "topology", "mode", "status", "reason", "compile_s", "error",
     *KERNEL_COLUMNS, *MOSAIC_COLUMNS, *MEMORY_FIELDS, "hbm_bytes", "program", "jax", "jaxlib", "libtpu", "input_sha256", "git_commit",
-    "timestamp", "repro",
+    "timestamp", "content_key", "reused_from", "repro",
 ]
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def compile_sources() -> list[Path]:
+    """The files a compile row depends on besides the candidate leg's own cache key (:class:`ContentKeys`): the
+    compile and the reading of Mosaic's dump (with the MXU model) transitively, the TPU leg's program, this
+    module, and the runner's steps up to the run (validation, inputs, supports) as one file each."""
+    closure = source_closure([_ROOT / "harness/tpu_compile.py", _ROOT / "harness/legs/tpu.py"])
+    return sorted(closure | {_ROOT / "harness/compile_cases.py", _ROOT / "harness/runner.py", _ROOT / "cases/inputs.py"})
+
+
+class ContentKeys:
+    """The content key of a compile row: sha256 of everything the row was made from, so that a committed
+    ``compile.csv`` can stand for a compile that would give the same row (``parity compile --reuse``).
+
+    It is the candidate cache's key (:meth:`harness.baseline_cache.BaselineCache.content_key`: the leg's
+    environment, with jax's, jaxlib's and libtpu's versions, its sources and every module the op's binding
+    imports from this repository, transitively; the case id), plus the target and :func:`compile_sources`. An
+    edit to ``kernels_tpu/kda/`` moves kda's and gdn's keys and no other op's; a new libtpu moves every key. A leg
+    whose outputs are never cached (an external candidate: no sources here to hash) has no key: its rows are
+    always compiled."""
+
+    def __init__(self, leg):
+        self.cache = BaselineCache(leg, directory=None) if cached(leg.name) else None
+        self.sources = _hash_files(compile_sources()) if self.cache is not None else ""
+
+    def __call__(self, op, case, target: str) -> str | None:
+        if self.cache is None:
+            return None
+        return self.cache.content_key(op, case, task="compile", target=target, compile_sources=self.sources)
 
 
 def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dict]:
@@ -34,6 +68,7 @@ def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dic
     except Refusal as r:
         return [{**base, "target": t, "topology": TARGETS[t], "status": r.status, "reason": r.reason,
                  "input_sha256": r.columns.get("input_sha256")} for t in targets]
+    keys = _content_keys(runner)
     base["input_sha256"] = inputs.sha256
     binding = leg.binding(op)
     if not binding.differentiable:
@@ -44,8 +79,60 @@ def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dic
         r = leg.compile_for(compile_for, fn, arrays, target)
         out.append({**base, "target": target, "topology": TARGETS[target], "status": r.status, "reason": r.reason,
                     "compile_s": r.seconds, "error": "" if r.ok else r.error, **r.kernel_columns,
-                    **(r.memory or {}), "hbm_bytes": r.hbm_bytes})
+                    **(r.memory or {}), "hbm_bytes": r.hbm_bytes, "content_key": keys(op, case, target)})
     return out
+
+
+_KEYS: dict[int, tuple[object, ContentKeys]] = {}
+
+
+def _content_keys(runner) -> ContentKeys:
+    """The :class:`ContentKeys` of the runner's leg, made once per leg object (it hashes the compile's sources;
+    the leg is kept alive here, so its id is not reused)."""
+    if id(runner.leg) not in _KEYS:
+        _KEYS[id(runner.leg)] = (runner.leg, ContentKeys(runner.leg))
+    return _KEYS[id(runner.leg)][1]
+
+
+class RecordError(ValueError):
+    """A ``--reuse`` file that cannot be used (missing, unreadable, not compile rows with content keys)."""
+
+
+def read_record(paths) -> dict[str, dict]:
+    """The reusable rows of earlier compiles (``compile.csv`` files, gzipped or not), by content key: the ``ok``
+    rows. An ``error`` or ``unsupported`` row is never reused: a failure is always reproduced for real."""
+    import pandas as pd
+
+    record: dict[str, dict] = {}
+    for path in paths:
+        try:
+            df = pd.read_csv(path)
+        except FileNotFoundError:
+            raise RecordError(f"--reuse: no such file {path}") from None
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's input
+            raise RecordError(f"--reuse: cannot read {path}: {' '.join(str(exc).split())[:200]}") from None
+        missing = sorted({"case_id", "target", "status", "content_key"} - set(df.columns))
+        if missing:
+            raise RecordError(f"--reuse: {path} is not compile rows with content keys (no {', '.join(missing)}); "
+                              "make it with parity compile")
+        ok = df[(df["status"] == Status.OK) & df["content_key"].notna()]
+        for row in ok.astype(object).where(ok.notna(), None).to_dict("records"):
+            record[row["content_key"]] = {**row, "reused_from": row.get("reused_from") or str(path)}
+    return record
+
+
+def reused_rows(case, targets: tuple[str, ...], runner, record: dict[str, dict]) -> list[dict] | None:
+    """The case's rows from ``record`` when the row of every target has the content key this compile would
+    have, else None (compile it)."""
+    if not record:
+        return None
+    try:
+        op = runner.op_of(case)
+    except Exception:  # noqa: BLE001 - an unknown op is settled by the compile, as an error row
+        return None
+    keys = _content_keys(runner)
+    rows = [record.get(keys(op, case, target) or "") for target in targets]
+    return None if any(r is None for r in rows) else rows
 
 
 def _base(case, targets: tuple[str, ...], runner) -> dict:
@@ -65,12 +152,17 @@ def error_rows(case, targets: tuple[str, ...], runner, reason: str) -> list[dict
 
 
 def compile_frame(rows: list[dict]):
+    """The rows as ``compile.csv`` holds them; a compiled row is stamped now, a reused one keeps its time."""
     import datetime as _dt
 
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    df["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    if "reused_from" in df and "timestamp" in df:
+        df["timestamp"] = df["timestamp"].where(df["reused_from"].notna(), now)
+    else:
+        df["timestamp"] = now
     for col in COMPILE_COLUMNS:
         if col not in df.columns:
             df[col] = pd.NA

@@ -8,7 +8,9 @@ patched into the emulation from here, and the command's bad input. Slow (``-m sl
 from __future__ import annotations
 
 import argparse
+import functools
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -282,8 +284,10 @@ def test_a_fault_in_the_legs_default_rounding_is_seen_too(monkeypatch):
 
 def test_the_command_checks_a_launches_file_and_writes_its_csv(compiled, tmp_path, capsys):
     _, launches, _ = compiled
+    from harness.cli import ptx_leg_inputs
+
     args = argparse.Namespace(suite="smoke", case=[], target="sm90", out=str(tmp_path / "out"),
-                              launches=str(launches))
+                              launches=str(launches), backend="gpu", leg_inputs=ptx_leg_inputs)
     rc = ptx.cmd_ptx(args)
     out = capsys.readouterr().out
     with open(tmp_path / "out" / "ptx.csv") as fh:
@@ -291,7 +295,10 @@ def test_the_command_checks_a_launches_file_and_writes_its_csv(compiled, tmp_pat
     assert rows[0] == list(ptx.CSV_COLUMNS) and len(rows) == 1 + len(ptx.ASSUMPTIONS)
     n_bad = sum(r[5] in ("mismatch", "error") for r in rows[1:])
     assert rc == (1 if n_bad else 0)
-    assert out.startswith("ptx: 1 kernels sm90;") and f"{n_bad} mismatches" in out
+    summary = [line for line in out.splitlines() if line.startswith("ptx: ")]
+    assert len(summary) == 1 and summary[0].startswith("ptx: 1 kernels sm90;") and f"{n_bad} mismatches" in out
+    # a launches file that does not say which selection it captured cannot vouch for a key
+    assert "no key.json" in out and not (tmp_path / "out" / "key.json").exists()
 
 
 @pytest.mark.parametrize("target, launches, message", [
@@ -300,7 +307,10 @@ def test_the_command_checks_a_launches_file_and_writes_its_csv(compiled, tmp_pat
     ("sm90", "no/such/launches.json", "--launches: no such file"),
 ])
 def test_bad_input_is_exit_2_with_one_line(tmp_path, capsys, target, launches, message):
-    args = argparse.Namespace(suite="smoke", case=[], target=target, out=str(tmp_path), launches=launches)
+    from harness.cli import ptx_leg_inputs
+
+    args = argparse.Namespace(suite="smoke", case=[], target=target, out=str(tmp_path), launches=launches,
+                              backend="gpu", leg_inputs=ptx_leg_inputs)
     assert ptx.cmd_ptx(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
@@ -311,7 +321,273 @@ def test_add_parser_registers_ptx():
     sub = parser.add_subparsers()
     ptx.add_parser(sub)
     args = parser.parse_args(["ptx", "--target", "sm80", "--out", "x"])
-    assert args.fn is ptx.cmd_ptx and args.target == "sm80" and args.suite == "smoke"
+    assert args.fn is ptx.cmd_ptx and args.target == "sm80" and args.suite == "smoke" and args.reuse is None
+    assert parser.parse_args(["ptx", "--reuse", "reports/ci/ptx-smoke"]).reuse == "reports/ci/ptx-smoke"
+
+
+# --reuse: a record of an earlier sweep, served when, and only when, it was made from exactly these inputs
+
+TARGETS = ["sm80", "sm90"]
+RECORD_ROWS = [ptx.Row("fla.ops.common.chunk_o.chunk_fwd_kernel_o@0123456789", t, a, "e", "f",
+                       "n/a" if a == "f32_div_sqrt" else "match") for t in TARGETS for a in ptx.ASSUMPTIONS]
+
+
+def smoke_leg():
+    from harness.cli import ptx_leg_inputs
+
+    return ptx_leg_inputs("gpu", "smoke", [])
+
+
+@pytest.fixture(scope="module")
+def current():
+    return ptx.content_key(["--suite", "smoke"], TARGETS, leg_inputs=smoke_leg())
+
+
+def make_record(d: Path, key: dict, rows=RECORD_ROWS, gz=False) -> Path:
+    """A record as a sweep writes it (ptx.csv, facts.json, launches.json, key.json), its rows gzipped if ``gz``."""
+    import gzip
+
+    d.mkdir(parents=True, exist_ok=True)
+    ptx.write_csv(rows, d / "ptx.csv")
+    (d / "facts.json").write_text(json.dumps(key["inputs"]["facts"]))
+    (d / "launches.json").write_text(json.dumps({"specializations": [CHUNK_FWD_O_FP32]}))
+    ptx.write_key(d, key, rows, TARGETS)
+    if gz:
+        (d / "ptx.csv.gz").write_bytes(gzip.compress((d / "ptx.csv").read_bytes()))
+        (d / "ptx.csv").unlink()
+    return d
+
+
+def with_inputs(key: dict, **changes) -> dict:
+    """``key`` with some of its inputs changed, keyed as content_key keys them."""
+    inputs = json.loads(json.dumps(key["inputs"]))
+    for group, value in changes.items():
+        inputs[group] = {**inputs[group], **value} if isinstance(value, dict) else value
+    return {"key": ptx._sha256(json.dumps(inputs, sort_keys=True).encode()), "inputs": inputs}
+
+
+def ptx_args(out, reuse=None, **kw) -> argparse.Namespace:
+    from harness.cli import ptx_leg_inputs
+
+    base = dict(suite="smoke", case=[], target="sm80,sm90", out=str(out), launches=None, reuse=reuse, backend="gpu",
+                leg_inputs=ptx_leg_inputs)
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.fixture
+def sweep(monkeypatch):
+    """The sweep's two slow steps, faked: each call is listed; the check gives ``sweep.rows``."""
+    calls = []
+
+    def capture(parity_argv, out_json, log):
+        calls.append(("capture", parity_argv))
+        data = {"parity_argv": parity_argv, "rc": 0, "specializations": [CHUNK_FWD_O_FP32]}
+        Path(out_json).write_text(json.dumps(data))
+        return data
+
+    def compile_kernels(launches, out_dir, targets, log):
+        calls.append(("compile", list(targets)))
+        return {"kernels": []}
+
+    monkeypatch.setattr(ptx, "capture", capture)
+    monkeypatch.setattr(ptx, "compile_kernels", compile_kernels)
+    monkeypatch.setattr(ptx, "check_compiled", lambda data, index, compiled_dir, facts: list(sweep.rows))
+    sweep = argparse.Namespace(calls=calls, rows=RECORD_ROWS)
+    return sweep
+
+
+@pytest.fixture
+def no_sweep(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a verified record must not capture or compile")
+
+    monkeypatch.setattr(ptx, "capture", refuse)
+    monkeypatch.setattr(ptx, "compile_kernels", refuse)
+
+
+def test_a_record_made_from_these_inputs_is_reused_without_capture_or_compile(current, tmp_path, capsys, no_sweep):
+    record = make_record(tmp_path / "record", current, gz=True)
+    rc = ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record)))
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and len(out) == 1
+    assert out[0].startswith(f"ptx: verified by content: the record {record} (made at ")
+    assert f"was made from exactly these inputs (key {current['key'][:12]}); 1 kernels sm80, 1 kernels sm90; " \
+           f"14 checks, 0 mismatches, 0 errors (0 kernels), 2 not applicable" in out[0]
+    # the record's files, its rows as plain CSV
+    with open(tmp_path / "out" / "ptx.csv") as fh:
+        assert list(csv.reader(fh)) == [list(ptx.CSV_COLUMNS)] + [r.as_list() for r in RECORD_ROWS]
+    assert not (tmp_path / "out" / "ptx.csv.gz").exists()
+    assert json.loads((tmp_path / "out" / "key.json").read_text())["key"] == current["key"]
+    assert {"facts.json", "launches.json"} <= {p.name for p in (tmp_path / "out").iterdir()}
+
+
+def test_a_record_from_other_inputs_reruns_and_names_what_differs(current, tmp_path, capsys, sweep):
+    files = sorted(current["inputs"]["files"])[:7]
+    assert "harness/emulation/ptx.py" in current["inputs"]["files"]
+    old = with_inputs(current, versions={"triton": "3.8.0"}, files={f: "0" * 64 for f in files})
+    record = make_record(tmp_path / "record", old)
+    rc = ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record)))
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and [c[0] for c in sweep.calls] == ["capture", "compile"]
+    assert lines[0].startswith(f"ptx: not verified by the record {record}: it was made from other inputs: triton "
+                               f"3.8.0 -> {current['inputs']['versions']['triton']}, {files[0]} (changed), ")
+    assert lines[0].endswith(" and 3 more; running the sweep")  # 7 names: 5 said
+    assert lines[-1] == f"ptx: to record it: parity ptx --suite smoke --target sm80,sm90 --out {record}"
+    # the rerun's own key.json: this key, these rows
+    key = json.loads((tmp_path / "out" / "key.json").read_text())
+    assert key["key"] == current["key"] and key["inputs"] == current["inputs"]
+    assert key["rows_sha256"] == ptx._sha256((tmp_path / "out" / "ptx.csv").read_bytes())
+    assert key["summary"] == {"kernels": {"sm80": 1, "sm90": 1}, "checks": 14, "match": 14, "mismatch": 0,
+                              "n/a": 2, "error": 0}
+    assert "launches_from" not in key and key["capture_rc"] == 0
+    # other targets, another selection: named too
+    make_record(tmp_path / "record", with_inputs(current, targets=["sm90"], selection=["--suite", "regressions"]))
+    ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record)))
+    assert "other inputs: targets sm90 -> sm80,sm90, selection --suite,regressions -> --suite,smoke; running" \
+        in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("status", ["mismatch", "error"])
+def test_a_record_with_a_failing_row_is_never_reused(current, tmp_path, capsys, sweep, status):
+    rows = RECORD_ROWS[:-1] + [dataclasses.replace(RECORD_ROWS[-1], status=status)]
+    record = make_record(tmp_path / "record", current, rows=rows)
+    sweep.rows = rows  # the sweep reproduces it for real: exit 1
+    assert ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record))) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    n_mismatch, n_error = (1, 0) if status == "mismatch" else (0, 1)
+    assert lines[0] == (f"ptx: not verified by the record {record}: its rows have {n_mismatch} mismatch and "
+                        f"{n_error} error rows (never reused); running the sweep")
+    assert [c[0] for c in sweep.calls] == ["capture", "compile"]
+    assert lines[-1].startswith("ptx: not recorded: a record with mismatch or error rows is never reused")
+
+
+def test_rows_edited_after_recording_are_not_reused(current, tmp_path, capsys, sweep):
+    record = make_record(tmp_path / "record", current)
+    text = (record / "ptx.csv").read_text()
+    (record / "ptx.csv").write_text(text.replace(",f,n/a", ",f,match", 1))  # still clean, no longer the recorded
+    assert ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record))) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "its rows ptx.csv were changed after it was recorded" in first and first.endswith("running the sweep")
+    assert [c[0] for c in sweep.calls] == ["capture", "compile"]
+
+
+def test_refreshing_a_record_in_place_then_reusing_it(current, tmp_path, capsys, sweep, monkeypatch):
+    """``--reuse X --out X`` is how a developer refreshes a record: the rerun writes its files there."""
+    record = make_record(tmp_path / "record", with_inputs(current, versions={"torch": "0.0"}), gz=True)
+    assert ptx.cmd_ptx(ptx_args(record, reuse=str(record))) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"ptx: recorded: {record} now holds this sweep (key {current['key'][:12]}); commit it"
+    assert (record / "ptx.csv").exists() and not (record / "ptx.csv.gz").exists()
+    monkeypatch.setattr(ptx, "capture", None)
+    monkeypatch.setattr(ptx, "compile_kernels", None)
+    assert ptx.cmd_ptx(ptx_args(tmp_path / "ci", reuse=str(record))) == 0
+    assert "verified by content" in capsys.readouterr().out
+
+
+def test_a_record_from_launches_keys_as_a_capture(current, tmp_path, capsys, sweep):
+    """The launches file is not an input of the key (they are a function of the inputs): a record made with
+    --launches is served to a run that would capture, and says where its launches came from."""
+    launches = tmp_path / "launches-smoke.json"
+    launches.write_text(json.dumps({"parity_argv": ["run", "--backend", "gpu", "--suite", "smoke", "--out", "/tmp/x"],
+                                    "rc": 0, "specializations": [CHUNK_FWD_O_FP32]}))
+    record = tmp_path / "record"
+    assert ptx.cmd_ptx(ptx_args(record, launches=str(launches))) == 0
+    assert [c[0] for c in sweep.calls] == ["compile"]
+    key = json.loads((record / "key.json").read_text())
+    assert key["key"] == current["key"] and key["launches_from"] == str(launches)
+    assert key["launches_sha256"] == ptx._sha256(launches.read_bytes())
+    assert (record / "launches.json").read_bytes() == launches.read_bytes()
+    capsys.readouterr()
+    assert ptx.cmd_ptx(ptx_args(tmp_path / "ci", reuse=str(record))) == 0
+    assert "verified by content" in capsys.readouterr().out and [c[0] for c in sweep.calls] == ["compile"]
+    # launches of another selection cannot vouch for this key: no key.json
+    assert ptx.cmd_ptx(ptx_args(record, launches=str(launches), suite="regressions")) == 0
+    assert "no key.json" in capsys.readouterr().out and not (record / "key.json").exists()
+
+
+@pytest.mark.parametrize("what, message", [
+    ("no dir", "--reuse: no such directory"),
+    ("no key", "--reuse: cannot read {d}/key.json: FileNotFoundError"),
+    ("bad key", "--reuse: cannot read {d}/key.json: JSONDecodeError"),
+    ("no rows", "--reuse: no ptx.csv or ptx.csv.gz in {d}"),
+])
+def test_a_missing_or_unreadable_record_is_exit_2_with_one_line(current, tmp_path, capsys, no_sweep, what, message):
+    d = tmp_path / "record"
+    if what != "no dir":
+        make_record(d, current)
+        if what == "no key":
+            (d / "key.json").unlink()
+        elif what == "bad key":
+            (d / "key.json").write_text("{")
+        else:
+            (d / "ptx.csv").unlink()
+    assert ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(d))) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("parity ptx: error: ")
+    assert message.format(d=d) in err
+
+
+def test_the_content_key_covers_the_code_the_cases_and_versions(current, monkeypatch):
+    from harness.baseline_cache import binding_fingerprint, sources_fingerprint
+    from harness.cli import ptx_leg_inputs
+    from harness.legs import make_leg
+    from harness.ops import get_op
+
+    inputs = current["inputs"]
+    assert current["key"] == ptx._sha256(json.dumps(inputs, sort_keys=True).encode())
+    for f in ("harness/emulation/ptx.py", "harness/emulation/gpu_model.py", "harness/emulation/ptx_arith.py"):
+        assert inputs["files"][f] == ptx._sha256((ROOT / f).read_bytes()), f
+    from cases.suites import get_suite
+
+    assert inputs["cases"] == [c.id for c in get_suite("smoke")]
+    assert inputs["selection"] == ["--suite", "smoke"] and inputs["targets"] == TARGETS and inputs["leg"] == "gpu"
+    # the GPU leg's inputs as its cache keys them: its sources, every op's binding, fla's, triton's, torch's versions
+    assert inputs["sources"] == sources_fingerprint("gpu")
+    assert inputs["bindings"] == {op: binding_fingerprint(get_op(op), make_leg("gpu"))
+                                  for op in {c.op for c in get_suite("smoke")}}
+    assert {"fla-core", "triton", "torch"} <= set(inputs["environment"]["versions"])
+    assert set(inputs["versions"]) == {"triton", "fla-core", "torch", "python"}
+    assert inputs["facts"] == emulation_facts().as_dict()
+    # any input moves the key: a version, a file, a binding, a fact, the targets, the cases
+    leg = smoke_leg()
+    key = functools.partial(ptx.content_key, ["--suite", "smoke"], facts=inputs["facts"])
+    assert key(TARGETS, leg_inputs=leg)["key"] == current["key"]
+    versions = ptx.key_versions()
+    monkeypatch.setattr(ptx, "key_versions", lambda: {**versions, "triton": "3.10.0"})
+    assert key(TARGETS, leg_inputs=leg)["key"] != current["key"]
+    monkeypatch.undo()
+    files = ptx.key_files()
+    monkeypatch.setattr(ptx, "key_files", lambda: {**files, "harness/emulation/gpu_model.py": "0" * 64})
+    assert key(TARGETS, leg_inputs=leg)["key"] != current["key"]
+    monkeypatch.undo()
+    moved = key(TARGETS, leg_inputs={**leg, "bindings": {**leg["bindings"], "kda": "0" * 64}})
+    assert moved["key"] != current["key"]
+    assert "binding of kda (changed)" in ptx.input_differences(inputs, moved["inputs"])
+    assert key(TARGETS, leg_inputs={**leg, "sources": "0" * 64})["key"] != current["key"]
+    assert ptx.content_key(["--suite", "smoke"], TARGETS, leg_inputs=leg,
+                           facts={**inputs["facts"], "tf32_rounding": "rna"})["key"] != current["key"]
+    assert key(["sm90"], leg_inputs=leg)["key"] != current["key"]
+    one = ptx_leg_inputs("gpu", "smoke", inputs["cases"][:1])
+    assert one["cases"] == inputs["cases"][:1] and key(TARGETS, leg_inputs=one)["key"] != current["key"]
+    with pytest.raises(ValueError):
+        ptx_leg_inputs("gpu", "smoke", ["nope/B1"])
+
+
+def test_an_edit_to_the_emulation_or_a_gpu_binding_moves_the_key_and_one_to_a_tpu_kernel_does_not(monkeypatch):
+    """The key is the emulation's files and the GPU leg's inputs: a one-line edit of a TPU kernel moves neither."""
+    import pathlib
+
+    real = pathlib.Path.read_bytes
+    before = ptx.content_key(["--suite", "smoke"], TARGETS, leg_inputs=smoke_leg())["key"]
+    for edited, moves in (("kernels_tpu/kda/chunk.py", False), ("harness/gate.py", False),
+                          ("harness/emulation/dots.py", True), ("harness/ops/kda.py", True),
+                          ("harness/legs/gpu.py", True)):
+        target = (ROOT / edited).resolve()
+        monkeypatch.setattr(pathlib.Path, "read_bytes",
+                            lambda self, t=target: real(self) + (b"\n# edited\n" if self.resolve() == t else b""))
+        after = ptx.content_key(["--suite", "smoke"], TARGETS, leg_inputs=smoke_leg())["key"]
+        assert (after != before) == moves, edited
+        monkeypatch.undo()
 
 
 @pytest.mark.slow
@@ -320,8 +596,10 @@ def test_smoke_sweep_sm80_sm90(tmp_path):
     emulation holds wherever it applies (reports/ptx: 2011 checks, 0 mismatches); the exit status says so."""
     from harness.legs.registry import default_leg
 
+    from harness.cli import ptx_leg_inputs
+
     args = argparse.Namespace(suite="smoke", case=[], target="sm80,sm90", out=str(tmp_path), launches=None,
-                              backend=default_leg("baseline"))
+                              backend=default_leg("baseline"), leg_inputs=ptx_leg_inputs)
     rc = ptx.cmd_ptx(args)
     with open(tmp_path / "ptx.csv") as fh:
         rows = list(csv.DictReader(fh))

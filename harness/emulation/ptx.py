@@ -18,6 +18,11 @@ Three steps, the first two each in a fresh Python process:
    ``error`` (it did not compile).
 
 No GPU and no network: Triton's NVIDIA backend (its bundled LLVM) writes PTX on the CPU.
+
+A sweep writes ``key.json`` beside its rows: :func:`content_key` of every input the rows are a function of (this
+repository's code the sweep runs, the cases, triton / fla-core / torch / Python versions, the targets, the
+emulation's facts). ``--reuse DIR`` serves a committed record of an earlier sweep instead of running one (about 12
+minutes) when, and only when, its key is the current one and its rows are clean and unedited.
 """
 
 from __future__ import annotations
@@ -683,6 +688,246 @@ def parse_targets(text: str) -> List[str]:
     return list(dict.fromkeys(names))
 
 
+# --------------------------------------------------------------------------------------------------------------
+# the record: verification keyed by content
+#
+# A sweep takes about 12 minutes, and its verdict is a function of a few things only: the code that captures and
+# checks (this module, the emulation it probes, the GPU leg and the ops it runs), the cases, the installed triton,
+# fla-core and torch, the targets and the emulation's facts. ``--reuse DIR`` serves a committed record of an earlier sweep when, and only
+# when, every one of those is unchanged; the key is computed here from the files and versions, never written by hand.
+
+KEY_FILE = "key.json"
+ROWS_FILE = "ptx.csv"
+KEY_FORMAT = 1
+KEY_VERSIONS = ("triton", "fla-core", "torch")
+"""The installed distributions whose versions are in the key: triton writes the PTX and records the
+specializations, fla-core is the kernels, torch runs fla's Python around them (shapes, dtypes, autotune keys)."""
+_ROOT = Path(__file__).resolve().parents[2]
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def key_files(package: Path = _PACKAGE) -> Dict[str, str]:
+    """{path: sha256} of every module of this package (``harness/emulation/``): the checks, the emulation whose
+    facts they hold the PTX to, and the capture's interpreter fixes. The GPU leg and the op bindings the capture
+    runs are the leg's own inputs (``leg_inputs`` of :func:`content_key`)."""
+    root = package.parents[1]
+    return {p.relative_to(root).as_posix(): _sha256(p.read_bytes()) for p in sorted(package.rglob("*.py"))}
+
+
+def key_versions() -> Dict[str, Optional[str]]:
+    """The versions of :data:`KEY_VERSIONS` (None where one is not installed) and Python's major.minor."""
+    import importlib.metadata
+
+    out: Dict[str, Optional[str]] = {}
+    for name in KEY_VERSIONS:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    out["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return out
+
+
+def selection_argv(suite: str, case_ids: Sequence[str]) -> List[str]:
+    """The ``parity run`` arguments that select the cases: ``--case`` each id, else ``--suite``."""
+    return [a for c in case_ids for a in ("--case", c)] or ["--suite", suite]
+
+
+def content_key(selection_argv: Sequence[str], targets: Sequence[str], *, leg_inputs: dict,
+                facts: Optional[dict] = None) -> dict:
+    """``{"key": sha256, "inputs": {...}}``: everything a sweep's rows are a function of, and its sha256.
+
+    - ``targets``: what the kernels are compiled for;
+    - ``selection`` as given, and ``leg_inputs``: what the captured leg's launches are a function of, as the
+      baseline cache keys that leg's outputs (``harness.baseline_cache.leg_inputs``, handed in by the command
+      line: this layer knows no leg): the leg, the ids of the cases selected (a suite's cases can change under its
+      name), its environment (fla's, triton's and torch's versions, its settings), its sources and each op's
+      binding;
+    - ``versions`` (:func:`key_versions`): the compiler, the kernels and the framework around them;
+    - ``files`` (:func:`key_files`): the checks and the emulation;
+    - ``facts``: :func:`emulation_facts` probed live (``facts`` when the caller has them), the expectations.
+
+    The launches file is not an input: the launches are a function of the inputs above, so a record made with
+    ``--launches`` keys as one that captured them."""
+    inputs = {
+        "format": KEY_FORMAT,
+        "targets": list(targets),
+        "selection": list(selection_argv),
+        **leg_inputs,
+        "versions": key_versions(),
+        "files": key_files(),
+        "facts": dict(emulation_facts().as_dict() if facts is None else facts),
+    }
+    return {"key": _sha256(json.dumps(inputs, sort_keys=True).encode()), "inputs": inputs}
+
+
+def input_differences(old: dict, new: dict) -> List[str]:
+    """What differs between two keys' inputs, one name each: the targets, leg, selection and cases, each version,
+    each fact, then each file changed, added or removed (files last: an edit moves many at once)."""
+    out = []
+    for name in ("format", "targets", "leg", "selection"):
+        if old.get(name) != new.get(name):
+            out.append(f"{name} {_brief(old.get(name))} -> {_brief(new.get(name))}")
+    oc, nc = old.get("cases") or [], new.get("cases") or []
+    if oc != nc:
+        added, removed = len(set(nc) - set(oc)), len(set(oc) - set(nc))
+        out.append(f"cases (+{added} -{removed})" if added or removed else "cases (order)")
+    for group, label in (("versions", ""), ("facts", "fact "), ("environment", "leg environment "),
+                         ("bindings", "binding of ")):
+        o, n = old.get(group) or {}, new.get(group) or {}
+        for name in sorted(set(o) | set(n)):
+            if o.get(name) != n.get(name):
+                out.append(f"{label}{name} {_brief(o.get(name))} -> {_brief(n.get(name))}" if group != "bindings"
+                           else f"{label}{name} (changed)")
+    if old.get("sources") != new.get("sources"):
+        out.append(f"the {new.get('leg')} leg's sources (changed)")
+    of, nf = old.get("files") or {}, new.get("files") or {}
+    for path in sorted(set(of) | set(nf)):
+        if of.get(path) != nf.get(path):
+            out.append(f"{path} ({'added' if path not in of else 'removed' if path not in nf else 'changed'})")
+    known = {"format", "targets", "leg", "selection", "cases", "versions", "facts", "files", "environment",
+             "bindings", "sources"}
+    out += [name for name in sorted((set(old) | set(new)) - known) if old.get(name) != new.get(name)]
+    return out
+
+
+def _brief(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _names(items: Sequence[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """A record of an earlier sweep, as ``--reuse`` reads it: its key.json and its rows (ptx.csv or ptx.csv.gz;
+    ``text``: the plain CSV, whose sha256 key.json's ``rows_sha256`` names)."""
+
+    directory: Path
+    meta: dict
+    rows_path: Path
+    text: bytes
+    rows: List[Row]
+
+
+def read_record(directory: Path) -> Record:
+    """The record in ``directory``; BadInput (one line, naming the file) when it or its key.json or rows are missing
+    or unreadable. A key that differs is not an error here: :func:`reuse_verdict` says so, and the sweep runs."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise BadInput(f"--reuse: no such directory {directory}")
+    key_path = directory / KEY_FILE
+    try:
+        meta = json.loads(key_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"--reuse: cannot read {key_path}: {type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("key"), str) or not isinstance(meta.get("inputs"), dict):
+        raise BadInput(f"--reuse: {key_path} is not a record's key.json (no key and inputs)")
+    rows_path = next((p for p in (directory / ROWS_FILE, directory / (ROWS_FILE + ".gz")) if p.is_file()), None)
+    if rows_path is None:
+        raise BadInput(f"--reuse: no {ROWS_FILE} or {ROWS_FILE}.gz in {directory}")
+    try:
+        text = rows_path.read_bytes()
+        if rows_path.suffix == ".gz":
+            import gzip
+
+            text = gzip.decompress(text)
+        table = list(csv.reader(text.decode().splitlines()))
+    except (OSError, ValueError, EOFError) as exc:
+        raise BadInput(f"--reuse: cannot read {rows_path}: {type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if not table or tuple(table[0]) != CSV_COLUMNS or any(len(r) != len(CSV_COLUMNS) or r[5] not in STATUSES
+                                                          for r in table[1:]):
+        raise BadInput(f"--reuse: {rows_path} is not a ptx.csv (columns {', '.join(CSV_COLUMNS)}; statuses "
+                       f"{', '.join(STATUSES)})")
+    return Record(directory, meta, rows_path, text, [Row(*r) for r in table[1:]])
+
+
+def reuse_verdict(record: Record, current: dict) -> Optional[str]:
+    """None when ``record`` verifies this sweep: made from the very inputs of ``current`` (:func:`content_key`),
+    with rows that are all clean (no ``mismatch``, no ``error``: a failure is always reproduced for real) and
+    unedited since (their sha256 is key.json's ``rows_sha256``). Otherwise why not, in a few words."""
+    meta = record.meta
+    if meta["key"] != current["key"]:
+        diff = input_differences(meta["inputs"], current["inputs"])
+        return (f"it was made from other inputs: {_names(diff)}" if diff else
+                f"its key {meta['key'][:12]} is not the sha256 of its own inputs")
+    if meta.get("rows_sha256") != _sha256(record.text):
+        return (f"its rows {record.rows_path.name} were changed after it was recorded (not the rows_sha256 of "
+                f"{KEY_FILE})")
+    bad = Counter(r.status for r in record.rows if r.status in ("mismatch", "error"))
+    if bad:
+        return f"its rows have {bad['mismatch']} mismatch and {bad['error']} error rows (never reused)"
+    if not record.rows:
+        return "it has no rows"
+    if meta.get("capture_rc", 0):
+        return f"its capture's GPU-leg run exited {meta['capture_rc']}"
+    return None
+
+
+def copy_record(record: Record, out: Path) -> None:
+    """The record's files into ``out`` (its rows as plain ptx.csv); nothing to do when ``out`` is the record."""
+    import shutil
+
+    if out.resolve() == record.directory.resolve():
+        return
+    for src in sorted(record.directory.iterdir()):
+        if src.is_file() and src.name != ROWS_FILE + ".gz" and src != record.rows_path:
+            shutil.copyfile(src, out / src.name)
+    (out / ROWS_FILE).write_bytes(record.text)
+
+
+def git_commit(root: Path = _ROOT) -> Optional[str]:
+    """``git rev-parse HEAD`` of this repository, or None (not a checkout, no git)."""
+    try:
+        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(root), capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def row_counts(rows: Sequence[Row], targets: Sequence[str]) -> dict:
+    st = Counter(r.status for r in rows)
+    return {"kernels": {t: len({r.kernel for r in rows if r.target == t}) for t in targets},
+            "checks": st["match"] + st["mismatch"], **{s: st[s] for s in STATUSES}}
+
+
+def write_key(out: Path, current: dict, rows: Sequence[Row], targets: Sequence[str], **provenance) -> dict:
+    """key.json beside ``out``'s ptx.csv: the content key (:func:`content_key`), the commit it was made at, the
+    rows' counts and their sha256 (so rows edited afterwards are never served), and ``provenance`` (where the
+    launches came from, the capture's exit status): said, not keyed."""
+    record = {**current, "made_at": git_commit(), "made_on": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "summary": row_counts(rows, targets), "rows_sha256": _sha256((out / ROWS_FILE).read_bytes()),
+              **provenance}
+    (out / KEY_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def _launches_selection(data: dict) -> Optional[tuple]:
+    """(leg, selection argv) of the ``parity run`` a launches file was captured with, or None (not recorded)."""
+    argv = data.get("parity_argv")
+    if not isinstance(argv, list):
+        return None
+    leg = next((argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--backend"), None)
+    sel = [a for i in range(len(argv) - 1) if argv[i] in ("--suite", "--case") for a in (argv[i], argv[i + 1])]
+    return leg, sel
+
+
+def _record_command(argv: Sequence[str], targets: Sequence[str], out) -> str:
+    import shlex
+
+    return " ".join(["parity ptx", *map(shlex.quote, argv), "--target", ",".join(targets), "--out",
+                     shlex.quote(str(out))])
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ptx", help="check the emulated GPU leg's assumptions in Triton's PTX of fla's kernels (sm_80, sm_90)",
@@ -690,25 +935,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     "compile each with Triton's own pipeline to PTX for each target (no GPU needed), and check the "
                     "emulation's assumptions (harness/emulation/gpu_model.py) in the PTX. Writes ptx.csv "
                     "(kernel, target, assumption, expected, found, status), facts.json (the emulation's facts), "
-                    "launches.json (the specializations) and compiled/ (TTIR, PTX, PTX without FP fusion); "
-                    "exit 1 on any mismatch or kernel that does not compile, 2 on bad input.")
+                    "launches.json (the specializations), key.json (the inputs' content key) and compiled/ (TTIR, PTX, "
+                    "PTX without FP fusion); exit 1 on any mismatch or kernel that does not compile, 2 on bad input.")
     p.add_argument("--suite", default="smoke", help="suite(s) whose cases the GPU leg runs (default smoke)")
     p.add_argument("--case", action="append", default=[], help="a case id instead of --suite (repeatable)")
     p.add_argument("--target", default="sm80,sm90", help="comma-separated: sm80, sm90 (default both)")
     p.add_argument("--out", default="reports/runs/ptx", help="output directory (default reports/runs/ptx)")
     p.add_argument("--launches", default=None,
                    help="a launches.json of an earlier run: compile and check its kernels, skip the capture")
+    p.add_argument("--reuse", default=None, metavar="DIR",
+                   help="a record of an earlier sweep (key.json and ptx.csv[.gz]): when it was made from exactly "
+                        "these inputs (code, cases, versions, targets, the emulation's facts) and its rows are clean "
+                        "and unedited, copy it to --out and stop; otherwise say what differs and run the sweep")
     p.set_defaults(fn=cmd_ptx)
     return p
 
 
 def cmd_ptx(args) -> int:
     t0 = time.time()
+    reuse = getattr(args, "reuse", None)  # a Namespace made by hand may lack the option
     try:
         targets = parse_targets(args.target)
         if args.launches is not None and not Path(args.launches).is_file():
             raise BadInput(f"--launches: no such file {args.launches}")
-        if not args.case and args.launches is None:
+        if not args.case:
             from cases.suites import SUITES
 
             unknown = [s for s in args.suite.split(",") if s.strip() not in SUITES]
@@ -717,22 +967,40 @@ def cmd_ptx(args) -> int:
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise BadInput(f"--out: {out} is not a directory")
+        record = read_record(Path(reuse)) if reuse is not None else None  # before a sweep into it rewrites it
+        selection = selection_argv(args.suite, args.case)
+        facts = emulation_facts()
+        try:
+            leg = args.leg_inputs(args.backend, args.suite, args.case)
+        except ValueError as exc:
+            raise BadInput(f"{'--case' if args.case else '--suite'}: {str(exc).splitlines()[0]}") from None
+        current = content_key(selection, targets, leg_inputs=leg, facts=facts.as_dict())
     except BadInput as exc:
         print(f"parity ptx: error: {exc}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    facts = emulation_facts()
+    if record is not None:
+        why = reuse_verdict(record, current)
+        if why is None:
+            copy_record(record, out)
+            line = summarize(record.rows, targets).removeprefix("ptx: ")
+            print(f"ptx: verified by content: the record {record.directory} (made at "
+                  f"{record.meta.get('made_at') or 'an unknown commit'}) was made from exactly these inputs (key "
+                  f"{current['key'][:12]}); {line} -> {out / ROWS_FILE}")
+            return 0
+        print(f"ptx: not verified by the record {record.directory}: {why}; running the sweep")
+    (out / KEY_FILE).unlink(missing_ok=True)  # key.json names the files beside it: none until this sweep's are
+    provenance: dict = {}
     try:
         if args.launches is not None:
             launches = Path(args.launches)
             t_cap = 0.0
         else:
-            selection = [a for c in args.case for a in ("--case", c)] or ["--suite", args.suite]
             with tempfile.TemporaryDirectory(prefix="parity-ptx-") as tmp:
                 launches = out / "launches.json"
                 tc = time.time()
-                capture(["run", "--backend", args.backend, *selection, "--out", tmp, "-j", "1", "--no-progress", "--force"],
-                        launches, out / "capture.log")
+                capture(["run", "--backend", current["inputs"]["leg"], *selection, "--out", tmp, "-j", "1",
+                         "--no-progress", "--force"], launches, out / "capture.log")
                 t_cap = time.time() - tc
         data = read_launches(Path(launches))
         if data.get("rc"):
@@ -741,6 +1009,9 @@ def cmd_ptx(args) -> int:
             print(f"parity ptx: error: no kernel launch recorded (capture log: {out / 'capture.log'})",
                   file=sys.stderr)
             return 2
+        if args.launches is not None:
+            provenance = _keep_launches(launches, data, out, current, selection)
+        provenance["capture_rc"] = data.get("rc") or 0
         tc = time.time()
         index = compile_kernels(Path(launches), out / "compiled", targets, out / "compile.log")
         t_comp = time.time() - tc
@@ -748,8 +1019,12 @@ def cmd_ptx(args) -> int:
         print(f"parity ptx: error: {exc}", file=sys.stderr)
         return 1
     rows = check_compiled(data, index, out / "compiled", facts)
-    write_csv(rows, out / "ptx.csv")
+    write_csv(rows, out / ROWS_FILE)
+    (out / (ROWS_FILE + ".gz")).unlink(missing_ok=True)  # a record's gzipped rows from before: not these
     (out / "facts.json").write_text(json.dumps(facts.as_dict(), indent=1))
+    keyed = provenance.pop("keyed", True)
+    if keyed:
+        write_key(out, current, rows, targets, **provenance)
     line = summarize(rows, targets)
     print(f"{line}; capture {t_cap:.0f} s, compile {t_comp:.0f} s, total {time.time() - t0:.0f} s -> {out / 'ptx.csv'}")
     bad = [r for r in rows if r.status in ("mismatch", "error")]
@@ -757,7 +1032,41 @@ def cmd_ptx(args) -> int:
         print(f"  {r.status}: {r.kernel} {r.target} {r.assumption}: {r.found}")
     if len(bad) > 5:
         print(f"  ... {len(bad) - 5} more in {out / 'ptx.csv'}")
+    if record is not None:
+        command = _record_command(selection, targets, record.directory)
+        if bad:
+            print(f"ptx: not recorded: a record with mismatch or error rows is never reused; once clean, to record it: "
+                  f"{command}")
+        elif not keyed:
+            print(f"ptx: not recorded (no key.json: see the note above); to record it: {command}")
+        elif out.resolve() == record.directory.resolve():
+            print(f"ptx: recorded: {record.directory} now holds this sweep (key {current['key'][:12]}); commit it")
+        else:
+            print(f"ptx: to record it: {command}")
     return 1 if bad else 0
+
+
+def _keep_launches(launches: Path, data: dict, out: Path, current: dict, selection: Sequence[str]) -> dict:
+    """A sweep from ``--launches``: the file goes beside the rows (a record holds its launches), and key.json says
+    where they came from. The key itself leaves the file out (:func:`content_key`); so that it still holds, the
+    launches must come from a capture of this leg and selection, else no key.json is written (``keyed``: False)."""
+    import shutil
+
+    name = "launches.json" + (".gz" if launches.suffix == ".gz" else "")
+    dest = out / name
+    if not (dest.exists() and dest.resolve() == launches.resolve()):
+        shutil.copyfile(launches, dest)
+    other = out / ("launches.json" if name.endswith(".gz") else "launches.json.gz")
+    other.unlink(missing_ok=True)
+    provenance = {"launches_from": str(launches), "launches_sha256": _sha256(launches.read_bytes())}
+    captured = _launches_selection(data)
+    if captured != (current["inputs"]["leg"], list(selection)):
+        said = (f"a capture of `parity run --backend {captured[0]} {' '.join(captured[1])}`" if captured
+                else "no capture command")
+        print(f"parity ptx: note: no {KEY_FILE}: {launches} records {said}, not of this leg and selection "
+              f"(--backend {current['inputs']['leg']} {' '.join(selection)})")
+        provenance["keyed"] = False
+    return provenance
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
