@@ -56,6 +56,7 @@ from kernels_tpu.varlen import ChunkWalk, Packing
 from references import gla as ref_gla
 from references import kda as ref_kda
 from references import simple_gla as ref_simple_gla
+from like_the_leg import leg_jit
 
 LENS = (37, 1, 90)  # T = 128; with C = 32 the boundaries 37 and 38 fall inside the chunk [32, 64)
 H, C = 1, 32
@@ -168,7 +169,7 @@ def run(case: Case, x: dict, cu_seqlens=None, scale=None) -> dict:
     primals = {n: jnp.asarray(x[n]) for n in DIFF if n in x}
     dht = jnp.asarray(x["dht"]) if case.final_state else None
 
-    @jax.jit
+    @leg_jit
     def go(p, do, dht):
         (o, ht), vjp = jax.vjp(lambda p: call(case, p, cu_seqlens, scale), p)
         (grads,) = vjp((do, dht))

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from kernels_tpu.kda import chunk_kda, chunk_kda_bwd, chunk_kda_fwd
 from references import kda as ref
+from like_the_leg import leg_jit
 
 F32_TOL = 4 * 2.0**-16
 BF16_TOL = 2.0 ** -8 + F32_TOL
@@ -76,7 +77,7 @@ def kernel_vjp(inp, do, dht, **opts):
     """o, ht and the gradients of sum(o*do)+sum(ht*dht) by jax.vjp through chunk_kda (custom VJP)."""
     names = [n for n in ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias") if n in inp]
 
-    @jax.jit
+    @leg_jit
     def go(p, do, dht):
         def f(p):
             return chunk_kda(**p, output_final_state=True, chunk_size=C, interpret=True, **opts)
