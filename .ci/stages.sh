@@ -56,6 +56,8 @@ stage_join() {
 
 _ci_summary() {
   local code=$?
+  local pids; pids="$(jobs -p)"
+  [ -z "$pids" ] || kill $pids 2>/dev/null || true  # a background stage left behind by a failure
   if [ -n "$CI_CURRENT" ]; then  # the stage that failed: its time up to the failure
     printf '%s\t%s\t%s\t%s\n' "${CI_CURRENT% *}" "${CI_CURRENT##* }" "$(_now)" "failed" >>"$CI_STAGES"
   fi

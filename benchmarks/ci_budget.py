@@ -114,8 +114,13 @@ def read_profile(path: Path) -> dict:
         raise SystemExit(f"ci_budget: cannot read the profile {path}: {exc}") from None
 
 
-def check(profile: dict, against: Path) -> int:
-    reference = read_profile(against)
+def check(profile: dict, against: Path, reference: dict | None = None) -> int:
+    """Hold ``profile`` to the budget against the committed profile at ``against`` (``reference``: already read);
+    with none committed yet, the total alone."""
+    if reference is None and not Path(against).exists():
+        print(f"ci budget: no committed profile at {against}: the total alone is held to the budget")
+        reference = {"stages": []}
+    reference = reference or read_profile(against)
     fresh = new_stages(profile, reference)
     if fresh:
         print(f"ci budget: new stages, not in {against} (only the total limits them until it is made again): "
@@ -151,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     profile = make_profile(stages, args.end - args.start)
     print(table(profile))
+    # the committed profile is read before the new one is written: --out may be its path (making it again)
+    against = args.check_against
+    reference = read_profile(against) if against is not None and against.exists() else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(profile, indent=1) + "\n")
     print(f"profile: {args.out}")
-    return check(profile, args.check_against) if args.check_against else 0
+    return check(profile, against, reference) if against is not None else 0
 
 
 if __name__ == "__main__":
