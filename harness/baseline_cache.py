@@ -115,10 +115,19 @@ def default_directory() -> Path | None:
     return None if base is None else base / SUBDIR
 
 
+def _name(path) -> str:
+    """A file's name in a key: relative to this repository (the same in every clone and checkout), or its full
+    path for a file outside it."""
+    resolved = Path(path).resolve()
+    return resolved.relative_to(_ROOT).as_posix() if resolved.is_relative_to(_ROOT) else str(resolved)
+
+
 def _hash_files(paths) -> str:
+    """sha256 of the files' names (:func:`_name`) and contents: a key that a clone elsewhere computes alike, so a
+    committed record (``parity compile --reuse``, ``parity ptx --reuse``) is verified in any checkout."""
     h = hashlib.sha256()
-    for path in sorted(set(paths)):
-        h.update(str(path).encode())
+    for name, path in sorted({_name(p): p for p in paths}.items()):
+        h.update(name.encode())
         h.update(Path(path).read_bytes())
     return h.hexdigest()
 

@@ -186,3 +186,17 @@ def test_the_runner_starts_a_case_before_its_preflight_thread_and_not_for_a_serv
     assert calls[0] == "start" and sorted(calls[1:]) == ["preflight", "run"]
     runner.run_case(CASE)  # served: nothing of the leg runs
     assert len(calls) == 3
+
+
+def test_a_key_names_files_relative_to_the_repository_so_every_clone_computes_it_alike():
+    """Committed records (parity compile --reuse, parity ptx --reuse) are verified in CI's fresh clone elsewhere: a
+    file's name in a key is its path in the repository, never where the checkout lies."""
+    import hashlib
+
+    from harness.baseline_cache import _hash_files, _name
+
+    gate, ops = ROOT / "harness/gate.py", ROOT / "harness/ops/base.py"
+    assert _name(gate) == "harness/gate.py" and _name(ROOT / "harness" / ".." / "harness/gate.py") == "harness/gate.py"
+    want = hashlib.sha256(b"harness/gate.py" + gate.read_bytes() + b"harness/ops/base.py" + ops.read_bytes())
+    assert _hash_files([ops, str(gate), gate]) == want.hexdigest()  # sorted by name, each file once
+    assert _name("/usr/lib/os.py") == "/usr/lib/os.py"  # outside the repository: its full path
