@@ -1,5 +1,5 @@
-"""Test ordering for a 2-core CI: start the long end-to-end smoke run first, so that
-pytest-xdist overlaps it with the unit tests instead of leaving it alone at the end."""
+"""Test ordering for a 2-core CI: start the long end-to-end smoke run first (in `pytest -m heavy`), so that
+pytest-xdist overlaps it with the other heavy tests instead of leaving it alone at the end."""
 
 import os
 

@@ -96,6 +96,7 @@ def _close(got, want, what):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * scale, err_msg=what)
 
 
+@pytest.mark.heavy  # every serving case through the reference or a leg: pytest -m heavy (.ci/run)
 @pytest.mark.parametrize("case", POOLED, ids=str)
 def test_pooled_reference_is_each_request_on_its_own(case):
     """Each request alone (an unpacked case of its own tokens, its state read from its slot or zeros), then the
@@ -141,6 +142,7 @@ def test_pooled_reference_is_each_request_on_its_own(case):
     assert all(a.dtype == np.float64 for a in got.values())
 
 
+@pytest.mark.heavy  # every serving case through the reference or a leg: pytest -m heavy (.ci/run)
 @pytest.mark.parametrize("case", DECODING, ids=str)
 def test_decode_reference_is_a_prefill_then_recurrent_steps(case):
     """The served reference computes a decode case in one chunked call; here the prefill runs chunked and every
@@ -204,6 +206,7 @@ def _check_the_pool_chain_rule_in_jax_and_torch(jax, jnp):
 
 
 # ----------------------------------------------------------------- the legs
+@pytest.mark.heavy  # every serving case through the reference or a leg: pytest -m heavy (.ci/run)
 @pytest.mark.parametrize("leg", ["tpu", "gpu"])
 def test_legs_keep_unwritten_slots_bit_for_bit(leg):
     from harness.legs.registry import make_leg

@@ -21,6 +21,7 @@ from kernels_tpu.mxu import F32_DOT_PRECISION, PASSES
 SMOKE = get_suite("smoke")
 
 
+@pytest.mark.heavy  # about 7 minutes of a core: `pytest -m heavy`, which .ci/run runs after the README's command
 @pytest.mark.needs_leg("ref", "gpu", "tpu")  # every leg end to end; a TPU-side install has no GPU leg
 def test_smoke_suite_end_to_end(tmp_path):
     code = main(["all", "--suite", "smoke", "--out", str(tmp_path), "--no-progress"])
