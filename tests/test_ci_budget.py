@@ -72,3 +72,13 @@ def test_the_command_writes_the_profile_and_checks_it_against_the_committed_one(
     assert budget.main(["check", str(committed), "--against", str(tmp_path / "absent.json")]) == 0
     assert "the total alone" in capsys.readouterr().out
 
+
+
+def test_the_committed_profile_is_within_the_budget_and_names_every_stage_of_ci_run():
+    committed = budget.read_profile(ROOT / "reports" / "ci" / "profile.json")
+    assert committed["total_s"] <= budget.TOTAL_LIMIT_S and budget.over_budget(committed, committed) == []
+    script = (ROOT / ".ci" / "run").read_text()
+    import re
+
+    stages = set(re.findall(r"^\s*stage(?:_bg)? ([a-z0-9-]+) ", script, flags=re.M))
+    assert stages == {s["name"] for s in committed["stages"]}, "make reports/ci/profile.json again (docs/ci.md)"

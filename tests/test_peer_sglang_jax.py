@@ -22,6 +22,8 @@ if importlib.util.find_spec("sgl_jax") is None:
                           "PARITY_REQUIRE_SGLANG_JAX=1 requires it")
     pytest.skip("sglang-jax is not installed (peers/sglang_jax.py says how)", allow_module_level=True)
 
+pytestmark = pytest.mark.heavy  # sglang-jax's kernels through the candidate leg: pytest -m heavy (.ci/run)
+
 QWEN = "use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1,use_qk_l2norm_in_kernel=1"
 ALIBI = "g_gamma=alibi(L32,l0)/C64"
 FP32_DECODE = f"gdn.fused_recurrent/B1-T4-H2-HV4-K128-V128/fp32/g=logsigmoid/16/C64/lens=1+1+1+1,h0,{QWEN}"

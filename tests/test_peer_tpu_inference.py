@@ -22,6 +22,8 @@ if importlib.util.find_spec("tpu_inference") is None:
                           "PARITY_REQUIRE_TPU_INFERENCE=1 requires it")
     pytest.skip("tpu-inference is not installed (pip install --no-deps tpu-inference)", allow_module_level=True)
 
+pytestmark = pytest.mark.heavy  # tpu-inference's kernels through the candidate leg: pytest -m heavy (.ci/run)
+
 GQA = "B1-T24-H2-HV4-K128-V128/bf16/g=logsigmoid/16"
 MAPPED = {
     # grouped value heads, the in-kernel gate per value head, two packed prefill requests on carried states
