@@ -458,6 +458,54 @@ def serving_cases() -> list[Case]:
     ]
 
 
+EMPTY_LENS = (0, 0, 16)
+"""fla's tests' ``cu_seqlens = [0, 0, 16]`` served: request 0 is empty and reads the slot it writes, request 1 is
+empty and carries the state it reads from slot 2 into slot 3 (a prefix cache's copy), request 2 has 16 tokens from
+zeros. Every length a multiple of C = 16, so gla's fused g_gamma kernels take its final state."""
+
+
+def empty_state_cases() -> list[Case]:
+    """An empty sequence's final state compared on every kernel path under every gate form the suites run it with
+    (tests/test_empty_sequence_coverage.py): :data:`EMPTY_LENS` in a pool of 7 slots (``pool=7``), h0, ht and dht
+    (the decode variants are forward only: h0 and ht). An empty request's final state is its initial state, moved
+    to its write slot; a kernel that decays it over a chunk, or loses its gradient, shows in ht, dh0 (and dg_gamma).
+    One case per (path, gate form); the dtypes rotate; gla at C = 16, the chunk fla picks for T = 16."""
+    base = dict(B=1, T=sum(EMPTY_LENS), K=64, V=64, chunk_size=64, lens=EMPTY_LENS, h0=True, dht=True,
+                options=(("pool", 7),))
+    pool = base["options"]
+    decode = {**base, "variant": DECODE, "dht": False}
+    kda_gate = (("use_gate_in_kernel", True), ("lower_bound", -5.0))
+    const = Gate("g_gamma", "const", value=-0.5, gamma_shape="")
+    return [
+        Case("simple_gla", "chunk", H=2, dtype="bfloat16", gate=G, **base),
+        Case("simple_gla", "chunk", H=2, dtype="float32", gate=alibi(8, 0), **base),
+        Case("simple_gla", "chunk", H=2, dtype="float16", gate=const, **base),
+        Case("simple_gla", "fused_chunk", H=2, dtype="float16", gate=G, **base),
+        Case("simple_gla", "fused_chunk", H=2, dtype="bfloat16", gate=alibi(8, 0), **base),
+        Case("gla", "chunk", H=2, dtype="float32", gate=G, **{**base, "chunk_size": 16}),
+        # the fused g_gamma kernels (every length a multiple of C), and the same gate forced through the chunk ones
+        Case("gla", "chunk", H=2, dtype="bfloat16", gate=alibi(8, 0), **{**base, "chunk_size": 16}),
+        Case("gla", "chunk", H=2, dtype="float16", gate=alibi(8, 0),
+             **{**base, "chunk_size": 16, "options": pool + (("tpu_path", "chunk"),)}),
+        Case("kda", "chunk", H=1, HV=2, dtype="bfloat16", gate=Gate("g", normalizer=16, lower_bound=-5.0),
+             **{**base, "options": pool + GDN_OPTIONS}),
+        Case("kda", "chunk", H=1, dtype="float32", gate=G,
+             **{**base, "options": pool + kda_gate + (("use_qk_l2norm_in_kernel", True),)}),
+        Case("kda", "chunk", H=1, dtype="bfloat16", gate=G,
+             **{**base, "options": pool + (("use_qk_l2norm_in_kernel", True),) + CONV}),
+        Case("kda", H=1, dtype="float16", gate=G,
+             **{**decode, "options": pool + (("use_qk_l2norm_in_kernel", True),)}),
+        Case("kda", H=1, dtype="bfloat16", gate=G, **{**decode, "options": pool + kda_gate}),
+        Case("gdn", "chunk", H=1, HV=2, dtype="float16", gate=G, **{**base, "options": pool + GDN_OPTIONS}),
+        Case("gdn", "chunk", H=1, HV=2, dtype="bfloat16", gate=G,
+             **{**base, "options": pool + GDN_OPTIONS + GDN_GATE}),
+        Case("gdn", "chunk", H=1, HV=2, dtype="float32", gate=G, **{**base, "options": pool + QWEN3_NEXT}),
+        Case("gdn", H=1, HV=2, dtype="bfloat16", gate=G, **decode),
+        Case("gdn", H=1, HV=2, dtype="float32", gate=G, **{**decode, "options": pool + GDN_OPTIONS + GDN_GATE}),
+        Case("gdn", H=1, HV=2, dtype="bfloat16", gate=G, **{**decode, "options": pool + QWEN3_NEXT}),
+    ]
+
+
 def _gdn_serving_smoke() -> list[Case]:
     """Qwen3-Next's gdn served: a pooled state buffer, a zero-length request, three decode steps after the
     prefill."""
@@ -507,7 +555,7 @@ SUITES = {
     "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke, _gdn_serving_smoke),
     "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _kda_decode_regressions,
                     _gdn_regressions, packing_edge_cases, state_layout_cases, gate_masking_cases,
-                    empty_sequence_cases, serving_cases),
+                    empty_sequence_cases, serving_cases, empty_state_cases),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),
     # a seeded sample of the shapes users add, not the suites' own: where the false-alarm rate is measured
