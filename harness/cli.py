@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness.legs.registry import (BUILTIN, check_implementation, default_leg, leg_spec, legs, parse_impl,
-                                   register_implementation)
+from harness.legs.registry import (BUILTIN, check_implementation, default_leg, impl_option, leg_spec, legs,
+                                   parse_impl, register_implementation)
 from harness.status import CAUSALITY_FAILING, FAILING, Status
 from harness.workers import GIB_PER_JOB, Workers, default_jobs, parse_jobs
 
@@ -296,15 +296,56 @@ def cmd_peers(args) -> int:
     return EXIT_PASS
 
 
+class _Received(Exception):
+    """Raised by :func:`binding_inputs`'s recording forward once it has seen its arrays."""
+
+
+def binding_inputs(op, case) -> tuple[object, list[tuple[str, tuple[int, ...], str]]]:
+    """What a candidate binding's ``forward`` receives for ``case``, read by tracing the leg's own call of a
+    recording binding on shape-only inputs: (the case of its first call, [(name, shape, dtype)]). The state
+    arrives K-first whatever the case's layout; a served case (``pool=``, ``decode=``) hands each call its
+    requests' states, and a decode chain's first call is its prefill (the case returned)."""
+    import jax
+
+    from cases.inputs import NP_DTYPES
+    from harness.legs.tpu import NATIVE
+    from harness.ops.base import LegBinding, call_k_first
+    from harness.ops.serving import served_binding
+
+    seen = {}
+
+    def record(call, arrays, ctx):
+        seen["case"] = call
+        seen["arrays"] = [(name, tuple(a.shape), str(a.dtype)) for name, a in arrays.items()]
+        raise _Received
+
+    binding = served_binding(op, LegBinding(record, differentiable=False))
+    structs = {s.name: jax.ShapeDtypeStruct(tuple(int(d) for d in s.shape(case)), NP_DTYPES[s.resolve_dtype(case)])
+               for s in op.inputs(case)}
+    try:
+        jax.eval_shape(lambda a: call_k_first(case, binding.forward, a, NATIVE), structs)
+    except _Received:
+        pass
+    return seen.get("case", case), seen.get("arrays", [])
+
+
 def cmd_cases(args) -> int:
-    """One line per case: its id and compared tensors. For your own cases (by id or file), a note on stderr
-    where a kernel binding already refuses the case, so the refusal is seen when the case is made."""
+    """One line per case: its id and compared tensors; with ``--inputs``, then one indented line per input a
+    candidate binding's forward receives (name, shape, dtype). For your own cases (by id or file), a note on
+    stderr where a kernel binding already refuses the case, so the refusal is seen when the case is made."""
     from harness.ops import get_op
 
     selection = _selection(args)
     for case in selection.cases():
         op = get_op(case.op)
         print(f"{case.id}\t{','.join(op.tensor_names(case))}")
+        if getattr(args, "inputs", False):
+            call, received = binding_inputs(op, case)
+            if call.id != case.id:
+                print(f"  (a binding's first call is {call.id})")
+            docs = {spec.name: spec.doc for spec in op.inputs(call)}
+            for name, shape, dtype in received:
+                print(f"  {name}\t[{', '.join(map(str, shape))}]\t{dtype}\t{docs.get(name) or ''}".rstrip())
         if selection.by_id:
             for binding, why in op.binding_refusals(case).items():
                 print(f"parity cases: note: {case.id}: the {binding} binding refuses it, so the legs that run "
@@ -382,6 +423,13 @@ def cmd_compile(args) -> int:
                      task="compile", targets=targets, progress=None if args.no_progress else "compile")
     rows = [row for case in cases for row in settled[case.id]]
     df = compile_frame(rows)
+    option = impl_option(args.backend)
+    if option:  # a leg registered with --impl: its repro needs it to run
+        df["repro"] = df["repro"].astype(str).str.replace(f"--backend {args.backend} ",
+                                                          f"--backend {args.backend}{option} ", regex=False)
+    host = getattr(runner.leg, "compile_note", "")
+    if host:  # the runtime answered as a TPU host's while the library's program was traced
+        df["program"] = df["program"].where(df["program"].isna(), df["program"].astype(str) + f"; {host}")
     stem = "compile" if args.backend == default_leg("candidate") else f"compile.{args.backend}"
     path = write_csv(df, Path(args.out) / (f"{stem}.{args.tag}.csv" if args.tag else f"{stem}.csv"))
     print(f"compile: {len(df)} rows in {time.perf_counter() - t0:.1f} s -> {path}")
@@ -391,7 +439,7 @@ def cmd_compile(args) -> int:
         kernels = (f"{int(part['kernels_mosaic'].sum())} of {int(part['kernels_traced'].sum())} kernels compiled "
                    "by Mosaic as their library built them")
         hbm = f"; largest HBM footprint {ok['hbm_bytes'].max() / 2**20:.1f} MiB" if len(ok) else ""
-        print(f"  {target}: {counts}; {ok['compile_s'].sum():.1f} s compiling; {kernels}{hbm}")
+        print(f"  {target}: {counts}; {_compile_seconds(part)}; {kernels}{hbm}")
         print(f"    MXU passes read from Mosaic: {_mxu_summary(part)}")
     bad = df[df["status"] == Status.ERROR]
     for r in bad.to_dict("records")[:20]:
@@ -399,6 +447,14 @@ def cmd_compile(args) -> int:
     if len(bad) > 20:
         print(f"  ... and {len(bad) - 20} more in {path}")
     return EXIT_FAIL if len(bad) else EXIT_PASS
+
+
+def _compile_seconds(part) -> str:
+    """The time the target's rows took to compile, every status's (a failed compile took its time too); rows
+    reused from a record took none here."""
+    reused = part["reused_from"].notna() if "reused_from" in part else part["compile_s"].isna()
+    text = f"{part.loc[~reused, 'compile_s'].sum():.1f} s compiling"
+    return text + (f" ({int(reused.sum())} rows reused)" if reused.any() else "")
 
 
 def _mxu_summary(part) -> str:
@@ -516,7 +572,7 @@ def cmd_all(args) -> int:
     frames, paths, status = {}, {}, EXIT_PASS
     base, ours = default_leg("baseline"), default_leg("candidate")
     runs = [(name, why_not, True) for name, why_not in available_legs().items()]
-    runs += [(name, leg_spec(name).missing(), False) for name in args.candidate]  # gated below; no causality
+    runs += [(name, leg_spec(name).missing(), True) for name in args.candidate]  # gated below; causality too
     if args.baseline_rows:  # made where fla runs: the baseline is not run here
         paths[base], frames[base] = args.baseline_rows, _baseline_rows(args.baseline_rows, base, cases)
         runs = [r for r in runs if r[0] != base]
@@ -649,6 +705,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cases", help="list the case ids of a suite and the tensors each compares")
     _add_selection(p)
+    p.add_argument("--inputs", action="store_true",
+                   help="under each case, every input a candidate binding's forward receives: name, shape, dtype")
     p.set_defaults(fn=cmd_cases)
 
     p = sub.add_parser("run", help="run one leg over a suite and write its result CSV")
@@ -736,7 +794,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_policy(p)
     _add_gate_options(p)
     p.add_argument("--no-causality", action="store_true",
-                   help="skip the causality check (one case per op and variant, every leg)")
+                   help="skip the causality and isolation check (one case per op and variant) of every leg, "
+                        "the candidates' included")
     p.add_argument("--baseline-rows", type=Path, metavar="GPU.csv",
                    help="the baseline leg's rows, made where fla runs (parity run --backend gpu, same selection): "
                         "not run here (a TPU-side stack has no torch); inconclusive comparisons then stay so "

@@ -37,7 +37,7 @@ from .legs.base import Leg, LegOutput
 from .metrics import compare, nonfinite_where_ref_finite
 from .ops import get_op
 from .ops.base import OpDescriptor, grad_name
-from .legs.registry import role_of
+from .legs.registry import impl_option, role_of
 from .policy import bound_for
 from .reference_cache import ReferenceCache
 from .status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
@@ -56,7 +56,8 @@ def git_commit() -> str:
 
 
 def repro(leg: str, case_id: str) -> str:
-    return f"parity run --backend {leg} --case '{case_id}'"
+    """The command that runs the case on the leg again; a leg registered with ``--impl`` names it there too."""
+    return f"parity run --backend {leg}{impl_option(leg)} --case '{case_id}'"
 
 
 EMBEDDED_TRACEBACK = "Traceback (most recent call last):"
@@ -238,6 +239,8 @@ class Runner:
                 refused = r
             problem, facts = preflight.result()
         common = {"input_sha256": inputs.sha256, **facts}
+        if problem and refused is None:  # the run's numbers stay beside the failed preflight, in error rows
+            return out, {**common, "wall_s": wall_s, PREFLIGHT_PROBLEM: problem}
         if problem:
             raise Refusal(op, Status.ERROR, problem, **common)
         if refused is not None:
@@ -277,11 +280,13 @@ class Runner:
                               **{**common, "input_sha256": inputs.sha256}) from None
         except Refusal as r:
             return self._rows_for_all(r.op, case, r.status, r.reason, **r.columns)
+        problem = common.pop(PREFLIGHT_PROBLEM, None)
         common["details"] = json.dumps(dict(out.details), sort_keys=True, default=str)
         common.update(out.columns)
         no_gradient = {} if out.forward_only else self.no_gradient(op, case)  # checked by prepare
-        return [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common, out.forward_only,
+        rows = [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common, out.forward_only,
                                   no_gradient.get(spec.name)) for spec in op.tensors(case)]
+        return rows if problem is None else [_preflight_error(row, problem) for row in rows]
 
     def _compare_row(self, op, case, spec, y, golden, common, forward_only=False, no_gradient=None) -> dict:
         """``no_gradient``: the reason the binding gives no such gradient by design; then whatever ``y`` holds
@@ -305,6 +310,22 @@ class Runner:
         else:
             status, reason = Status.OK, ""
         return self._row(case, spec.name, dtype, status, reason=reason, **metrics, **common)
+
+
+PREFLIGHT_PROBLEM = "_preflight_problem"
+"""The key :meth:`Runner.execute` hands a failed preflight's reason under when the run itself gave numbers."""
+
+
+def _preflight_error(row: dict, problem: str) -> dict:
+    """A compared row of a case whose preflight failed (the emulated TPU legs: the compile for a real TPU): an
+    ``error`` with the preflight's reason, its numbers kept and the emulated run's outcome said after it."""
+    if row["status"] in (Status.OK, Status.BOUND, Status.NONFINITE):
+        got = f"rel_l2 {row['rel_l2']:.3g}, max_abs {row['max_abs']:.3g}"
+        said = f"{row['status']}: {row['reason']}" if row["reason"] else "within its bound"
+        problem = f"{problem} [the emulated run gave {got} ({said})]"
+    elif row["reason"]:
+        problem = f"{problem} [the emulated run: {row['status']}, {row['reason']}]"
+    return {**row, "status": Status.ERROR, "reason": problem}
 
 
 def shard(cases: list[Case], index: int, count: int) -> list[Case]:

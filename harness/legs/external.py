@@ -132,6 +132,72 @@ def tpu_info_for(target: str):
         tpu_info.get_tpu_info.cache_clear()
 
 
+# ------------------------------------------------------------------------------- a TPU host's runtime
+HOST_QUERIES = ("default_backend", "devices", "local_devices", "device_count", "local_device_count")
+"""The runtime queries of ``jax`` that :func:`tpu_host` answers as a TPU host would."""
+
+TPU_HOST = ("while compiling for a TPU target, jax.default_backend() answers 'tpu' and jax.devices(), "
+            "jax.local_devices() that target's chip (harness.legs.external.tpu_host), as on a TPU host")
+"""What the compile rows' settings (and ``parity compile``'s ``program``) say was done."""
+
+_host = threading.local()
+_host_lock = threading.Lock()
+_host_users = [0]
+
+
+def _host_query(name: str, original, device):
+    def answer(*args, **kwargs):
+        target = getattr(_host, "device", None)
+        if target is None:  # another thread, or outside the block: the real runtime
+            return original(*args, **kwargs)
+        position = 1 if name == "local_devices" else 0  # local_devices(process_index, backend, host_id)
+        backend = kwargs.get("backend", args[position] if len(args) > position else None)
+        backend = getattr(backend, "platform", backend)  # a client, or its platform's name
+        if backend not in (None, target.platform):  # an explicit other platform: the real one
+            return original(*args, **kwargs)
+        if name == "default_backend":
+            return target.platform  # the topology's devices are TPUs
+        if name in ("devices", "local_devices"):
+            return [target]
+        return 1  # device_count, local_device_count: the one chip compiled for
+
+    answer.original = original
+    return answer
+
+
+@contextlib.contextmanager
+def tpu_host(target: str):
+    """Inside the block, on this thread, the runtime queries a library may use to choose interpret mode
+    (:data:`HOST_QUERIES`) answer as a one-chip host of ``target`` would: ``jax.default_backend()`` is
+    ``"tpu"``, ``jax.devices()`` and ``jax.local_devices()`` are ``[device 0 of the target's topology]`` (its
+    ``platform`` is ``"tpu"``, its ``device_kind`` the chip's), the device counts 1. A query naming another
+    backend, and every query on other threads, get the real answer; jax's own internals, which call its
+    private runtime, are untouched. The public functions are replaced on entry and restored when the last
+    block exits. A library that caches its answer at module level (tops' ``is_tpu_runtime``) keeps what it
+    cached first."""
+    import jax
+
+    from harness.tpu_compile import target_device
+
+    device = target_device(target)
+    with _host_lock:
+        if _host_users[0] == 0:
+            for name in HOST_QUERIES:
+                setattr(jax, name, _host_query(name, getattr(jax, name), device))
+        _host_users[0] += 1
+    before = getattr(_host, "device", None)
+    _host.device = device
+    try:
+        yield
+    finally:
+        _host.device = before
+        with _host_lock:
+            _host_users[0] -= 1
+            if _host_users[0] == 0:
+                for name in HOST_QUERIES:
+                    setattr(jax, name, getattr(jax, name).original)
+
+
 # ------------------------------------------------------------------------------- the leg
 def load(target: str):
     """The object at ``module:object``."""
@@ -162,6 +228,8 @@ def implementation_version(impl, target: str) -> str:
 class ExternalLeg(TpuLeg):
     """The candidate leg ``name``, running the implementation at ``target`` (see the module doc)."""
 
+    compile_note = TPU_HOST  # what ``parity compile``'s rows say of how the program was traced
+
     def __init__(self, name: str, target: str, force_interpret: bool = False,
                  compile_targets: tuple[str, ...] | None = None):
         super().__init__(force_interpret=force_interpret, compile_targets=compile_targets)
@@ -185,7 +253,8 @@ class ExternalLeg(TpuLeg):
         settings.update(implementation=self.target,
                         mxu_model=("every dot_general rounded as the MXU does (harness.legs.external.mxu_rounding)"
                                    if not self.native else "hardware"),
-                        tpu_info=f"{INTERPRET_CHIP} while interpreting; each target's own when compiling")
+                        tpu_info=f"{INTERPRET_CHIP} while interpreting; each target's own when compiling",
+                        tpu_host=TPU_HOST)
         rule = getattr(self.impl, "tests_rule", None)
         if rule:  # its own tests' tolerance, for peers.md (harness.peer_report)
             settings["tests_rule"] = rule
@@ -202,8 +271,14 @@ class ExternalLeg(TpuLeg):
         return 1  # its lock keeps the compile and the run apart: one at a time
 
     def compile_for(self, compile_for, fn, arrays, target: str):
-        with tpu_info_for(target):
-            return compile_for(fn, (arrays,), target)
+        import jax
+
+        jax.clear_caches()  # a library's jitted code traced under the real runtime chose for it
+        try:
+            with tpu_info_for(target), tpu_host(target):
+                return compile_for(fn, (arrays,), target)
+        finally:
+            jax.clear_caches()  # nor does a trace made as a TPU host reach the run
 
     def preflight(self, op, case, inputs):
         import jax
