@@ -18,6 +18,8 @@
   fla's own tests' gate strengths (normalizers 0.1 and 10: strong and weak decay) per op and dtype.
   Serving (``harness.ops.serving``): a pooled state buffer, decode steps after a prefill, and requests of
   length 0 beside long ones under every gate form, on every op's chunk paths (smoke holds gdn's).
+  An empty sequence's final state (h0, ht, dht), pooled and read from another slot, on every kernel path under
+  every gate form (:func:`empty_state_cases`; the rule: tests/test_empty_sequence_coverage.py).
 - ``standard``: a broader grid for pre-merge runs on hardware, with one packing of four sequences per op
   and gate kind, and fla's test row that found fp16 under strong decay (T = 1000, H = 4) per op.
 - ``stress``: long sequences, H=16, ALiBi from layer 0 of 20-32 layers: the
@@ -470,7 +472,7 @@ def empty_state_cases() -> list[Case]:
     (the decode variants are forward only: h0 and ht). An empty request's final state is its initial state, moved
     to its write slot; a kernel that decays it over a chunk, or loses its gradient, shows in ht, dh0 (and dg_gamma).
     One case per (path, gate form); the dtypes rotate; gla at C = 16, the chunk fla picks for T = 16."""
-    base = dict(B=1, T=sum(EMPTY_LENS), K=64, V=64, chunk_size=64, lens=EMPTY_LENS, h0=True, dht=True,
+    base = dict(B=1, T=sum(EMPTY_LENS), K=128, V=128, chunk_size=64, lens=EMPTY_LENS, h0=True, dht=True,
                 options=(("pool", 7),))
     pool = base["options"]
     decode = {**base, "variant": DECODE, "dht": False}
