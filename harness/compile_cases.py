@@ -9,7 +9,7 @@ from .baseline_cache import BaselineCache, _hash_files, cached, source_closure
 from .legs.registry import default_leg, make_leg
 from .legs.tpu import NATIVE, device_arrays, program
 from .reference_cache import ReferenceCache
-from .runner import Refusal, Runner
+from .runner import Refusal, Runner, impl_option
 from .status import Status
 from .mosaic_dump import MOSAIC_COLUMNS
 from .tpu_compile import COMPILE_MODE, KERNEL_COLUMNS, MEMORY_FIELDS, TARGETS, compile_for, versions
@@ -138,7 +138,7 @@ def reused_rows(case, targets: tuple[str, ...], runner, record: dict[str, dict])
 def _base(case, targets: tuple[str, ...], runner) -> dict:
     """The columns every row of the case shares."""
     leg = runner.leg.name
-    backend = "" if leg == default_leg("candidate") else f" --backend {leg}"
+    backend = "" if leg == default_leg("candidate") else f" --backend {leg}{impl_option(leg)}"
     return {"case_id": case.id, "op": case.op, "variant": case.variant, "dtype": case.dtype, "mode": COMPILE_MODE,
             "program": f"forward + backward (jax.vjp of the {leg} binding)", **versions(),
             "git_commit": runner.provenance["git_commit"],

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as _dt
+import importlib.metadata
 import json
 import os
 import subprocess
+import sys
 import time
 import traceback
 from typing import Mapping
@@ -37,7 +39,7 @@ from .legs.base import Leg, LegOutput
 from .metrics import compare, nonfinite_where_ref_finite
 from .ops import get_op
 from .ops.base import OpDescriptor, grad_name
-from .legs.registry import impl_option, role_of
+from .legs.registry import ENTRY_POINT_GROUP, legs, role_of
 from .policy import bound_for
 from .reference_cache import ReferenceCache
 from .status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
@@ -53,6 +55,24 @@ def git_commit() -> str:
         return out.stdout.strip() if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def impl_option(name: str) -> str:
+    """`` --impl NAME=module:object`` where the leg ``name`` is an implementation no installed entry point
+    provides (registered with ``--impl``): what a command that reruns its cases needs; else ``""``."""
+    spec = legs().get(name)
+    target = getattr(spec.build, "target", None) if spec is not None else None
+    if target is None:
+        return ""
+    key = (name, target, tuple(sys.path))  # asked once per row: the installed entry points read once per path
+    if key not in _IMPL_OPTION:
+        provided = any(ep.name == name and ep.value.strip() == target
+                       for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+        _IMPL_OPTION[key] = "" if provided else f" --impl {name}={target}"
+    return _IMPL_OPTION[key]
+
+
+_IMPL_OPTION: dict[tuple, str] = {}
 
 
 def repro(leg: str, case_id: str) -> str:

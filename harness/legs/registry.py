@@ -25,7 +25,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 import re
-import sys
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -156,24 +155,6 @@ def implementations() -> dict[str, str]:
     """Every registered implementation (entry points, --impl) by name -> its ``module:object`` target: what
     another process needs to register them again."""
     return {name: spec.build.target for name, spec in legs().items() if hasattr(spec.build, "target")}
-
-
-def impl_option(name: str) -> str:
-    """`` --impl NAME=module:object`` where the leg ``name`` is an implementation no installed entry point
-    provides (registered with ``--impl``): what a command that reruns its cases needs; else ``""``."""
-    spec = legs().get(name)
-    target = getattr(spec.build, "target", None) if spec is not None else None
-    if target is None:
-        return ""
-    key = (name, target, tuple(sys.path))  # asked once per row: the installed entry points read once per path
-    if key not in _IMPL_OPTION:
-        provided = any(ep.name == name and ep.value.strip() == target
-                       for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
-        _IMPL_OPTION[key] = "" if provided else f" --impl {name}={target}"
-    return _IMPL_OPTION[key]
-
-
-_IMPL_OPTION: dict[tuple, str] = {}
 
 
 def parse_impl(text: str) -> tuple[str, str]:
