@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from harness.legs.registry import (BUILTIN, check_implementation, default_leg, impl_option, leg_spec, legs,
+from harness.legs.registry import (BUILTIN, check_implementation, default_leg, leg_spec, legs,
                                    parse_impl, register_implementation)
+from harness.noise import LOOKS
 from harness.status import CAUSALITY_FAILING, FAILING, Status
 from harness.workers import GIB_PER_JOB, Workers, default_jobs, parse_jobs
 
@@ -213,28 +214,39 @@ def _drawn_by(base, candidate, cases):
 
 def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, cases, cache, options: dict):
     """``parity all``'s sequential test: while the gate of ``legs`` (baseline, candidate) has inconclusive
-    comparisons short of the cap, run each leg on the draws that decide them which it does not have yet (an
-    earlier candidate's draws may have given the baseline some), fold the rows into each leg's result file
-    (so ``parity gate`` on the files gives the same verdict; with several candidates, ``--allow-missing`` for
-    the draws a candidate did not run: :func:`_drawn_by`), and gate again."""
+    comparisons short of the cap (``--max-draws``), run each leg on the draws that decide them which it does
+    not have yet (an earlier candidate's draws may have given the baseline some), fold the rows into each leg's
+    result file (so ``parity gate`` on the files gives the same verdict; with several candidates,
+    ``--allow-missing`` for the draws a candidate did not run: :func:`_drawn_by`), and gate again.
+
+    Only the undecided comparisons drive a case's redraws: each case is drawn up to the next look of its own
+    inconclusive comparisons, which the progress lines name. The gate leaves the comparisons its first draw
+    decided as they were (:func:`harness.gate._pool_draws`), so the case's other tensors gain no verdict from
+    these draws."""
     import pandas as pd
 
     from harness.gate import apply_gate, undrawn_id
+    from harness.noise import next_look
     from harness.result_file import ResultFile
     from harness.results import write_csv
 
+    cap = getattr(args, "max_draws", LOOKS[-1])
     by_id = {c.replace(seed=0).id: c.replace(seed=0) for c in cases}
-    while not result.inconclusive.empty and result.draws_needed:
-        need = result.draws_needed
+    while not result.inconclusive.empty:
         todo = []
-        for base_id in sorted({undrawn_id(c) for c in result.inconclusive["case_id"]}):
+        for base_id, undecided in result.inconclusive.groupby(result.inconclusive["case_id"].map(undrawn_id)):
+            drawn = int(undecided["draws"].max())
+            need = min(next_look(drawn) or drawn, cap)
             have = {int(d) for d in frames[legs[1]].loc[frames[legs[1]]["case_id"].map(undrawn_id) == base_id,
                                                         "draw"].dropna()}
-            todo += [by_id[base_id].replace(seed=s) for s in range(need) if s not in have]
-        if not todo:  # the legs could not give the draws (refused or errored): the verdict stays inconclusive
+            more = [by_id[base_id].replace(seed=s) for s in range(need) if s not in have]
+            if more:
+                what = sorted({f"{t} {m}" for t, m in zip(undecided["tensor"], undecided["metric"])})
+                print(f"gate: {base_id}: {', '.join(what)} undecided at {drawn} draw(s): {len(more)} more, "
+                      f"to {need}")
+            todo += more
+        if not todo:  # at the cap, or the legs could not give the draws (refused, errored): inconclusive stays
             break
-        print(f"gate: {len(result.inconclusive)} comparison(s) inconclusive: {len(todo)} more draws of "
-              f"{len({c.replace(seed=0).id for c in todo})} case(s), up to {need} draws")
         for name in legs:
             have = set(frames[name]["case_id"])
             missing = [c for c in todo if c.id not in have]
@@ -423,10 +435,6 @@ def cmd_compile(args) -> int:
                      task="compile", targets=targets, progress=None if args.no_progress else "compile")
     rows = [row for case in cases for row in settled[case.id]]
     df = compile_frame(rows)
-    option = impl_option(args.backend)
-    if option:  # a leg registered with --impl: its repro needs it to run
-        df["repro"] = df["repro"].astype(str).str.replace(f"--backend {args.backend} ",
-                                                          f"--backend {args.backend}{option} ", regex=False)
     host = getattr(runner.leg, "compile_note", "")
     if host:  # the runtime answered as a TPU host's while the library's program was traced
         df["program"] = df["program"].where(df["program"].isna(), df["program"].astype(str) + f"; {host}")
@@ -558,6 +566,9 @@ def _baseline_rows(path: Path, base: str, cases) -> "object":
 def cmd_all(args) -> int:
     from harness.gate import apply_gate
     from harness.reference_cache import ReferenceCache
+
+    if args.max_draws < 1:
+        raise UsageError(f"--max-draws {args.max_draws}: give at least 1 (1 draws nothing more)")
 
     for name in args.candidate:
         if leg_spec(name).role != "candidate":
@@ -804,6 +815,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run this candidate (a registered implementation, e.g. tpu-inference, or --impl) and "
                         "gate it against the gpu leg in OUT/LEG/; OUT/peers.md then compares the candidates "
                         "(repeatable)")
+    p.add_argument("--max-draws", type=int, default=LOOKS[-1], metavar="N",
+                   help=f"draw an inconclusive case at most N times in all (default {LOOKS[-1]}, the sequential "
+                        f"test's cap; the looks are at {', '.join(map(str, LOOKS))} draws): a comparison still "
+                        "undecided stays inconclusive (exit 3) and names the draws that would decide it")
     p.set_defaults(fn=cmd_all)
     return parser
 

@@ -18,11 +18,12 @@ Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
 ``pass``/``fail`` gated metric: ``eps_tpu <= eps_gpu*(1+margin)+floor``; for
                   rel_l2 a point failure stands only if the paired block
                   bootstrap's lower bound of the ratio (``ratio_lower``)
-                  exceeds 1 + margin too (:meth:`Policy.judge`); then the
-                  failure is weighed against the case's other draws in the
-                  files (:func:`harness.noise.pooled_decision`): it stands
-                  only if the draws' pooled ratio is beyond the limit with
-                  confidence, and passes if their geometric mean is within it
+                  exceeds 1 + margin too (:meth:`Policy.judge`). Over a
+                  case's draws in the files a comparison has one verdict,
+                  the sequential test's (:func:`_pool_draws`): the first
+                  draw's where it decides, else the first pooled look that
+                  decides (:func:`harness.noise.sequential_decision`); more
+                  draws never add a failure to a decided comparison
 ``inconclusive``  a failure the draws do not decide (one draw decides only
                   a rel_l2 failure its bootstrap confirms on a tensor of
                   BOOTSTRAP_MIN_ELEMENTS or more): the reason names the
@@ -66,7 +67,7 @@ from cases.case import Case
 
 from .legs.registry import default_leg, version_key
 from .metrics import METRICS, parse_blocks
-from .noise import BOOTSTRAP_MIN_ELEMENTS, next_look, pooled_decision
+from .noise import BOOTSTRAP_MIN_ELEMENTS, next_look, sequential_decision
 from .policy import Policy
 from .results import KEY, ReportError, check_results, read_table
 from .status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
@@ -95,7 +96,7 @@ class GateResult:
 
     @property
     def inconclusive(self) -> pd.DataFrame:
-        """Comparisons the draws in the files do not decide (:func:`harness.noise.pooled_decision`)."""
+        """Comparisons the draws in the files do not decide (:func:`_pool_draws`)."""
         return self.parity[self.parity["verdict"] == "inconclusive"]
 
     @property
@@ -255,41 +256,66 @@ def undrawn_id(case_id: str) -> str:
         return case_id
 
 
+def _draw_of(row: dict) -> int:
+    """A row's input draw: its case's seed (0 for an id that does not parse)."""
+    try:
+        return Case.from_id(row["case_id"]).seed
+    except ValueError:
+        return 0
+
+
 def _pool_draws(rows: list[dict], policy: Policy) -> list[dict]:
-    """Weigh every gated metric that failed on a draw against all the draws of its case (the files' rows of
-    the same case at other seeds): :func:`harness.noise.pooled_decision` over their ratios says fail, pass
-    or undecided; one draw alone is undecided. An undecided failure is ``inconclusive``: it names the draws
-    that would decide it, and it never reads as a pass. A rel_l2 failure the block bootstrap confirmed on a
-    tensor of :data:`harness.noise.BOOTSTRAP_MIN_ELEMENTS` or more is final from one draw (its rows carry no
-    ``_limit``), as is every failure with ``alpha = 0`` (no noise allowance)."""
+    """Each gated metric of a (case, tensor) over every draw of the case in the files (the rows of the same case
+    at other seeds) is one comparison, and the sequential test of docs/definitions.md gives its one verdict,
+    which every draw's row then carries (``draws``: how many draws it used):
+
+    - **the first draw decides** where it can: a pass (the point rule, or the block bootstrap within noise) is
+      a pass, and a rel_l2 failure the bootstrap confirms on a tensor of
+      :data:`harness.noise.BOOTSTRAP_MIN_ELEMENTS` or more (its rows carry no ``_limit``) is a failure. Draws
+      run later for another comparison of the case neither fail nor pass it;
+    - **otherwise the pooled looks** (:func:`harness.noise.sequential_decision`: 3, 8, then 24 draws) decide it,
+      each on the first draws only, stopping at the first look that decides. A comparison no look decides is
+      ``inconclusive``: it names the draws that would decide it, and it never reads as a pass.
+
+    With ``alpha = 0`` (no noise allowance) every draw keeps its own point verdict: a draw's failure is final."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["metric"] in policy.metrics and r["verdict"] in ("pass", "fail") and "ratio" in r:
             groups.setdefault((undrawn_id(r["case_id"]), r["tensor"], r["metric"]), []).append(r)
     for group in groups.values():
-        failed = [r for r in group if r["verdict"] == "fail" and "_limit" in r]  # not decided by their own draw
-        if not failed or policy.alpha <= 0:
+        if policy.alpha <= 0:
             continue
-        n = len(group)
-        limit = failed[0]["_limit"]
-        decision, mean, lower = ("undecided", math.nan, math.nan) if n == 1 else \
-            pooled_decision([r["ratio"] for r in group], limit, policy.alpha)
-        for r in failed:
-            r["draws"] = n
+        group.sort(key=_draw_of)
+        first = group[0]
+        if first["verdict"] == "pass" or "_limit" not in first:  # decided by the first draw
+            for r in group[1:]:
+                if r["verdict"] != first["verdict"]:
+                    r["reason"] = (f"{r['reason']}; " if r["reason"] else "") + (
+                        f"not judged alone: the comparison was decided on its first draw (draw {_draw_of(first)}, "
+                        f"ratio {first['ratio']:.4g}), this draw was run for another comparison of the case")
+                r["verdict"] = first["verdict"]
+            continue
+        limit = first["_limit"]
+        decision, used, mean, lower = sequential_decision([r["ratio"] for r in group], limit, policy.alpha)
+        for i, r in enumerate(group):
+            r["draws"] = used
+            own = f"{r['reason']}; " if r["reason"] else f"draw {_draw_of(r)}: ratio {r['ratio']:.4g}; "
+            unused = "" if i < used else f" (this draw is not used: the first {used} decided)"
             if decision == "fail":
-                r["reason"] += (f"; over {n} draws the ratio's geometric mean is {mean:.4g}, its lower bound "
-                                f"{lower:.4g} > {limit:.4g}")
+                r["verdict"] = "fail"
+                r["reason"] = own + (f"over {used} draws the ratio's geometric mean is {mean:.4g}, its lower bound "
+                                     f"{lower:.4g} > {limit:.4g}{unused}")
             elif decision == "pass":
                 r["verdict"] = "pass"
-                r["reason"] += (f"; but over {n} draws the ratio's geometric mean is {mean:.4g} <= {limit:.4g}: "
-                                f"this draw is within the draws' spread")
+                r["reason"] = own + (f"but over {used} draws the ratio's geometric mean is {mean:.4g} <= "
+                                     f"{limit:.4g}: this draw is within the draws' spread{unused}")
             else:
-                look = next_look(n)
+                look = next_look(used)
                 r["verdict"] = "inconclusive"
-                r["reason"] += (f"; one draw does not decide it: run with --draws {look}" if n == 1 else
-                                f"; {n} draws do not decide it (geometric mean {mean:.4g}, lower bound "
-                                f"{lower:.4g}): " + (f"run with --draws {look}" if look else
-                                                     "inconclusive at the cap of draws"))
+                r["reason"] = own + ("one draw does not decide it: run with --draws 3" if used == 1 else
+                                     f"{used} draws do not decide it (geometric mean {mean:.4g}, lower bound "
+                                     f"{lower:.4g}): " + (f"run with --draws {look}" if look else
+                                                          "inconclusive at the cap of draws"))
     for r in rows:
         r.pop("_limit", None)
     return rows

@@ -82,6 +82,31 @@ def next_look(draws: int) -> int | None:
     return next((n for n in LOOKS if n > draws), None)
 
 
+def pooled_looks(draws: int) -> list[int]:
+    """The pooled looks the sequential test takes over ``draws`` input draws, in order: each look of
+    :data:`LOOKS` past the first that the draws reach, then every draw there is when that is not a look itself
+    (``parity calibrate --draws 5``: 3, then 5). Draws past the cap are not used, so there are never more
+    pooled looks than the α of :func:`pooled_decision` is spread over."""
+    n = min(draws, LOOKS[-1])
+    return [look for look in LOOKS[1:] if look < n] + ([n] if n >= 2 else [])
+
+
+def sequential_decision(ratios, limit: float, alpha: float) -> tuple[str, int, float, float]:
+    """``(decision, draws used, geometric mean, lower bound)`` of a comparison whose first draw did not decide
+    it, over its draws' ratios in draw order: :func:`pooled_decision` at each of :func:`pooled_looks`, on the
+    first ``look`` draws, stopping at the first look that decides. The verdict is therefore the one the
+    sequence of looks would have reached had the draws been run one look at a time: draws beyond the deciding
+    look neither fail nor pass it. One draw alone is ``undecided``."""
+    r = list(ratios)
+    decision, used, mean, lower = "undecided", 1, math.nan, math.nan
+    for look in pooled_looks(len(r)):
+        decision, mean, lower = pooled_decision(r[:look], limit, alpha)
+        used = look
+        if decision != "undecided":
+            break
+    return decision, used, mean, lower
+
+
 def pooled_decision(ratios, limit: float, alpha: float) -> tuple[str, float, float]:
     """``(decision, geometric mean, lower bound)`` of the ratio ε_TPU/ε_GPU over D ≥ 2 input draws.
 

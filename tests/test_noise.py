@@ -9,7 +9,8 @@ import pytest
 
 from harness.calibrate import CALIBRATION_COLUMNS, derive_policy
 from harness.metrics import ERROR_BLOCKS, compare, format_blocks, parse_blocks, rel_l2_blocks
-from harness.noise import (BOOTSTRAP_MIN_ELEMENTS, LOOKS, RESAMPLES, next_look, pooled_decision, ratio_lower_bound, ratio_replicates,
+from harness.noise import (BOOTSTRAP_MIN_ELEMENTS, LOOKS, RESAMPLES, next_look, pooled_decision, pooled_looks,
+                           sequential_decision, ratio_lower_bound, ratio_replicates,
                            resample_indices)
 from harness.policy import DEFAULT_POLICY_FILE, MarginRule, Policy, default_policy, policy_from_options
 
@@ -248,6 +249,28 @@ def test_the_pooled_test_fails_a_clean_kernel_at_most_alpha_of_the_time():
     assert 0 < fails / 4000 <= alpha  # and not 0: the test can fail a kernel at the limit
 
 
+def _gate_draws(ratios, numel, policy):
+    """The gate over one case's draws, draw d's tensor ``o`` every block ``ratios[d]`` times the baseline's
+    error (so the block bootstrap confirms the ratio), every tensor ``numel`` elements (None: as made)."""
+    from harness.gate import apply_gate
+    from test_runner_and_gate import _frame
+
+    gpu, tpu = [], []
+    g0 = _frame("gpu")
+    blocks = parse_blocks(g0.loc[g0["tensor"] == "o", "rel_l2_blocks"].iloc[0])
+    for seed, r in enumerate(ratios):
+        g, t = g0.copy(), g0.assign(leg="tpu", versions=_frame("tpu")["versions"])
+        t = _with_tpu_blocks(t, "o", blocks * r**2)  # every block r times worse: beyond one draw's noise
+        case_id = g0["case_id"].iloc[0] + (f",seed={seed}" if seed else "")
+        for df in (g, t):
+            df["case_id"], df["draw"] = case_id, seed
+            df["numel"] = df["numel"] if numel is None else numel
+        gpu.append(g)
+        tpu.append(t)
+    result = apply_gate(pd.concat(gpu, ignore_index=True), pd.concat(tpu, ignore_index=True), policy)
+    return result, result.parity[(result.parity["tensor"] == "o") & (result.parity["metric"] == "rel_l2")]
+
+
 def test_the_gate_pools_the_draws_in_the_files():
     from harness.gate import apply_gate
     from test_runner_and_gate import _frame
@@ -255,21 +278,9 @@ def test_the_gate_pools_the_draws_in_the_files():
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
 
     def draws(ratios, numel=None):
-        gpu, tpu = [], []
-        g0 = _frame("gpu")
-        blocks = parse_blocks(g0.loc[g0["tensor"] == "o", "rel_l2_blocks"].iloc[0])
-        for seed, r in enumerate(ratios):
-            g, t = g0.copy(), g0.assign(leg="tpu", versions=_frame("tpu")["versions"])
-            t = _with_tpu_blocks(t, "o", blocks * r**2)  # every block r times worse: beyond one draw's noise
-            case_id = g["case_id"].iloc[0] + (f",seed={seed}" if seed else "")
-            for df in (g, t):
-                df["case_id"], df["draw"] = case_id, seed
-                df["numel"] = df["numel"] if numel is None else numel
-            gpu.append(g)
-            tpu.append(t)
-        draws.last = pd.concat(gpu, ignore_index=True), pd.concat(tpu, ignore_index=True)
-        result = apply_gate(*draws.last, policy)
-        return result, result.parity[(result.parity["tensor"] == "o") & (result.parity["metric"] == "rel_l2")]
+        result, o = _gate_draws(ratios, numel, policy)
+        draws.last = result.baseline, result.candidate
+        return result, o
 
     assert (_frame("gpu")["numel"] < BOOTSTRAP_MIN_ELEMENTS).all()  # the case's tensors are small: 256 elements
     result, o = draws([1.45])  # one draw past the margin: not decided, and not a pass
@@ -286,3 +297,101 @@ def test_the_gate_pools_the_draws_in_the_files():
     assert set(o["verdict"]) == {"fail"} and len(result.failures) == 3 and result.headline == "FAIL"
     strict = apply_gate(*draws.last, policy.with_overrides(alpha=0.0))
     assert strict.inconclusive.empty and not strict.failures.empty  # --alpha 0: a draw's failure is final
+
+
+def test_the_pooled_looks_over_the_draws_there_are():
+    assert pooled_looks(1) == [] and pooled_looks(2) == [2] and pooled_looks(3) == [3]
+    assert pooled_looks(5) == [3, 5]  # parity calibrate --draws 5: the look at 3, then all five
+    assert pooled_looks(8) == [3, 8] and pooled_looks(24) == [3, 8, 24]
+    assert pooled_looks(30) == [3, 8, 24]  # past the cap: never more looks than alpha is spread over
+
+
+def test_the_sequential_decision_stops_at_the_first_look_that_decides():
+    # draws 0-2 fail beyond doubt (as issue 20's violation); draws 3-7 alone would pass: the look at 3 decided
+    ratios = [2.54, 2.4, 2.6, 0.5, 0.5, 0.5, 0.5, 0.5]
+    decision, used, mean, _ = sequential_decision(ratios, 1.15, 0.01)
+    assert (decision, used) == ("fail", 3) and mean == pytest.approx((2.54 * 2.4 * 2.6) ** (1 / 3))
+    assert pooled_decision(ratios, 1.15, 0.01)[0] == "pass"  # all eight pooled at once would pass it
+    # the T80 dg draws: undecided at 3, a pass at 8
+    assert sequential_decision([1.45, 1.65, 1.25, 0.91, 1.09, 0.76, 0.90, 0.82], 1.15, 0.01)[:2] == ("pass", 8)
+    assert sequential_decision([1.45], 1.15, 0.01)[:2] == ("undecided", 1)
+
+
+def test_a_comparison_decided_on_its_first_draw_keeps_its_verdict_over_more_draws():
+    """Issue 48: draws made for another tensor of the case neither fail nor pass a comparison its first draw
+    decided. Each draw here is every block r times worse, so a large tensor's bootstrap confirms r."""
+    policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
+
+    def gated(ratios, numel):
+        return _gate_draws(ratios, numel, policy)
+
+    big = BOOTSTRAP_MIN_ELEMENTS
+    # a large tensor passing its first draw: later draws beyond the margin (each alone a confirmed failure) do
+    # not fail it; before, every one of them was a failure of its own
+    result, o = gated([1.0] + [1.45] * 23, big)
+    assert set(o["verdict"]) == {"pass"} and result.passed
+    assert "not judged alone: the comparison was decided on its first draw" in o["reason"].iloc[1]
+    # a large tensor failing its first draw, confirmed by its blocks: passing draws later do not pass it
+    result, o = gated([1.45, 1.0, 1.0], big)
+    assert set(o["verdict"]) == {"fail"} and result.headline == "FAIL"
+    # a small tensor passing its first draw: the same, its later draws' failures are not judged alone
+    result, o = gated([1.0, 2.5, 2.5], None)
+    assert set(o["verdict"]) == {"pass"}
+    # undecided on its first draw: the looks, in order; the draws after the deciding look are not used
+    result, o = gated([2.54, 2.4, 2.6, 0.5, 0.5, 0.5, 0.5, 0.5], None)
+    assert set(o["verdict"]) == {"fail"} and set(o["draws"]) == {3}
+    assert "this draw is not used: the first 3 decided" in o["reason"].iloc[-1]
+
+
+def test_parity_all_redraws_for_the_undecided_comparisons_only(tmp_path, monkeypatch, capsys):
+    """``parity all``'s redraws (harness.cli._redraw), its legs replaced from the test side by rows made here:
+    draw 0's o is undecided (a small tensor 1.45x), its dq passes. The redraws run to the next look of o alone,
+    say so, and leave dq passed although dq's new draws are 3x (each a failure if judged alone). With
+    --max-draws 1 nothing is drawn and o stays inconclusive."""
+    from harness import cli
+    from harness.gate import apply_gate
+    from harness.results import write_csv
+    from test_runner_and_gate import CASE, _frame
+
+    policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
+    g0 = _frame("gpu")
+    blocks = {t: parse_blocks(g0.loc[g0["tensor"] == t, "rel_l2_blocks"].iloc[0]) for t in ("o", "dq")}
+
+    def rows(leg, case):
+        df = _frame("gpu", case=case)
+        if leg == "tpu":
+            df = df.assign(leg="tpu", versions=_frame("tpu", case=case)["versions"])
+            df = _with_tpu_blocks(df, "o", blocks["o"] * (1.45 if case.seed == 0 else 1.0) ** 2)
+            df = _with_tpu_blocks(df, "dq", blocks["dq"] * (1.0 if case.seed == 0 else 3.0) ** 2)
+        return df
+
+    ran = []
+
+    def run_leg(name, args, cases, cache, path=None):
+        ran.append((name, sorted(c.seed for c in cases)))
+        df = pd.concat([rows(name, c) for c in cases], ignore_index=True)
+        write_csv(df, path)  # as the leg's run writes its scratch file
+        return path, df
+
+    monkeypatch.setattr(cli, "_run_leg", run_leg)
+    monkeypatch.setattr(cli, "_policy", lambda args: policy)
+
+    def redraw(*more):
+        args = cli.build_parser().parse_args(["all", "--case", CASE.id, "--out", str(tmp_path), *more])
+        frames = {leg: rows(leg, CASE) for leg in ("gpu", "tpu")}
+        paths = {leg: tmp_path / f"{leg}.csv" for leg in frames}
+        for leg in frames:
+            write_csv(frames[leg], paths[leg])
+        first = apply_gate(frames["gpu"], frames["tpu"], policy)
+        assert list(first.inconclusive["tensor"]) == ["o"]
+        ran.clear()
+        return cli._redraw(first, frames, paths, ("gpu", "tpu"), args, [CASE], None, {})
+
+    result = redraw()
+    assert ran == [("gpu", [1, 2]), ("tpu", [1, 2])]  # to the next look, 3 draws, for o alone
+    assert f"{CASE.id}: o rel_l2 undecided at 1 draw(s): 2 more, to 3" in capsys.readouterr().out
+    assert result.passed  # o: geometric mean of 1.45, 1, 1 is 1.13 <= 1.15
+    dq = result.parity[(result.parity["tensor"] == "dq") & (result.parity["metric"] == "rel_l2")]
+    assert set(dq["verdict"]) == {"pass"} and (dq["ratio"] > 2.9).sum() == 2  # decided on draw 0, kept
+    result = redraw("--max-draws", "1")
+    assert ran == [] and list(result.inconclusive["tensor"]) == ["o"]
