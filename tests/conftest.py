@@ -1,9 +1,12 @@
-"""Test ordering for a 2-core CI: start the long end-to-end smoke run first (in `pytest -m heavy`), so that
-pytest-xdist overlaps it with the other heavy tests instead of leaving it alone at the end."""
+"""Test ordering for a 2-core CI: the longest files first (longest-processing-time-first scheduling), so that
+pytest-xdist's two workers overlap them with the many short tests instead of leaving one of them alone at the end:
+in `pytest -m heavy` the end-to-end smoke run, in the README's `pytest -n 2` the files whose tests each run whole
+legs or compile many float64 references (each 1 to 4 minutes of a core, measured on the CI machine)."""
 
 import os
 
-LONG_FIRST = ("test_smoke_e2e.py",)
+LONG_FIRST = ("test_smoke_e2e.py", "test_workers.py", "test_reference_varlen.py", "test_state_layout.py",
+              "test_user_cases.py", "test_tpu_compile.py", "test_pytest_plugin.py")
 
 # The CLI's default is a worker process per CPU (harness.workers). Tests inject faults and fake legs into this
 # process, which spawned workers would not see, and pytest-xdist already uses the cores: one process per test
@@ -12,7 +15,8 @@ os.environ.setdefault("PARITY_JOBS", "1")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: keeps the rest in order
+    first = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: keeps the rest in order
 
 
 import pytest  # noqa: E402

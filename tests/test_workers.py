@@ -50,6 +50,7 @@ def _stable(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop(columns=[c for c in df.columns if c in VOLATILE])
 
 
+@pytest.mark.heavy  # whole commands through real legs, cold and warm, at --jobs 1 and 2: pytest -m heavy (.ci/run)
 @pytest.mark.needs_leg("ref")
 def test_two_jobs_give_the_rows_of_one_in_case_order(tmp_path, monkeypatch, capsys, sent):
     frames = {}
@@ -131,6 +132,7 @@ def test_a_worker_that_dies_is_error_rows(tmp_path, monkeypatch):
     assert rows["reason"].str.contains("--jobs 1").all()
 
 
+@pytest.mark.heavy  # whole commands through real legs, cold and warm, at --jobs 1 and 2: pytest -m heavy (.ci/run)
 @pytest.mark.needs_leg("tpu")
 def test_the_emulated_tpu_leg_counts_two_cores_a_case(tmp_path, monkeypatch, sent):
     """Its real-TPU compile runs in a thread beside its run: two cores, so --jobs 2 runs it in this process."""
@@ -147,6 +149,7 @@ def test_the_emulated_tpu_leg_counts_two_cores_a_case(tmp_path, monkeypatch, sen
         assert sent[-1] == expected
 
 
+@pytest.mark.heavy  # whole commands through real legs, cold and warm, at --jobs 1 and 2: pytest -m heavy (.ci/run)
 @pytest.mark.needs_leg("tpu")
 def test_compile_workers_give_the_rows_of_one_and_a_dead_one_is_error_rows(tmp_path, monkeypatch, sent):
     """``parity compile --jobs 2`` sends every case to a worker (a compile keeps one core busy) and writes the rows
