@@ -172,6 +172,16 @@ def _ratio(eps_tpu: float, eps_gpu: float) -> float:
     return eps_tpu / eps_gpu
 
 
+def _apart(a: float, b: float, digits: int = 4) -> tuple[str, str]:
+    """``a`` and ``b`` printed with the fewest significant digits (at least ``digits``) that tell them apart, so
+    that a comparison near its limit never reads "1.05 > 1.05"; equal numbers print alike."""
+    for d in range(digits, 18):
+        x, y = f"{a:.{d}g}", f"{b:.{d}g}"
+        if x != y:
+            break
+    return x, y
+
+
 def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
     """The verdicts of one (case, tensor) on one draw; a metric row's failure is then weighed against the
     other draws of the case by :func:`_pool_draws`."""
@@ -218,18 +228,20 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
         allowed = policy.allowed(metric, eps_g, **where)
         limit = 1 + policy.margin(metric, **where)
         passed, lower = policy.judge(metric, eps_t, eps_g, *blocks, **where)
+        shown_t, shown_allowed = _apart(eps_t, allowed)
+        shown_lower, shown_limit = _apart(lower, limit) if lower is not None else ("", "")
         if metric not in policy.metrics:
             verdict, reason = "info", "not gated by the policy"
         elif passed and lower is not None:
-            verdict, reason = "pass", (f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}, but within noise: bootstrap "
-                                       f"lower bound of the ratio {lower:.4g} <= {limit:.4g}")
+            verdict, reason = "pass", (f"eps_tpu {shown_t} > allowed {shown_allowed}, but within noise: bootstrap "
+                                       f"lower bound of the ratio {shown_lower} <= {shown_limit}")
         elif passed:
             verdict, reason = "pass", ""
         elif lower is not None:
-            verdict, reason = "fail", (f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}, beyond noise: bootstrap "
-                                       f"lower bound of the ratio {lower:.4g} > {limit:.4g}")
+            verdict, reason = "fail", (f"eps_tpu {shown_t} > allowed {shown_allowed}, beyond noise: bootstrap "
+                                       f"lower bound of the ratio {shown_lower} > {shown_limit}")
         else:
-            verdict, reason = "fail", f"eps_tpu {eps_t:.4g} > allowed {allowed:.4g}"
+            verdict, reason = "fail", f"eps_tpu {shown_t} > allowed {shown_allowed}"
         # one draw decides a failure only where its bootstrap is trusted: rel_l2 on a large enough tensor
         trusted = lower is not None and _numel(t) >= BOOTSTRAP_MIN_ELEMENTS
         rows.append({**base, "metric": metric, "eps_gpu": eps_g, "eps_tpu": eps_t, "ratio": _ratio(eps_t, eps_g),
@@ -303,12 +315,14 @@ def _pool_draws(rows: list[dict], policy: Policy) -> list[dict]:
             unused = "" if i < used else f" (this draw is not used: the first {used} decided)"
             if decision == "fail":
                 r["verdict"] = "fail"
+                shown_lower, shown_limit = _apart(lower, limit)
                 r["reason"] = own + (f"over {used} draws the ratio's geometric mean is {mean:.4g}, its lower bound "
-                                     f"{lower:.4g} > {limit:.4g}{unused}")
+                                     f"{shown_lower} > {shown_limit}{unused}")
             elif decision == "pass":
                 r["verdict"] = "pass"
-                r["reason"] = own + (f"but over {used} draws the ratio's geometric mean is {mean:.4g} <= "
-                                     f"{limit:.4g}: this draw is within the draws' spread{unused}")
+                shown_mean, shown_limit = _apart(mean, limit)
+                r["reason"] = own + (f"but over {used} draws the ratio's geometric mean is {shown_mean} <= "
+                                     f"{shown_limit}: this draw is within the draws' spread{unused}")
             else:
                 look = next_look(used)
                 r["verdict"] = "inconclusive"

@@ -395,3 +395,12 @@ def test_parity_all_redraws_for_the_undecided_comparisons_only(tmp_path, monkeyp
     assert set(dq["verdict"]) == {"pass"} and (dq["ratio"] > 2.9).sum() == 2  # decided on draw 0, kept
     result = redraw("--max-draws", "1")
     assert ran == [] and list(result.inconclusive["tensor"]) == ["o"]
+
+
+def test_a_reason_prints_its_numbers_apart():
+    """Issue 48: a bound just past its limit never reads "1.05 > 1.05"; equal numbers print alike."""
+    from harness.gate import _apart
+
+    assert _apart(1.05004, 1.05) == ("1.05004", "1.05")
+    assert _apart(1.068, 1.053) == ("1.068", "1.053")  # four digits suffice
+    assert _apart(2.0, 2.0) == ("2", "2")
