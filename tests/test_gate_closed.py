@@ -16,7 +16,7 @@ from harness.result_file import ResultFile
 from harness.runner import Runner
 from test_runner_and_gate import CASE, FakeLeg, _frame
 
-SMALL = "simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g=logsigmoid/16/C64"  # the smallest suite case (regressions)
+SMALL = "simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g=logsigmoid/16/C64"  # a small suite case (regressions)
 SMALL_KDA = "kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,lower_bound=-5,use_gate_in_kernel=1"
 
 
