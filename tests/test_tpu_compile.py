@@ -280,6 +280,7 @@ HARD_CODED = Impl(LegBinding(functools.partial(forward, interpret=True)))  # int
 """
 
 
+@pytest.mark.heavy  # a whole run and compile of a candidate: pytest -m heavy (.ci/run)
 def test_a_candidate_that_hard_codes_interpret_fails_compile_and_preflight(tmp_path, monkeypatch):
     from harness.legs import registry
 

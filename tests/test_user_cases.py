@@ -235,6 +235,7 @@ def test_cli_lists_a_file_and_refuses_a_bad_one_in_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "part 'B1-T80-H1-K128x-V128' must read" in err
 
 
+@pytest.mark.heavy  # a case through every leg and the gate, as the smoke run is: pytest -m heavy (.ci/run)
 @pytest.mark.needs_leg("gpu")
 def test_a_user_case_end_to_end_through_every_leg_and_the_gate(tmp_path, monkeypatch, capsys):
     """A case in no suite, by id and by file: the same case, the same result file name, the same inputs; the
@@ -273,6 +274,7 @@ def test_case(parity_case, parity_results, request):
 '''
 
 
+@pytest.mark.heavy  # three pytest runs, each its legs: pytest -m heavy (.ci/run)
 def test_pytest_plugin_takes_ids_and_files(pytester, monkeypatch):
     pytester.makepyfile(test_inline=INLINE)
     path = pytester.path / "mine.toml"
