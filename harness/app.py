@@ -170,3 +170,36 @@ def write_gate(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
         with open(summary, "a") as f:  # GitHub's own file: append, never replace
             f.write(md)
     return csv_path, md_path
+
+
+class _Received(Exception):
+    """Raised by :func:`binding_inputs`'s recording forward once it has seen its arrays."""
+
+
+def binding_inputs(op, case) -> tuple[object, list[tuple[str, tuple[int, ...], str]]]:
+    """What a candidate binding's ``forward`` receives for ``case``, read by tracing the leg's own call of a
+    recording binding on shape-only inputs: (the case of its first call, [(name, shape, dtype)]). The state
+    arrives K-first whatever the case's layout; a served case (``pool=``, ``decode=``) hands each call its
+    requests' states, and a decode chain's first call is its prefill (the case returned)."""
+    import jax
+
+    from cases.inputs import NP_DTYPES
+    from harness.legs.tpu import NATIVE
+    from harness.ops.base import LegBinding, call_k_first
+    from harness.ops.serving import served_binding
+
+    seen = {}
+
+    def record(call, arrays, ctx):
+        seen["case"] = call
+        seen["arrays"] = [(name, tuple(a.shape), str(a.dtype)) for name, a in arrays.items()]
+        raise _Received
+
+    binding = served_binding(op, LegBinding(record, differentiable=False))
+    structs = {s.name: jax.ShapeDtypeStruct(tuple(int(d) for d in s.shape(case)), NP_DTYPES[s.resolve_dtype(case)])
+               for s in op.inputs(case)}
+    try:
+        jax.eval_shape(lambda a: call_k_first(case, binding.forward, a, NATIVE), structs)
+    except _Received:
+        pass
+    return seen.get("case", case), seen.get("arrays", [])

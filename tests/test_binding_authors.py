@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cases.case import Case, Gate
-from harness import cli
+from harness import app, cli
 from harness.app import case_from_id
 from harness.legs import registry
 from harness.legs.base import Environment, Leg, LegOutput
@@ -68,7 +68,7 @@ def test_the_docs_minimal_binding_loads_refuses_and_traces(doc_binding):
     op = get_op("simple_gla")
     assert leg.supports(op, case) is None  # the leg's own refusal check traces the doc's forward
     assert leg.supports(op, packed) == "my library does not take packed sequences"
-    structs = {n: jax.ShapeDtypeStruct(s, d) for n, s, d in cli.binding_inputs(op, case)[1]}
+    structs = {n: jax.ShapeDtypeStruct(s, d) for n, s, d in app.binding_inputs(op, case)[1]}
     out = jax.eval_shape(lambda a: binding.forward(case, a, None), structs)
     assert out["o"].shape == (1, 64, 2, 64)
 
