@@ -6,7 +6,8 @@ Each DIR holds one run's baseline and candidate rows (``gpu*.csv`` and ``tpu*.cs
 cases over several draws. For each N of 1, 3, 8 and 24 (as far as the draws reach), the gate judges the first N
 draws of every case (its N smallest seeds) and each comparison (case, tensor, gated metric) counts once, with the verdict
 its rows carry: the sequential test's (docs/definitions.md, "One verdict per comparison"). For contrast, the rule
-the gate had before, "any draw failed": a comparison fails if any one of its N draws, gated alone, fails.
+the gate had before, "any draw failed": a comparison fails if any one of its N draws, gated alone, fails; and how many one-draw verdicts are
+not a pass (a failure, or a one-draw ``inconclusive``).
 Clean kernels, nothing injected: every ``fail`` is a false alarm.
 """
 
@@ -47,8 +48,9 @@ def main(folders: list[str]) -> None:
     gpu, tpu = gpu[gpu["case_id"].isin(nth)].copy(), tpu.copy()
     gpu["nth"], tpu["nth"] = gpu["case_id"].map(nth), tpu["case_id"].map(nth)
     most = int(tpu["nth"].max()) + 1
-    print("| draws | cases | comparisons | fail (sequential test) | inconclusive | fail (any draw failed, before) |")
-    print("|---|---|---|---|---|---|")
+    print("| draws | cases | comparisons | fail (sequential test) | inconclusive | fail (any draw failed, before) "
+          "| one-draw verdicts not a pass |")
+    print("|---|---|---|---|---|---|---|")
     for n in (1, 3, 8, 24):
         if n > most:
             break
@@ -57,9 +59,10 @@ def main(folders: list[str]) -> None:
         alone = pd.concat([verdicts(g[g["nth"] == d], t[t["nth"] == d], policy).rename(d) for d in range(n)],
                           axis=1)
         any_fail = int((alone == "fail").any(axis=1).sum())
+        not_pass = f"{int(((alone != 'pass') & alone.notna()).to_numpy().sum())} of {int(alone.notna().to_numpy().sum())}"
         cases = seq.index.get_level_values("case").nunique()
         print(f"| {n} | {cases} | {len(seq)} | {int((seq == 'fail').sum())} | {int((seq == 'inconclusive').sum())} "
-              f"| {any_fail} |")
+              f"| {any_fail} | {not_pass} |")
         for key, verdict in seq[seq != "pass"].items():
             print(f"  {verdict}: {' '.join(key)}", file=sys.stderr)
 
