@@ -270,8 +270,14 @@ def undrawn_id(case_id: str) -> str:
 
 def _draw_of(row: dict) -> int:
     """A row's input draw: its case's seed (0 for an id that does not parse)."""
+    return _seed(row["case_id"])
+
+
+@functools.lru_cache(maxsize=4096)
+def _seed(case_id: str) -> int:
+    """Parsed once per id, as :func:`undrawn_id`: every row of every tensor of a case draw asks."""
     try:
-        return Case.from_id(row["case_id"]).seed
+        return Case.from_id(case_id).seed
     except ValueError:
         return 0
 
