@@ -86,6 +86,19 @@ def rel_l2(y: np.ndarray, r: np.ndarray) -> float:
     return num / den
 
 
+def condition_number(r: np.ndarray, a: np.ndarray) -> float:
+    """κ = ‖a‖₂ / ‖r‖₂ of a reduction: ``r`` the float64 reference of a tensor whose element i sums terms
+    c_ij, ``a`` their magnitudes a_i = Σ_j |c_ij| (docs/definitions.md, "Bounds on reductions"). For one element
+    it is the condition number of the sum, Σ|c| / |Σc| ≥ 1: how much the terms cancel. ``inf`` when the terms
+    cancel exactly (r = 0, a ≠ 0); 1 when there is nothing to sum (a = 0)."""
+    r = np.asarray(r, dtype=np.float64).ravel()
+    a = np.asarray(a, dtype=np.float64).ravel()
+    num, den = float(np.linalg.norm(a)), float(np.linalg.norm(r))
+    if num == 0.0:
+        return 1.0
+    return math.inf if den == 0.0 else num / den
+
+
 def rel_l2_blocks(y: np.ndarray, r: np.ndarray) -> list[float] | None:
     """``rel_l2²`` split over contiguous blocks of the flattened tensor (module doc); None when
     ``rel_l2`` is not a finite ratio (non-finite values, or an all-zero reference)."""

@@ -11,7 +11,9 @@ An entry holds the reference's arrays plus ``__meta__`` (JSON bytes): the
 format version, the key, each tensor's dtype and shape, and a sha256 over
 every array's name, dtype, shape and bytes. A file is used only when all of
 it checks out, every tensor is float64 and every compared tensor of the case
-is present; anything else (unreadable, truncated, tampered, older format) is
+is present, with the magnitudes of every tensor the descriptor declares a sum
+(:mod:`harness.ops.reductions`: ``<tensor>|terms|``, the float64 ``sum |c|`` its
+bound is judged against); anything else (unreadable, truncated, tampered, older format) is
 recomputed and atomically replaced with a :class:`ReferenceCacheWarning`.
 """
 
@@ -30,7 +32,8 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs
 
-from .ops.base import OpDescriptor, call_k_first
+from .ops.base import OpDescriptor, call_k_first, state_k_first
+from .ops.reductions import magnitude_name, magnitudes, reduction_of
 
 _ROOT = Path(__file__).resolve().parent.parent
 # what a golden result depends on besides its inputs: the references, and the descriptors that call them
@@ -118,6 +121,12 @@ def _problem(arrays: dict[str, np.ndarray], key: str, expected: list[str]) -> st
     return None
 
 
+def expected_names(op: OpDescriptor, case: Case) -> list[str]:
+    """What a golden of ``case`` holds: every compared tensor, and the magnitudes of those declared sums."""
+    specs = op.tensors(case)
+    return [s.name for s in specs] + [magnitude_name(s.name) for s in specs if reduction_of(s) is not None]
+
+
 class ReferenceCache:
     def __init__(self, directory: Path | None | str = "default"):
         self.directory = default_cache_dir() if directory == "default" else (Path(directory) if directory else None)
@@ -134,11 +143,11 @@ class ReferenceCache:
         if key in self._memory:
             self.hits += 1
             return self._memory[key]
-        expected = op.tensor_names(case)
+        expected = expected_names(op, case)
         result = self._load(key, expected)
         if result is None:
             self.misses += 1
-            result = self._compute(op, case, inputs, expected)
+            result = self._compute(op, case, inputs)
             self._store(key, result)
         else:
             self.hits += 1
@@ -148,10 +157,10 @@ class ReferenceCache:
         return result
 
     @staticmethod
-    def _compute(op: OpDescriptor, case: Case, inputs: Inputs, expected: list[str]) -> dict[str, np.ndarray]:
+    def _compute(op: OpDescriptor, case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
         raw = call_k_first(case, op.reference, inputs.as_float64())
         result = {name: np.asarray(a) for name, a in raw.items() if a is not None}
-        missing = [n for n in expected if n not in result]
+        missing = [n for n in op.tensor_names(case) if n not in result]
         if missing:
             # otherwise the comparison would fail later with a bare KeyError, or not at all for a leg without it
             raise ValueError(f"reference of {op.name} returned no {missing} for {case.id}; "
@@ -159,6 +168,14 @@ class ReferenceCache:
         for name, a in result.items():
             if a.dtype != np.float64:
                 raise TypeError(f"reference of {op.name} returned {name} as {a.dtype}, not float64")
+        x = None
+        for spec in op.tensors(case):
+            reduction = reduction_of(spec)
+            if reduction is None:
+                continue
+            x = state_k_first(case, inputs.as_float64()) if x is None else x
+            terms = reduction.contributions(op, case, x, result)
+            result[magnitude_name(spec.name)] = magnitudes(terms, result[spec.name], spec.name)
         return result
 
     def _path(self, key: str) -> Path | None:

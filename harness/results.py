@@ -35,6 +35,7 @@ MXU_COLUMNS = ["mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd", 
 RESULT_COLUMNS = [
     "case_id", "op", "variant", "dtype", "draw", "tensor", "tensor_dtype", "leg", "status", "reason",
     *METRICS, "rel_l2_blocks", "numel", "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
+    "bound_over", "kappa",
     "input_sha256", "mode", "device", "compiled_for", *KERNEL_COLUMNS, *MOSAIC_COLUMNS, *MXU_COLUMNS, "versions", "settings",
     "details", "git_commit", "timestamp", "suite", "wall_s", "repro",
 ]

@@ -36,11 +36,12 @@ from cases.inputs import Inputs, make_inputs
 
 from .baseline_cache import BaselineCache
 from .legs.base import Leg, LegOutput
-from .metrics import compare, nonfinite_where_ref_finite
+from .metrics import compare, condition_number, nonfinite_where_ref_finite
 from .ops import get_op
 from .ops.base import OpDescriptor, grad_name
+from .ops.reductions import magnitude_name, reduction_of
 from .legs.registry import ENTRY_POINT_GROUP, legs, role_of
-from .policy import bound_for
+from .policy import CONTRIBUTIONS, REFERENCE, bound_for
 from .reference_cache import ReferenceCache
 from .status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
 
@@ -312,8 +313,13 @@ class Runner:
         """``no_gradient``: the reason the binding gives no such gradient by design; then whatever ``y`` holds
         (zeros, as a forward that takes the input as a constant gives) is not compared."""
         dtype = spec.resolve_dtype(case)
-        bound = bound_for(case.op, spec.name, case.dtype, role_of(self.leg.name))
-        common = {**common, "bound_rel_l2": bound.rel_l2}
+        reduction = reduction_of(spec)
+        bound = bound_for(case.op, spec.name, case.dtype, role_of(self.leg.name),
+                          over=REFERENCE if reduction is None else CONTRIBUTIONS)
+        kappa = None if reduction is None else condition_number(golden[spec.name],
+                                                                 golden[magnitude_name(spec.name)])
+        limit = bound.limit(kappa)
+        common = {**common, "bound_rel_l2": limit, "bound_over": bound.over, "kappa": kappa}
         if y is None or no_gradient:
             reason = no_gradient or (f"{FORWARD_ONLY} {spec.name}" if forward_only and spec.kind == "grad"
                                      else f"the {self.leg.name} leg does not return {spec.name}")
@@ -325,8 +331,10 @@ class Runner:
         bad = nonfinite_where_ref_finite(y, r)
         if bad:
             status, reason = Status.NONFINITE, f"{bad} NaN/Inf values where the reference is finite"
-        elif not metrics["rel_l2"] <= bound.rel_l2:
-            status, reason = Status.BOUND, f"rel_l2 {metrics['rel_l2']:.3g} > bound {bound.rel_l2:g} ({bound.reason})"
+        elif not metrics["rel_l2"] <= limit:
+            over = "" if kappa is None else (f" = {bound.rel_l2:g} x kappa {kappa:.3g}, the sum's condition number "
+                                             f"(its terms' magnitudes over it)")
+            status, reason = Status.BOUND, f"rel_l2 {metrics['rel_l2']:.3g} > bound {limit:.3g}{over} ({bound.reason})"
         else:
             status, reason = Status.OK, ""
         return self._row(case, spec.name, dtype, status, reason=reason, **metrics, **common)

@@ -13,6 +13,7 @@ from cases.case import Case
 from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_normal
 
 from .base import TensorSpec, fla_varlen, forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs
+from .reductions import Reduction, ReductionSpec, trailing
 
 Shape = Callable[[Case], tuple]
 DECODE = "fused_recurrent"
@@ -79,7 +80,52 @@ def differentiable(case: Case) -> list[str]:
 def tensors(case: Case):
     conv_state = [TensorSpec("conv_ht", "case", "output", "final conv state [N,D,W-1]: each sequence's last W-1 "
                              "inputs of q, k, v (their exact bits)")] if conv_width(case) and case.final_state else []
-    return forward_tensors(case) + conv_state + grad_tensors(case, differentiable(case), DTYPES)
+    specs = forward_tensors(case) + conv_state + grad_tensors(case, differentiable(case), DTYPES)
+    return [ReductionSpec(s.name, s.dtype, s.kind, s.doc, reduction=GATE_SUMS[s.name]) if s.name in GATE_SUMS else s
+            for s in specs]
+
+
+# ------------------------------------------------------------------ the in-kernel gate's parameters: sums
+def _gate_input(x: dict):
+    """``g + dt_bias``, the in-kernel gate's argument per token (dt_bias [HV*K] or [HV] viewed as g's trailing
+    axes)."""
+    import numpy as np
+
+    g = np.asarray(x["g"], dtype=np.float64)
+    return g + np.asarray(x["dt_bias"], dtype=np.float64).reshape(g.shape[2:])
+
+
+def dt_bias_terms(op, case: Case, x: dict, golden: dict):
+    """ddt_bias's terms: dt_bias enters the gate only as ``g + dt_bias``, so each token's term is the reference's
+    gradient of the raw gate ``dg`` there; summed over B and T."""
+    import numpy as np
+
+    dg = np.asarray(golden["dg"])
+    return dg.reshape(dg.shape[:2] + (-1,))
+
+
+def a_log_terms(op, case: Case, x: dict, golden: dict):
+    """dA_log's terms, one per token and channel: ``dg * (dG/dA_log) / (dG/dg)`` with G the in-kernel gate of
+    x = g + dt_bias: with ``lower_bound``, ``G = lower_bound * sigmoid(exp(A_log) x)`` and the ratio is ``x``;
+    without, ``G = -exp(A_log) softplus(x)`` and it is ``softplus(x) / sigmoid(x)`` (the gates of
+    references.kda and references.gdn; :func:`harness.ops.reductions.magnitudes` checks the terms sum to the
+    reference's dA_log). Summed over B, T and (kda) K."""
+    import numpy as np
+
+    xg = _gate_input(x)
+    if case.opt.get("lower_bound") is not None:
+        ratio = xg
+    else:
+        ratio = np.logaddexp(0.0, xg) * (1.0 + np.exp(-xg))  # softplus(x) / sigmoid(x)
+    return trailing(np.asarray(golden["dg"]) * ratio, [2])
+
+
+GATE_SUMS = {
+    "dA_log": Reduction("each token's and key channel's term dg * dG/dA_log / dG/dg of the in-kernel gate G, over "
+                        "B, T and (kda) K", a_log_terms),
+    "ddt_bias": Reduction("the raw gate's gradient dg of each token, over B and T", dt_bias_terms),
+}
+"""The in-kernel gate's parameters are shared by every token: their gradients are sums over the tokens."""
 
 
 def reference(fwd, bwd, case: Case, x: dict, method: str, compute_dtype: str, opts: dict) -> dict:

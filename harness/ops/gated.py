@@ -20,6 +20,7 @@ from cases.case import Case
 from cases.inputs import InputSpec, g_gamma_shape, gamma_law, gate_law
 
 from .base import TensorSpec, forward_tensors, grad_tensors
+from .reductions import Reduction, ReductionSpec, trailing
 
 DTYPES = {"q": "case", "k": "case", "v": "case", "g": "float32", "g_gamma": "float32", "h0": "float32"}
 RECURRENT = "fused_recurrent"
@@ -44,8 +45,34 @@ def differentiable(case: Case) -> list[str]:
 
 
 def tensors(case: Case) -> list[TensorSpec]:
-    """o, ht, and the gradient of every gated-op input, in its input's dtype (a gate's gradient has its shape)."""
-    return forward_tensors(case) + grad_tensors(case, differentiable(case), DTYPES)
+    """o, ht, and the gradient of every gated-op input, in its input's dtype (a gate's gradient has its shape);
+    dg_gamma is declared a sum (:data:`GAMMA_SUM`)."""
+    specs = forward_tensors(case) + grad_tensors(case, differentiable(case), DTYPES)
+    return [ReductionSpec(s.name, s.dtype, s.kind, s.doc, reduction=GAMMA_SUM) if s.name == "dg_gamma" else s
+            for s in specs]
+
+
+def gamma_terms(op, case: Case, x: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The terms dg_gamma sums: the gradient of each token's log decay. The op's reference runs again on the same
+    function with the total log decay (g_gamma broadcast to the per-token gate's shape, plus g when the case has
+    both) as its one per-token gate ``g``; its ``dg`` holds a term per token (and head, channel), and the axes
+    g_gamma does not have are summed."""
+    from cases.case import Gate
+
+    one_gate = case.replace(gate=Gate(kind="g"), gamma=None)
+    shape = next(s.shape(one_gate) for s in op.inputs(one_gate) if s.name == "g")
+    gamma = np.asarray(x["g_gamma"], dtype=np.float64)
+    ndim = gamma.ndim  # [] , [H] or [H,K]: axes 2.. of the per-token shape [B,T,H(,K)]
+    total = np.broadcast_to(gamma.reshape((1, 1) + gamma.shape + (1,) * (len(shape) - 2 - ndim)), shape)
+    if "g" in x:
+        total = total + x["g"]
+    rest = {n: v for n, v in x.items() if n not in ("g", "g_gamma")}
+    dg = np.asarray(op.reference(one_gate, {**rest, "g": np.ascontiguousarray(total)})["dg"])
+    return trailing(dg, range(2, 2 + ndim))
+
+
+GAMMA_SUM = Reduction("the gradient of each token's log decay, over the tokens (B, T) and the axes g_gamma is "
+                      "broadcast over (H for g_gamma[], K for gla's g_gamma and g_gamma[])", gamma_terms)
 
 
 def reference(fwd, bwd, case: Case, x: Mapping[str, np.ndarray], method: str, compute_dtype: str) -> dict:
