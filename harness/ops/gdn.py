@@ -4,7 +4,8 @@
     S_t  = S'_t + beta_t k_t (v_t - S'_tᵀ k_t)ᵀ,   o_t = scale · S_tᵀ q_t,   ht = S_T
 
 Variants: ``chunk`` (fla's ``chunk_gated_delta_rule``, forward and backward) and ``fused_recurrent``, the decode
-path (fla's ``fused_recurrent_gated_delta_rule``; forward only, o and ht; the TPU runs its chunk forward). Grouped value heads (``Case.HV`` > H): v, g, beta, A_log, dt_bias and the state
+path (fla's ``fused_recurrent_gated_delta_rule``; forward only, o and ht; on the TPU kda's fused-recurrent kernel).
+Grouped value heads (``Case.HV`` > H): v, g, beta, A_log, dt_bias and the state
 have HV heads; value head j reads q/k head j // (HV // H).
 
 Gate: ``g`` [B,T,HV] per-token log decay (``Gate(kind="g")``, fla's log-sigmoid law). ``beta`` [B,T,HV].
@@ -24,8 +25,6 @@ Case options (``Case.options``), each passed to every leg under fla's keyword of
 """
 
 from __future__ import annotations
-
-import functools
 
 from cases.case import Case
 from cases.inputs import InputSpec
@@ -103,19 +102,18 @@ def fla_supports(case: Case) -> str | None:
 
 
 def pallas_forward(case: Case, a: dict, ctx) -> dict:
-    """The chunk kernels; the decode variant runs their forward alone (no VJP machinery) at the decode path's dot
-    precision (``kernels_tpu.mxu.DECODE_F32_PRECISION``)."""
-    from kernels_tpu import mxu
+    """The chunk kernels (differentiable); the decode variant runs the fused-recurrent kernel, forward only, as
+    fla decodes (``kernels_tpu.gdn.fused_recurrent_gated_delta_rule``: no chunks, no dots)."""
     from kernels_tpu import gdn as kernels
 
-    fn = kernels.chunk_gated_delta_rule
     a, conv_state = delta_rule.pallas_conv(case, a)
-    if delta_rule.forward_only(case):  # decode: the forward kernel, its state dots float32-accurate
-        fn = functools.partial(kernels.chunk_gated_delta_rule_fwd, dot_precision=mxu.DECODE_F32_PRECISION)
+    if delta_rule.forward_only(case):
+        fn, tiling = kernels.fused_recurrent_gated_delta_rule, {}
+    else:
+        fn, tiling = kernels.chunk_gated_delta_rule, dict(chunk_size=case.chunk_size, mxu_model=ctx.mxu_model)
     o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
                             scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
-                            chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
-                            **options(case), **delta_rule.gate_params(case, a))
+                            interpret=ctx.interpret, **tiling, **options(case), **delta_rule.gate_params(case, a))
     return {"o": o, "ht": ht, **conv_state}
 
 
@@ -136,8 +134,7 @@ GDN = OpDescriptor(
                    describe=lambda c: {"entry": f"fla.ops.gated_delta_rule.{c.variant}_gated_delta_rule",
                                        "options": options(c)}),
     pallas=LegBinding(pallas_forward,
-                      describe=lambda c: {"entry": "kernels_tpu.gdn.chunk_gated_delta_rule"
-                                                   + ("_fwd" if delta_rule.forward_only(c) else ""),
+                      describe=lambda c: {"entry": f"kernels_tpu.gdn.{c.variant}_gated_delta_rule",
                                           "options": options(c)}),
     notes={"kernels": "kda's Pallas kernels with the scalar decay broadcast over K (exact); the in-kernel gate is "
                       "applied with float32 jax ops before them (same function; gradients by autodiff)"},

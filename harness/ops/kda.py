@@ -1,7 +1,7 @@
 """kda: Kimi delta attention, the gated delta rule with a per-key-channel decay.
 
 Variants: ``chunk`` (fla's ``chunk_kda``, forward and backward) and ``fused_recurrent``, the decode path (fla's
-``fused_recurrent_kda``; forward only, o and ht; the TPU runs its chunk forward).
+``fused_recurrent_kda``; forward only, o and ht; on the TPU its fused-recurrent kernel, kernels_tpu.kda.recurrent).
 
     S'_t = Diag(exp g_t) S_{t-1}
     S_t  = S'_t + beta_t k_t (v_t - S'_tᵀ k_t)ᵀ,   o_t = scale · S_tᵀ q_t,   ht = S_T
@@ -29,7 +29,6 @@ Case options (``Case.options``), each passed to every leg under fla's keyword of
 
 from __future__ import annotations
 
-import functools
 
 import os
 
@@ -134,20 +133,19 @@ def fla_supports(case: Case) -> str | None:
 
 
 def pallas_forward(case: Case, a: dict, ctx) -> dict:
-    """The chunk kernels; the decode variant runs their forward alone (no VJP machinery) at the decode path's dot
-    precision (``kernels_tpu.mxu.DECODE_F32_PRECISION``)."""
-    from kernels_tpu import mxu
+    """The chunk kernels (differentiable); the decode variant runs the fused-recurrent kernel, forward only, as
+    fla decodes (``kernels_tpu.kda.fused_recurrent_kda``: no chunks, no dots)."""
     from kernels_tpu import kda as kernels
 
     extra = delta_rule.gate_params(case, a)
     a, conv_state = delta_rule.pallas_conv(case, a)
-    fn = kernels.chunk_kda
-    if delta_rule.forward_only(case):  # decode: the forward kernel, its state dots float32-accurate
-        fn = functools.partial(kernels.chunk_kda_fwd, dot_precision=mxu.DECODE_F32_PRECISION)
+    if delta_rule.forward_only(case):
+        fn, tiling = kernels.fused_recurrent_kda, {}
+    else:
+        fn, tiling = kernels.chunk_kda, dict(chunk_size=case.chunk_size, mxu_model=ctx.mxu_model)
     o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
                             scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
-                            chunk_size=case.chunk_size, interpret=ctx.interpret, mxu_model=ctx.mxu_model,
-                            **_fla_kwargs(case), **extra)
+                            interpret=ctx.interpret, **tiling, **_fla_kwargs(case), **extra)
     return {"o": o, "ht": ht, **conv_state}
 
 
@@ -169,8 +167,7 @@ KDA = OpDescriptor(
                                        "dispatch": f"{FLA_DISPATCH_ENV}={os.environ.get(FLA_DISPATCH_ENV)}",
                                        "options": _fla_kwargs(c)}),
     pallas=LegBinding(pallas_forward,
-                   describe=lambda c: {"entry": "kernels_tpu.kda.chunk_kda" + ("_fwd" if delta_rule.forward_only(c)
-                                                                               else ""),
+                   describe=lambda c: {"entry": f"kernels_tpu.kda.{c.variant}_kda",
                                        "options": _fla_kwargs(c)}),
     notes={"options": "in-kernel options are applied by the TPU public function with float32 jax ops "
                       "before the Pallas kernels (same function; gradients by autodiff)"},

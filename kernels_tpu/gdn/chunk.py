@@ -44,10 +44,10 @@ def log_decay(g, A_log, dt_bias, gate_in_kernel: bool):
     return g
 
 
-def _kda_call(fn, q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, cu_seqlens,
-              options, **extra):
-    """``fn`` (a kda public function) on GDN's inputs: the contract checked as GDN's, the gate applied and
-    broadcast to [B,T,HV,K], the shared options passed through."""
+def _kda_call(fn, q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens, options, **kernel_args):
+    """``fn`` (a kda public function) on GDN's inputs: the contract checked as GDN's (``chunk_size`` as the
+    contract checks it), the gate applied and broadcast to [B,T,HV,K], the shared options passed through;
+    ``kernel_args`` are the kda function's own (interpret, its chunk size, ...)."""
     options = dict(options)
     A_log, dt_bias = options.pop("A_log", None), options.pop("dt_bias", None)
     opts = gdn_options(options)
@@ -56,8 +56,8 @@ def _kda_call(fn, q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
     gate = log_decay(g, A_log, dt_bias, bool(opts["use_gate_in_kernel"]))
     G = jnp.broadcast_to(gate[..., None], (*gate.shape, q.shape[-1]))
     kw = {} if cu_seqlens is None else dict(cu_seqlens=cu_seqlens)
-    return fn(q, k, v, G, beta, scale=scale, initial_state=initial_state, chunk_size=chunk_size,
-              interpret=interpret, mxu_model=mxu_model, **kw, **extra, **{n: opts[n] for n in SHARED_OPTIONS})
+    return fn(q, k, v, G, beta, scale=scale, initial_state=initial_state, **kw, **kernel_args,
+              **{n: opts[n] for n in SHARED_OPTIONS})
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -80,8 +80,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     Returns:
       (o [B, T, HV, V] in q's dtype, ht [N, HV, K, V] float32 or None).
     """
-    return _kda_call(kda.chunk_kda, q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model,
-                     cu_seqlens, options, output_final_state=output_final_state)
+    return _kda_call(kda.chunk_kda, q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens, options,
+                     chunk_size=chunk_size, interpret=interpret, mxu_model=mxu_model,
+                     output_final_state=output_final_state)
 
 
 def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -89,9 +90,19 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale=None, initial_state=None,
                                **options):
     """Forward only: (o, ht or None), kda's forward kernel without the VJP machinery. Args as above, plus
     ``dot_precision`` as :func:`kernels_tpu.kda.chunk_kda_fwd` takes it (the decode path: ``HIGHEST``)."""
-    return _kda_call(kda.chunk_kda_fwd, q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
-                     mxu_model, cu_seqlens, options, output_final_state=output_final_state,
-                     dot_precision=dot_precision)
+    return _kda_call(kda.chunk_kda_fwd, q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens, options,
+                     chunk_size=chunk_size, interpret=interpret, mxu_model=mxu_model,
+                     output_final_state=output_final_state, dot_precision=dot_precision)
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                                     interpret=None, *, cu_seqlens=None, **options):
+    """GDN one token at a time (fla's ``fused_recurrent_gated_delta_rule``), forward only: (o, ht or None). The
+    gate as above, then kda's fused-recurrent kernel (:func:`kernels_tpu.kda.fused_recurrent_kda`: its write
+    rounded once per state element, as fla's contracted one). Args as :func:`chunk_gated_delta_rule`, without a
+    chunk size or an MXU model."""
+    return _kda_call(kda.fused_recurrent_kda, q, k, v, g, beta, scale, initial_state, kda.recurrent.TOKENS,
+                     cu_seqlens, options, interpret=interpret, output_final_state=output_final_state)
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, chunk_size=64,

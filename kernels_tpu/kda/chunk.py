@@ -401,11 +401,12 @@ def check_options(opts: dict) -> None:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
 
 
-def _make_config(scale, chunk_size, interpret, mxu_model, dtype, packing: Packing, f32_precision=None) -> Config:
+def _make_config(scale, blocks: BlockSizes, interpret, mxu_model, dtype, packing: Packing,
+                 f32_precision=None) -> Config:
     interpret = resolve_interpret(interpret)
     mxu_model = resolve_mxu_model(mxu_model, interpret)
     mxu.policy_for(dtype, mxu_model, f32_precision)  # a bad precision is a ValueError before tracing
-    return Config(scale=scale, blocks=BlockSizes(chunk_size=chunk_size), interpret=interpret,
+    return Config(scale=scale, blocks=blocks, interpret=interpret,
                   mxu_model=mxu_model, dtype=jnp.dtype(dtype).name, packing=packing, f32_precision=f32_precision)
 
 
@@ -443,20 +444,26 @@ def _chunk_cumsum(g, C):
     return jnp.cumsum(g.reshape(B, H, T // C, C, K), axis=3).reshape(B, H, T, K)
 
 
-def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: dict):
-    """Options applied (public tokens, true K), then the layout: K and V lane-padded (g with 0: decay 1),
-    the tokens in the walk's rows (whole chunks; zero tokens with g = 0 and beta = 0 leave the state
-    unchanged, so the padding is exact), head-major. Returns the HeadPadding that
-    slices results back and the kernels' operands (q, k, v, G, beta, h0); G is the chunk-local
-    cumulative gate, beta in chunk rows."""
-    C = cfg.blocks.chunk_size
+def kernel_layout(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: dict):
+    """Options applied (public tokens, true K), then the layout every kda kernel walks: K and V lane-padded (g
+    with 0: decay 1), the tokens in the walk's rows (whole chunks; zero tokens with g = 0 and beta = 0 leave the
+    state unchanged, so the padding is exact), head-major. Returns the HeadPadding that slices results back and
+    (q, k, v, g [R,H,T,K|V], beta [R,H,T], h0)."""
     q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
     q, k = (value_heads(x, v) for x in (q, k))
     pad = HeadPadding.of(q, v)
     rows = cfg.walk.to_rows
     qh, kh, vh, gh = (_head_major(rows(x)) for x in (pad.keys(q), pad.keys(k), pad.values(v), pad.keys(g)))
     h0 = None if initial_state is None else pad.state(initial_state.astype(F32))
-    return pad, (qh, kh, vh, _chunk_cumsum(gh, C), chunk_rows(_head_major(rows(beta)), C), h0)
+    return pad, (qh, kh, vh, gh, _head_major(rows(beta)), h0)
+
+
+def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: dict):
+    """The chunk kernels' operands (:func:`kernel_layout`), G the chunk-local cumulative gate and beta in chunk
+    rows: the HeadPadding and (q, k, v, G, beta, h0)."""
+    C = cfg.blocks.chunk_size
+    pad, (qh, kh, vh, gh, beta_h, h0) = kernel_layout(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
+    return pad, (qh, kh, vh, _chunk_cumsum(gh, C), chunk_rows(beta_h, C), h0)
 
 
 def _public_o(cfg: Config, pad: HeadPadding, o, like):
@@ -474,8 +481,9 @@ def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_item
 
 # ============================================================ public API
 def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, cu_seqlens, options,
-           f32_precision=None, **grads):
-    """Validated config and options; ``grads`` are the backward's cotangents (do, dht) to check too."""
+           f32_precision=None, blocks=None, **grads):
+    """Validated config and options; ``grads`` are the backward's cotangents (do, dht) to check too; ``blocks``
+    the tiling when it is not the chunk kernels' (chunk_size then gives the tokens per grid step)."""
     options = dict(options)
     A_log, dt_bias = options.pop("A_log", None), options.pop("dt_bias", None)
     opts = kda_options(options)
@@ -483,7 +491,8 @@ def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_mo
                       cu_seqlens=cu_seqlens, **grads)
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
-    cfg = _make_config(scale, chunk_size, interpret, mxu_model, q.dtype, Packing.of(cu_seqlens, q), f32_precision)
+    blocks = BlockSizes(chunk_size=chunk_size) if blocks is None else blocks
+    cfg = _make_config(scale, blocks, interpret, mxu_model, q.dtype, Packing.of(cu_seqlens, q), f32_precision)
     return cfg, tuple(sorted(opts.items())), A_log, dt_bias
 
 

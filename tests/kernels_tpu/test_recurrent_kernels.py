@@ -1,0 +1,101 @@
+"""The fused-recurrent (decode) kernels, kernels_tpu.kda.recurrent and gdn's use of it, in interpret mode.
+
+- against the float64 reference, fp32 and bf16 (tolerances: 2^-20 for a float32 state after 64 tokens of
+  once-rounded updates, measured 1e-7; a bf16 o is rounded once to 8 bits on output);
+- no more rounding than fla's arithmetic: a float32 numpy model of fla's ``fused_recurrent`` kernel (the decay
+  a multiply, the write one fused multiply-add, the sums of rounded products) on the same inputs, error for error;
+- packed sequences, empty ones among them, equal separate runs bit for bit, and an empty sequence's ht is its h0;
+- gdn's fused-recurrent entry is kda's kernel with the scalar gate broadcast over K, bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax.numpy as jnp
+
+from kernels_tpu.gdn import fused_recurrent_gated_delta_rule
+from kernels_tpu.kda import fused_recurrent_kda
+from references import kda as ref
+
+K, V = 128, 64
+STATE_TOL = 2.0 ** -20
+
+
+def rel_l2(x, y) -> float:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
+
+def inputs(seed, T, H, dtype, N=1):
+    rng = np.random.default_rng(seed)
+    n = lambda *s: rng.standard_normal(s)
+    q, k = (x / np.linalg.norm(x, axis=-1, keepdims=True) for x in (n(1, T, H, K), n(1, T, H, K)))
+    return dict(q=q.astype(dtype), k=k.astype(dtype), v=n(1, T, H, V).astype(dtype),
+                g=(-np.logaddexp(0.0, -n(1, T, H, K)) / 16).astype(np.float32),
+                beta=(1 / (1 + np.exp(-n(1, T, H)))).astype(np.float32),
+                initial_state=n(N, H, K, V).astype(np.float32))
+
+
+def fla_arithmetic(q, k, v, g, beta, initial_state, scale):
+    """float32 numpy, token by token, rounding where fla's compiled kernel rounds: ``h *= exp(g)``, the sums of
+    rounded products, and the write ``h += k * dlt`` as one fused multiply-add (the exact product and sum in
+    float64, rounded once to float32)."""
+    f32 = np.float32
+    h = initial_state[0].astype(f32).copy()  # [H, K, V]
+    o = np.zeros(v.shape, f32)
+    for t in range(q.shape[1]):
+        for i in range(q.shape[2]):
+            kt, qt = k[0, t, i].astype(f32), (q[0, t, i].astype(f32) * f32(scale)).astype(f32)
+            h[i] = h[i] * np.exp(g[0, t, i])[:, None]
+            u = np.sum(h[i] * kt[:, None], axis=0, dtype=f32)
+            dlt = f32(beta[0, t, i]) * (v[0, t, i].astype(f32) - u)
+            h[i] = (kt[:, None].astype(np.float64) * dlt[None, :] + h[i]).astype(f32)
+            o[0, t, i] = np.sum(h[i] * qt[:, None], axis=0, dtype=f32)
+    return o, h[None]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_against_reference_and_fla_arithmetic(dtype):
+    x = inputs(0, 64, 2, dtype)
+    scale = K ** -0.5
+    o_r, ht_r = ref.chunk_kda(**x, output_final_state=True)
+    o, ht = fused_recurrent_kda(**x, output_final_state=True, interpret=True)
+    assert o.dtype == x["q"].dtype and ht.dtype == jnp.float32
+    o_fla, ht_fla = fla_arithmetic(**x, scale=scale)
+    errs = {"o": rel_l2(o, o_r), "ht": rel_l2(ht, ht_r)}
+    fla_errs = {"o": rel_l2(o_fla.astype(x["q"].dtype), o_r), "ht": rel_l2(ht_fla, ht_r)}
+    print(f"\nkernel {errs}\nfla's arithmetic {fla_errs}")
+    assert errs["ht"] <= STATE_TOL
+    assert errs["o"] <= (STATE_TOL if dtype == np.float32 else 2.0 ** -8)
+    assert errs["ht"] <= fla_errs["ht"]  # the write rounds once, and the sums' products are exact
+    if dtype == np.float32:
+        assert errs["o"] <= fla_errs["o"]
+
+
+def test_packed_equals_separate_runs_and_empty_sequences_keep_h0():
+    lens = (1, 0, 7, 0, 9)  # an empty sequence first-after-one, between, and two in all
+    cu = tuple(int(c) for c in np.cumsum((0,) + lens))
+    x = inputs(1, cu[-1], 2, jnp.bfloat16, N=len(lens))
+    o, ht = fused_recurrent_kda(**x, output_final_state=True, interpret=True, cu_seqlens=cu)
+    for i, n in enumerate(lens):
+        ht_i = np.asarray(ht[i])
+        if n == 0:
+            np.testing.assert_array_equal(ht_i, x["initial_state"][i])
+            continue
+        one = {name: a[:, cu[i]:cu[i + 1]] for name, a in x.items() if name != "initial_state"}
+        o_i, ht_one = fused_recurrent_kda(**one, initial_state=x["initial_state"][i:i + 1], output_final_state=True,
+                                          interpret=True)
+        np.testing.assert_array_equal(np.asarray(o[:, cu[i]:cu[i + 1]]), np.asarray(o_i))
+        np.testing.assert_array_equal(ht_i, np.asarray(ht_one[0]))
+
+
+def test_gdn_is_kda_with_the_gate_broadcast():
+    x = inputs(2, 12, 2, np.float32)
+    gate = x.pop("g")[..., 0]  # [1, T, H]: one log decay per token and head
+    o, ht = fused_recurrent_gated_delta_rule(**x, g=gate, output_final_state=True, interpret=True)
+    o_k, ht_k = fused_recurrent_kda(**x, g=np.broadcast_to(gate[..., None], gate.shape + (K,)),
+                                    output_final_state=True, interpret=True)
+    np.testing.assert_array_equal(np.asarray(o), np.asarray(o_k))
+    np.testing.assert_array_equal(np.asarray(ht), np.asarray(ht_k))
