@@ -89,7 +89,14 @@ BOUNDS: list[Bound] = [
     # magnitudes of their terms, |y - r| <= bound * sum |c| (docs/definitions.md, "Bounds on reductions"). The
     # rel_l2 rules they replace (1e-1 on dA_log, ddt_bias) were cancellation allowances: fla's dA_log 5.0e-2 on a
     # kda bf16 draw whose terms cancel 202-fold is 2.5e-4 of its terms.
-    Bound(5e-3, "a sum's error within 0.5 % of its terms' magnitudes", over=CONTRIBUTIONS),
+    # reports/calibration/reduction-bounds: this project's kernels leave at most 4.1e-3 of the terms (bf16 dg_gamma
+    # of simple_gla.chunk/B1-T256-H2/.../alibi, kappa 1.0: a bias, not cancellation); a fault of 1 % of the terms
+    # is 1e-2, over 8e-3.
+    Bound(8e-3, "a sum's error within 0.8 % of its terms' magnitudes", over=CONTRIBUTIONS),
+    # fla's dg terms are rounded further (bf16; TF32 at fp32): gdn's dA_log and ddt_bias reach 1.4e-2 of their
+    # terms at fp32 (B1-T192-H2, kappa 2.2) and 9.3e-3 at bf16; a baseline out of bounds loses its number.
+    Bound(3e-2, "fla's bf16 / TF32 dg terms: a sum's error within 3 % of its terms' magnitudes", role="baseline",
+          over=CONTRIBUTIONS),
     Bound(1e-4, "float32 re-computation of the reference", role="reference", over=CONTRIBUTIONS),
 ]
 

@@ -55,18 +55,18 @@ def test_cancelling_sum_small_against_its_terms_passes():
 
 
 def test_one_percent_of_the_terms_fails_even_where_they_cancel():
-    """Each term 1 % off in the same direction: y_hat = y + 0.01 a, 1e-2 of the terms, twice the bound."""
+    """Each term 1 % off in the same direction: y_hat = y + 0.01 a, 1e-2 of the terms, over the bound 8e-3."""
     y, a = np.float64(1.5), np.float64(199.5)
     assert BF16_SUM.rel_l2 < 0.01
     assert not judged(y + 0.01 * a, y, a)
-    assert judged(y + 0.004 * a, y, a)  # within the bound's 0.5 %
+    assert judged(y + 0.007 * a, y, a)  # within the bound's 0.8 %
 
 
 def test_one_percent_scale_fault_fails_where_the_sum_does_not_cancel():
     """A sum of same-signed terms (kappa 1) is held to the bound itself: a 1 % error fails it."""
     y, a = np.float64(10.0), magnitudes(STEADY, np.float64(10.0))
     assert not judged(1.01 * y, y, a)
-    assert judged(1.004 * y, y, a)
+    assert judged(1.007 * y, y, a)
 
 
 def test_exact_cancellation_and_nothing_summed():
@@ -94,6 +94,7 @@ def test_bounds_over_contributions_are_looked_up_apart():
         assert ref.over == REFERENCE and over.over == CONTRIBUTIONS
         assert ref.limit(100.0) == ref.rel_l2 and over.limit(100.0) == over.rel_l2 * 100.0
     assert bound_for("kda", "dA_log", "float32", "reference", over=CONTRIBUTIONS).rel_l2 == 1e-4
+    assert bound_for("kda", "dA_log", "float32", "baseline", over=CONTRIBUTIONS).rel_l2 == 3e-2  # fla's TF32
     assert all(b.over in (REFERENCE, CONTRIBUTIONS) for b in BOUNDS)
     with pytest.raises(ValueError, match="over="):
         Bound(1e-2, "x", over="sum")
@@ -129,7 +130,7 @@ def test_declared_terms_sum_to_the_reference(case_id, sums):
 
 
 def test_per_token_gradients_are_not_sums():
-    case = Case.from_id(DECLARED[5][0])
+    case = Case.from_id(DECLARED[4][0])
     op = get_op(case.op)
     assert {s.name for s in op.tensors(case) if reduction_of(s) is None} >= {"o", "dq", "dg", "dbeta"}
 
@@ -159,10 +160,11 @@ def _with_dg_gamma_fault(op, fault):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("seed", [0, 2])
+@pytest.mark.parametrize("seed", [10, 100])
 def test_cancelled_case_passes_clean_and_fails_a_one_percent_fault(seed):
-    """The case's dg_gamma, clean, within its bound on two draws (draw 2's terms cancel 112-fold); a test-side
-    fault of 1 % of the terms' magnitudes in the kernels' dg_gamma fails it on both."""
+    """Draw 10 of the case is the one that gave ``bound`` (rel_l2 0.17 > 5e-2): its 256 terms, of magnitude 3007,
+    sum to 3.33 (kappa 903). Clean, its dg_gamma is within the bound over the terms; a test-side fault of 1 % of
+    the terms' magnitudes in the kernels' dg_gamma fails it, there and on draw 100 (kappa 3.4)."""
     from harness.legs.registry import make_leg
     from harness.ops import REGISTRY
     from harness.runner import Runner
@@ -179,6 +181,8 @@ def test_cancelled_case_passes_clean_and_fails_a_one_percent_fault(seed):
 
     clean = row(lambda g: g)
     assert clean["status"] == "ok" and clean["bound_over"] == CONTRIBUTIONS and clean["kappa"] > 1
+    if seed == 10:  # what the bound over the reference said of it
+        assert clean["kappa"] > 800 and clean["rel_l2"] > bound_for(case.op, "dg_gamma", case.dtype, "candidate").rel_l2
     faulty = row(lambda g: g + 0.01 * a)
     assert faulty["status"] == "bound", faulty
     assert "kappa" in faulty["reason"]
