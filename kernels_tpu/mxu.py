@@ -165,14 +165,6 @@ lo·lo term (up to 2^-16 of each product), which is the whole error of a state t
 product, as under a strong decay (ht = k_T v_T^T + e^{g_T}(...): 2.5x fla's error at normalizer 0.1)."""
 
 
-DECODE_F32_PRECISION = Precision.HIGHEST
-"""The decode path's f32-operand dots (kda's and gdn's chunk forward on one-to-few-token sequences from a carried
-state). fla decodes with its fused_recurrent kernels: float32 elementwise products and sums, no dot. A bf16x3 dot
-of the carried state (``S^T k``, ``S^T q``) drops up to 2^-16 of each product, which at one token is the whole
-error: measured emulated, ht 5-28x and fp32 o 14-18x fla's error over 3 draws (smoke and regressions decode
-cases). HIGHEST (bf16x6) is float32-accurate; decode's dots are small, so its 2x passes cost little."""
-
-
 @dataclass(frozen=True)
 class Policy:
     """How every kernel of ``kernels_tpu`` feeds the MXU for one input dtype (hashable, static).
