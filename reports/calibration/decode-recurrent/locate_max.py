@@ -1,0 +1,25 @@
+"""Where the decode kernels' largest ht error sits: per draw, the element of the largest |ht - float64| for fla and for
+this project's kernel, and each packed sequence's largest error (README.md quotes its output).
+
+    python reports/calibration/decode-recurrent/locate_max.py CASE_ID SEED [SEED ...]
+"""
+
+import sys, numpy as np
+from cases.inputs import make_inputs
+from harness.app import case_from_id
+from harness.legs.registry import make_leg
+from harness.ops import get_op
+from harness.reference_cache import ReferenceCache
+base = sys.argv[1]
+for s in sys.argv[2:]:
+    cid = base.replace("/lens=", "/lens=") if s == "0" else base.replace(",h0,", f",h0,seed={s},")
+    case = case_from_id(cid); op = get_op(case.op); x = make_inputs(case, op.inputs(case))
+    gold = np.asarray(ReferenceCache(None).get(op, case, x)["ht"], np.float64)
+    fla = np.asarray(make_leg("gpu").run(op, case, x).tensors["ht"], np.float64)
+    tpu = np.asarray(make_leg("tpu", compile_targets=()).run(op, case, x).tensors["ht"], np.float64)
+    out = [f"seed {s}"]
+    for name, a in (("fla", fla), ("tpu", tpu)):
+        e = np.abs(a - gold); i = np.unravel_index(np.argmax(e), e.shape)
+        per = e.reshape(e.shape[0], -1).max(1)
+        out.append(f"{name}: max {e.max():.3e} at {i} |gold| {abs(gold[i]):.3f}; per seq " + " ".join(f"{p:.2e}" for p in per))
+    print(" | ".join(out), flush=True)
