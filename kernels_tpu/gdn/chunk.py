@@ -44,14 +44,13 @@ def log_decay(g, A_log, dt_bias, gate_in_kernel: bool):
     return g
 
 
-def _kda_call(fn, q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens, options, **kernel_args):
-    """``fn`` (a kda public function) on GDN's inputs: the contract checked as GDN's (``chunk_size`` as the
-    contract checks it), the gate applied and broadcast to [B,T,HV,K], the shared options passed through;
+def _kda_call(fn, q, k, v, g, beta, scale, initial_state, checked_chunk_size, cu_seqlens, options, **kernel_args):
+    """``fn`` (a kda public function) on GDN's inputs: the contract checked as GDN's (with ``checked_chunk_size``), the gate applied and broadcast to [B,T,HV,K], the shared options passed through;
     ``kernel_args`` are the kda function's own (interpret, its chunk size, ...)."""
     options = dict(options)
     A_log, dt_bias = options.pop("A_log", None), options.pop("dt_bias", None)
     opts = gdn_options(options)
-    check_gdn(q, k, v, g, beta, scale, initial_state, chunk_size, opts=opts, A_log=A_log, dt_bias=dt_bias,
+    check_gdn(q, k, v, g, beta, scale, initial_state, checked_chunk_size, opts=opts, A_log=A_log, dt_bias=dt_bias,
               cu_seqlens=cu_seqlens)
     gate = log_decay(g, A_log, dt_bias, bool(opts["use_gate_in_kernel"]))
     G = jnp.broadcast_to(gate[..., None], (*gate.shape, q.shape[-1]))
