@@ -14,7 +14,8 @@ close the gap with float32 adds and multiplies alone (Dekker; Knuth; Ogita, Rump
 - :func:`two_sum`: ``s = fl(a + b)`` and ``e = a + b - s`` exactly (Knuth; no ordering of |a|, |b| needed).
 - :func:`fma`: ``a b + c`` rounded as one operation rounds it (``s + (t + e)`` from the two above: the exact
   result is ``s + t + e`` and its only rounding that matters is the last; it differs from a correctly rounded
-  fused multiply-add only in rare double-rounding ties).
+  fused multiply-add only in rare double-rounding ties). With ``c`` itself an exact product ``p' + e'``, the
+  whole ``a b + p' + e'`` is rounded once.
 
 Why they stay exact under any compiler: every product of parts is exact, so contracting it into the add that
 receives it (XLA on CPU does, for a product with one use: Pallas interpret mode) gives the same bits; and the
@@ -57,11 +58,13 @@ def two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
-def fma(a, b, c, a_parts=None, b_parts=None):
-    """``a * b + c`` with one rounding (up to rare double-rounding ties), float32 adds and multiplies only."""
+def fma(a, b, c, a_parts=None, b_parts=None, c_err=None):
+    """``a * b + c`` with one rounding (up to rare double-rounding ties), float32 adds and multiplies only.
+    ``c_err``: an exact correction of ``c`` (``c + c_err`` is the value meant, as :func:`two_product` returns
+    it), folded in before that one rounding."""
     p, e = two_product(a, b, a_parts, b_parts)
     s, t = two_sum(c, p)
-    return s + (t + e)
+    return s + (t + (e if c_err is None else e + c_err))
 
 
 def dot_rows(x, y, axis: int, y_parts=None):

@@ -2,21 +2,24 @@
 
 Per head, with the state ``S`` of shape ``[K, V]`` (float32) and, for every token t::
 
-    S'  = Diag(exp g_t) S                      the decay, one rounding per element (as fla)
+    S'  = Diag(exp g_t) S                      the decay
     u   = S'^T k_t                             what the state already holds for k_t
     dlt = beta_t (v_t - u)                     the new values
-    S   = S' + k_t dlt^T                       the delta-rule write, one rounding per element
+    S   = S' + k_t dlt^T                       the delta-rule write; with the decay, one rounding per element
     o_t = S^T (scale q_t)
 
 fla's ``fused_recurrent_kda`` / ``fused_recurrent_gated_delta_rule`` compute exactly these steps in float32,
-and their PTX contracts the write into ``fma.rn.f32``: each state element rounds once per write. The TPU's
-VPU has no fused multiply-add, so ``S' + k dlt^T`` written as a multiply and an add rounds twice per element per
-token, an error that grows with every token (reports/ptx: this project's previous decode path, kda's chunk
-forward, lost to fla by up to 1.59x on o and 1.17x on ht). Here the write is :func:`kernels_tpu.eft.fma`, one
-rounding from float32 adds and multiplies alone, and the two reductions (``u`` and ``o``) sum exact products
-(:func:`kernels_tpu.eft.dot_rows`), so every rounding this kernel makes is one fla makes too, or a sum's. The
-cost is VPU work, about 40 operations per state element per token where fla's kernel has five
-(docs/precision.md: measured in the compiled bundles). Every product here is either exact or has several uses,
+and their PTX contracts the write into ``fma.rn.f32``: each state element rounds twice per token, once for the
+decay and once for the write. The TPU's VPU has no fused multiply-add, so ``S' + k dlt^T`` written as a multiply
+and an add rounds three times, an error that grows with every token (reports/ptx: this project's previous decode
+path, kda's chunk forward, lost to fla by up to 1.59x on o and 1.17x on ht). Here the decayed state is an exact
+product (:func:`kernels_tpu.eft.two_product`) and the write :func:`kernels_tpu.eft.fma` with that product's error
+folded in: each state element rounds ONCE per token, from float32 adds and multiplies alone. Rounding once where
+fla rounds twice matters where a state is one update from its h0 (a one-token decode step): there the two
+kernels would otherwise make the same two roundings, and neither would be more accurate. The two reductions
+(``u`` and ``o``) sum exact products (:func:`kernels_tpu.eft.dot_rows`): only the sums' own roundings remain, as
+in fla's ``tl.sum``. The cost is VPU work, about 50 operations per state element per token where fla's kernel has
+five (docs/precision.md: measured in the compiled bundles). Every product here is either exact or has several uses,
 so no compiler contracts one into an add: Pallas interpret mode on a CPU (whose XLA contracts a lone product into
 the add that receives it) computes the bits a TPU computes.
 
@@ -25,7 +28,7 @@ lane-padded, packed sequences in the rows of a :class:`kernels_tpu.varlen.ChunkW
 float32, in steps of ``TOKENS`` tokens: grid ``(R, H, steps)``, the step axis sequential and carrying the state
 in VMEM, a sequence's first step starting it from its h0 and its last writing its ht. A step walks its tokens
 with a loop; the identity tokens that fill a sequence's last step (q = k = v = 0, g = 0, beta = 0) leave the
-state bit for bit as it is: ``S exp(0) = S``, ``dlt = 0``, ``fma(k, 0, S') = S'``.
+state bit for bit as it is: ``S exp(0) = S`` exactly (error 0), ``dlt = 0``, ``fma(k, 0, S') = S'``.
 """
 
 from __future__ import annotations
@@ -55,9 +58,9 @@ def _token_step(t, S, *, q_ref, k_ref, v_ref, g_ref, beta_row, o_ref, scale: flo
     v = v_ref[row, :]  # [1, V]
     beta = jnp.sum(jnp.where(iota(beta_row.shape, 1) == t, beta_row, 0.0), axis=1, keepdims=True)  # [1, 1]
     k_parts = eft.split(k)
-    S = S * jnp.exp(g)  # the decay
-    dlt = beta * (v - eft.dot_rows(S, k, axis=0, y_parts=k_parts))
-    S = eft.fma(k, dlt, S, a_parts=k_parts)  # S' + k dlt^T, rounded once
+    decayed, decay_err = eft.two_product(S, jnp.exp(g))  # S' exactly, as its rounding and the rest
+    dlt = beta * (v - eft.dot_rows(decayed, k, axis=0, y_parts=k_parts))
+    S = eft.fma(k, dlt, decayed, a_parts=k_parts, c_err=decay_err)  # S' + k dlt^T, rounded once
     o_ref[row, :] = eft.dot_rows(S, q * scale, axis=0)
     return S
 

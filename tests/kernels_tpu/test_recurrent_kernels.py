@@ -3,7 +3,8 @@
 - against the float64 reference, fp32 and bf16 (tolerances: 2^-20 for a float32 state after 64 tokens of
   once-rounded updates, measured 1e-7; a bf16 o is rounded once to 8 bits on output);
 - no more rounding than fla's arithmetic: a float32 numpy model of fla's ``fused_recurrent`` kernel (the decay
-  a multiply, the write one fused multiply-add, the sums of rounded products) on the same inputs, error for error;
+  a multiply, the write one fused multiply-add, the sums of rounded products) on the same inputs, error for error,
+  over 64 tokens and over one (where the kernel's one rounding per token is all that separates them);
 - packed sequences, empty ones among them, equal separate runs bit for bit, and an empty sequence's ht is its h0;
 - gdn's fused-recurrent entry is kda's kernel with the scalar gate broadcast over K, bit for bit.
 """
@@ -56,9 +57,11 @@ def fla_arithmetic(q, k, v, g, beta, initial_state, scale):
     return o, h[None]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
-def test_against_reference_and_fla_arithmetic(dtype):
-    x = inputs(0, 64, 2, dtype)
+@pytest.mark.parametrize("dtype, T", [(np.float32, 64), (jnp.bfloat16, 64), (np.float32, 1)])
+def test_against_reference_and_fla_arithmetic(dtype, T):
+    """T = 1: a state one update from its h0, where fla rounds each element twice (decay, write) and the kernel
+    once."""
+    x = inputs(0, T, 2, dtype)
     scale = K ** -0.5
     o_r, ht_r = ref.chunk_kda(**x, output_final_state=True)
     o, ht = fused_recurrent_kda(**x, output_final_state=True, interpret=True)
