@@ -87,7 +87,7 @@ def chunk_gdn(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     use_beta_sigmoid_in_kernel, allow_neg_eigval (see the module docstring). ``compute_dtype="float32"``
     runs the same maths in float32 (results still returned as float64).
     """
-    return forward(GDN, q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias, cu_seqlens,
+    return forward(GDN, q, k, v, g, (beta,), scale, initial_state, output_final_state, A_log, dt_bias, cu_seqlens,
                    method, chunk_size, compute_dtype, options)
 
 
@@ -100,5 +100,5 @@ def chunk_gdn_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
     ``use_gate_in_kernel`` and that parameter is given. With ``cu_seqlens``, dht, initial_state and dh0 are
     [N,HV,K,V].
     """
-    return backward(GDN, q, k, v, g, beta, do, dht, scale, initial_state, A_log, dt_bias, cu_seqlens, method,
+    return backward(GDN, q, k, v, g, (beta,), do, dht, scale, initial_state, A_log, dt_bias, cu_seqlens, method,
                     chunk_size, compute_dtype, options)

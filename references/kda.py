@@ -39,7 +39,9 @@ index ``i_n = -1`` (``prepare_chunk_indices_static``) on padded chunk rows, whic
 A gate of ``-inf`` (a hard state reset) is not special-cased by fla and is not supported here.
 
 The driver (:func:`forward`, :func:`backward`: contract, in-kernel options, value heads, float64 core) is
-shared with :mod:`references.gdn`, whose scalar gate is broadcast over the key channels (:class:`DeltaRule`).
+shared with :mod:`references.gdn`, whose scalar gate is broadcast over the key channels, and with
+:mod:`references.gdn2`, whose per-channel erase and write gates replace beta in the update
+(:class:`DeltaRule`: its ``gates``, ``wy_operands`` and ``token_update``).
 
 Two formulations check each other: ``method="recurrent"`` (token by token) and
 ``method="chunk"`` (WY form: per chunk ``Akk``, its unit-lower-triangular inverse, ``w``, ``u``,
@@ -73,7 +75,7 @@ METHODS = ("chunk", "recurrent")
 _HI = lax.Precision.HIGHEST
 
 __all__ = ["chunk_kda", "chunk_kda_bwd", "preprocess", "METHODS", "L2NORM_EPS", "DeltaRule", "forward", "backward",
-           "qk_beta_options"]
+           "qk_beta_options", "kda_wy_operands", "kda_token_update"]
 
 
 def _to_np(x, dtype: str) -> np.ndarray:
@@ -134,9 +136,24 @@ def _mm(a, b):
     return jnp.matmul(a, b, precision=_HI)
 
 
-def _chunk_step_wy(scale, S, xs):
-    """One chunk in WY form. S [B,H,K,V]; xs each [B,H,C,...]."""
-    q, k, v, g, beta = xs
+def kda_wy_operands(k, v, G, e_strict, beta):
+    """KDA's side of the WY form (:func:`_chunk_step_wy`): ``(Akk, beta v, beta k exp(G))``, Akk the strictly
+    lower decayed key scores ``beta_r sum_d k_r[d] k_s[d] exp(G_r[d] - G_s[d])`` (s < r)."""
+    Akk = beta[..., :, None] * jnp.einsum("bhrd,bhsd,bhrsd->bhrs", k, k, e_strict, precision=_HI)
+    return Akk, beta[..., None] * v, beta[..., None] * k * jnp.exp(G)
+
+
+def kda_token_update(S, k, v, beta):
+    """KDA's token update of the decayed state ``S = Diag(exp g_t) S_{t-1}``:
+    ``S + beta_t k_t (v_t - S^T k_t)^T``."""
+    kS = jnp.einsum("bhk,bhkv->bhv", k, S, precision=_HI)
+    return S + beta[..., None, None] * k[..., :, None] * (v - kS)[..., None, :]
+
+
+def _chunk_step_wy(rule, scale, S, xs):
+    """One chunk in WY form. S [B,H,K,V]; xs (q, k, v, g, *gates) each [B,H,C,...]; ``rule.wy_operands``
+    gives the op's Akk and the right-hand sides of u and w."""
+    q, k, v, g, *gates = xs
     C = q.shape[-2]
     G = jnp.cumsum(g, axis=-2)  # [B,H,C,K], log decay from the chunk start (inclusive)
     diff = G[..., :, None, :] - G[..., None, :, :]  # [B,H,C(r),C(s),K] = G_r - G_s
@@ -146,13 +163,13 @@ def _chunk_step_wy(scale, S, xs):
     # mask the exponent before exp: above the diagonal G_r - G_s > 0 can overflow
     e_strict = jnp.where(strict, jnp.exp(jnp.where(strict, diff, 0.0)), 0.0)
     e_incl = jnp.where(incl, jnp.exp(jnp.where(incl, diff, 0.0)), 0.0)
-    Akk = beta[..., :, None] * jnp.einsum("bhrd,bhsd,bhrsd->bhrs", k, k, e_strict, precision=_HI)
+    Akk, u_rhs, w_rhs = rule.wy_operands(k, v, G, e_strict, *gates)
     eye = jnp.eye(C, dtype=q.dtype)
     Tinv = jax.scipy.linalg.solve_triangular(eye + Akk, jnp.broadcast_to(eye, Akk.shape), lower=True,
                                              unit_diagonal=True)
-    u = _mm(Tinv, beta[..., None] * v)
-    w = _mm(Tinv, beta[..., None] * k * jnp.exp(G))
-    delta = u - _mm(w, S)  # the new values beta_t (v_t - S'_t^T k_t)
+    u = _mm(Tinv, u_rhs)
+    w = _mm(Tinv, w_rhs)
+    delta = u - _mm(w, S)  # the new values (kda: beta_t (v_t - S'_t^T k_t))
     Aqk = scale * jnp.einsum("bhrd,bhsd,bhrsd->bhrs", q, k, e_incl, precision=_HI)
     o = scale * _mm(q * jnp.exp(G), S) + _mm(Aqk, delta)
     G_last = G[..., -1, :]  # [B,H,K]
@@ -161,15 +178,15 @@ def _chunk_step_wy(scale, S, xs):
     return S_new, o
 
 
-def _chunk_step_recurrent(scale, S, xs):
-    """One chunk, token by token. S [B,H,K,V]; xs each [B,H,C,...]."""
+def _chunk_step_recurrent(rule, scale, S, xs):
+    """One chunk, token by token. S [B,H,K,V]; xs (q, k, v, g, *gates) each [B,H,C,...]; ``rule.token_update``
+    is the op's update of the decayed state."""
     xs = tuple(jnp.moveaxis(x, 2, 0) for x in xs)  # [C,B,H,...]
 
     def token(S, x):
-        q, k, v, g, beta = x
+        q, k, v, g, *gates = x
         S = S * jnp.exp(g)[..., :, None]
-        kS = jnp.einsum("bhk,bhkv->bhv", k, S, precision=_HI)
-        S = S + beta[..., None, None] * k[..., :, None] * (v - kS)[..., None, :]
+        S = rule.token_update(S, k, v, *gates)
         o = scale * jnp.einsum("bhk,bhkv->bhv", q, S, precision=_HI)
         return S, o
 
@@ -177,112 +194,127 @@ def _chunk_step_recurrent(scale, S, xs):
     return S, jnp.moveaxis(o, 0, 2)
 
 
-def _core(q, k, v, g, beta, h0, scale, chunk_size, method, offs=None):
+def _core(rule, tokens, h0, scale, chunk_size, method, offs=None):
     """Core recurrence on float64 jax arrays, H heads each with its own q, k (the value heads: q and k are
-    already repeated to them). Returns (o [B,T,H,V], ht [N,H,K,V]); with packed offsets
-    ``offs`` every sequence runs alone from its own state (state reset, chunks restarting at its start)."""
-    return over_sequences(lambda *xs: _core_one(*xs, scale, chunk_size, method), offs, (q, k, v, g, beta), h0)
+    already repeated to them); ``tokens`` = (q, k, v, g, *gates) [B,T,H,*], ``rule`` the op's
+    :class:`DeltaRule` (its update). Returns (o [B,T,H,V], ht [N,H,K,V]); with packed offsets ``offs`` every
+    sequence runs alone from its own state (state reset, chunks restarting at its start)."""
+    return over_sequences(lambda *xs: _core_one(rule, xs[:-1], xs[-1], scale, chunk_size, method), offs,
+                          tuple(tokens), h0)
 
 
-def _core_one(q, k, v, g, beta, h0, scale, chunk_size, method):
-    """The recurrence over [B,T,H,*] from h0 [B,H,K,V] (zeros when None): (o, ht)."""
+def _core_one(rule, tokens, h0, scale, chunk_size, method):
+    """The recurrence over tokens (q, k, v, g, *gates) [B,T,H,*] from h0 [B,H,K,V] (zeros when None):
+    (o, ht)."""
+    q, v = tokens[0], tokens[2]
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size
     pad = (-T) % C
-    if pad:  # zero tokens with g=0, beta=0 leave the state unchanged and are sliced off
+    if pad:  # zero tokens (k = 0, g = 0) leave the state unchanged and are sliced off
         padt = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        q, k, v, g, beta = map(padt, (q, k, v, g, beta))
+        tokens = tuple(map(padt, tokens))
     S0 = jnp.zeros((B, H, K, V), q.dtype) if h0 is None else h0
     step = _chunk_step_wy if method == "chunk" else _chunk_step_recurrent
-    xs = tuple(_to_chunks(x, C) for x in (q, k, v, g, beta))
-    body = jax.checkpoint(lambda S, x: step(scale, S, x))
+    xs = tuple(_to_chunks(x, C) for x in tokens)
+    body = jax.checkpoint(lambda S, x: step(rule, scale, S, x))
     ht, o = lax.scan(body, S0, xs)
     return _from_chunks(o)[:, :T], ht
 
 
-# ------------------------------------------------------------------ the driver kda and gdn share
+# ------------------------------------------------------------------ the driver kda, gdn and gdn2 share
 @dataclasses.dataclass(frozen=True)
 class DeltaRule:
-    """What a gated delta rule op brings to the shared driver (:func:`forward`, :func:`backward`).
+    """What a gated delta rule op brings to the shared driver (:func:`forward`, :func:`backward`) and core.
 
-    ``check``: its op contract (``op_contract.check_kda``-like: ``(q, k, v, g, beta, scale, initial_state,
+    ``check``: its op contract (``op_contract.check_kda``-like: ``(q, k, v, g, *gates, scale, initial_state,
     chunk_size, *, opts, A_log, dt_bias, do, dht, cu_seqlens) -> (dims, scale)``); ``options``: its options
     with fla's defaults filled in (unknown name: TypeError); ``preprocess``: its in-kernel options,
-    ``(q, k, g, beta, A_log, dt_bias, **opts) -> (q, k, g, beta)``, g the log decay [B,T,HV,K] or, one per
-    value head, [B,T,HV] (then broadcast over the K key channels: exact)."""
+    ``(q, k, g, *gates, A_log, dt_bias, **opts) -> (q, k, g, *gates)``, g the log decay [B,T,HV,K] or, one per
+    value head, [B,T,HV] (then broadcast over the K key channels: exact).
+
+    ``gates``: the names of the op's per-token inputs after ``g`` (kda and gdn: ``beta``; gdn2: ``b``, ``w``),
+    which name their gradients (``"d" + name``); ``wy_operands`` ``(k, v, G, e_strict, *gates) -> (Akk, u_rhs,
+    w_rhs)`` and ``token_update`` ``(S, k, v, *gates) -> S_t`` are the op's update in the chunked WY form and
+    token by token (:func:`kda_wy_operands`, :func:`kda_token_update`: kda's, which gdn shares). A zero token
+    (k = 0, g = 0) must leave the state unchanged: packing and padding rely on it."""
 
     check: Callable
     options: Callable
     preprocess: Callable
+    gates: tuple[str, ...] = ("beta",)
+    wy_operands: Callable = kda_wy_operands
+    token_update: Callable = kda_token_update
 
 
-def _setup(op: DeltaRule, q, k, v, g, beta, initial_state, A_log, dt_bias, scale, chunk_size, method, kw,
+def _setup(op: DeltaRule, q, k, v, g, gates, initial_state, A_log, dt_bias, scale, chunk_size, method, kw,
            compute_dtype, do=None, dht=None, cu_seqlens=None):
     """The op contract (``op.check``) on the inputs as given, plus the reference's own arguments."""
     check_compute_dtype(compute_dtype)
     if method not in METHODS:
         raise ValueError(f"{method=} must be one of {METHODS}")
     opts = op.options(kw)
-    q, k, v, g, beta, initial_state, A_log, dt_bias, do, dht = as_arrays(q, k, v, g, beta, initial_state, A_log,
-                                                                         dt_bias, do, dht)
-    _, scale = op.check(q, k, v, g, beta, scale, initial_state, chunk_size, opts=opts, A_log=A_log,
+    q, k, v, g, initial_state, A_log, dt_bias, do, dht = as_arrays(q, k, v, g, initial_state, A_log, dt_bias, do,
+                                                                   dht)
+    gates = as_arrays(*gates)
+    _, scale = op.check(q, k, v, g, *gates, scale, initial_state, chunk_size, opts=opts, A_log=A_log,
                         dt_bias=dt_bias, do=do, dht=dht, cu_seqlens=cu_seqlens)
     # fla's rules on kda's option combination (safe_gate's lower_bound range, allow_neg_eigval only with the
     # beta sigmoid) are the kernels' rules, written once in kernels_tpu.kda.check_options: the float64
     # maths here is defined without them, and safe_gate only chooses kernel numerics.
     if not use_gate(opts):
         A_log = dt_bias = None  # ignored by fla without the in-kernel gate
-    return [q, k, v, g, beta], opts, scale, A_log, dt_bias, offsets(cu_seqlens)
+    return [q, k, v, g, *gates], opts, scale, A_log, dt_bias, offsets(cu_seqlens)
 
 
 def use_gate(opts) -> bool:
     return bool(opts["use_gate_in_kernel"])
 
 
-def _recurrence_inputs(op: DeltaRule, q, k, v, g, beta, A_log, dt_bias, opts):
-    """The core recurrence's q, k, g [B,T,HV,K] and beta [B,T,HV]: the op's in-kernel options, then q and
+def _recurrence_inputs(op: DeltaRule, q, k, v, g, gates, A_log, dt_bias, opts):
+    """The core recurrence's tokens (q, k, v, g [B,T,HV,K], *gates): the op's in-kernel options, then q and
     k repeated to v's HV value heads (grouped value heads; nothing when HV == H) and a per-head gate
     broadcast over the key channels."""
-    q, k, g, beta = op.preprocess(q, k, g, beta, A_log, dt_bias, **opts)
+    q, k, g, *gates = op.preprocess(q, k, g, *gates, A_log, dt_bias, **opts)
     H, HV = q.shape[2], v.shape[2]
     if HV != H:
         q, k = (jnp.repeat(x, HV // H, axis=2) for x in (q, k))
     if g.ndim == 3:
         g = jnp.broadcast_to(g[..., None], q.shape)
-    return q, k, g, beta
+    return (q, k, v, g, *gates)
 
 
-def forward(op: DeltaRule, q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias, cu_seqlens,
+def forward(op: DeltaRule, q, k, v, g, gates, scale, initial_state, output_final_state, A_log, dt_bias, cu_seqlens,
             method, chunk_size, compute_dtype, options):
-    """``op``'s forward (see :func:`chunk_kda`): ``(o, ht)`` float64 numpy, ``ht`` None unless
-    ``output_final_state``."""
-    arrs, opts, scale, A_log, dt_bias, offs = _setup(op, q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
+    """``op``'s forward (see :func:`chunk_kda`), ``gates`` its per-token inputs after g (a tuple, named by
+    ``op.gates``): ``(o, ht)`` float64 numpy, ``ht`` None unless ``output_final_state``."""
+    arrs, opts, scale, A_log, dt_bias, offs = _setup(op, q, k, v, g, gates, initial_state, A_log, dt_bias, scale,
                                                      chunk_size, method, options, compute_dtype,
                                                      cu_seqlens=cu_seqlens)
     cd = compute_dtype
     with float64_cpu(cd == "float64"):
-        q, k, v, g, beta = (to_jax(x, cd) for x in arrs)
+        q, k, v, g, *gates = (to_jax(x, cd) for x in arrs)
         h0, A_log, dt_bias = (to_jax(x, cd) for x in (initial_state, A_log, dt_bias))
-        q, k, g, beta = _recurrence_inputs(op, q, k, v, g, beta, A_log, dt_bias, opts)
-        o, ht = _core_jit(q, k, v, g, beta, h0, scale, chunk_size, method, offs)
+        tokens = _recurrence_inputs(op, q, k, v, g, gates, A_log, dt_bias, opts)
+        o, ht = _core_jit(op, tokens, h0, scale, chunk_size, method, offs)
         o = _to_np(o, cd)
         ht = _to_np(ht, cd) if output_final_state else None
     return o, ht
 
 
-_core_jit = jax.jit(_core, static_argnums=(6, 7, 8, 9))
+_core_jit = jax.jit(_core, static_argnums=(0, 3, 4, 5, 6))
 
 
-def backward(op: DeltaRule, q, k, v, g, beta, do, dht, scale, initial_state, A_log, dt_bias, cu_seqlens, method,
+def backward(op: DeltaRule, q, k, v, g, gates, do, dht, scale, initial_state, A_log, dt_bias, cu_seqlens, method,
              chunk_size, compute_dtype, options):
-    """``op``'s gradients (see :func:`chunk_kda_bwd`): dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias)."""
-    arrs, opts, scale, A_log, dt_bias, offs = _setup(op, q, k, v, g, beta, initial_state, A_log, dt_bias, scale,
+    """``op``'s gradients (see :func:`chunk_kda_bwd`), ``gates`` as in :func:`forward`: dict(dq, dk, dv, dg,
+    one ``"d" + name`` per name of ``op.gates``, dh0, dA_log, ddt_bias)."""
+    arrs, opts, scale, A_log, dt_bias, offs = _setup(op, q, k, v, g, gates, initial_state, A_log, dt_bias, scale,
                                                      chunk_size, method, options, compute_dtype, do, dht,
                                                      cu_seqlens)
     cd = compute_dtype
     with float64_cpu(cd == "float64"):
-        primals = dict(zip(("q", "k", "v", "g", "beta"), (to_jax(x, cd) for x in arrs)))
+        primals = dict(zip(("q", "k", "v", "g", *op.gates), (to_jax(x, cd) for x in arrs)))
         for name, x in (("h0", initial_state), ("A_log", A_log), ("dt_bias", dt_bias)):
             if x is not None:
                 primals[name] = to_jax(x, cd)
@@ -292,7 +324,7 @@ def backward(op: DeltaRule, q, k, v, g, beta, do, dht, scale, initial_state, A_l
         dht64 = jnp.zeros((num_states(B, offs), HV, K, V), cd) if dht is None else to_jax(dht, cd)
 
         out = _grads_jit(op, tuple(opts.items()), scale, chunk_size, method, offs, primals, do64, dht64)
-        names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
+        names = ("q", "k", "v", "g", *op.gates, "h0", "A_log", "dt_bias")
         return {"d" + n: (_to_np(out[n], cd) if n in out else None) for n in names}
 
 
@@ -300,9 +332,9 @@ def _grads(op: DeltaRule, opts: tuple, scale, chunk_size, method, offs, primals,
     """The vjp of (o, ht) w.r.t. the raw ``primals`` (a dict; h0, A_log, dt_bias when given) at (do, dht);
     ``opts`` as (name, value) pairs, static (hashable) like the other arguments before ``primals``."""
     def loss_fn(p):
-        q_, k_, g_, b_ = _recurrence_inputs(op, p["q"], p["k"], p["v"], p["g"], p["beta"], p.get("A_log"),
-                                            p.get("dt_bias"), dict(opts))
-        return _core(q_, k_, p["v"], g_, b_, p.get("h0"), scale, chunk_size, method, offs)
+        tokens = _recurrence_inputs(op, p["q"], p["k"], p["v"], p["g"], [p[n] for n in op.gates], p.get("A_log"),
+                                    p.get("dt_bias"), dict(opts))
+        return _core(op, tokens, p.get("h0"), scale, chunk_size, method, offs)
 
     _, vjp = jax.vjp(loss_fn, primals)
     return vjp((do, dht))[0]
@@ -327,7 +359,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     allow_neg_eigval, safe_gate, lower_bound (see the module docstring). ``compute_dtype="float32"``
     runs the same maths in float32 (results still returned as float64).
     """
-    return forward(KDA, q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias, cu_seqlens,
+    return forward(KDA, q, k, v, g, (beta,), scale, initial_state, output_final_state, A_log, dt_bias, cu_seqlens,
                    method, chunk_size, compute_dtype, options)
 
 
@@ -340,5 +372,5 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
     unless ``use_gate_in_kernel`` and that parameter is given. With ``cu_seqlens``, dht, initial_state and
     dh0 are [N,HV,K,V].
     """
-    return backward(KDA, q, k, v, g, beta, do, dht, scale, initial_state, A_log, dt_bias, cu_seqlens, method,
+    return backward(KDA, q, k, v, g, (beta,), do, dht, scale, initial_state, A_log, dt_bias, cu_seqlens, method,
                     chunk_size, compute_dtype, options)
