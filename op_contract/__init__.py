@@ -1,4 +1,5 @@
-"""The op contract: what a valid call of simple_gla, gla, kda and gdn is, checked once for every implementation.
+"""The op contract: what a valid call of simple_gla, gla, kda, gdn and gdn2 is, checked once for every
+implementation.
 
 The float64 references (``references``) and the Pallas TPU kernels (``kernels_tpu``) are independent
 implementations and never import each other; both validate their arguments with this package before
@@ -16,8 +17,9 @@ message. Invalid input is a ValueError that names the value and says the fix:
 - gates are log decays: ``g`` and ``g_gamma`` must be <= 0 (0 is decay 1; the raw in-kernel gate input of
   kda and gdn, ``use_gate_in_kernel=True``, may have any sign). Values are checked when they are known
   (numpy arrays, concrete jax arrays); a gate traced inside jit/vjp is not checked;
-- options: ``kda_options`` / ``gdn_options`` fill in fla's defaults (``KDA_OPTIONS``, ``GDN_OPTIONS``); an
-  unknown option is a TypeError. gdn's ``allow_neg_eigval`` needs ``use_beta_sigmoid_in_kernel``.
+- options: ``kda_options`` / ``gdn_options`` / ``gdn2_options`` fill in fla's defaults (``KDA_OPTIONS``,
+  ``GDN_OPTIONS``, ``GDN2_OPTIONS``); an unknown option is a TypeError. gdn's ``allow_neg_eigval`` needs
+  ``use_beta_sigmoid_in_kernel``.
 
 What an implementation does not implement for valid input (the kernels' K, V lane multiples, dtypes,
 chunk sizes; grouped value heads for simple_gla and gla) is its NotImplementedError, raised after these
@@ -26,10 +28,10 @@ checks. Only numpy and jax.numpy are used here (no Pallas).
 
 from .checks import (Dims, check_chunk_size, check_cu_seqlens, check_floating, check_log_decay, check_qkv,
                      concrete_max, described, expect, positive_int, resolve_scale, shape_of)
-from .ops import (GDN_OPTIONS, KDA_OPTIONS, check_gate_choice, check_gdn, check_gla, check_kda, check_simple_gla,
-                  gdn_options, kda_options)
+from .ops import (GDN2_OPTIONS, GDN_OPTIONS, KDA_OPTIONS, check_gate_choice, check_gdn, check_gdn2, check_gla,
+                  check_kda, check_simple_gla, gdn2_options, gdn_options, kda_options)
 
-__all__ = ["Dims", "GDN_OPTIONS", "KDA_OPTIONS", "check_chunk_size", "check_cu_seqlens", "check_floating",
-           "check_gate_choice", "check_gdn", "check_gla", "check_kda", "check_log_decay", "check_qkv",
-           "check_simple_gla", "concrete_max", "described", "expect", "gdn_options", "kda_options", "positive_int",
-           "resolve_scale", "shape_of"]
+__all__ = ["Dims", "GDN2_OPTIONS", "GDN_OPTIONS", "KDA_OPTIONS", "check_chunk_size", "check_cu_seqlens",
+           "check_floating", "check_gate_choice", "check_gdn", "check_gdn2", "check_gla", "check_kda",
+           "check_log_decay", "check_qkv", "check_simple_gla", "concrete_max", "described", "expect", "gdn2_options",
+           "gdn_options", "kda_options", "positive_int", "resolve_scale", "shape_of"]

@@ -1,4 +1,5 @@
-"""Each op's argument contract, written once: simple_gla, gla, kda and gdn (the gated delta rule).
+"""Each op's argument contract, written once: simple_gla, gla, kda, gdn (the gated delta rule) and gdn2
+(Gated DeltaNet-2).
 
 ``check_<op>`` validates one call from its arguments (shapes, dtypes, gates, chunk_size, scale,
 packed sequence offsets ``cu_seqlens``) and returns ``(dims, scale)`` with the scale resolved;
@@ -78,6 +79,11 @@ GDN_OPTIONS = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_
 """fla's ``chunk_gated_delta_rule`` options and their defaults (``A_log`` and ``dt_bias`` are arguments)."""
 
 
+GDN2_OPTIONS = dict(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, safe_gate=False, lower_bound=None)
+"""fla's ``chunk_gdn2`` options and their defaults: kda's without the beta sigmoid and ``allow_neg_eigval`` (gdn2 has
+no beta; ``A_log`` and ``dt_bias`` are arguments)."""
+
+
 def _options(op: str, defaults: Mapping, options: Mapping) -> dict:
     """``options`` over ``defaults``; an unknown name is a TypeError (as an unknown keyword of ``op``)."""
     unknown = set(options) - set(defaults)
@@ -96,6 +102,11 @@ def gdn_options(options: Mapping) -> dict:
     return _options("chunk_gated_delta_rule", GDN_OPTIONS, options)
 
 
+def gdn2_options(options: Mapping) -> dict:
+    """``options`` over :data:`GDN2_OPTIONS`; an unknown name is a TypeError (as an unknown keyword)."""
+    return _options("chunk_gdn2", GDN2_OPTIONS, options)
+
+
 def _check_delta_rule(q, k, v, g, g_layout, beta, initial_state, do, dht, cu_seqlens) -> Dims:
     """What kda and gdn share: q, k, v with grouped value heads, the state and cotangents, the gate ``g`` of
     shape ``g_layout`` (its values are the op's business) and beta [B,T,HV]."""
@@ -104,6 +115,23 @@ def _check_delta_rule(q, k, v, g, g_layout, beta, initial_state, do, dht, cu_seq
     expect("g", g, g_layout, dims, required=True)
     expect("beta", beta, ("B", "T", "HV"), dims, required=True)
     return dims
+
+
+def _check_kda_gate(g, opts: Mapping, A_log, dt_bias, dims: Dims) -> None:
+    """kda's gate, per key channel, which gdn2 shares (fla's ``kda_gate_chunk_cumsum``): a log decay (<= 0)
+    unless ``use_gate_in_kernel``; then g is the raw gate input (any sign), ``A_log`` [HV] is needed unless
+    ``lower_bound`` is given, ``dt_bias`` is [HV*K], and ``lower_bound`` must be <= 0."""
+    if opts["use_gate_in_kernel"]:
+        lower_bound = opts["lower_bound"]
+        if A_log is None and lower_bound is None:
+            raise ValueError("A_log must be given when use_gate_in_kernel=True and lower_bound is None")
+        expect("A_log", A_log, ("HV",), dims)
+        expect("dt_bias", dt_bias, ("HV*K",), dims)
+        if lower_bound is not None and lower_bound > 0:
+            raise ValueError(f"lower_bound={lower_bound!r} makes the in-kernel gate lower_bound * sigmoid(...) a "
+                             f"positive log decay, which is not a decay; pass lower_bound <= 0")
+    else:
+        check_log_decay("g", g)
 
 
 def check_kda(q, k, v, g, beta, scale=None, initial_state=None, chunk_size=64, *, opts: Mapping | None = None,
@@ -117,17 +145,7 @@ def check_kda(q, k, v, g, beta, scale=None, initial_state=None, chunk_size=64, *
     fla's rules on the option combination (safe_gate, allow_neg_eigval) are the kernels' own."""
     opts = kda_options(opts or {})
     dims = _check_delta_rule(q, k, v, g, ("B", "T", "HV", "K"), beta, initial_state, do, dht, cu_seqlens)
-    if opts["use_gate_in_kernel"]:
-        lower_bound = opts["lower_bound"]
-        if A_log is None and lower_bound is None:
-            raise ValueError("A_log must be given when use_gate_in_kernel=True and lower_bound is None")
-        expect("A_log", A_log, ("HV",), dims)
-        expect("dt_bias", dt_bias, ("HV*K",), dims)
-        if lower_bound is not None and lower_bound > 0:
-            raise ValueError(f"lower_bound={lower_bound!r} makes the in-kernel gate lower_bound * sigmoid(...) a "
-                             f"positive log decay, which is not a decay; pass lower_bound <= 0")
-    else:
-        check_log_decay("g", g)
+    _check_kda_gate(g, opts, A_log, dt_bias, dims)
     check_chunk_size(chunk_size)
     return dims, resolve_scale(scale, dims.K)
 
@@ -153,5 +171,27 @@ def check_gdn(q, k, v, g, beta, scale=None, initial_state=None, chunk_size=64, *
         expect("dt_bias", dt_bias, ("HV",), dims)
     else:
         check_log_decay("g", g)
+    check_chunk_size(chunk_size)
+    return dims, resolve_scale(scale, dims.K)
+
+
+def check_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, chunk_size=64, *, opts: Mapping | None = None,
+               A_log=None, dt_bias=None, do=None, dht=None, cu_seqlens=None) -> tuple[Dims, float]:
+    """gdn2 (fla's ``chunk_gdn2``, Gated DeltaNet-2): q, k, g [B,T,H,K], v [B,T,H,V], the erase gate b
+    [B,T,H,K], the write gate w [B,T,H,V], the state [N,H,K,V]; ``opts`` as :func:`gdn2_options` returns
+    (defaults when None). fla's gdn2 has no grouped value heads (it asserts v [B,T,H,V]): another head count
+    of v is NotImplementedError, as for simple_gla and gla.
+
+    The gate g is kda's (:func:`check_kda`): a log decay (<= 0) unless ``use_gate_in_kernel``; then the raw
+    gate input, ``A_log`` [H] needed unless ``lower_bound`` is given, ``dt_bias`` [H*K], ``lower_bound`` <= 0.
+    b and w are not range-checked (fla: typically [0, 1] or [0, 2]; neither fla nor the maths bounds them).
+    fla's own limits (chunk_size 64, K <= 256, a float32 initial_state, safe_gate's lower_bound in [-5, 0))
+    are its kernels' and are not part of the contract."""
+    opts = gdn2_options(opts or {})
+    dims = check_qkv(q, k, v, initial_state=initial_state, do=do, dht=dht, cu_seqlens=cu_seqlens)
+    expect("g", g, ("B", "T", "HV", "K"), dims, required=True)
+    expect("b", b, ("B", "T", "HV", "K"), dims, required=True)
+    expect("w", w, ("B", "T", "HV", "V"), dims, required=True)
+    _check_kda_gate(g, opts, A_log, dt_bias, dims)
     check_chunk_size(chunk_size)
     return dims, resolve_scale(scale, dims.K)
