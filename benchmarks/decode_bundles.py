@@ -3,10 +3,12 @@
 For each target (v5e, v6e, v7x), the fused-recurrent KDA kernel (``kernels_tpu.kda.recurrent``) is compiled
 deviceless, with libtpu dumping its LLO (``--xla_jf_dump_to``, ``--xla_jf_dump_llo_text``), in two forms:
 
-- ``shipped``: the kernel as it is: the write ``kernels_tpu.eft.fma`` (one rounding), the sums of exact products
+- ``shipped``: the kernel as it is: the decayed state an exact product and the write ``kernels_tpu.eft.fma`` with
+  its error folded in (one rounding per state element per token), the sums of exact products
   ``kernels_tpu.eft.dot_rows``;
-- ``two roundings``: the same kernel with, from this script's side, the write a multiply then an add and the sums
-  over rounded products: what the kernel would be without the error-free transformations.
+- ``plain``: the same kernel with, from this script's side, the decay a multiply, the write a multiply then an add
+  (three roundings per element per token; fla's contracted kernel makes two) and the sums over rounded products:
+  what the kernel would be without the error-free transformations.
 
 The token loop is the innermost loop of the kernel's final bundles (``LB`` nesting ``>>``), one token per
 iteration. Reported per target and form: the loop's bundles (one bundle issues per cycle, so its length is the
@@ -29,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 KERNEL = "kda_fused_recurrent_fwd"
-FORMS = ("shipped", "two roundings")
+FORMS = ("shipped", "plain")
 OPS = ("vmul.f32", "vadd.f32", "vsub.f32")
 
 
@@ -43,8 +45,9 @@ def _compile(target: str, form: str, dump: str) -> None:
     from kernels_tpu import eft
     from kernels_tpu.kda import fused_recurrent_kda
 
-    if form == "two roundings":
-        eft.fma = lambda a, b, c, a_parts=None, b_parts=None: a * b + c
+    if form == "plain":
+        eft.two_product = lambda a, b, a_parts=None, b_parts=None: (a * b, 0.0)
+        eft.fma = lambda a, b, c, a_parts=None, b_parts=None, c_err=None: a * b + c
         eft.dot_rows = lambda x, y, axis, y_parts=None: jnp.sum(x * y, axis=axis, keepdims=True)
     N, H, K, V = 8, 2, 128, 128
     S = jax.ShapeDtypeStruct
