@@ -18,8 +18,8 @@ folded in: each state element rounds ONCE per token, from float32 adds and multi
 fla rounds twice matters where a state is one update from its h0 (a one-token decode step): there the two
 kernels would otherwise make the same two roundings, and neither would be more accurate. The two reductions
 (``u`` and ``o``) sum exact products (:func:`kernels_tpu.eft.dot_rows`): only the sums' own roundings remain, as
-in fla's ``tl.sum``. The cost is VPU work, nearly 60 float32 operations per state element per token where fla's kernel has
-five (docs/precision.md: measured in the compiled bundles). Every product here is either exact or has several uses,
+in fla's ``tl.sum``. The cost is VPU work, nearly 60 float32 operations per state element per token where fla's
+kernel has five (docs/precision.md: measured in the compiled bundles). Every product here is either exact or has several uses,
 so no compiler contracts one into an add: Pallas interpret mode on a CPU (whose XLA contracts a lone product into
 the add that receives it) computes the bits a TPU computes.
 
