@@ -497,12 +497,12 @@ def empty_state_cases() -> list[Case]:
              **{**base, "options": pool + (("use_qk_l2norm_in_kernel", True),) + CONV}),
         Case("kda", H=1, dtype="float16", gate=G,
              **{**decode, "options": pool + (("use_qk_l2norm_in_kernel", True),)}),
-        # this case and gdn's decode with the gate in the op (below) fail ht against fla on draws 0-2 (ratios 3.6-4.6
-        # and 1.8-2.2), all of it in request 2's slot, at float32 rounding level (the empty requests' slots are exact
-        # on both legs). The gates are strong (kda's -5·sigmoid sums to |G_T| = 60 over the 16 tokens, gdn's to 10);
-        # the TPU runs decode through its chunk forward, whose decays exp(G_T - G_t) carry the float32 cumulative log
-        # gate's absolute error (|G|·2^-24), where fla's recurrence multiplies one exp(g_t) per token. A strong g
-        # input (logsigmoid/0.1, not in the op) fails the same way (issue 52).
+        # this case and gdn's decode with the gate in the op (below) failed ht against fla on draws 0-2 (ratios
+        # 3.6-4.6 and 1.8-2.2), all of it in request 2's slot, while the TPU decoded through its chunk forward, whose
+        # decays exp(G_T - G_t) carry the float32 cumulative log gate's absolute error (|G|·2^-24; the gates are
+        # strong: kda's -5·sigmoid sums to |G_T| = 60 over the 16 tokens, gdn's to 10). The fused-recurrent kernel
+        # (kernels_tpu.kda.recurrent: one exp(g_t) per token, one rounding per state element) passes them
+        # (reports/calibration/decode-recurrent).
         Case("kda", H=1, dtype="bfloat16", gate=G, **{**decode, "options": pool + kda_gate}),
         Case("gdn", "chunk", H=1, HV=2, dtype="float16", gate=G, **{**base, "options": pool + GDN_OPTIONS}),
         Case("gdn", "chunk", H=1, HV=2, dtype="bfloat16", gate=G,
