@@ -24,7 +24,8 @@ def _fmt(x) -> str:
 
 
 def _cost(x) -> str:
-    """A modeled MXU cost ratio as ``1.23×``; ``–`` where none was modeled (native TPU, or no run)."""
+    """A modeled MXU cost ratio as ``1.23×``; ``–`` where none was modeled (native TPU, no run, or a kernel with no
+    dot: the decode path)."""
     try:
         x = float(x)
     except (TypeError, ValueError):
