@@ -49,7 +49,8 @@ def test_fma_rounds_once_where_mul_add_rounds_twice():
     a = jnp.asarray([F32(1 + 2.0 ** -12)])
     c = jnp.asarray([F32(-(1 + 2.0 ** -11))])
     assert float(eft.fma(a, a, c)[0]) == 2.0 ** -24  # exact: a*a + c = 2^-24
-    assert float(leg_jit(lambda a, c: a * a + c)(a, c)[0]) == 0.0  # rounded product, then the add
+    # numpy rounds the product, then the add (XLA:CPU may contract them into one fma: jax 0.12 does at level 0)
+    assert float(np.float32(np.asarray(a)[0] * np.asarray(a)[0]) + np.asarray(c)[0]) == 0.0
 
 
 @pytest.mark.parametrize("opt_level", ["leg", "default"])
@@ -67,7 +68,7 @@ def test_exact_on_random_operands_whatever_the_compiler(opt_level):
     got = _exact(jit(eft.fma)(a, b, c))
     ulp = np.spacing(np.abs(exact).astype(F32)).astype(np.float64)
     assert np.all(np.abs(got - exact) <= 0.5 * ulp * (1 + 1e-6))
-    plain = _exact(leg_jit(lambda a, b, c: a * b + c)(a, b, c))
+    plain = _exact((a * b).astype(F32) + c)  # numpy: the product rounded, then the add
     assert np.sum(np.abs(plain - exact) > 0.5 * ulp) > 100  # the two-rounding form the fma replaces
 
 
