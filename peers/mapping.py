@@ -41,3 +41,24 @@ def check_kept(expected, got, slots, what: str) -> None:
     if changed:
         raise SlotWritten(f"{what}: slot(s) {sorted(changed)} changed by a call given them only to read (max "
                           f"|change| per slot: " + ", ".join(f"{s}: {d:.3g}" for s, d in changed.items()) + ")")
+
+
+def raised_by(exc: BaseException, package_file: str) -> bool:
+    """Whether ``exc`` was raised by a ``raise`` or ``assert`` line in the source of the package whose
+    ``__init__.py`` is ``package_file``: the library's own input checks, which a binding reports as refusals in the
+    library's words. An error raised inside jax while it traces the library's kernels is the library breaking, not
+    refusing; jax's traceback filtering may drop its own frames and leave the library's call site last, a line that
+    is a call, not a raise or an assert."""
+    import linecache
+    from pathlib import Path
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    filename = tb.tb_frame.f_code.co_filename
+    if not Path(filename).resolve().is_relative_to(Path(package_file).resolve().parent):
+        return False
+    return linecache.getline(filename, tb.tb_lineno).lstrip().startswith(("raise ", "assert "))
+
