@@ -558,12 +558,78 @@ def _kda_decode_regressions() -> list[Case]:
                  options=(("use_qk_l2norm_in_kernel", True),), **base)]
 
 
+GDN2_GATE = (("use_gate_in_kernel", True), ("lower_bound", -5.0))
+"""gdn2's gate computed in the op (kda's, fla's bounded form at its safe-gate floor), with A_log and dt_bias."""
+
+NEG_EIGVAL = (("allow_neg_eigval", True),)
+"""gdn2's erase gate drawn in [0, 2] (2 sigmoid): the layer's negative eigenvalues."""
+
+
+def _gdn2_smoke() -> list[Case]:
+    """GDN-2 (fla's chunk_gdn2 and fused_recurrent_gdn2): bf16 through two chunks with the gate and the q/k norm in
+    the op; fp32 packed with an empty sequence, its erase gate in [0, 2]; the decode step with grouped value
+    heads."""
+    base = dict(op="gdn2", B=1, chunk_size=64, h0=True)
+    return [
+        Case(variant="chunk", T=128, H=1, K=128, V=128, dtype="bfloat16", gate=G, dht=True,
+             options=GDN2_GATE + (("use_qk_l2norm_in_kernel", True),), **base),
+        Case(variant="chunk", T=sum(ZERO_LENS[:3]), H=1, K=64, V=64, dtype="float32", gate=G, dht=True,
+             lens=ZERO_LENS[:3], options=NEG_EIGVAL, **base),
+        Case(variant=DECODE, T=sum(DECODE_LENS), H=1, HV=2, K=64, V=64, dtype="bfloat16",
+             gate=Gate("g", normalizer=16, lower_bound=-5.0), lens=DECODE_LENS,
+             options=(("use_qk_l2norm_in_kernel", True),), **base),
+    ]
+
+
+def _gdn2_regressions() -> list[Case]:
+    """GDN-2's grid as kda's: dtypes x gate forms (pre-computed, in the op, fla's safe gate) x erase range x packing
+    x state layout x decode, and its empty sequences in a pool (every kernel path's final state)."""
+    base = dict(op="gdn2", B=1, K=128, V=128, chunk_size=64, h0=True)
+    bounded = Gate("g", normalizer=16, lower_bound=-5.0)
+    l2 = (("use_qk_l2norm_in_kernel", True),)
+    pool = (("pool", 7),)
+    return [
+        # fp16 widened at the kernels' boundary; b in [0, 2]
+        Case(variant="chunk", T=128, H=2, dtype="float16", gate=G, dht=True, options=NEG_EIGVAL, **base),
+        # fla's safe-gate path with the gate in the op
+        Case(variant="chunk", T=64, H=1, dtype="bfloat16", gate=G, options=GDN2_GATE + (("safe_gate", True),),
+             **base),
+        # several chunks and batch rows with a non-zero dht: the WY backward across chunk boundaries
+        Case(variant="chunk", T=256, H=2, dtype="float32", gate=G, dht=True, options=l2, **{**base, "B": 2}),
+        # every chunk edge in one packing; the strong gate clamped at -5
+        Case(variant="chunk", T=sum(EDGE_LENS), H=1, dtype="bfloat16", gate=Gate("g", normalizer=0.1,
+             lower_bound=-5.0), dht=True, lens=EDGE_LENS, options=l2, **base),
+        # the V-first state, K != V, packed; chunk and decode (grouped value heads)
+        Case(variant="chunk", T=sum(SMOKE_LENS), H=2, dtype="bfloat16", gate=bounded, dht=True, lens=SMOKE_LENS,
+             state_v_first=True, options=l2, **{**base, "V": 256}),
+        Case(variant=DECODE, T=sum(DECODE_LENS), H=1, HV=2, dtype="bfloat16", gate=bounded, lens=DECODE_LENS,
+             state_v_first=True, options=l2, **{**base, "V": 256}),
+        # the layer's convolution in front, the gate in the op, served from a pool with an empty request that reads
+        # another slot than it writes (harness.ops.serving.slots: request 1)
+        Case(variant="chunk", T=sum(CONV_LENS), H=1, dtype="bfloat16", gate=G, dht=True, lens=(2, 0, 37, 25),
+             options=(("pool", 9),) + GDN2_GATE + l2 + CONV, **base),
+        # decode in fp32, the gate in the op, served: an empty request among the decode steps; fp16 at the edges
+        Case(variant=DECODE, T=sum(DECODE_LENS), H=1, dtype="float32", gate=G, lens=(1, 0, 1, 3, 59),
+             options=POOL + GDN2_GATE, **base),
+        Case(variant=DECODE, T=sum(EDGE_LENS), H=1, dtype="float16", gate=bounded, lens=EDGE_LENS,
+             options=l2 + NEG_EIGVAL, **base),
+        # empty requests in a pool (EMPTY_LENS): an empty sequence's final state on the chunk and decode paths
+        Case(variant="chunk", T=sum(EMPTY_LENS), H=1, dtype="bfloat16", gate=G, dht=True, lens=EMPTY_LENS,
+             options=pool + GDN2_GATE + l2, **base),
+        Case(variant="chunk", T=sum(EMPTY_LENS), H=1, dtype="float16", gate=bounded, dht=True, lens=EMPTY_LENS,
+             options=pool + l2, **base),
+        Case(variant=DECODE, T=sum(EMPTY_LENS), H=1, HV=2, dtype="float32", gate=bounded, lens=EMPTY_LENS,
+             options=pool + l2, **base),
+    ]
+
+
 # suite name -> the per-op case lists it is made of (adding an op adds its lists here)
 SUITES = {
-    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke, _gdn_serving_smoke),
+    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke, _gdn_serving_smoke,
+              _gdn2_smoke),
     "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _kda_decode_regressions,
                     _gdn_regressions, packing_edge_cases, state_layout_cases, gate_masking_cases,
-                    empty_sequence_cases, serving_cases, empty_state_cases),
+                    empty_sequence_cases, serving_cases, empty_state_cases, _gdn2_regressions),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),
     # a seeded sample of the shapes users add, not the suites' own: where the false-alarm rate is measured

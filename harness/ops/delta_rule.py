@@ -1,8 +1,11 @@
-"""What the gated delta rule ops (kda, gdn) share: their inputs, compared tensors and reference binding.
+"""What the gated delta rule ops (kda, gdn, gdn2) share: their inputs, compared tensors and reference binding.
 
-Both ops run ``S_t = S'_t + beta_t k_t (v_t - S'_tᵀ k_t)ᵀ`` after a decay ``S'_t``; they differ in the gate's
+kda and gdn run ``S_t = S'_t + beta_t k_t (v_t - S'_tᵀ k_t)ᵀ`` after a decay ``S'_t``; they differ in the gate's
 shape (kda: one log decay per key channel, [B,T,HV,K]; gdn: one per head, [B,T,HV]) and in the in-kernel gate's
-parameters. Each descriptor says those differences and asks these helpers for the rest.
+parameters. gdn2 takes kda's decay and replaces beta by two gates, an erase gate ``b`` per key channel and a write
+gate ``w`` per value channel: ``S_t = S'_t + k_t (w_t v_t - S'_tᵀ (b_t k_t))ᵀ``. Each descriptor says those
+differences (its gates' names and draws: ``gates``, default kda's and gdn's beta) and asks these helpers for the
+rest.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ CONV_WIDTHS = range(2, 9)
 VARIANTS = ("chunk", DECODE)
 """``chunk``: fla's chunk kernels, forward and backward. ``fused_recurrent``: the decode path, forward only (fla's
 ``fused_recurrent_*`` kernels raise in backward: serving never differentiates), token by token on fla's side."""
-DTYPES = {"q": "case", "k": "case", "v": "case", "g": "float32", "beta": "case", "h0": "float32",
-          "A_log": "float32", "dt_bias": "float32", "conv_weight": "case", "conv_bias": "case", "conv_h0": "case"}
+DTYPES = {"q": "case", "k": "case", "v": "case", "g": "float32", "beta": "case", "b": "case", "w": "case",
+          "h0": "float32", "A_log": "float32", "dt_bias": "float32", "conv_weight": "case", "conv_bias": "case", "conv_h0": "case"}
 
 
 def forward_only(case: Case) -> bool:
@@ -50,37 +53,44 @@ def gate_in_kernel(case: Case) -> bool:
     return bool(case.opt.get("use_gate_in_kernel", False))
 
 
-def inputs(case: Case, opts: dict, g_shape: Shape, dt_bias_shape: Shape) -> list[InputSpec]:
-    """q, k, v, beta, do in the case dtype; g (``g_shape``), A_log [HV], dt_bias (``dt_bias_shape``), h0, dht in
-    float32. With the in-kernel options the raw inputs are drawn: q, k ~ N(0,1) (else already L2-normalised),
-    g ~ N(0,1) (else fla's log-sigmoid gate law), beta as logits (else sigmoid(N(0,1)))."""
+def inputs(case: Case, opts: dict, g_shape: Shape, dt_bias_shape: Shape,
+           gates: list[InputSpec] | None = None) -> list[InputSpec]:
+    """q, k, v, the gates after g, do in the case dtype; g (``g_shape``), A_log [HV], dt_bias (``dt_bias_shape``),
+    h0, dht in float32. With the in-kernel options the raw inputs are drawn: q, k ~ N(0,1) (else already
+    L2-normalised), g ~ N(0,1) (else fla's log-sigmoid gate law). ``gates``: the op's gates after g, drawn in
+    that order; default beta [B,T,HV], as logits with ``use_beta_sigmoid_in_kernel`` (else sigmoid(N(0,1)))."""
     g_law = normal() if opts["use_gate_in_kernel"] else gate_law
+    if gates is None:
+        gates = [InputSpec("beta", lambda c: (c.B, c.T, c.HV), "case",
+                           normal() if opts["use_beta_sigmoid_in_kernel"] else sigmoid_normal)]
     specs = qkv_specs(case, qk_law=normal() if opts["use_qk_l2norm_in_kernel"] else l2normed_normal) + [
-        InputSpec("g", g_shape, "float32", g_law),
-        InputSpec("beta", lambda c: (c.B, c.T, c.HV), "case",
-                  normal() if opts["use_beta_sigmoid_in_kernel"] else sigmoid_normal),
-    ]
+        InputSpec("g", g_shape, "float32", g_law), *gates]
     if opts["use_gate_in_kernel"]:
         specs.append(InputSpec("A_log", lambda c: (c.HV,), "float32", normal()))
         specs.append(InputSpec("dt_bias", dt_bias_shape, "float32", normal()))
     return specs + conv_specs(case) + state_and_cotangent_specs(case)
 
 
-def differentiable(case: Case) -> list[str]:
-    """q, k, v, g, beta; A_log and dt_bias with the in-kernel gate; h0 when given. None for the decode variant."""
+BETA = ("beta",)
+"""The gates after g of kda and gdn."""
+
+
+def differentiable(case: Case, gates: tuple[str, ...] = BETA) -> list[str]:
+    """q, k, v, g, the gates (default beta); A_log and dt_bias with the in-kernel gate; conv1d's inputs; h0 when
+    given. None for the decode variant."""
     if forward_only(case):
         return []
-    names = ["q", "k", "v", "g", "beta"]
+    names = ["q", "k", "v", "g", *gates]
     if gate_in_kernel(case):
         names += ["A_log", "dt_bias"]
     names += [spec.name for spec in conv_specs(case)]
     return names + (["h0"] if case.h0 else [])
 
 
-def tensors(case: Case):
+def tensors(case: Case, gates: tuple[str, ...] = BETA):
     conv_state = [TensorSpec("conv_ht", "case", "output", "final conv state [N,D,W-1]: each sequence's last W-1 "
                              "inputs of q, k, v (their exact bits)")] if conv_width(case) and case.final_state else []
-    specs = forward_tensors(case) + conv_state + grad_tensors(case, differentiable(case), DTYPES)
+    specs = forward_tensors(case) + conv_state + grad_tensors(case, differentiable(case, gates), DTYPES)
     return [ReductionSpec(s.name, s.dtype, s.kind, s.doc, reduction=GATE_SUMS[s.name]) if s.name in GATE_SUMS else s
             for s in specs]
 
@@ -128,18 +138,20 @@ GATE_SUMS = {
 """The in-kernel gate's parameters are shared by every token: their gradients are sums over the tokens."""
 
 
-def reference(fwd, bwd, case: Case, x: dict, method: str, compute_dtype: str, opts: dict) -> dict:
+def reference(fwd, bwd, case: Case, x: dict, method: str, compute_dtype: str, opts: dict,
+              gates: tuple[str, ...] = BETA) -> dict:
     """The float64 reference binding: ``fwd`` (o, ht) and ``bwd`` (a dict of gradients) of a references module,
-    called with the case's options; the compared gradients of :func:`differentiable`."""
+    called as ``(q, k, v, g, *gates, ...)`` with the case's options; the compared gradients of
+    :func:`differentiable`."""
     common = dict(scale=case.resolved_scale, initial_state=x.get("h0"), chunk_size=case.chunk_size,
                   method=method, compute_dtype=compute_dtype, A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
                   cu_seqlens=case.cu_seqlens, **opts)
     conv = conv_width(case) and _ReferenceConv(case, x, compute_dtype)
     if conv:
         x = {**x, **conv.outputs}
-    qkvgb = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    qkvgb = (x["q"], x["k"], x["v"], x["g"], *(x[name] for name in gates))
     o, ht = fwd(*qkvgb, output_final_state=True, **common)
-    names = differentiable(case)
+    names = differentiable(case, gates)
     grads = bwd(*qkvgb, x["do"], x.get("dht"), **common) if names else {}
     extra = {}
     if conv:

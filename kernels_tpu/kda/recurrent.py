@@ -3,10 +3,13 @@
 Per head, with the state ``S`` of shape ``[K, V]`` (float32) and, for every token t::
 
     S'  = Diag(exp g_t) S                      the decay
-    u   = S'^T k_t                             what the state already holds for k_t
+    u   = S'^T e_t                             what the state holds along the erase key (kda: e_t = k_t)
     dlt = beta_t (v_t - u)                     the new values
     S   = S' + k_t dlt^T                       the delta-rule write; with the decay, one rounding per element
     o_t = S^T (scale q_t)
+
+The erase key ``e_t`` is a second key operand for the ops whose erase direction is not the write's: GDN-2 erases
+along ``b_t * k_t`` and writes ``w_t * v_t`` (:mod:`kernels_tpu.gdn2.recurrent` passes those, with beta = 1).
 
 fla's ``fused_recurrent_kda`` / ``fused_recurrent_gated_delta_rule`` compute exactly these steps in float32,
 and their PTX contracts the write into ``fma.rn.f32``: each state element rounds twice per token, once for the
@@ -51,30 +54,34 @@ takes whole steps, so a small step wastes little on filling tokens."""
 BLOCKS = BlockSizes(chunk_size=TOKENS, sub_chunk=TOKENS)
 
 
-def _token_step(t, S, *, q_ref, k_ref, v_ref, g_ref, beta_row, o_ref, scale: float):
-    """One token of the recurrence (module doc) on the carried state S [K, V]; writes o's row t."""
+def _token_step(t, S, *, q_ref, k_ref, e_ref, v_ref, g_ref, beta_row, o_ref, scale: float):
+    """One token of the recurrence (module doc) on the carried state S [K, V]; writes o's row t. ``e_ref``: the
+    erase keys, None where they are the keys (kda, gdn)."""
     row = pl.ds(t, 1)
     q, k, g = (row_to_column(ref[row, :]) for ref in (q_ref, k_ref, g_ref))  # [K, 1]
     v = v_ref[row, :]  # [1, V]
     beta = jnp.sum(jnp.where(iota(beta_row.shape, 1) == t, beta_row, 0.0), axis=1, keepdims=True)  # [1, 1]
     k_parts = eft.split(k)
     decayed, decay_err = eft.two_product(S, jnp.exp(g))  # S' exactly, as its rounding and the rest
-    dlt = beta * (v - eft.dot_rows(decayed, k, axis=0, y_parts=k_parts))
+    if e_ref is None:
+        held = eft.dot_rows(decayed, k, axis=0, y_parts=k_parts)
+    else:
+        held = eft.dot_rows(decayed, row_to_column(e_ref[row, :]), axis=0)
+    dlt = beta * (v - held)
     S = eft.fma(k, dlt, decayed, a_parts=k_parts, c_err=decay_err)  # S' + k dlt^T, rounded once
     o_ref[row, :] = eft.dot_rows(S, q * scale, axis=0)
     return S
 
 
 def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, *refs, cfg: Config, walk: Walk,
-                has_h0: bool):
-    if has_h0:
-        h0_ref, o_ref, ht_ref, S_scr = refs
-    else:
-        h0_ref = None
-        o_ref, ht_ref, S_scr = refs
+                has_h0: bool, has_e: bool):
+    refs = list(refs)
+    e_ref = refs.pop(0) if has_e else None
+    h0_ref = refs.pop(0) if has_h0 else None
+    o_ref, ht_ref, S_scr = refs
     begins, ends = walk.edges(edge_ref)
     start_state(S_scr, h0_ref, begins)
-    step = functools.partial(_token_step, q_ref=q_ref, k_ref=k_ref, v_ref=v_ref, g_ref=g_ref,
+    step = functools.partial(_token_step, q_ref=q_ref, k_ref=k_ref, e_ref=e_ref, v_ref=v_ref, g_ref=g_ref,
                              beta_row=beta_ref[...], o_ref=o_ref, scale=cfg.scale)
     S = lax.fori_loop(0, TOKENS, step, S_scr[...])
     S_scr[...] = S
@@ -85,9 +92,9 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, *refs,
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _fwd_impl(cfg: Config, q, k, v, g, beta, h0):
+def _fwd_impl(cfg: Config, q, k, v, g, beta, h0, e=None):
     """Head-major float32 kernel rows: q, k, g [R,H,T,K]; v [R,H,T,V]; beta [R,H,NT,1,TOKENS]; h0 [N,H,K,V] or
-    None. Returns o [R,H,T,V] and ht [N,H,K,V], float32."""
+    None; e [R,H,T,K], the erase keys, or None (the keys). Returns o [R,H,T,V] and ht [N,H,K,V], float32."""
     R, H, T, K = q.shape
     V = v.shape[-1]
     walk = Walk(T // TOKENS)
@@ -95,10 +102,12 @@ def _fwd_impl(cfg: Config, q, k, v, g, beta, h0):
     vspec = pl.BlockSpec((None, None, TOKENS, V), walk.chunk_map)
     bspec = pl.BlockSpec((None, None, None, 1, TOKENS), walk.chunk_states_map)
     sspec = pl.BlockSpec((None, None, K, V), walk.slot_map)
-    in_specs = [kspec, kspec, vspec, kspec, bspec] + ([sspec] if h0 is not None else [])
-    args = (q, k, v, g, beta) + ((h0,) if h0 is not None else ())
+    optional = [(x, spec) for x, spec in ((e, kspec), (h0, sspec)) if x is not None]
+    in_specs = [kspec, kspec, vspec, kspec, bspec] + [spec for _, spec in optional]
+    args = (q, k, v, g, beta) + tuple(x for x, _ in optional)
     o, ht = walk_pass(
-        functools.partial(_fwd_kernel, cfg=cfg, walk=walk, has_h0=h0 is not None), tables=cfg.walk.tables(),
+        functools.partial(_fwd_kernel, cfg=cfg, walk=walk, has_h0=h0 is not None, has_e=e is not None),
+        tables=cfg.walk.tables(),
         grid=(R, H, walk.NT), in_specs=in_specs, out_specs=[vspec, sspec],
         out_shape=[jax.ShapeDtypeStruct((R, H, T, V), F32), jax.ShapeDtypeStruct((cfg.packing.N, H, K, V), F32)],
         state=(K, V), interpret=cfg.interpret, name="kda_fused_recurrent_fwd",
