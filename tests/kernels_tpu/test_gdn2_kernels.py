@@ -13,6 +13,8 @@ them (tests/kernels_tpu/test_kda_kernels.py), since the kernels are kda's with t
   rounding in the chunk sums, the forward substitution and the state pass.
 - bfloat16 tensors: ``BF16_TOL = 2**-8 + F32_TOL``: computed in f32, rounded once to bf16 on output
   (round-to-nearest to 8 significant bits: relative error <= 2**-8 per element), plus the f32 compute error.
+- float16 tensors: ``FP16_TOL = 2**-11 + F32_TOL``, the same argument with fp16's 11 significant bits (the
+  policy's fp16 dots are bf16x4, exact products of fp16 data, so the f32 compute error is no larger).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from like_the_leg import leg_jit
 
 F32_TOL = 4 * 2.0**-16
 BF16_TOL = 2.0**-8 + F32_TOL
+FP16_TOL = 2.0**-11 + F32_TOL
 C = 64
 GRADS = ("dq", "dk", "dv", "dg", "db", "dw", "dh0", "dA_log", "ddt_bias")
 PRIMALS = ("q", "k", "v", "g", "b", "w", "initial_state", "A_log", "dt_bias")
@@ -43,7 +46,7 @@ def rel_l2(x, y) -> float:
 
 
 def tol_for(x) -> float:
-    return BF16_TOL if np.asarray(x).dtype == ml_dtypes.bfloat16 else F32_TOL
+    return {ml_dtypes.bfloat16: BF16_TOL, np.float16: FP16_TOL}.get(np.asarray(x).dtype.type, F32_TOL)
 
 
 def make_inputs(seed, T, H, K, V, dtype, *, N=1, h0=True, dht=True, gate="logsigmoid", normalise=True):
@@ -109,15 +112,17 @@ def check(o, ht, grads, o_r, ht_r, g_r, label):
 
 
 # ------------------------------------------------------------------ fp32 via the explicit API
-def test_fp32_h0_dht_explicit_api():
+def test_fp32_h0_dht_explicit_api_chunk_32():
+    """chunk_gdn2_fwd and chunk_gdn2_bwd; chunk 32 (the kernels take any multiple of 16, fla's gdn2 only 64): the
+    same function, so the same reference."""
     inp, do, dht = make_inputs(0, 128, 1, 32, 32, np.float32)
-    o, ht = chunk_gdn2_fwd(**inp, output_final_state=True, chunk_size=C, interpret=True)
-    grads = chunk_gdn2_bwd(**inp, do=do, dht=dht, chunk_size=C, interpret=True)
+    o, ht = chunk_gdn2_fwd(**inp, output_final_state=True, chunk_size=32, interpret=True)
+    grads = chunk_gdn2_bwd(**inp, do=do, dht=dht, chunk_size=32, interpret=True)
     o, ht = np.asarray(o), np.asarray(ht)
     grads = {n: None if x is None else np.asarray(x) for n, x in grads.items()}
     assert set(grads) == set(GRADS)
     assert o.dtype == ht.dtype == grads["dg"].dtype == grads["db"].dtype == np.float32
-    check(o, ht, grads, *reference(inp, do, dht), "fp32 T128 H1 K=V=32 h0 dht")
+    check(o, ht, grads, *reference(inp, do, dht), "fp32 T128 H1 K=V=32 C32 h0 dht")
 
 
 # ------------------------------------------------------------------ bf16 and the options, via jax.vjp
@@ -156,12 +161,13 @@ def test_bf16_gate_in_kernel_softplus_strong_decay():
     check(o, ht, grads, *reference(inp, do, dht, **opts), "bf16 T128 gate-in-kernel softplus")
 
 
-@pytest.mark.parametrize("chunk_size", [16, 32])
-def test_smaller_chunks_fp32(chunk_size):
-    """The kernels take any multiple of 16 (fla's gdn2 only 64): the same function, so the same reference."""
-    inp, do, dht = make_inputs(6, 64, 1, 32, 32, np.float32)
-    o, ht, grads = kernel_vjp(inp, do, dht, chunk_size=chunk_size)
-    check(o, ht, grads, *reference(inp, do, dht), f"fp32 T64 chunk {chunk_size}")
+def test_fp16_chunk_16():
+    """fp16 is widened to f32 before the kernels (Mosaic loads no fp16) and its dots run as the policy's bf16x4;
+    chunk 16, one sub-chunk per chunk (no off-diagonal blocks)."""
+    inp, do, dht = make_inputs(6, 64, 1, 32, 32, np.float16)
+    o, ht, grads = kernel_vjp(inp, do, dht, chunk_size=16)
+    assert o.dtype == grads["dq"].dtype == grads["db"].dtype == grads["dw"].dtype == np.float16
+    check(o, ht, grads, *reference(inp, do, dht), "fp16 T64 chunk 16")
 
 
 # ------------------------------------------------------------------ packed sequences, padding
