@@ -125,6 +125,26 @@ def test_fp32_h0_dht_explicit_api_chunk_32():
     check(o, ht, grads, *reference(inp, do, dht), "fp32 T128 H1 K=V=32 C32 h0 dht")
 
 
+@pytest.mark.heavy  # three forward-and-backward programs, 28 s on 2 cores
+def test_causality_probe_bit_exact():
+    """Perturb q, k, v, g, b, w and do (and dht) at positions > t0: o and dq at <= t0 are bit-identical."""
+    inp, do, dht = make_inputs(0, 128, 1, 32, 32, np.float32)
+    o0, _, g0 = kernel_vjp(inp, do, dht)
+    rng = np.random.default_rng(7)
+    for t0 in (40, 64 + 23):
+        pert = {n: x.copy() for n, x in inp.items()}
+        for n in ("q", "k", "v", "g", "b", "w"):
+            x = pert[n]
+            noise = rng.standard_normal(x[:, t0 + 1:].shape).astype(np.float32)
+            x[:, t0 + 1:] = x[:, t0 + 1:] - np.abs(noise) if n == "g" else noise
+        do_p = do.copy()
+        do_p[:, t0 + 1:] = rng.standard_normal(do_p[:, t0 + 1:].shape)
+        o1, _, g1 = kernel_vjp(pert, do_p, dht + 1)
+        assert np.array_equal(o1[:, :t0 + 1], o0[:, :t0 + 1]), t0
+        assert np.array_equal(g1["dq"][:, :t0 + 1], g0["dq"][:, :t0 + 1]), t0
+        assert not np.array_equal(o1[:, t0 + 1:], o0[:, t0 + 1:])
+
+
 # ------------------------------------------------------------------ bf16 and the options, via jax.vjp
 def test_bf16_h0_dht_l2norm_in_kernel_K128():
     inp, do, dht = make_inputs(1, 128, 2, 128, 128, ml_dtypes.bfloat16, normalise=False)
