@@ -11,7 +11,7 @@ changed: the erase side reads the erase key ``e = b * k`` where kda reads ``beta
 gated value ``x = w * v`` where kda reads ``beta v``. Chunk form (chunk of ``C`` tokens, ``G`` the chunk-local
 inclusive cumsum of ``g``, ``S`` the state entering the chunk, pairwise decays ``exp(G_r - G_s)`` for s <= r)::
 
-    A   = E,  E[r,s] = sum_d e[r,d] k[s,d] exp(G[r,d]-G[s,d])     (s < r; erase key of row r against key s)
+    A[r,s] = sum_d e[r,d] k[s,d] exp(G[r,d]-G[s,d])   (s < r: the erase key of row r against the key of s)
     Tm  = (I + A)^{-1}                          unit lower triangular, forward substitution
     U   = Tm x,  W = Tm (e * exp G)
     dlt = U - W S                               the new values w_t v_t - S'_t^T e_t
