@@ -1,10 +1,11 @@
 """deltanet-tpu (PyPI, Apache-2.0, import name ``deltanet_tpu``) as candidates: its chunked Pallas TPU kernels for
-the gated delta rule family, forward and backward, through its public entry points.
+the gated delta rule family (gdn, kda, gla, simple_gla and gdn2), forward and backward, through its public entry
+points.
 
 Every entry point is one kernel, ``chunk_gdn2`` (GDN-2: a per-channel log decay ``g``, an erase gate ``b`` on k, a
 write gate ``w`` on v), with a ``custom_vjp`` whose backward is Pallas too. Each harness op maps onto the entry
 point that fixes GDN-2's gates as fla's op has them, called with the case's tensors as the harness draws them (q,
-k, v, beta in the case dtype; g and h0 in float32), ``scale=case.resolved_scale``, ``initial_state=h0`` (K-first
+k, v, beta, b, w in the case dtype; g and h0 in float32), ``scale=case.resolved_scale``, ``initial_state=h0`` (K-first
 ``[B, HV, K, V]``, its layout too), ``output_final_state`` and ``chunk_size=128``:
 
 - ``gdn.chunk``: ``deltanet_tpu.chunk_gdn(q, k, v, g [B,T,HV], beta [B,T,HV])`` (it passes beta as both gates);
@@ -13,6 +14,10 @@ k, v, beta in the case dtype; g and h0 in float32), ``scale=case.resolved_scale`
   any form ([], [H], [H,K]) is broadcast to g's [B,T,H,K] (exact);
 - ``simple_gla.chunk``: ``deltanet_tpu.chunk_gla(q, k, v, g [B,T,H])``, the scalar decay per head, which it
   broadcasts over K itself; a ``g_gamma`` [] or [H] is broadcast to [B,T,H] (exact);
+- ``gdn2.chunk``: ``deltanet_tpu.chunk_gdn2(q, k, v, g [B,T,HV,K], b [B,T,HV,K], w [B,T,HV,V])``, fla's argument
+  names and maths. ``allow_neg_eigval`` (b drawn in [0, 2]) is passed as drawn: its docstring calls b "the
+  activated erase gate in [0, 1]", but nothing clamps it (``stability_guard``, off by default, would clamp b >= 0
+  only);
 - ``use_qk_l2norm_in_kernel`` maps to its ``qk_l2norm`` (q and k normalised in float32, ``rsqrt(sum x² + 1e-6)``,
   fla's law).
 
@@ -45,8 +50,7 @@ sigmoid exists only inside ``fuse_prologue``, which also changes g's law); ``all
 ``safe_gate``; the convolution in front (``conv1d``); g and g_gamma at once (only a rounding sum, made by the
 binding, would reach its one gate); a missing install.
 
-Not bound: ``chunk_delta_rule`` (gdn with g = 0: no harness op of its own) and ``chunk_gdn2`` (no gdn2 op in
-``harness.ops`` when this binding was written).
+Not bound: ``chunk_delta_rule`` (gdn with g = 0: no harness op of its own) and the decode steps.
 
 The leg forces interpret mode on every ``pallas_call`` itself; the library also picks interpret mode off a TPU
 (``jax.default_backend() != "tpu"``), which the leg's compile answers as a TPU host would, so its kernels reach
@@ -71,7 +75,7 @@ INSTALL = f"pip install --no-deps --ignore-requires-python deltanet-tpu=={VERSIO
 CHUNK = 128
 """Its Pallas kernels' one chunk size ("Pallas TPU kernel requires chunk_size=128")."""
 
-ENTRY = {"gdn": "chunk_gdn", "kda": "chunk_kda", "gla": "chunk_gla", "simple_gla": "chunk_gla"}
+ENTRY = {"gdn": "chunk_gdn", "kda": "chunk_kda", "gla": "chunk_gla", "simple_gla": "chunk_gla", "gdn2": "chunk_gdn2"}
 """harness op -> the ``deltanet_tpu`` entry point its ``chunk`` variant maps onto."""
 
 
@@ -94,7 +98,7 @@ REFUSED_OPTIONS = {
                            "fuse_prologue=True, is -exp(min(g, 5.0)), not fla's -exp(A_log) * softplus(g + dt_bias))"),
     "use_beta_sigmoid_in_kernel": ("beta is 'the activated gate in [0, 1]'; its sigmoid is applied only with "
                                    "fuse_prologue=True, which also changes g's law to -exp(min(g, 5.0))"),
-    "allow_neg_eigval": "it has no allow_neg_eigval (beta in [0, 1])",
+    "allow_neg_eigval": "it has no allow_neg_eigval (beta in [0, 1]; gdn2's b is drawn in [0, 2] and maps)",
     "lower_bound": "it has no lower_bound (no in-kernel gate)",
     "safe_gate": "it has no safe_gate",
     "conv1d": "it has no convolution in front (conv1d)",
@@ -111,7 +115,8 @@ def supports(case) -> str | None:
     if case.variant != "chunk":
         return (f"deltanet-tpu has one chunked Pallas kernel (chunk_gdn2), bound to {case.op}.chunk; its decode "
                 f"steps are one-token pure-JAX functions, not fla's {case.variant} kernels")
-    given = [f"{name}: {why}" for name, why in REFUSED_OPTIONS.items() if case.opt.get(name)]
+    given = [f"{name}: {why}" for name, why in REFUSED_OPTIONS.items() if case.opt.get(name)
+             and not (case.op == "gdn2" and name == "allow_neg_eigval")]  # gdn2's: a draw of b, no keyword
     if given:
         return f"deltanet_tpu.{ENTRY[case.op]} takes no " + "; ".join(given)
     if case.op in ("gla", "simple_gla") and gated.both_gates(case):
@@ -155,7 +160,8 @@ def _forward(precision: str):
 
         del ctx  # the candidate leg forces interpret mode itself
         fn = getattr(_LIB, ENTRY[case.op])
-        gates = (_gate(case, a),) if case.op in ("gla", "simple_gla") else (a["g"], a["beta"])
+        gates = ((_gate(case, a),) if case.op in ("gla", "simple_gla") else (a["g"], a["b"], a["w"])
+                 if case.op == "gdn2" else (a["g"], a["beta"]))
         out = _call(fn, a["q"], a["k"], a["v"], *gates,
                     cu_seqlens=None if case.cu_seqlens is None else np.asarray(case.cu_seqlens, np.int32),
                     initial_state=a.get("h0"), output_final_state=case.final_state, chunk_size=CHUNK,

@@ -30,6 +30,7 @@ MAPPED = {
     f"gdn.chunk/{GQA}/h0,dht",  # grouped value heads: value head j reads key head j // 2, as fla's
     f"kda.chunk/{GQA}/h0,dht,use_qk_l2norm_in_kernel=1",  # the per-channel gate, its qk_l2norm
 }
+GDN2 = "gdn2.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,dht,allow_neg_eigval=1"  # b in [0, 2], as drawn
 REFUSED = {
     "gdn.chunk/B1-T24-H2-K64-V64/bf16/g=logsigmoid/16/C64/h0":  # its own check, in its words
         "deltanet-tpu refuses the case: Unsupported head dimensions (K=64, V=64); Pallas TPU kernel requires K=128 "
@@ -38,6 +39,8 @@ REFUSED = {
     f"gdn.chunk/{GQA}/h0,use_beta_sigmoid_in_kernel=1,use_qk_l2norm_in_kernel=1": "'the activated gate in [0, 1]'",
     f"kda.chunk/{GQA}/h0,lower_bound=-5,use_gate_in_kernel=1": "no A_log/dt_bias gate",
     f"gdn.chunk/{GQA}/h0,conv1d=4,use_qk_l2norm_in_kernel=1": "no convolution in front",
+    "gdn2.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,lower_bound=-5,use_gate_in_kernel=1":
+        "no A_log/dt_bias gate",
     f"gdn.fused_recurrent/{GQA}/h0": "one chunked Pallas kernel",
     f"gdn.chunk/{GQA}/lens=20+44,h0": "applied to the first sequence only",
     f"gdn.chunk/{GQA}/lens=20+44": "return the last sequence's final state",
@@ -54,7 +57,7 @@ def test_the_binding_imports_without_the_library_and_refuses_with_the_install_co
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     for impl in (module.IMPLEMENTATION, module.FP32):
-        assert set(impl.bindings) == {"gdn", "kda", "gla", "simple_gla"}
+        assert set(impl.bindings) == {"gdn", "kda", "gla", "simple_gla", "gdn2"}
         why = impl.bindings["gdn"].supports(case_from_id(sorted(MAPPED)[0]))
         assert why == "deltanet-tpu is not installed (pip install --no-deps --ignore-requires-python deltanet-tpu==0.3.0)"
 
@@ -70,6 +73,14 @@ def test_what_does_not_map_is_refused_with_its_reason(case):
     leg = ExternalLeg("deltanet-tpu", "peers.deltanet_tpu:IMPLEMENTATION")
     why = leg.supports(get_op(c.op), c)
     assert why and REFUSED[case] in why, why
+
+
+@needs
+def test_gdn2_maps_b_as_drawn_with_allow_neg_eigval():
+    """gdn2's allow_neg_eigval is a draw of b in [0, 2], no keyword: chunk_gdn2 takes b as given (nothing clamps it)."""
+    import peers.deltanet_tpu as dn
+
+    assert dn.supports(case_from_id(GDN2)) is None
 
 
 @needs
