@@ -62,3 +62,37 @@ def raised_by(exc: BaseException, package_file: str) -> bool:
         return False
     return linecache.getline(filename, tb.tb_lineno).lstrip().startswith(("raise ", "assert "))
 
+
+
+def provider(package: str, distribution: str, install: str) -> str | None:
+    """None when the importable top-level ``package`` is the one ``distribution`` installed, else why not: not
+    installed (``install`` says how), or its files are another distribution's. Two wheels may install one package
+    name (gdn2-pallas and atomic-ops both install ``atomic_ops``); the last one installed overwrites the other's
+    files in place, so the path cannot tell them apart: the package's ``__init__.py`` is checked against the hash
+    ``distribution`` recorded for it."""
+    import base64
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return f"{distribution} is not installed ({install})"
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        owners = importlib.metadata.packages_distributions().get(package, [])
+        return (f"{distribution} is not installed ({install}): the package {package} here is "
+                f"{' and '.join(owners) or 'another distribution'}'s")
+    init = next((f for f in dist.files or () if str(f) == f"{package}/__init__.py"), None)
+    if init is None or Path(dist.locate_file(init)).resolve() != Path(spec.origin).resolve():
+        return f"the package {package} imported from {Path(spec.origin).parent} is not {distribution}'s"
+    if init.hash is not None:
+        digest = base64.urlsafe_b64encode(hashlib.new(init.hash.mode, Path(spec.origin).read_bytes()).digest())
+        if digest.rstrip(b"=").decode() != init.hash.value:
+            others = [d for d in importlib.metadata.packages_distributions().get(package, []) if d != distribution]
+            return (f"the package {package} here is not {distribution}'s: its files were overwritten by "
+                    f"{' and '.join(others) or 'another install'} (both install {package}; give each an "
+                    f"environment of its own)")
+    return None
