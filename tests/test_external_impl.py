@@ -165,6 +165,43 @@ def test_mxu_rounding_rounds_an_f32_dot_as_the_mxu_does():
     assert tally.macs and tally.ratio > 1  # the kernel's dots were counted, HIGHEST at six passes
 
 
+def test_mxu_rounding_differentiates_a_dot_as_a_tpu_does():
+    """Autodiff through a candidate's pure-JAX dot inside the model: the gradient is the dot's, its two cotangent
+    dots modeled at the dot's precision (the model's bf16 split is a bit mask, whose own derivative is zero: every
+    such gradient came back zero before; ejkernel's T > 1 path, reports/peers/ejkernel).
+
+    loss = sum(a @ b), so dloss/da[i, j] = sum_k b[j, k], the cotangent dot ones @ b^T. At DEFAULT precision a TPU
+    rounds b to bf16 in that dot: the gradient is the row sums of bf16(b), not of b. With operands bf16 holds
+    exactly (ones, 0.5) at HIGHEST, the modeled gradient is the exact one bit for bit."""
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+
+    from harness.legs.external import mxu_rounding
+
+    def loss(a, b, precision=None):
+        return jnp.einsum("ij,jk->ik", a, b, precision=precision).sum()
+
+    def modeled_grad(*args, **kw):
+        with mxu_rounding():
+            jax.clear_caches()
+            grad = jax.grad(loss)(*args, **kw)
+        jax.clear_caches()
+        return np.asarray(grad, np.float64)
+
+    a, b = jnp.ones((4, 8), jnp.float32), jnp.full((8, 3), 0.5, jnp.float32)
+    highest = dict(precision=jax.lax.Precision.HIGHEST)
+    assert np.array_equal(modeled_grad(a, b, **highest), np.asarray(jax.grad(loss)(a, b, **highest)))
+
+    b = jnp.asarray(np.random.default_rng(0).standard_normal((8, 3)), jnp.float32)
+    got = modeled_grad(a, b)[0]
+    rounded = np.asarray(b).astype(ml_dtypes.bfloat16).astype(np.float64).sum(axis=1)
+    exact = np.asarray(b, np.float64).sum(axis=1)
+    assert np.max(np.abs(got - rounded)) <= 1e-6 * np.max(np.abs(rounded))  # f32 sums of the bf16 values
+    assert np.max(np.abs(got - exact)) > 1e-4 * np.max(np.abs(exact))  # bf16's 2^-9 shows, f32's 2^-24 would not
+
+
 def test_tpu_info_answers_for_the_chip_compiled_for():
     from jax.experimental.pallas import tpu as pltpu
 

@@ -87,14 +87,48 @@ def _modeled_dot_general(original):
         if precision != lax.Precision.DEFAULT:  # HIGH, HIGHEST: the MXU takes them on f32 operands
             a, b = a.astype(jnp.float32), b.astype(jnp.float32)
         passes = mxu.mxu_passes(precision, a.dtype, b.dtype, pallas=False)
-        _local.inside = True
-        try:
-            out = mxu.modeled_dot(a, b, passes, params["dimension_numbers"])
-        finally:
-            _local.inside = False
-        return out.astype(out_dtype)
+        return _differentiable_model(passes, params["dimension_numbers"], precision)(a, b).astype(out_dtype)
 
     return bind
+
+
+def _differentiable_model(passes, dimension_numbers, precision):
+    """The MXU model of one dot (``kernels_tpu.mxu.modeled_dot``) as a function of (a, b) that autodiff can go
+    through. The model splits its operands into bf16 parts with bit masks, whose derivative is zero: differentiated
+    as written, every gradient through a candidate's pure-JAX dot would be zero. A TPU differentiates the dot
+    itself, and its two cotangent dots run on the MXU too, at the dot's precision: so is the backward here
+    (``lax.dot_general``'s own transpose, whose dots are bound inside the block and so modeled in turn; the
+    linearisation itself is taken outside the model, which would otherwise differentiate itself without end)."""
+    import jax
+    from jax import lax
+
+    from kernels_tpu import mxu
+
+    def exact(a, b):
+        return lax.dot_general(a, b, dimension_numbers, precision=precision,
+                               preferred_element_type=jax.numpy.float32)
+
+    @jax.custom_vjp
+    def modeled(a, b):
+        _local.inside = True
+        try:
+            return mxu.modeled_dot(a, b, passes, dimension_numbers)
+        finally:
+            _local.inside = False
+
+    def forward(a, b):
+        return modeled(a, b), (a, b)
+
+    def backward(operands, cotangent):
+        _local.inside = True  # the dot linearised as it is; its cotangent dots below go through the model
+        try:
+            pullback = jax.vjp(exact, *operands)[1]
+        finally:
+            _local.inside = False
+        return pullback(cotangent)
+
+    modeled.defvjp(forward, backward)
+    return modeled
 
 
 def mxu_rounding():
