@@ -160,10 +160,17 @@ def leg_inputs(leg_name: str, cases) -> dict:
 
 
 def _source_file(fn: Callable) -> str | None:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
+    """The file ``fn`` is defined in, through partials and ``functools.wraps`` wrappers in any nesting (a wrapper
+    of a partial, as the serving options wrap a descriptor's ``functools.partial``, is the partial's function's)."""
+    while True:
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        else:
+            break
     try:
-        return inspect.getsourcefile(inspect.unwrap(fn))
+        return inspect.getsourcefile(fn)
     except TypeError:  # a builtin or a C function: no source to hash
         return None
 

@@ -421,3 +421,24 @@ def test_the_reference_legs_key_follows_the_references_not_fla_nor_the_tpu_side(
     ref = BaselineCache(make_leg("ref"), directory=tmp_path / "c")
     assert ref.key(OP, CASE, INPUTS) not in (None, BaselineCache(make_leg("gpu"), directory=tmp_path / "c").key(
         OP, CASE, INPUTS))
+
+
+def test_a_bindings_source_file_is_found_through_partials_and_wrappers():
+    """A served descriptor wraps its op's functions with ``functools.wraps``; one of them may be a
+    ``functools.partial`` (gdn2's ``differentiable``: delta_rule's with gdn2's gates). inspect.unwrap stops at the
+    partial, which has no source file: gdn2's binding then had no fingerprint, so none of its rows were cached and
+    no compile record of it could be reused."""
+    import functools
+
+    from harness.ops import get_op
+    from harness.ops import delta_rule
+
+    def wrapper(case):
+        return None
+
+    part = functools.partial(delta_rule.differentiable, gates=("b", "w"))
+    wrapped = functools.wraps(part)(wrapper)
+    assert gc._source_file(wrapped) == gc._source_file(part) == delta_rule.__file__
+    assert gc._source_file(functools.partial(wrapped)) == delta_rule.__file__
+    for name in ("simple_gla", "gla", "kda", "gdn", "gdn2"):
+        assert gc.binding_fingerprint(get_op(name), make_leg("tpu")) is not None, name
