@@ -324,12 +324,13 @@ def _compile_keys(edited: str | None, monkeypatch) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("edited, moved", [
-    ("kernels_tpu/kda/chunk.py", {"kda", "gdn"}),
+    ("kernels_tpu/kda/chunk.py", {"kda", "gdn", "gdn2"}),  # gdn2's kernels import kda's pieces
+    ("kernels_tpu/gdn2/chunk.py", {"gdn2"}),
     ("kernels_tpu/gla/fused.py", {"gla"}),
-    ("kernels_tpu/mxu.py", {"simple_gla", "gla", "kda", "gdn"}),  # the MXU model: every dot's passes
-    ("harness/mosaic_dump.py", {"simple_gla", "gla", "kda", "gdn"}),  # how Mosaic's passes are read
-    ("harness/compile_cases.py", {"simple_gla", "gla", "kda", "gdn"}),
-    ("harness/runner.py", {"simple_gla", "gla", "kda", "gdn"}),  # validation, inputs, supports
+    ("kernels_tpu/mxu.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),  # the MXU model: every dot's passes
+    ("harness/mosaic_dump.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),  # how Mosaic's passes are read
+    ("harness/compile_cases.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
+    ("harness/runner.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),  # validation, inputs, supports
     ("harness/gate.py", set()),  # judging: no compile row depends on it
 ])
 def test_a_compile_rows_content_key_moves_with_exactly_what_the_row_was_made_from(monkeypatch, edited, moved):
