@@ -58,22 +58,9 @@ INSTALL = f"pip install --no-deps {DISTRIBUTION}=={VERSION}, in an environment w
 ENTRY = "atomic_gdn2.make_blr_trainable"
 
 
-def _import():
-    """``atomic_gdn2``, imported when this module is (outside any trace), and why not. Both of the wheel's
-    packages must be its own: ``atomic_ops`` shadowed by gdn2-pallas's means the two were installed together."""
-    why = mapping.provider("atomic_gdn2", DISTRIBUTION, INSTALL) or mapping.provider("atomic_ops", DISTRIBUTION,
-                                                                                      INSTALL)
-    if why:
-        return None, why
-    try:
-        import atomic_gdn2
-
-        return atomic_gdn2, None
-    except Exception as exc:  # noqa: BLE001 - any import failure is the reason for every row
-        return None, f"{DISTRIBUTION} could not be imported: {type(exc).__name__}: {exc}"
-
-
-_LIB, _IMPORT_ERROR = _import()
+# both of the wheel's packages must be its own: atomic_ops shadowed by gdn2-pallas's means the two were installed
+# together
+_LIB, _IMPORT_ERROR = mapping.import_provided("atomic_gdn2", DISTRIBUTION, INSTALL, ("atomic_gdn2", "atomic_ops"))
 
 REFUSED_OPTIONS = {
     "use_qk_l2norm_in_kernel": "its kernels take q and k as given (its layer normalises them outside)",
@@ -89,9 +76,9 @@ def supports(case) -> str | None:
         return _IMPORT_ERROR
     if case.variant != "chunk":
         return f"atomic_gdn2 has no {case.variant} kernel: its one path is chunked ({ENTRY})"
-    given = [f"{name}: {why}" for name, why in REFUSED_OPTIONS.items() if case.opt.get(name)]
-    if given:
-        return f"{ENTRY} takes no " + "; ".join(given)
+    why = mapping.refused_options(case, ENTRY, REFUSED_OPTIONS)
+    if why:
+        return why
     if case.cu_seqlens is not None:
         return f"{ENTRY} takes no packed sequences: its tensors are (B, H, L, D), with one h0 per batch row"
     if case.K != case.V:

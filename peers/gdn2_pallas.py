@@ -74,20 +74,7 @@ KERNELS = {"forward": ("A scores", "B WY block solve", "C recompute"), "backward
 """Its pallas_calls, by the names its source gives their stages (the kernels themselves are unnamed lambdas)."""
 
 
-def _import():
-    """The library, imported when this module is (outside any trace: docs/legs.md), and why not."""
-    why = mapping.provider("atomic_ops", DISTRIBUTION, INSTALL)
-    if why:
-        return None, why
-    try:
-        import atomic_ops
-
-        return atomic_ops, None
-    except Exception as exc:  # noqa: BLE001 - any import failure is the reason for every row
-        return None, f"{DISTRIBUTION} could not be imported: {type(exc).__name__}: {exc}"
-
-
-_LIB, _IMPORT_ERROR = _import()
+_LIB, _IMPORT_ERROR = mapping.import_provided("atomic_ops", DISTRIBUTION, INSTALL)  # outside any trace: docs/legs.md
 
 REFUSED_OPTIONS = {
     "use_qk_l2norm_in_kernel": "it takes q and k as given (no l2norm)",
@@ -104,9 +91,9 @@ def supports(case) -> str | None:
     if case.variant != "chunk":
         return (f"gdn2-pallas has no {case.variant} kernel: its one Pallas path is chunked "
                 f"({ENTRY}); its token-serial reference is a pure-JAX scan, not a decode kernel")
-    given = [f"{name}: {why}" for name, why in REFUSED_OPTIONS.items() if case.opt.get(name)]
-    if given:
-        return f"{ENTRY} takes no " + "; ".join(given)
+    why = mapping.refused_options(case, ENTRY, REFUSED_OPTIONS)
+    if why:
+        return why
     if case.cu_seqlens is not None:
         return (f"{ENTRY} takes no packed sequences: its tensors are (batch, seq_len, heads, d_head), with one h0 "
                 f"per batch row")

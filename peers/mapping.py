@@ -96,3 +96,26 @@ def provider(package: str, distribution: str, install: str) -> str | None:
                     f"{' and '.join(others) or 'another install'} (both install {package}; give each an "
                     f"environment of its own)")
     return None
+
+
+def import_provided(module: str, distribution: str, install: str, packages: tuple[str, ...] = ()):
+    """``(module, None)`` imported, or ``(None, why)``: each of ``packages`` (default: ``module``'s top-level
+    package) must be ``distribution``'s (:func:`provider`), and the import must succeed; any failure is the reason
+    every row of the binding gives. Call it when the binding's module is imported, outside any trace."""
+    import importlib
+
+    for package in packages or (module.split(".")[0],):
+        why = provider(package, distribution, install)
+        if why:
+            return None, why
+    try:
+        return importlib.import_module(module), None
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason for every row
+        return None, f"{distribution} could not be imported: {type(exc).__name__}: {exc}"
+
+
+def refused_options(case, entry: str, refused: dict) -> str | None:
+    """Why ``entry`` cannot take the case's options named in ``refused`` (option -> why, in the library's terms),
+    or None when the case sets none of them."""
+    given = [f"{name}: {why}" for name, why in refused.items() if case.opt.get(name)]
+    return f"{entry} takes no " + "; ".join(given) if given else None
