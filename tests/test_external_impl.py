@@ -52,6 +52,12 @@ def forward_with_an_fp16_load(case, a, ctx):
     return {**out, "o": out["o"] + 0 * touched.reshape(out["o"].shape).astype(out["o"].dtype)}
 
 
+def forward_wider(case, a, ctx):
+    # o computed from float32 inputs and returned in float32 for a bf16 case: more precision than a bf16 o holds
+    wide = {n: x.astype(jnp.float32) if n in ("q", "k", "v") else x for n, x in a.items()}
+    return forward(case, wide, ctx)
+
+
 def raises(case, a, ctx):
     raise RuntimeError("the kernel team's bug")
 
@@ -75,6 +81,7 @@ FULL = Impl(LegBinding(forward))
 FORWARD_ONLY = Impl(LegBinding(forward, differentiable=False))
 NO_COMPILE = Impl(LegBinding(forward_with_an_fp16_load, differentiable=False))
 RAISES = Impl(LegBinding(raises))
+WIDER = Impl(LegBinding(forward_wider, differentiable=False))
 CONSTANT_GATE = Impl(LegBinding(forward_with_a_constant_gate,
                                 no_gradient=lambda case: {"g": "the gate is a constant here"}))
 CONSTANT_GATE_UNDECLARED = Impl(LegBinding(forward_with_a_constant_gate))
@@ -88,6 +95,7 @@ ENTRY_POINTS = """
 tiny = tiny_impl:FULL
 tiny-fwd = tiny_impl:FORWARD_ONLY
 tiny-broken = tiny_impl:NO_COMPILE
+tiny-wide = tiny_impl:WIDER
 tiny-gone = tiny_impl_that_is_not_installed:IMPLEMENTATION
 """
 
@@ -255,6 +263,27 @@ def test_an_installed_implementation_gates_through_the_cli(installed, baseline, 
 
 
 @pytest.mark.needs_leg("gpu")
+def test_a_tensor_wider_than_declared_is_compared_as_the_declared_dtype_holds_it(installed, baseline, tmp_path):
+    """A candidate returning a bf16 case's o in float32 (computed from float32 inputs: rel-L2 near 1e-6 as returned)
+    is compared after rounding o to bf16, as its users hold it: its error is then bf16's (at least 2^-10 of o over
+    4096 elements of unit scale), equal to the TPU leg's rounding of the same numbers, and the row says what came
+    back. It never passes on the difference."""
+    import json
+
+    import numpy as np
+
+    assert main(["run", "--backend", "tiny-wide", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 0
+    _, rows = _rows(tmp_path, "tiny-wide")
+    o = rows[rows.tensor == "o"].iloc[0]
+    assert o.rel_l2 > 2.0**-10
+    assert json.loads(o.details)["returned_dtypes"] == {"o": "float32 returned, compared as bfloat16"}
+    _, tpu = _rows(baseline, "tpu")
+    assert o.rel_l2 < 2 * float(tpu[tpu.tensor == "o"].rel_l2.iloc[0])  # bf16's rounding, as the TPU leg's o
+    ht = rows[rows.tensor == "ht"]
+    assert ht.empty or "ht" not in json.loads(o.details)["returned_dtypes"]  # float32 as declared: untouched
+    assert np.isfinite(o.rel_l2)
+
+
 def test_a_forward_only_pass_says_so(installed, baseline, tmp_path):
     assert main(["run", "--backend", "tiny-fwd", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 0
     path, rows = _rows(tmp_path, "tiny-fwd")
