@@ -52,9 +52,10 @@ def _closure(op_name: str) -> set[str]:
 def test_each_ops_key_covers_its_own_kernels_and_the_shared_ones_and_no_other_ops():
     shared = {"kernels_tpu/common.py", "kernels_tpu/mxu.py", "kernels_tpu/varlen.py", "kernels_tpu/interpret.py"}
     own = {"simple_gla": "kernels_tpu/simple_gla/", "gla": "kernels_tpu/gla/", "kda": "kernels_tpu/kda/",
-           "gdn": "kernels_tpu/gdn/"}
+           "gdn": "kernels_tpu/gdn/", "gdn2": "kernels_tpu/gdn2/"}
     assert set(own) == set(OPS)
-    uses = {"gdn": {"kda"}}  # gdn runs on kda's kernels with its scalar decay broadcast over K
+    # gdn runs on kda's kernels with its scalar decay broadcast over K; gdn2's are kda's with two operands changed
+    uses = {"gdn": {"kda"}, "gdn2": {"kda"}}
     for name in OPS:
         closure = _closure(name)
         assert shared <= closure, name
@@ -85,12 +86,13 @@ def _keys(tmp_path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("edited, moved", [
-    ("kernels_tpu/kda/chunk.py", {"kda", "gdn"}),
+    ("kernels_tpu/kda/chunk.py", {"kda", "gdn", "gdn2"}),
+    ("kernels_tpu/gdn2/chunk.py", {"gdn2"}),
     ("kernels_tpu/simple_gla/fused_chunk.py", {"simple_gla"}),
     ("kernels_tpu/gla/fused.py", {"gla"}),
     ("kernels_tpu/gdn/chunk.py", {"gdn"}),
-    ("kernels_tpu/common.py", {"simple_gla", "gla", "kda", "gdn"}),
-    ("harness/legs/tpu.py", {"simple_gla", "gla", "kda", "gdn"}),
+    ("kernels_tpu/common.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
+    ("harness/legs/tpu.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
     ("harness/emulation/dots.py", set()),  # fla's emulation: not the TPU side
     ("harness/gate.py", set()),  # the judging code: rows are rebuilt from served outputs
 ])

@@ -324,7 +324,8 @@ def test_gpu_leg_isolates_sequences_bit_exactly_for_every_op(gpu_leg, op_name):
 def test_causality_picks_a_packed_case_per_op_variant_and_gate_as_well():
     chosen = causality_cases(get_suite("smoke") + get_suite("regressions"))
     packed = [(c.op, c.variant, c.gate.kind) for c in chosen if c.lens]
-    assert len(packed) == len(set(packed)) and {op for op, _, _ in packed} == {"simple_gla", "gla", "kda", "gdn"}
+    assert len(packed) == len(set(packed))
+    assert {op for op, _, _ in packed} == {"simple_gla", "gla", "kda", "gdn", "gdn2"}
     assert all(c.num_seqs >= 3 and c.K % 128 == 0 for c in chosen if c.lens)
     unpacked = causality_cases(get_suite("smoke"))
     assert [c for c in unpacked if not c.lens] == causality_cases([c for c in get_suite("smoke") if not c.lens])

@@ -168,6 +168,7 @@ def test_fp32_gate_in_kernel_lower_bound_with_A_log_dt_bias_padded_T():
     check(o, ht, grads, *reference(inp, do, dht, **opts), "fp32 T100 gate-in-kernel lb-5 safe_gate A_log dt_bias")
 
 
+@pytest.mark.heavy  # a second in-op gate form; CI runs it once, in -m heavy, not on each of its three stacks
 def test_bf16_gate_in_kernel_softplus_strong_decay():
     """-exp(A_log) softplus(g + dt_bias), A_log ~ N(1, 1): per-step decays down to about -10, chunk cumsums in
     the hundreds; the factored exponents must not overflow."""
@@ -181,6 +182,8 @@ def test_bf16_gate_in_kernel_softplus_strong_decay():
     check(o, ht, grads, *reference(inp, do, dht, **opts), "bf16 T128 gate-in-kernel softplus")
 
 
+@pytest.mark.heavy  # fp16 widened at the boundary (kda's tests hold that path by default); CI runs it once, in -m
+# heavy, not on each of its three stacks
 def test_fp16_chunk_16():
     """fp16 is widened to f32 before the kernels (Mosaic loads no fp16) and its dots run as the policy's bf16x4;
     chunk 16, one sub-chunk per chunk (no off-diagonal blocks)."""
@@ -204,6 +207,7 @@ def test_packed_with_an_empty_sequence_passes_its_state_through():
 
 
 # ------------------------------------------------------------------ b = w = beta is KDA
+@pytest.mark.heavy  # two kernels' programs; CI runs it once, in -m heavy, not on each of its three stacks
 def test_b_and_w_equal_to_beta_is_this_projects_kda(monkeypatch):
     """b = beta on every key channel and w = beta on every value channel: the same function as kda with beta,
     computed in another order (the erase key beta*k enters the pair scores where kda scales them by beta after).
