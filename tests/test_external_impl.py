@@ -284,6 +284,7 @@ def test_a_tensor_wider_than_declared_is_compared_as_the_declared_dtype_holds_it
     assert np.isfinite(o.rel_l2)
 
 
+@pytest.mark.needs_leg("gpu")
 def test_a_forward_only_pass_says_so(installed, baseline, tmp_path):
     assert main(["run", "--backend", "tiny-fwd", "--case", CASE, "--out", str(tmp_path), "--no-progress"]) == 0
     path, rows = _rows(tmp_path, "tiny-fwd")
