@@ -19,7 +19,8 @@ Per (op, variant, dtype, gate form) and candidate, a cell says:
   non-finite output).
 
 The compile table counts, per candidate and target, the cases it ran (not refused) whose rows say they were compiled
-for that target (``compiled_for``). The findings table lists each report's ``findings.toml`` (``[[finding]]``
+for that target (``compiled_for``), the Pallas kernels per case (a case with none ran plain JAX or XLA) and the stack
+(jax, libtpu) the rows ran on. The findings table lists each report's ``findings.toml`` (``[[finding]]``
 tables with ``candidate``, ``title`` and ``link``, relative to that report's folder): what a person located and
 wrote up, linked, counted per candidate.
 
@@ -30,6 +31,7 @@ folder it reads, and ``tests/test_peer_table.py`` fails when the committed page 
 from __future__ import annotations
 
 import html
+import json
 import math
 import tomllib
 from pathlib import Path
@@ -45,6 +47,9 @@ from .policy import Policy
 from .results import read_table
 
 TARGETS = ("v5e", "v6e", "v7x")
+CASE_COLUMNS = ("compiled_for", "kernels_traced", "kernels_mosaic", "versions")
+"""What a candidate's rows say once per case: where it compiled, how many Pallas kernels it ran, on which stack."""
+STACK = ("jax", "libtpu")
 FINDINGS = "findings.toml"
 
 
@@ -93,7 +98,8 @@ def all_rows(root: Path, policy: Policy) -> pd.DataFrame:
         table = peer_table(baseline, candidates, policy)
         table["report"] = folder.relative_to(root).as_posix() or "."
         table["made"] = str(baseline["timestamp"].max())
-        case_rows = pd.concat(candidates)[["case_id", "leg", "compiled_for"]].drop_duplicates(["case_id", "leg"])
+        case_rows = pd.concat(candidates).reindex(columns=["case_id", "leg", *CASE_COLUMNS])
+        case_rows = case_rows.drop_duplicates(["case_id", "leg"])
         table = table.drop(columns="compiled_for").merge(
             case_rows.rename(columns={"leg": "candidate"}), on=["case_id", "candidate"], how="left")
         tables.append(table)
@@ -158,14 +164,38 @@ def cell(r) -> str:
     return "; ".join(parts) or "–"
 
 
+def pallas_kernels(group: pd.DataFrame) -> str:
+    """The Pallas kernels a candidate's cases ran: ``min–max`` per case (Mosaic's count where the case compiled,
+    else the count traced), and how many ran none, the sign of a fallback to plain JAX or XLA. Only cases that
+    ran to their outputs count: one that broke (``error``) may have stopped before its first kernel."""
+    done = group[group["status"] == "ok"]
+    counts = done["kernels_mosaic"].fillna(done["kernels_traced"]).dropna().astype(int)
+    if counts.empty:
+        return "–"
+    text = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}–{counts.max()}"
+    none = int((counts == 0).sum())
+    return text + (f" ({none} with none)" if none and counts.max() else "")
+
+
+def stacks(group: pd.DataFrame) -> str:
+    """The stacks a candidate's rows ran on: jax and libtpu, from the rows' ``versions``."""
+    found = set()
+    for text in group["versions"].dropna():
+        versions = json.loads(text)
+        found.add(", ".join(f"{name} {versions[name]}" for name in STACK if name in versions))
+    return "; ".join(sorted(found)) or "–"
+
+
 def compile_counts(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per candidate: cases run (not refused) and, per target, how many of them were compiled for it."""
+    """Per candidate: cases run (not refused) and, per target, how many of them were compiled for it; the Pallas
+    kernels per case (:func:`pallas_kernels`) and the stack (:func:`stacks`)."""
     ran = rows[rows["status"] != "unsupported"].drop_duplicates(["candidate", "case_id"])
     out = []
     for candidate, group in ran.groupby("candidate"):
         targets = group["compiled_for"].fillna("").map(lambda s: set(s.split(",")) if s else set())
         out.append({"candidate": candidate, "cases run": len(group),
-                    **{t: int(targets.map(lambda s, t=t: t in s).sum()) for t in TARGETS}})
+                    **{t: int(targets.map(lambda s, t=t: t in s).sum()) for t in TARGETS},
+                    "Pallas kernels per case": pallas_kernels(group), "stack": stacks(group)})
     return pd.DataFrame(out)
 
 
@@ -225,8 +255,9 @@ def markdown(t: dict[str, pd.DataFrame]) -> str:
     for op, frame in t["ops"].groupby("op", sort=True):
         lines += [f"## {op}", ""] + _md_table(frame.drop(columns="op")) + [""]
     lines += ["## Compiled for real TPUs", "",
-              "Cases each candidate ran (not refused), and how many of them compiled for each target (libtpu, "
-              "deviceless).", ""] + _md_table(t["compile"]) + [""]
+              "Cases each candidate ran (not refused); how many of them compiled for each target (libtpu, "
+              "deviceless); the Pallas kernels per case (Mosaic's count, else the count traced: a case with none "
+              "ran plain JAX or XLA); the jax and libtpu its rows ran on.", ""] + _md_table(t["compile"]) + [""]
     lines += ["## Located findings", ""]
     counts = t["findings"].groupby("candidate").size()
     lines += [", ".join(f"{c}: {n}" for c, n in counts.items()) + "." if len(counts) else "None declared.", ""]

@@ -71,3 +71,22 @@ def test_it_never_overwrites_a_page_it_did_not_write(tmp_path, capsys):
     assert main(["peers", "--root", str(tmp_path), "--force"]) == 0
     assert (tmp_path / "README.md").read_text().startswith("# Every peer against fla")
     assert main(["peers", "--root", str(tmp_path)]) == 0  # its own page it replaces
+
+
+def test_the_compile_table_counts_pallas_kernels_and_names_the_stack():
+    from harness.peer_table import compile_counts
+
+    versions = '{"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": "0.0.42.1", "peer": "peer 1.0"}'
+    rows = pd.DataFrame([
+        {**_row("a", "o"), "compiled_for": "v5e,v6e", "kernels_mosaic": 3.0, "kernels_traced": 3.0, "versions": versions},
+        {**_row("b", "o"), "compiled_for": "v6e", "kernels_mosaic": math.nan, "kernels_traced": 0.0,  # not compiled
+         "versions": '{"jax": "0.9.2", "libtpu": "0.0.37"}'},
+        {**_row("c", "o"), "compiled_for": "", "kernels_mosaic": 5.0, "kernels_traced": 4.0, "versions": versions},
+        {**_row("d", "o", status="unsupported"), "compiled_for": "", "kernels_mosaic": math.nan,
+         "kernels_traced": math.nan, "versions": math.nan},  # refused: not a case run
+        {**_row("e", "o", status="error"), "compiled_for": "", "kernels_mosaic": math.nan, "kernels_traced": 0.0,
+         "versions": versions}])  # broke before its first kernel: run, but its count says nothing
+    (r,) = compile_counts(rows).to_dict("records")
+    assert (r["cases run"], r["v5e"], r["v6e"], r["v7x"]) == (4, 1, 2, 0)
+    assert r["Pallas kernels per case"] == "0–5 (1 with none)"  # Mosaic's 5, not the 4 traced, for c
+    assert r["stack"] == "jax 0.10.2, libtpu 0.0.42.1; jax 0.9.2, libtpu 0.0.37"
