@@ -7,6 +7,10 @@ prints, against the float64 reference:
 - per slot of the pool (``ht``): who writes and reads it, and its rel-L2 (0 where the bits are the reference's).
 
     python reports/peers/serving/locate.py tpu-inference-v3 'CASE_ID'
+    python reports/peers/serving/locate.py flywheel-tpu 'CASE_ID' exact   # a candidate's dots left exact
+
+``exact`` runs a candidate leg with every dot at XLA:CPU's float32 instead of the MXU model's rounding: what
+remains of its error is not the MXU's passes.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ def _rel(got, want) -> str:
     return f"{err / scale:.3g}" if scale else f"|err| {err:.3g} (reference all zeros)"
 
 
-def main(leg_name: str, case_id: str) -> None:
+def main(leg_name: str, case_id: str, exact: str = "") -> None:
+    import contextlib
+
     from cases.inputs import make_inputs
     from harness.app import case_from_id
+    from harness.legs import external
     from harness.legs.registry import make_leg
     from harness.ops import get_op
     from harness.ops.serving import slots
@@ -38,9 +45,15 @@ def main(leg_name: str, case_id: str) -> None:
     inputs = make_inputs(case, op.inputs(case))
     want = op.reference(case, inputs.as_float64(), method="chunk")
     leg = make_leg(leg_name, **({"compile_targets": ()} if leg_name == "tpu" else {}))
-    got = leg.run(op, case, inputs).tensors
+    saved = external.mxu_rounding
+    if exact:
+        external.mxu_rounding = contextlib.nullcontext
+    try:
+        got = leg.run(op, case, inputs).tensors
+    finally:
+        external.mxu_rounding = saved
     offsets, _ = requests(case)
-    print(f"{leg_name} on {case_id}")
+    print(f"{leg_name} on {case_id}" + (" (every dot exact)" if exact else ""))
     for i, (bos, eos) in enumerate(zip(offsets, offsets[1:])):
         o = _rel(got["o"][:, bos:eos], want["o"][:, bos:eos]) if eos > bos else "(no tokens)"
         conv = f", conv_ht {_rel(got['conv_ht'][i], want['conv_ht'][i])}" if "conv_ht" in got else ""
@@ -57,4 +70,4 @@ def main(leg_name: str, case_id: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
