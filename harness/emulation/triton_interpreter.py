@@ -105,6 +105,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from .batched_grid import DEFAULT_MAX_PROGRAMS, _install_batched_grid, summarize
 from .autotune import LOCK, AutotuneRecord, AutotuneRule, EmulationSession, _install_autotune_pin, pinned_autotune
 from .bf16_arith import _install_bf16_arithmetic
 from .bits import bf16_bits_to_f32, f32_to_bf16_bits, round_to_tf32
@@ -139,7 +140,8 @@ TF32_ROUNDINGS = ("truncate", "rne", "rna")
 def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision: bool = False,
                      tf32_rounding: str = "truncate", autotune_rule: AutotuneRule = "first", bf16: bool = True,
                      dots: bool = True, loop_tensors: bool = True, autotune: bool = True,
-                     ptx_arith: bool = True) -> Iterator[EmulationSession]:
+                     ptx_arith: bool = True, batched_grid: bool = True,
+                     batched_grid_max_programs: int = DEFAULT_MAX_PROGRAMS) -> Iterator[EmulationSession]:
     """Scoped H100-like numerics for the Triton interpreter (see module doc).
 
     dot_precision: default ``input_precision`` for float32 ``tl.dot`` in the
@@ -151,6 +153,16 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
     autotune_rule: see :func:`pinned_autotune`.
     bf16 / dots / loop_tensors / autotune / ptx_arith: switch individual fixes
         off (for demonstrating the stock interpreter's behaviour).
+    batched_grid: run every program of a launch together, one pass over the
+        kernel (``batched_grid`` module: split where programs diverge, the
+        stock sequential loop where a launch cannot be batched), bit for bit
+        equal to the sequential loop; False keeps the stock loop (one pass per
+        program), the reference the batched executor is compared with.
+    batched_grid_max_programs: at most this many programs per pass (memory).
+
+    ``session.grid_launches`` lists, per launch, how it ran (kernel, grid,
+    mode batched/split/sequential, groups, reason); ``settings["grid_launches"]``
+    counts them (updated as launches run).
 
     Yields an :class:`EmulationSession` (``autotune_records()``,
     ``chosen_configs()``, ``configs_summary()``, ``settings``).  Raises
@@ -180,7 +192,14 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         "scalar_arith": "ptx" if ptx_arith else "stock-interpreter",
         "loop_induction_tensors": bool(loop_tensors),
         "autotune_rule": (autotune_rule if isinstance(autotune_rule, str) else "callable") if autotune else "stock",
+        "batched_grid": bool(batched_grid),
     })
+    session.grid_launches = []
+
+    def record_launch(rec, session=session):
+        session.grid_launches.append(rec)
+        session.settings["grid_launches"] = summarize(session.grid_launches)
+
     with LOCK:
         patcher = Patcher()
         try:
@@ -213,6 +232,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
                         vars(lang)["fp32_default"] = had
 
                 patcher.add_undo(undo_knob)
+            if batched_grid:  # last: it wraps the numerics patches above, outermost
+                _install_batched_grid(patcher, record_launch, batched_grid_max_programs)
             # A GPU computes exp2 of a masked-out exponent to inf without a word, and the kernel's mask drops it;
             # numpy's interpreter warns ("overflow encountered in exp2") on rows that end up finite. Every row
             # counts its own NaN and Inf, so nothing is hidden by keeping numpy as quiet as the hardware.

@@ -49,15 +49,26 @@ def to_numpy(t) -> np.ndarray:
 
 
 FLA_DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
+BATCHED_GRID_ENV = "PARITY_BATCHED_GRID"
+"""``0`` runs every emulated launch with the interpreter's stock sequential loop (one pass per program) instead of
+the batched executor (harness/emulation/batched_grid.py); the rows are bit for bit the same either way."""
+
+
+def batched_grid_default() -> bool:
+    return os.environ.get(BATCHED_GRID_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class GpuLeg(Leg):
     """fla's Triton kernels: native on CUDA, else through the Triton interpreter (harness/emulation)."""
 
-    def __init__(self, dot_precision: str | None = None, force_emulation: bool = False):
+    def __init__(self, dot_precision: str | None = None, force_emulation: bool = False,
+                 batched_grid: bool | None = None):
         """``dot_precision`` plays TRITON_F32_DEFAULT for f32 dots that do not set
         ``input_precision`` themselves; None keeps the process setting (else tf32),
-        exactly as a native run resolves it."""
+        exactly as a native run resolves it. ``batched_grid`` (emulated runs): all
+        programs of a launch in one interpreter pass (True) or the stock loop
+        (False); None reads PARITY_BATCHED_GRID (default on)."""
+        self.batched_grid = batched_grid_default() if batched_grid is None else bool(batched_grid)
         if dot_precision not in DOT_PRECISIONS:
             raise ValueError(f"{dot_precision=} must be one of {DOT_PRECISIONS}")
         from harness.emulation import emulation_problem, enable_interpreter_mode, native_cuda_available
@@ -96,7 +107,7 @@ class GpuLeg(Leg):
 
         if self.native:
             return pinned_autotune()
-        return triton_emulation(dot_precision=self.dot_precision)
+        return triton_emulation(dot_precision=self.dot_precision, batched_grid=self.batched_grid)
 
     def environment(self) -> Environment:
         from harness.emulation import triton_versions

@@ -1,0 +1,600 @@
+"""Run every program of one Triton launch in one pass of the interpreter, bit for bit equal to its sequential loop.
+
+triton 3.9's ``GridExecutor`` runs ``for x, y, z in grid: set_grid_idx(x, y, z); fn(**args)``: one Python pass over
+the kernel per program, every builder operation on one block at a time. Here a launch's programs run *together*:
+
+* **Program axis.** Every ``TensorHandle``'s data carries a leading program axis: ``(L, *block_shape)`` for a block,
+  ``(L,)`` for a scalar, where ``L`` is the number of programs of the group that runs (values that differ between
+  programs) or 1 (values every program shares: constants, ``tl.arange``, ``tl.num_programs``, arguments). numpy
+  broadcasts the two kinds together, so elementwise builder operations (and the emulation's numerics patches:
+  ``bf16_arith``, ``ptx_arith``, ``dots``, ``comparisons``) run once for the whole group, one numpy operation each.
+  ``tl.program_id(axis)`` is the vector of the group's grid indices. Every builder method that reads a shape or an
+  axis is wrapped (outermost, after the numerics patches) so that the program axis is kept: splat, unsplat,
+  broadcast, reshape, expand_dims, trans/permute, cat, join, gather, ``tl.tensor.T``, reduce and scan axes (+1,
+  ``axis=None`` reduced per program), make_range, loads and stores (pointer, mask and ``other`` broadcast to the
+  group). ``fmul``/``fadd``/``fsub`` get operands of one program-axis length, so ``ptx_arith``'s fusion of a
+  product into an add (which asks for equal shapes) sees exactly what it sees per program.
+* **Control flow.** A Python ``if``/``while``/``range()``/``int()`` on a kernel value (``tl.tensor.__bool__``,
+  ``__index__``, ``TensorHandle.__bool__``) asks every program of the group: when they agree the pass goes on;
+  when they do not, :class:`Divergence` carries each program's value, the group's stores are undone (an undo log of
+  the old values, replayed in reverse), and the group is split into sub-groups that agree, in sequential order,
+  which run again from the start (and may split again). Varlen chunk counts, ``if i_t * BT >= T: return``, loop
+  bounds loaded from ``cu_seqlens``: each splits by value.
+* **Memory order.** Programs of a launch may run in another interleaving than the sequential loop only if no
+  program reads or writes what another program wrote, nor writes what another read. Every store records, per
+  element of the launch's argument storages, the lowest and highest (sequential) program index that wrote it; a
+  store or load by a program touching an element another program wrote is a conflict. Reads are recorded the same
+  way for the storages a launch both loads and stores: when a launch did, it is undone and run again with read
+  tracking on those storages, and a store to an element another program read is a conflict too. A conflict undoes
+  the launch and runs it sequentially. With no conflict, each element's loads see the launch's initial value or the
+  same program's own earlier store, and its final value is one program's last store: the same as in any order of
+  whole programs, so the same as the sequential loop.
+* **Fallback.** Atomics (``create_atomic_*``: the sequential order of an atomic read-modify-write is observable),
+  tensor descriptors, ``tl.device_print``, histograms, scaled dots, a failing ``device_assert``, an address outside
+  the launch's argument storages, a storage accessed with two element sizes, a conflict, or any exception: the
+  launch's stores are undone and it runs with the stock sequential loop (which raises whatever it raises).
+* **Chunks.** At most ``max_programs`` programs run together (the program axis of every block of the pass is that
+  long); a bigger grid runs as consecutive chunks in sequential order. Chunks of one launch are checked against
+  each other like programs (the records span the launch), so chunking changes no bits.
+
+Why the bits are equal: every operation a program performs is the same numpy operation on the same values as in its
+own sequential pass, with an extra leading axis (elementwise ops are per element; reductions, scans and dots reduce
+over block axes only, in the same order; ``np.matmul`` computes a stack of matrices one by one with the same
+kernel), control flow is only taken where every program of the group takes it, and memory is checked as above.
+The test module ``tests/test_batched_grid.py`` compares every GPU-leg metric with ``batched_grid=False``.
+
+Each launch is recorded (kernel, grid, mode, groups, reason): ``batched`` (every program in one pass, or in chunks),
+``split`` (diverged at least once), ``sequential`` (fell back; the reason says why).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .patcher import Patcher
+
+DEFAULT_MAX_PROGRAMS = 256
+
+
+class Divergence(Exception):
+    """Programs of one group take different control flow; ``keys`` holds each program's value."""
+
+    def __init__(self, keys):
+        super().__init__("programs of a group diverge")
+        self.keys = list(keys)
+
+
+class Unbatchable(Exception):
+    """Something the batched pass cannot do in the sequential loop's sense: the launch runs sequentially."""
+
+
+class _State:
+    """The group that runs now (one pass at a time: the interpreter keeps global state)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.coords: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+        self.lin: Optional[np.ndarray] = None
+        self.memory: Optional["_Memory"] = None
+
+
+_STATE = _State()
+
+
+def _lead(data) -> int:
+    return data.shape[0] if getattr(data, "ndim", 0) else 1
+
+
+def _to_lead(data: np.ndarray, n: int) -> np.ndarray:
+    if _lead(data) == n:
+        return data
+    return np.broadcast_to(data, (n, ) + data.shape[1:])
+
+
+def _find_signal(exc: BaseException):
+    seen = 0
+    while exc is not None and seen < 64:
+        if isinstance(exc, (Divergence, Unbatchable)):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def _agree(keys: List[Any]):
+    first = keys[0]
+    for k in keys[1:]:
+        if k != first:
+            raise Divergence(keys)
+    return first
+
+
+class _Memory:
+    """Undo log and per-element program records over a launch's argument storages (see the module doc)."""
+
+    def __init__(self, storages: List[Tuple[int, int]], track_reads=frozenset()) -> None:
+        storages = sorted(set(storages))
+        self.bases = np.array([b for b, _ in storages], dtype=np.uint64)
+        self.ends = np.array([b + n for b, n in storages], dtype=np.uint64)
+        self.undo: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.loaded: set = set()
+        self.stored: set = set()
+        self.track_reads = set(track_reads)
+        self.itemsize: Dict[int, int] = {}
+        self.writes: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+        self.reads: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+
+    def _locate(self, addrs: np.ndarray, itemsize: int) -> Tuple[int, np.ndarray]:
+        lo, hi = addrs.min(), addrs.max()
+        sid = int(np.searchsorted(self.bases, lo, side="right")) - 1
+        if sid < 0 or hi + np.uint64(itemsize) > self.ends[sid] or lo < self.bases[sid]:
+            raise Unbatchable("an access outside one argument storage of the launch")
+        if self.itemsize.setdefault(sid, itemsize) != itemsize:
+            raise Unbatchable("an argument storage accessed with two element sizes")
+        off = addrs - self.bases[sid]
+        if np.any(off % np.uint64(itemsize)):
+            raise Unbatchable("a misaligned access")
+        return sid, (off // np.uint64(itemsize)).astype(np.int64)
+
+    def _maps(self, table, sid):
+        m = table.get(sid)
+        if m is None:
+            n = int((self.ends[sid] - self.bases[sid]) // np.uint64(self.itemsize[sid]))
+            m = (np.full(n, np.iinfo(np.int64).max, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+            table[sid] = m
+        return m
+
+    def _who(self, ptrs: np.ndarray, mask: np.ndarray):
+        """Masked addresses and, per element, the lowest and highest program index that performs the access."""
+        lin = _STATE.lin
+        if _lead(ptrs) == len(lin):
+            progs = np.broadcast_to(lin.reshape((-1, ) + (1, ) * (ptrs.ndim - 1)), ptrs.shape)
+            p = progs[mask]
+            return ptrs[mask], p, p
+        # one address block shared by every program of the group (uniform pointers)
+        m = mask.any(axis=0) if mask.ndim and _lead(mask) > 1 else mask.reshape(ptrs.shape)
+        addrs = ptrs[m]
+        return addrs, np.full(addrs.shape, lin[0]), np.full(addrs.shape, lin[-1])
+
+    @staticmethod
+    def _clash(recmin, recmax, idx, pmin, pmax) -> bool:
+        lo, hi = recmin[idx], recmax[idx]
+        touched = hi >= 0
+        return bool(np.any(touched & ((lo != pmin) | (hi != pmax) | (pmin != pmax))))
+
+    def load(self, ptrs: np.ndarray, mask: np.ndarray, itemsize: int) -> None:
+        addrs, pmin, pmax = self._who(ptrs, mask)
+        if addrs.size == 0:
+            return
+        sid, idx = self._locate(addrs, itemsize)
+        self.loaded.add(sid)
+        if sid in self.writes and self._clash(*self.writes[sid], idx, pmin, pmax):
+            raise Unbatchable("a program reads what another program of the launch wrote")
+        if sid in self.track_reads:
+            rmin, rmax = self._maps(self.reads, sid)
+            np.minimum.at(rmin, idx, pmin)
+            np.maximum.at(rmax, idx, pmax)
+
+    def store(self, ptrs: np.ndarray, mask: np.ndarray, itemsize: int, np_dtype) -> None:
+        import triton.runtime.interpreter as interp
+
+        addrs, pmin, pmax = self._who(ptrs, mask)
+        if addrs.size == 0:
+            return
+        sid, idx = self._locate(addrs, itemsize)
+        self.stored.add(sid)
+        if sid in self.reads and self._clash(*self.reads[sid], idx, pmin, pmax):
+            raise Unbatchable("a program writes what another program of the launch read")
+        wmin, wmax = self._maps(self.writes, sid)
+        if self._clash(wmin, wmax, idx, pmin, pmax):
+            raise Unbatchable("two programs of the launch write one address")
+        np.minimum.at(wmin, idx, pmin)
+        np.maximum.at(wmax, idx, pmax)
+        if np.any(wmin[idx] != wmax[idx]):
+            raise Unbatchable("two programs of the launch write one address")
+        old = interp._interpreter.load(ptrs, mask, np.zeros(ptrs.shape, dtype=np_dtype), np_dtype)
+        self.undo.append((ptrs, mask, old))
+
+    def rollback(self, mark: int = 0) -> None:
+        import triton.runtime.interpreter as interp
+
+        while len(self.undo) > mark:
+            ptrs, mask, old = self.undo.pop()
+            interp._interpreter.store(ptrs, old, mask)
+
+
+def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], None],
+                          max_programs: int = DEFAULT_MAX_PROGRAMS) -> None:
+    """Replace ``GridExecutor.__call__`` and wrap the builder (outermost) as the module doc says. Call it after every
+    numerics patch. ``record`` receives one dict per launch."""
+    import triton
+    import triton.language as tl
+    import triton.runtime.interpreter as interp
+
+    if max_programs < 1:
+        raise ValueError("max_programs must be >= 1")
+    TensorHandle = interp.TensorHandle
+    builder = interp.interpreter_builder
+    np_dtype_of = interp._get_np_dtype
+
+    def active():
+        return _STATE.active
+
+    def wrap(name, fn_factory):
+        orig = getattr(builder, name)
+        batched = fn_factory(orig)
+
+        def fn(*args, **kwargs):
+            if not _STATE.active:
+                return orig(*args, **kwargs)
+            return batched(*args, **kwargs)
+
+        patcher.set_attr(builder, name, fn)
+
+    # ---- program ids, ranges, shapes
+    wrap("create_get_program_id",
+         lambda orig: lambda axis: TensorHandle(_STATE.coords[axis].astype(np.int32), tl.int32))
+    wrap("create_make_range",
+         lambda orig: lambda ret_ty, start, stop: TensorHandle(np.arange(start, stop, dtype=np.int32)[None], tl.int32))
+
+    def splat(orig):
+
+        def fn(ret_ty, arg):
+            shape = tuple(ret_ty.shape)
+            n = _lead(arg.data)
+            vals = np.asarray(arg.data).reshape(n, -1)[:, 0]
+            out = np.empty((n, ) + shape, dtype=np_dtype_of(arg.dtype))
+            out[...] = vals.reshape((n, ) + (1, ) * len(shape))
+            return TensorHandle(out, arg.dtype.scalar)
+
+        return fn
+
+    wrap("create_splat", splat)
+
+    def unsplat(orig):
+
+        def fn(arg):
+            n = _lead(arg.data)
+            vals = np.asarray(arg.data).reshape(n, -1)[:, 0]
+            return TensorHandle(vals.astype(np_dtype_of(arg.dtype)), arg.dtype.scalar)
+
+        return fn
+
+    wrap("create_unsplat", unsplat)
+    wrap("create_broadcast", lambda orig: lambda arg, shape: TensorHandle(
+        np.broadcast_to(arg.data, (_lead(arg.data), ) + tuple(shape)), arg.dtype.scalar))
+    wrap("create_reshape", lambda orig: lambda arg, shape, allow_reorder: TensorHandle(
+        arg.data.reshape((_lead(arg.data), ) + tuple(shape)), arg.dtype.scalar))
+    wrap("create_expand_dims",
+         lambda orig: lambda arg, axis: TensorHandle(np.expand_dims(arg.data, axis + 1), arg.dtype.scalar))
+    wrap("create_trans", lambda orig: lambda arg, perm: TensorHandle(
+        np.transpose(arg.data, (0, ) + tuple(int(p) + 1 for p in perm)), arg.dtype.scalar))
+
+    def two(fn2):
+
+        def factory(orig):
+
+            def fn(lhs, rhs, *rest):
+                n = max(_lead(lhs.data), _lead(rhs.data))
+                return fn2(_to_lead(lhs.data, n), _to_lead(rhs.data, n), lhs, *rest)
+
+            return fn
+
+        return factory
+
+    wrap("create_cat", two(lambda a, b, lhs: TensorHandle(np.concatenate([a, b], axis=1), lhs.dtype.scalar)))
+    wrap("create_join", two(lambda a, b, lhs: TensorHandle(np.stack([a, b], axis=-1), lhs.dtype.scalar)))
+    wrap("create_gather", two(lambda a, b, lhs, axis: TensorHandle(np.take_along_axis(a, b, axis=axis + 1),
+                                                                      lhs.dtype.scalar)))
+
+    # ---- products and adds: one program-axis length, so ptx_arith's equal-shape fusion rule sees what it sees
+    # per program
+    def same_lead(orig):
+
+        def fn(lhs, rhs):
+            n = max(_lead(lhs.data), _lead(rhs.data))
+            if _lead(lhs.data) != n:
+                lhs = TensorHandle(_to_lead(lhs.data, n), lhs.dtype, lhs.attr)
+            if _lead(rhs.data) != n:
+                rhs = TensorHandle(_to_lead(rhs.data, n), rhs.dtype, rhs.attr)
+            return orig(lhs, rhs)
+
+        return fn
+
+    for name in ("create_fmul", "create_fadd", "create_fsub"):
+        wrap(name, same_lead)
+
+    # ---- memory
+    def masked_load(orig):
+
+        def fn(ptrs, mask, other, cache_policy, is_volatile):
+            parts = [ptrs.data, mask.data] + ([] if other is None else [other.data])
+            n = max(_lead(p) for p in parts)
+            p = np.ascontiguousarray(_to_lead(ptrs.data, n))
+            m = np.ascontiguousarray(_to_lead(np.broadcast_to(mask.data, mask.data.shape), n)).reshape(p.shape)
+            dtype_tt = ptrs.get_element_ty()
+            _STATE.memory.load(p, m, max(1, dtype_tt.primitive_bitwidth // 8))
+            o = None if other is None else TensorHandle(np.ascontiguousarray(_to_lead(other.data, n)), other.dtype)
+            return orig(TensorHandle(p, ptrs.dtype), TensorHandle(m, mask.dtype), o, cache_policy, is_volatile)
+
+        return fn
+
+    wrap("create_masked_load", masked_load)
+
+    def masked_store(orig):
+
+        def fn(ptrs, value, mask, cache_policy):
+            n = max(_lead(ptrs.data), _lead(value.data), _lead(mask.data))
+            p = np.ascontiguousarray(_to_lead(ptrs.data, n))
+            v = np.ascontiguousarray(_to_lead(value.data, n))
+            m = np.ascontiguousarray(_to_lead(mask.data, n)).reshape(p.shape)
+            dtype_tt = ptrs.get_element_ty()
+            _STATE.memory.store(p, m, max(1, dtype_tt.primitive_bitwidth // 8), np_dtype_of(dtype_tt))
+            return orig(TensorHandle(p, ptrs.dtype), TensorHandle(v, value.dtype), TensorHandle(m, mask.dtype),
+                        cache_policy)
+
+        return fn
+
+    wrap("create_masked_store", masked_store)
+
+    def refuse(reason):
+
+        def factory(orig):
+
+            def fn(*args, **kwargs):
+                raise Unbatchable(reason)
+
+            return fn
+
+        return factory
+
+    for name in sorted(n for n in dir(type(builder)) if n.startswith("create_atomic")):
+        wrap(name, refuse("atomics keep the sequential order"))
+    for name in ("create_make_tensor_descriptor", "create_descriptor_load", "create_descriptor_store",
+                 "create_descriptor_gather", "create_descriptor_scatter"):
+        if hasattr(builder, name):
+            wrap(name, refuse("tensor descriptors"))
+    for name, why in (("create_print", "device_print"), ("create_histogram", "histogram"),
+                      ("create_dot_scaled", "scaled dot"), ("create_inline_asm", "inline asm"),
+                      ("create_extern_elementwise", "extern elementwise")):
+        if hasattr(builder, name):
+            wrap(name, refuse(why))
+
+    def checked(orig):
+
+        def fn(condition, *rest):
+            if not bool(np.all(condition.data)):
+                raise Unbatchable("a device assert fails in some program")
+
+        return fn
+
+    wrap("create_assert", checked)
+    wrap("create_assume", checked)
+
+    # ---- control flow on kernel values
+    stock_handle_bool = TensorHandle.__bool__
+
+    def handle_bool(self):
+        if not _STATE.active or _lead(self.data) == 1:
+            return stock_handle_bool(self)
+        per = np.asarray(self.data).reshape(_lead(self.data), -1).all(axis=1)
+        return _agree([bool(v) for v in per])
+
+    patcher.set_attr(TensorHandle, "__bool__", handle_bool)
+
+    stock_patch_lang_tensor = interp._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        stock_patch_lang_tensor(tensor, scope)
+        s_index, s_bool, s_T = tensor.__index__, tensor.__bool__, tensor.T
+
+        def index(self):
+            data = self.handle.data
+            if not _STATE.active or _lead(data) == 1:
+                return s_index(self)
+            return _agree([int(np.asarray(row).squeeze()) for row in data])
+
+        def to_bool(self):
+            data = self.handle.data
+            if not _STATE.active:
+                return s_bool(self)
+            n = _lead(data)
+            if data.size // max(n, 1) != 1:
+                return True  # a block: truthy, like the stock rule
+            return _agree([bool(v) for v in np.asarray(data).reshape(n)])
+
+        def transpose(self):
+            if not _STATE.active:
+                return s_T.fget(self)
+            data = self.handle.data
+            h = TensorHandle(np.transpose(data, (0, ) + tuple(range(data.ndim - 1, 0, -1))), self.handle.dtype)
+            shape = list(self.type.shape)
+            shape[-1], shape[-2] = shape[-2], shape[-1]
+            return tl.core.tensor(h, tl.core.block_type(self.dtype, shape))
+
+        scope.set_attr(tensor, "__index__", index)
+        scope.set_attr(tensor, "__bool__", to_bool)
+        scope.set_attr(tensor, "T", property(transpose))
+
+    patcher.set_attr(interp, "_patch_lang_tensor", patch_lang_tensor)
+
+    # ---- reductions and scans (subclasses of the classes in place now: bf16_arith's, when installed)
+    def batched_ops(base, has_keep):
+
+        class Batched(base):
+
+            def to_tensor(self, ret, dtype):
+                if not _STATE.active or not (hasattr(ret, "shape") and getattr(ret, "ndim", 0) >= 1):
+                    return super().to_tensor(ret, dtype)
+                data = ret.astype(np_dtype_of(dtype))
+                shape = list(data.shape[1:])
+                ty = tl.block_type(dtype, shape) if shape else dtype
+                return tl.core.tensor(TensorHandle(data, dtype.scalar), ty)
+
+            def apply(self, input):
+                if not _STATE.active:
+                    return super().apply(input)
+                if not isinstance(input, tuple):
+                    return self.apply((input, ))[0]
+                self.check_tensor(input)
+                axis, keep = self.axis, getattr(self, "keep_dims", False)
+                ndim = len(input[0].shape)
+                try:
+                    if axis is None:
+                        flat = []
+                        for t in input:
+                            d = t.handle.data
+                            flat.append(tl.core.tensor(TensorHandle(d.reshape(_lead(d), -1), t.handle.dtype),
+                                                       tl.block_type(t.dtype, [int(np.prod(t.shape))])))
+                        input = tuple(flat)
+                        self.axis = 1
+                        if has_keep:
+                            self.keep_dims = False
+                    else:
+                        self.axis = (axis + ndim if axis < 0 else axis) + 1
+                    ret = self.apply_impl(input)
+                    ret = tuple(ret) if isinstance(ret, (list, tuple)) else (ret, )
+                finally:
+                    self.axis = axis
+                    if has_keep:
+                        self.keep_dims = keep
+                if axis is None and keep:
+                    out = []
+                    for t in ret:
+                        d = t.handle.data
+                        out.append(tl.core.tensor(TensorHandle(d.reshape((_lead(d), ) + (1, ) * ndim), t.handle.dtype),
+                                                  tl.block_type(t.dtype, [1] * ndim)))
+                    ret = tuple(out)
+                return ret
+
+        Batched.__name__ = "Batched" + base.__name__
+        return Batched
+
+    patcher.set_attr(interp, "ReduceOps", batched_ops(interp.ReduceOps, True))
+    patcher.set_attr(interp, "ScanOps", batched_ops(interp.ScanOps, False))
+
+    # ---- the executor
+    GridExecutor = interp.GridExecutor
+
+    def storages_of(values) -> List[Tuple[int, int]]:
+        out = []
+
+        def walk(v):
+            if isinstance(v, dict):
+                for x in v.values():
+                    walk(x)
+            elif isinstance(v, (tuple, list)):
+                for x in v:
+                    walk(x)
+            elif hasattr(v, "base") and hasattr(v, "strides") and hasattr(v, "block_shape"):
+                walk(v.base)
+            elif hasattr(v, "untyped_storage"):
+                s = interp._unwrap_tensor(v).untyped_storage()
+                if s.nbytes():
+                    out.append((s.data_ptr(), s.nbytes()))
+            elif hasattr(v, "base") and hasattr(v.base, "untyped_storage"):  # TensorWrapper
+                walk(v.base)
+
+        walk(values)
+        return out
+
+    def run_batched(fn, args, grid, storages, track_reads) -> Tuple[str, int, Optional[str], "_Memory"]:
+        gx, gy, gz = grid
+        total = gx * gy * gz
+        lin = np.arange(total, dtype=np.int64)
+        coords = (lin // (gy * gz), (lin // gz) % gy, lin % gz)
+        memory = _Memory(storages, track_reads)
+        queue = [lin[i:i + max_programs] for i in range(0, total, max_programs)]
+        groups, split = 0, False
+        _STATE.memory = memory
+        try:
+            while queue:
+                group = queue.pop(0)
+                mark = len(memory.undo)
+                _STATE.lin = group
+                _STATE.coords = tuple(c[group] for c in coords)
+                _STATE.active = True
+                try:
+                    fn(**args)
+                except Exception as e:  # noqa: BLE001 - every failure is judged below
+                    _STATE.active = False
+                    sig = _find_signal(e)
+                    if isinstance(sig, Divergence) and len(sig.keys) == len(group):
+                        memory.rollback(mark)
+                        split = True
+                        order: Dict[Any, List[int]] = {}
+                        for i, k in enumerate(sig.keys):
+                            order.setdefault(k, []).append(i)
+                        queue[:0] = [group[np.array(ix)] for ix in order.values()]
+                        continue
+                    memory.rollback(0)
+                    reason = str(sig) if isinstance(sig, Unbatchable) else f"{type(e).__name__} in the batched pass"
+                    return "sequential", groups, reason, memory
+                finally:
+                    _STATE.active = False
+                groups += 1
+        finally:
+            _STATE.active = False
+            _STATE.memory = None
+            _STATE.lin = _STATE.coords = None
+        return ("split" if split else "batched"), groups, None, memory
+
+    def __call__(self, *args_dev, **kwargs):
+        argspec = inspect.getfullargspec(self.fn)
+        kwargs = {k: v for k, v in kwargs.items() if k in argspec.args or k in argspec.kwonlyargs}
+        args_hst, kwargs_hst = self._init_args_hst(args_dev, kwargs)
+        for hook in self.pre_run_hooks:
+            hook(*args_hst, **kwargs_hst)
+        patch_scope = interp._patch_lang(self.fn)
+        try:
+            args = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)
+            args = {name: arg if name in self.constexprs else interp._implicit_cvt(arg) for name, arg in args.items()}
+            grid = self.grid(args) if callable(self.grid) else self.grid
+            assert len(grid) <= 3, "grid must have at most 3 dimensions"
+            grid = tuple(int(g) for g in grid) + (1, ) * (3 - len(grid))
+            interp.interpreter_builder.set_grid_dim(*grid)
+            interp.interpreter_builder.set_grid_idx(0, 0, 0) if all(grid) else None
+            storages = storages_of((args_hst, kwargs_hst))
+            name = getattr(self.fn, "__name__", "?")
+            rec = {"kernel": name, "grid": list(grid), "programs": grid[0] * grid[1] * grid[2]}
+            mode, groups, reason = "batched", 0, None
+            if rec["programs"]:
+                mode, groups, reason, memory = run_batched(self.fn, args, grid, storages, ())
+                both = memory.loaded & memory.stored
+                if mode != "sequential" and both:
+                    # this launch loads what it stores: run it again, recording reads on those storages
+                    memory.rollback(0)
+                    mode, groups, reason, memory = run_batched(self.fn, args, grid, storages, both)
+                    rec["read_tracked"] = True
+            if mode == "sequential":
+                try:
+                    for x in range(grid[0]):
+                        for y in range(grid[1]):
+                            for z in range(grid[2]):
+                                interp.interpreter_builder.set_grid_idx(x, y, z)
+                                self.fn(**args)
+                except Exception as e:
+                    if triton.knobs.compilation.front_end_debugging:
+                        raise
+                    raise interp.InterpreterError(repr(e)) from e
+            rec.update(mode=mode, groups=groups, reason=reason)
+            record(rec)
+        finally:
+            patch_scope.restore()
+        self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)
+
+    patcher.set_attr(GridExecutor, "__call__", __call__)
+
+
+def summarize(launches: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Counts per mode and the reasons of the sequential ones, for a row's details."""
+    counts = {"batched": 0, "split": 0, "sequential": 0}
+    reasons = set()
+    for r in launches:
+        counts[r["mode"]] = counts.get(r["mode"], 0) + 1
+        if r["mode"] == "sequential":
+            reasons.add(f"{r['kernel']}: {r['reason']}")
+    return {**counts, "sequential_reasons": sorted(reasons)}
