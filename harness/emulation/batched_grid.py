@@ -143,13 +143,13 @@ class _Memory:
         m = table.get(sid)
         if m is None:
             n = int((self.ends[sid] - self.bases[sid]) // np.uint64(self.itemsize[sid]))
-            m = (np.full(n, np.iinfo(np.int64).max, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+            m = (np.full(n, np.iinfo(np.int32).max, dtype=np.int32), np.full(n, -1, dtype=np.int32))
             table[sid] = m
         return m
 
     def _who(self, ptrs: np.ndarray, mask: np.ndarray):
         """Masked addresses and, per element, the lowest and highest program index that performs the access."""
-        lin = _STATE.lin
+        lin = _STATE.lin.astype(np.int32)
         if _lead(ptrs) == len(lin):
             progs = np.broadcast_to(lin.reshape((-1, ) + (1, ) * (ptrs.ndim - 1)), ptrs.shape)
             p = progs[mask]
@@ -157,7 +157,7 @@ class _Memory:
         # one address block shared by every program of the group (uniform pointers)
         m = mask.any(axis=0) if mask.ndim and _lead(mask) > 1 else mask.reshape(ptrs.shape)
         addrs = ptrs[m]
-        return addrs, np.full(addrs.shape, lin[0]), np.full(addrs.shape, lin[-1])
+        return addrs, np.full(addrs.shape, lin[0], dtype=np.int32), np.full(addrs.shape, lin[-1], dtype=np.int32)
 
     @staticmethod
     def _clash(recmin, recmax, idx, pmin, pmax) -> bool:
