@@ -623,6 +623,27 @@ def _gdn2_regressions() -> list[Case]:
     ]
 
 
+def production_cases() -> list[Case]:
+    """The shapes the peers' models train with (issue 51): one training step's forward and backward, K = V = 128,
+    bf16, one 4096-token sequence, the layer's options as the model sets them. fla's rows at these shapes take the
+    emulated GPU leg's batched grid (docs/gpu-emulation.md); they are committed under ``reports/production/`` and
+    served to ``--baseline-rows``."""
+    conv = (("conv1d", 4),)
+    base = dict(variant="chunk", B=1, T=4096, K=128, V=128, dtype="bfloat16", chunk_size=64)
+    return [
+        # Qwen3-Next's gated DeltaNet: 16 q/k heads, 32 value heads, the short convolution, gate and norms in the op
+        Case("gdn", H=16, HV=32, gate=G, options=conv + GDN_OPTIONS + GDN_GATE, **base),
+        # Kimi-Linear's KDA: 32 heads, the short convolution, the per-channel gate computed in the op
+        Case("kda", H=32, gate=G, options=conv + GDN_OPTIONS + GDN_GATE, **base),
+        # Ling's lightning attention: one fixed decay per head (ALiBi slopes), 16 heads
+        Case("simple_gla", H=16, gate=alibi(20, 10), **base),
+        # fla's GLA layer: a per-channel data-dependent gate, 16 heads
+        Case("gla", H=16, gate=G, **base),
+        # fla's GatedDeltaNet2 layer: the erase and write gates, gate and q/k norm in the op, 16 heads
+        Case("gdn2", H=16, gate=G, options=GDN2_GATE + (("use_qk_l2norm_in_kernel", True),), **base),
+    ]
+
+
 # suite name -> the per-op case lists it is made of (adding an op adds its lists here)
 SUITES = {
     "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke, _gdn_serving_smoke,
@@ -632,6 +653,7 @@ SUITES = {
                     empty_sequence_cases, serving_cases, empty_state_cases, _gdn2_regressions),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),
+    "production": (production_cases,),
     # a seeded sample of the shapes users add, not the suites' own: where the false-alarm rate is measured
     "user-like": (user_like_cases,),
 }
