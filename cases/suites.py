@@ -25,6 +25,7 @@
 - ``stress``: long sequences, H=16, ALiBi from layer 0 of 20-32 layers: the
   exp-overflow regime (|gamma| * 128 = 90.5 > 88.7 = log(float32 max)); a training-like packing of eight
   sequences summing to 8192 per op.
+- ``production``: one training step at the shapes the peers' models train with (:func:`production_cases`).
 """
 
 from __future__ import annotations
