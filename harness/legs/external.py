@@ -14,7 +14,11 @@ An implementation is a Python object (registered with ``--impl NAME=module:objec
 - optionally ``version``: the string its rows' ``versions`` record (default: the version of the
   distribution that provides the module);
 - optionally ``tests_rule``: the tolerance its own tests hold its outputs to (a JSON-able mapping, the format
-  :mod:`harness.peer_report` reads), recorded in its rows' settings; ``peers.md`` applies it to the same numbers.
+  :mod:`harness.peer_report` reads), recorded in its rows' settings; ``peers.md`` applies it to the same numbers;
+- optionally ``platform``: what its kernels are built for (:data:`harness.legs.registry.PLATFORMS`), ``"tpu"``
+  unless it says ``"gpu"``. A GPU implementation (Pallas Mosaic GPU, Triton called from jax) gets none of what
+  follows: it runs natively where jax has a GPU, as it is, and refuses every case elsewhere with the reason (no
+  interpreter or model of a GPU's arithmetic exists here, and a TPU's would measure the wrong machine).
 
 What the leg adds, so that another team's Pallas kernels run here without their cooperation:
 
@@ -44,7 +48,9 @@ from harness.emulation.pallas_refs import ref_reshapes
 from harness.ops.serving import served_binding
 from harness.tpu_compile import rebound
 
-from .tpu import TpuLeg
+from .base import Leg
+from .registry import DEFAULT_PLATFORM, GPU_PLATFORM, PLATFORMS
+from .tpu import TpuLeg, kernel_refusal
 
 CHIPS = {"v5e": "TPU_V5E", "v6e": "TPU_V6E", "v7x": "TPU_7X"}
 """Compile targets (:data:`harness.tpu_compile.TARGETS`) -> jax's ``ChipVersion`` member names."""
@@ -259,6 +265,33 @@ def implementation_version(impl, target: str) -> str:
     return "unversioned"
 
 
+# ------------------------------------------------------------------------------- the platform
+def implementation_platform(impl) -> str:
+    """The implementation's ``platform`` (:data:`harness.legs.registry.PLATFORMS`), or a ValueError of one line."""
+    platform = getattr(impl, "platform", DEFAULT_PLATFORM)
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform {platform!r} must be one of {PLATFORMS}")
+    return platform
+
+
+def gpu_available() -> bool:
+    import jax
+
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+def off_gpu(target: str) -> str:
+    """Why a GPU implementation refuses every case on this machine."""
+    import jax
+
+    return (f"the implementation {target} declares platform 'gpu': its kernels run natively on a GPU only (this "
+            f"harness has no interpreter or arithmetic model of a GPU), and jax's default backend here is "
+            f"{jax.default_backend()!r}")
+
+
 # ------------------------------------------------------------------------------- declared dtypes
 RETURNED_DTYPES = "returned_dtypes"
 """The details key naming each tensor a candidate returned in another dtype than its op declares."""
@@ -302,6 +335,10 @@ class ExternalLeg(TpuLeg):
         self.name, self.target = name, target
         self._impl = None
         self._lock = threading.Lock()  # the compile (a thread beside the run) and the run trace apart
+        self.platform = implementation_platform(self.impl)
+        if self.platform == GPU_PLATFORM:  # native where jax has a GPU; never interpreted, modeled or TPU-compiled
+            self.native = gpu_available() and not force_interpret
+            self.compile_targets = ()
 
     @property
     def impl(self):
@@ -316,20 +353,33 @@ class ExternalLeg(TpuLeg):
     def environment(self):
         env = super().environment()
         settings = {k: v for k, v in env.settings.items() if k != "dot_policy"}
-        settings.update(implementation=self.target,
-                        mxu_model=("every dot_general rounded as the MXU does (harness.legs.external.mxu_rounding)"
-                                   if not self.native else "hardware"),
-                        tpu_info=f"{INTERPRET_CHIP} while interpreting; each target's own when compiling",
-                        tpu_host=TPU_HOST)
+        device = env.device
+        if self.platform == GPU_PLATFORM:  # nothing of the TPU leg's emulation applies
+            settings = {k: v for k, v in settings.items() if k not in ("compile_targets", "xla_compiler_options")}
+            settings.update(implementation=self.target, platform=self.platform, interpret="None (never interpreted)",
+                            mxu_model="none: the GPU's own arithmetic")
+            if not self.native:
+                import jax
+
+                device = f"{jax.default_backend()} (no GPU: every case refused)"
+        else:
+            settings.update(implementation=self.target,
+                            mxu_model=("every dot_general rounded as the MXU does "
+                                       "(harness.legs.external.mxu_rounding)" if not self.native else "hardware"),
+                            tpu_info=f"{INTERPRET_CHIP} while interpreting; each target's own when compiling",
+                            tpu_host=TPU_HOST)
         rule = getattr(self.impl, "tests_rule", None)
         if rule:  # its own tests' tolerance, for peers.md (harness.peer_report)
             settings["tests_rule"] = rule
         versions = {**env.versions, self.name: implementation_version(self.impl, self.target)}
-        return type(env)(mode=env.mode, device=env.device, versions=versions, settings=settings)
+        return type(env)(mode=env.mode, device=device, versions=versions, settings=settings)
 
     def supports(self, op, case):
         if self.binding(op) is None:
             return f"the implementation {self.target} has no binding for {op.name}"
+        if self.platform == GPU_PLATFORM:  # the binding's own reason first (it may say more), then the machine's
+            return (Leg.supports(self, op, case) or (None if self.native else off_gpu(self.target))
+                    or kernel_refusal(op, case, self.binding(op)))
         with tpu_info_for(INTERPRET_CHIP):  # the refusal check traces the forward, as the run does
             return super().supports(op, case)
 
@@ -361,6 +411,8 @@ class ExternalLeg(TpuLeg):
 
         if self.native:
             return super().run(op, case, inputs)
+        if self.platform == GPU_PLATFORM:  # supports refused it already; never interpreted as a TPU kernel
+            raise NotImplementedError(off_gpu(self.target))
         import dataclasses
 
         from jax.experimental.pallas import tpu as pltpu
