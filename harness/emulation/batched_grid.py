@@ -50,6 +50,7 @@ Each launch is recorded (kernel, grid, mode, groups, reason): ``batched`` (every
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -126,18 +127,37 @@ class _Memory:
         self.itemsize: Dict[int, int] = {}
         self.writes: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         self.reads: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+        self.views: Dict[Tuple[int, str], np.ndarray] = {}
 
     def _locate(self, addrs: np.ndarray, itemsize: int) -> Tuple[int, np.ndarray]:
-        lo, hi = addrs.min(), addrs.max()
+        """The storage that holds every address (else Unbatchable) and the addresses as element indices there."""
+        lo = addrs.min()
         sid = int(np.searchsorted(self.bases, lo, side="right")) - 1
-        if sid < 0 or hi + np.uint64(itemsize) > self.ends[sid] or lo < self.bases[sid]:
+        if sid < 0:
             raise Unbatchable("an access outside one argument storage of the launch")
         if self.itemsize.setdefault(sid, itemsize) != itemsize:
             raise Unbatchable("an argument storage accessed with two element sizes")
         off = addrs - self.bases[sid]
-        if np.any(off % np.uint64(itemsize)):
+        if itemsize & (itemsize - 1) or np.any(off & np.uint64(itemsize - 1)):
             raise Unbatchable("a misaligned access")
-        return sid, (off // np.uint64(itemsize)).astype(np.int64)
+        idx = (off >> np.uint64(itemsize.bit_length() - 1)).astype(np.int64)
+        if idx.max() >= (self.ends[sid] - self.bases[sid]) // np.uint64(itemsize):
+            raise Unbatchable("an access outside one argument storage of the launch")
+        return sid, idx
+
+    def _view(self, sid: int, np_dtype) -> np.ndarray:
+        """The storage's bytes as a flat array of ``np_dtype`` (loads gather from it, the undo log writes to it)."""
+        import ctypes
+
+        key = (sid, np.dtype(np_dtype).str)
+        v = self.views.get(key)
+        if v is None:
+            base, end = int(self.bases[sid]), int(self.ends[sid])
+            size = np.dtype(np_dtype).itemsize
+            raw = np.ctypeslib.as_array((ctypes.c_uint8 * (end - base)).from_address(base))
+            v = raw[:(end - base) // size * size].view(np_dtype)
+            self.views[key] = v
+        return v
 
     def _maps(self, table, sid):
         m = table.get(sid)
@@ -148,27 +168,36 @@ class _Memory:
         return m
 
     def _who(self, ptrs: np.ndarray, mask: np.ndarray):
-        """Masked addresses and, per element, the lowest and highest program index that performs the access."""
+        """Masked addresses (C order) and, per element, the lowest and highest program index that performs the
+        access. ``ptrs`` and ``mask`` have one shape."""
         lin = _STATE.lin.astype(np.int32)
+        full = bool(mask.all())
+        addrs = ptrs.reshape(-1) if full else ptrs[mask]
         if _lead(ptrs) == len(lin):
             progs = np.broadcast_to(lin.reshape((-1, ) + (1, ) * (ptrs.ndim - 1)), ptrs.shape)
-            p = progs[mask]
-            return ptrs[mask], p, p
+            p = progs.reshape(-1) if full else progs[mask]
+            return addrs, p, p, full
         # one address block shared by every program of the group (uniform pointers)
-        m = mask.any(axis=0) if mask.ndim and _lead(mask) > 1 else mask.reshape(ptrs.shape)
-        addrs = ptrs[m]
-        return addrs, np.full(addrs.shape, lin[0], dtype=np.int32), np.full(addrs.shape, lin[-1], dtype=np.int32)
+        return (addrs, np.full(addrs.shape, lin[0], dtype=np.int32), np.full(addrs.shape, lin[-1], dtype=np.int32),
+                full)
 
     @staticmethod
     def _clash(recmin, recmax, idx, pmin, pmax) -> bool:
         lo, hi = recmin[idx], recmax[idx]
         touched = hi >= 0
+        if not touched.any():
+            return False
         return bool(np.any(touched & ((lo != pmin) | (hi != pmax) | (pmin != pmax))))
 
-    def load(self, ptrs: np.ndarray, mask: np.ndarray, itemsize: int) -> None:
-        addrs, pmin, pmax = self._who(ptrs, mask)
+    def load(self, ptrs: np.ndarray, mask: np.ndarray, itemsize: int, np_dtype, other) -> np.ndarray:
+        """What ``_interpreter.load(ptrs, mask, other)`` returns (the same bytes, gathered by numpy), after the
+        conflict checks."""
+        out = np.zeros(ptrs.shape, dtype=np_dtype)  # C order, as the C++ load returns it: numpy's reductions
+        if other is not None:  # follow the memory order, so a layout changes the bits of a sum
+            out[...] = other
+        addrs, pmin, pmax, full = self._who(ptrs, mask)
         if addrs.size == 0:
-            return
+            return out
         sid, idx = self._locate(addrs, itemsize)
         self.loaded.add(sid)
         if sid in self.writes and self._clash(*self.writes[sid], idx, pmin, pmax):
@@ -177,11 +206,15 @@ class _Memory:
             rmin, rmax = self._maps(self.reads, sid)
             np.minimum.at(rmin, idx, pmin)
             np.maximum.at(rmax, idx, pmax)
+        vals = self._view(sid, np_dtype)[idx]
+        if full:
+            return vals.reshape(ptrs.shape)
+        out[mask] = vals
+        return out
 
     def store(self, ptrs: np.ndarray, mask: np.ndarray, itemsize: int, np_dtype) -> None:
-        import triton.runtime.interpreter as interp
-
-        addrs, pmin, pmax = self._who(ptrs, mask)
+        """Checks a store before it happens and logs the old values for :meth:`rollback`."""
+        addrs, pmin, pmax, _ = self._who(ptrs, mask)
         if addrs.size == 0:
             return
         sid, idx = self._locate(addrs, itemsize)
@@ -195,15 +228,13 @@ class _Memory:
         np.maximum.at(wmax, idx, pmax)
         if np.any(wmin[idx] != wmax[idx]):
             raise Unbatchable("two programs of the launch write one address")
-        old = interp._interpreter.load(ptrs, mask, np.zeros(ptrs.shape, dtype=np_dtype), np_dtype)
-        self.undo.append((ptrs, mask, old))
+        view = self._view(sid, np_dtype)
+        self.undo.append((view, idx, view[idx]))
 
     def rollback(self, mark: int = 0) -> None:
-        import triton.runtime.interpreter as interp
-
         while len(self.undo) > mark:
-            ptrs, mask, old = self.undo.pop()
-            interp._interpreter.store(ptrs, old, mask)
+            view, idx, old = self.undo.pop()
+            view[idx] = old
 
 
 def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], None],
@@ -313,12 +344,12 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
         def fn(ptrs, mask, other, cache_policy, is_volatile):
             parts = [ptrs.data, mask.data] + ([] if other is None else [other.data])
             n = max(_lead(p) for p in parts)
-            p = np.ascontiguousarray(_to_lead(ptrs.data, n))
-            m = np.ascontiguousarray(_to_lead(np.broadcast_to(mask.data, mask.data.shape), n)).reshape(p.shape)
+            p = _to_lead(ptrs.data, n)
+            m = np.broadcast_to(_to_lead(mask.data, n), p.shape)
             dtype_tt = ptrs.get_element_ty()
-            _STATE.memory.load(p, m, max(1, dtype_tt.primitive_bitwidth // 8))
-            o = None if other is None else TensorHandle(np.ascontiguousarray(_to_lead(other.data, n)), other.dtype)
-            return orig(TensorHandle(p, ptrs.dtype), TensorHandle(m, mask.dtype), o, cache_policy, is_volatile)
+            data = _STATE.memory.load(p, m, max(1, dtype_tt.primitive_bitwidth // 8), np_dtype_of(dtype_tt),
+                                      None if other is None else _to_lead(other.data, n))
+            return TensorHandle(data, dtype_tt)
 
         return fn
 
@@ -560,6 +591,7 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
             storages = storages_of((args_hst, kwargs_hst))
             name = getattr(self.fn, "__name__", "?")
             rec = {"kernel": name, "grid": list(grid), "programs": grid[0] * grid[1] * grid[2]}
+            t0 = time.perf_counter()
             mode, groups, reason = "batched", 0, None
             if rec["programs"]:
                 mode, groups, reason, memory = run_batched(self.fn, args, grid, storages, ())
@@ -580,7 +612,7 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
                     if triton.knobs.compilation.front_end_debugging:
                         raise
                     raise interp.InterpreterError(repr(e)) from e
-            rec.update(mode=mode, groups=groups, reason=reason)
+            rec.update(mode=mode, groups=groups, reason=reason, seconds=round(time.perf_counter() - t0, 4))
             record(rec)
         finally:
             patch_scope.restore()
