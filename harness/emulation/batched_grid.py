@@ -131,19 +131,18 @@ class _Memory:
 
     def _locate(self, addrs: np.ndarray, itemsize: int) -> Tuple[int, np.ndarray]:
         """The storage that holds every address (else Unbatchable) and the addresses as element indices there."""
-        lo = addrs.min()
-        sid = int(np.searchsorted(self.bases, lo, side="right")) - 1
+        sid = int(np.searchsorted(self.bases, addrs[0], side="right")) - 1
         if sid < 0:
             raise Unbatchable("an access outside one argument storage of the launch")
         if self.itemsize.setdefault(sid, itemsize) != itemsize:
             raise Unbatchable("an argument storage accessed with two element sizes")
-        off = addrs - self.bases[sid]
-        if itemsize & (itemsize - 1) or np.any(off & np.uint64(itemsize - 1)):
-            raise Unbatchable("a misaligned access")
-        idx = (off >> np.uint64(itemsize.bit_length() - 1)).astype(np.int64)
-        if idx.max() >= (self.ends[sid] - self.bases[sid]) // np.uint64(itemsize):
+        if itemsize & (itemsize - 1) or (itemsize > 1 and int(np.bitwise_or.reduce(addrs)) & (itemsize - 1)):
+            raise Unbatchable("a misaligned access")  # (the storages' bases are aligned)
+        off = np.subtract(addrs, self.bases[sid])  # below the base: wraps to a huge index, caught below
+        np.right_shift(off, np.uint64(itemsize.bit_length() - 1), out=off)
+        if int(off.max()) >= int((self.ends[sid] - self.bases[sid]) // np.uint64(itemsize)):
             raise Unbatchable("an access outside one argument storage of the launch")
-        return sid, idx
+        return sid, off.view(np.int64)
 
     def _view(self, sid: int, np_dtype) -> np.ndarray:
         """The storage's bytes as a flat array of ``np_dtype`` (loads gather from it, the undo log writes to it)."""
@@ -168,18 +167,22 @@ class _Memory:
         return m
 
     def _who(self, ptrs: np.ndarray, mask: np.ndarray):
-        """Masked addresses (C order) and, per element, the lowest and highest program index that performs the
-        access. ``ptrs`` and ``mask`` have one shape."""
-        lin = _STATE.lin.astype(np.int32)
+        """Masked addresses (C order), whether the mask is full, and a function giving, per element, the lowest and
+        highest program index that performs the access (computed only where a record needs it). ``ptrs`` and
+        ``mask`` have one shape."""
         full = bool(mask.all())
         addrs = ptrs.reshape(-1) if full else ptrs[mask]
-        if _lead(ptrs) == len(lin):
-            progs = np.broadcast_to(lin.reshape((-1, ) + (1, ) * (ptrs.ndim - 1)), ptrs.shape)
-            p = progs.reshape(-1) if full else progs[mask]
-            return addrs, p, p, full
-        # one address block shared by every program of the group (uniform pointers)
-        return (addrs, np.full(addrs.shape, lin[0], dtype=np.int32), np.full(addrs.shape, lin[-1], dtype=np.int32),
-                full)
+
+        def progs():
+            lin = _STATE.lin.astype(np.int32)
+            if _lead(ptrs) == len(lin):
+                each = np.broadcast_to(lin.reshape((-1, ) + (1, ) * (ptrs.ndim - 1)), ptrs.shape)
+                p = each.reshape(-1) if full else each[mask]
+                return p, p
+            # one address block shared by every program of the group (uniform pointers)
+            return (np.full(addrs.shape, lin[0], dtype=np.int32), np.full(addrs.shape, lin[-1], dtype=np.int32))
+
+        return addrs, full, progs
 
     @staticmethod
     def _clash(recmin, recmax, idx, pmin, pmax) -> bool:
@@ -195,11 +198,13 @@ class _Memory:
         out = np.zeros(ptrs.shape, dtype=np_dtype)  # C order, as the C++ load returns it: numpy's reductions
         if other is not None:  # follow the memory order, so a layout changes the bits of a sum
             out[...] = other
-        addrs, pmin, pmax, full = self._who(ptrs, mask)
+        addrs, full, progs = self._who(ptrs, mask)
         if addrs.size == 0:
             return out
         sid, idx = self._locate(addrs, itemsize)
         self.loaded.add(sid)
+        if sid in self.writes or sid in self.track_reads:
+            pmin, pmax = progs()
         if sid in self.writes and self._clash(*self.writes[sid], idx, pmin, pmax):
             raise Unbatchable("a program reads what another program of the launch wrote")
         if sid in self.track_reads:
@@ -214,10 +219,11 @@ class _Memory:
 
     def store(self, ptrs: np.ndarray, mask: np.ndarray, itemsize: int, np_dtype) -> None:
         """Checks a store before it happens and logs the old values for :meth:`rollback`."""
-        addrs, pmin, pmax, _ = self._who(ptrs, mask)
+        addrs, _, progs = self._who(ptrs, mask)
         if addrs.size == 0:
             return
         sid, idx = self._locate(addrs, itemsize)
+        pmin, pmax = progs()
         self.stored.add(sid)
         if sid in self.reads and self._clash(*self.reads[sid], idx, pmin, pmax):
             raise Unbatchable("a program writes what another program of the launch read")
