@@ -104,6 +104,41 @@ def git_commit() -> str:
         return "unknown"
 
 
+def write_readme(out: Path, argv) -> None:
+    """README.md from results.csv: every row as measured (nothing typed in), with the machine and its load."""
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    cols = ["op", "shape", "token_heads", "mode", "seconds", "us_per_token_head", "speedup", "bits_equal",
+            "launches_batched", "launches_split", "launches_sequential", "load_avg_1m_before", "commit"]
+    table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    table += ["| " + " | ".join(r.get(c, "") for c in cols) + " |" for r in rows]
+    reasons = sorted({r["sequential_reasons"] for r in rows if r.get("sequential_reasons")})
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        mem = float("nan")
+    text = [
+        "# Batched grid executor: per-token-head cost against the sequential interpreter", "",
+        "Written by `benchmarks/batched_grid.py` from `results.csv` (every row as measured; rerunning the script "
+        "appends rows and rewrites this file). Each row: seconds of fla's forward + backward "
+        "(`torch.autograd.grad` of `o` with a random `do`) inside `triton_emulation`, with the interpreter's stock "
+        "sequential loop (`batched_grid=False`) and with the batched grid executor, on the same inputs in one "
+        "process, after an untimed warm-up at T = 64 in both modes (kernels are rewritten once per process). "
+        "`bits_equal`: every output and gradient of the batched run equals the sequential run's, bit for bit. "
+        "`load_avg_1m_before`: the machine's 1-minute load average just before the timed run (the machine is "
+        "shared; a load above its core count slows both modes, not necessarily alike). "
+        "`launches_*`: how the batched run's kernel launches ran (harness/emulation/batched_grid.py).", "",
+        f"- last written: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+        f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, {mem:.0f} GiB, python "
+        f"{platform.python_version()}, torch {torch.__version__}",
+        f"- last command: `benchmarks/batched_grid.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
+        *table, "",
+    ]
+    if reasons:
+        text += ["Launches that ran sequentially: " + "; ".join(reasons), ""]
+    (out / "README.md").write_text("\n".join(text))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for results.csv and README.md")
@@ -161,19 +196,7 @@ def main(argv=None) -> int:
                             "load_avg_1m_before": f"{load:.2f}", "commit": commit})
                 f.flush()
                 print(f"{op} {shape} batched {dt_b:.1f}s speedup {speed} bits_equal {eq} launches {c}", flush=True)
-    readme = out / "README.md"
-    if not readme.exists():
-        readme.write_text(
-            "# Batched grid executor: per-token-head cost against the sequential interpreter\n\n"
-            "Written by `benchmarks/batched_grid.py` (see its docstring); `results.csv` holds every measured row "
-            "(seconds of fla's forward + backward under `triton_emulation`, sequential loop and batched executor "
-            "on the same inputs in one process; `bits_equal` compares every output and gradient bit for bit; "
-            "`load_avg_1m_before` is the 1-minute load average just before each timed run).\n\n"
-            f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
-            f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-            f"torch {torch.__version__}\n"
-            f"- commit: {commit}\n"
-            f"- command: `{' '.join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:]))}`\n")
+    write_readme(out, argv)
     return 0
 
 
