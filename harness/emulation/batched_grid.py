@@ -57,7 +57,7 @@ import numpy as np
 
 from .patcher import Patcher
 
-DEFAULT_MAX_PROGRAMS = 256
+DEFAULT_MAX_PROGRAMS = 512
 
 
 class Divergence(Exception):
@@ -630,9 +630,11 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
 def summarize(launches: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Counts per mode and the reasons of the sequential ones, for a row's details."""
     counts = {"batched": 0, "split": 0, "sequential": 0}
-    reasons = set()
+    reasons, split = set(), set()
     for r in launches:
         counts[r["mode"]] = counts.get(r["mode"], 0) + 1
         if r["mode"] == "sequential":
             reasons.add(f"{r['kernel']}: {r['reason']}")
-    return {**counts, "sequential_reasons": sorted(reasons)}
+        elif r["mode"] == "split":
+            split.add(r["kernel"])
+    return {**counts, "sequential_reasons": sorted(reasons), "split_kernels": sorted(split)}
