@@ -12,7 +12,8 @@ the kernel per program, every builder operation on one block at a time. Here a l
   axis is wrapped (outermost, after the numerics patches) so that the program axis is kept: splat, unsplat,
   broadcast, reshape, expand_dims, trans/permute, cat, join, gather, ``tl.tensor.T``, reduce and scan axes (+1,
   ``axis=None`` reduced per program), make_range, loads and stores (pointer, mask and ``other`` broadcast to the
-  group). ``fmul``/``fadd``/``fsub`` get operands of one program-axis length, so ``ptx_arith``'s fusion of a
+  group). A load gathers with numpy from the launch's argument storages (the bytes the interpreter's C++ load
+  reads, into a C-order array as it returns: numpy's sums follow the memory order, so the layout matters). ``fmul``/``fadd``/``fsub`` get operands of one program-axis length, so ``ptx_arith``'s fusion of a
   product into an add (which asks for equal shapes) sees exactly what it sees per program.
 * **Control flow.** A Python ``if``/``while``/``range()``/``int()`` on a kernel value (``tl.tensor.__bool__``,
   ``__index__``, ``TensorHandle.__bool__``) asks every program of the group: when they agree the pass goes on;
