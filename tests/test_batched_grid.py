@@ -276,3 +276,24 @@ def test_fla_rows_are_bit_for_bit_the_sequential_loops(case_id):
 def test_fla_rows_are_bit_for_bit_the_sequential_loops_on_every_kernel_path(case_id):
     launches = _compare(case_id)
     assert launches["batched"] + launches["split"] > 0
+
+
+@_ijit
+def _token_loop(X, Y, BC: tl.constexpr, D: tl.constexpr):
+    # fla's token-parallel pattern: program i_t loops from its sub-chunk's start to itself
+    i_t = tl.program_id(0)
+    i_ts = i_t // BC * BC
+    acc = tl.zeros([D], dtype=tl.float32)
+    for j in range(i_ts, i_t + 1):
+        acc += tl.load(X + j * D + tl.arange(0, D)) * (j - i_ts + 1).to(tl.float32)
+    tl.store(Y + i_t * D + tl.arange(0, D), acc)
+
+
+def test_loops_with_equal_trip_counts_run_together_from_different_starts():
+
+    def make():
+        g = torch.Generator().manual_seed(5)
+        return torch.randn(32 * 4, generator=g), torch.zeros(32 * 4)
+
+    launches = _both(lambda X, Y: _token_loop[(32, )](X, Y, BC=8, D=4), make)
+    assert launches[0]["mode"] == "split" and launches[0]["groups"] == 8  # one per trip count, not one per token

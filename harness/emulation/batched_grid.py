@@ -20,7 +20,10 @@ the kernel per program, every builder operation on one block at a time. Here a l
   when they do not, :class:`Divergence` carries each program's value, the group's stores are undone (an undo log of
   the old values, replayed in reverse), and the group is split into sub-groups that agree, in sequential order,
   which run again from the start (and may split again). Varlen chunk counts, ``if i_t * BT >= T: return``, loop
-  bounds loaded from ``cu_seqlens``: each splits by value.
+  bounds loaded from ``cu_seqlens``: each splits by value. A kernel ``for`` loop (``range``/``tl.range``, with
+  ``loop_vars``' tensor induction variables) splits by trip count (and induction type) only: programs with the
+  same number of iterations run it together, each with its own start and step (fla's token-parallel kernels
+  loop from a chunk's start to the token).
 * **Memory order.** Programs of a launch may run in another interleaving than the sequential loop only if no
   program reads or writes what another program wrote, nor writes what another read. Every store records, per
   element of the launch's argument storages, the lowest and highest (sequential) program index that wrote it; a
@@ -422,6 +425,47 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
         return _agree([bool(v) for v in per])
 
     patcher.set_attr(TensorHandle, "__bool__", handle_bool)
+
+    # ---- kernel loops (loop_vars' tensor induction variables): programs whose ``range`` has the same trip count
+    # (and induction type) run the loop together, each with its own start and step; a trip count that differs
+    # splits the group, as any other divergence
+    from . import loop_vars
+
+    stock_range = loop_vars._tensor_range
+
+    def tensor_range(range_fn, *args, **kwargs):
+        per = [a for a in args if isinstance(a, tl.tensor) and _lead(a.handle.data) > 1]
+        if not _STATE.active or not per or any(a.handle.data.size != _lead(a.handle.data) for a in per):
+            yield from stock_range(range_fn, *args, **kwargs)
+            return
+        n = _lead(per[0].handle.data)
+        if any(_lead(a.handle.data) != n for a in per):
+            yield from stock_range(range_fn, *args, **kwargs)
+            return
+
+        def arg(a, i):
+            if isinstance(a, tl.tensor):
+                d = a.handle.data
+                return int(d[i] if _lead(d) > 1 else d.reshape(-1)[0])
+            return a
+
+        ranges = [range_fn(*[arg(a, i) for a in args], **kwargs) for i in range(n)]
+        if not all(isinstance(r, range) for r in ranges):
+            yield from stock_range(range_fn, *args, **kwargs)
+            return
+        wide_args = any(isinstance(a, tl.tensor) and a.dtype in (tl.int64, tl.uint64) for a in args)
+        keys = [(len(r), wide_args or not all(-2**31 <= v < 2**31 for v in (r.start, r.stop, r.step)))
+                for r in ranges]
+        trips, wide = _agree(keys)
+        ty, npty = (tl.int64, np.int64) if wide else (tl.int32, np.int32)
+        starts = np.array([r.start for r in ranges], dtype=np.int64)
+        steps = np.array([r.step for r in ranges], dtype=np.int64)
+        uniform = bool((starts == starts[0]).all() and (steps == steps[0]).all())
+        for k in range(trips):
+            vals = starts[:1] + k * steps[:1] if uniform else starts + k * steps
+            yield tl.tensor(TensorHandle(vals.astype(npty), ty), ty)
+
+    patcher.set_attr(loop_vars, "_tensor_range", tensor_range)
 
     stock_patch_lang_tensor = interp._patch_lang_tensor
 
