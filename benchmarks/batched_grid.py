@@ -136,6 +136,17 @@ def write_readme(out: Path, argv) -> None:
     ]
     if reasons:
         text += ["Launches that ran sequentially: " + "; ".join(reasons), ""]
+    census = out / "launches.csv"
+    if census.exists():  # written by benchmarks/batched_grid_launches.py
+        with census.open() as f:
+            launches = list(csv.DictReader(f))
+        modes: dict = {}
+        for r in launches:
+            modes[r["mode"]] = modes.get(r["mode"], 0) + 1
+        split = sorted({r["kernel"] for r in launches if r["mode"] == "split"})
+        text += [f"`launches.csv` (`benchmarks/batched_grid_launches.py`, the cases of `tests/test_batched_grid.py`): "
+                 f"{len(launches)} launches of {len({r['case'] for r in launches})} GPU-leg cases, by mode "
+                 f"{dict(sorted(modes.items()))}; kernels that split: {', '.join(split) or 'none'}.", ""]
     (out / "README.md").write_text("\n".join(text))
 
 
