@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.legs.registry import (BUILTIN, DEFAULT_PLATFORM, check_implementation, default_leg, leg_spec, legs,
+from harness.legs.registry import (BUILTIN, check_implementation, default_leg, leg_spec, legs,
                                    parse_impl, register_implementation)
 from harness.noise import LOOKS
 from harness.status import CAUSALITY_FAILING, FAILING, Status
@@ -393,9 +393,9 @@ def cmd_compile(args) -> int:
         raise UsageError(f"--backend {args.backend} is the {leg_spec(args.backend).role} leg; compile a candidate")
     options = {"compile_targets": ()}
     runner = Runner(make_leg(args.backend, **options), ReferenceCache(None))  # its steps up to the run, nothing more
-    if getattr(runner.leg, "platform", DEFAULT_PLATFORM) != DEFAULT_PLATFORM:
-        raise UsageError(f"--backend {args.backend} declares platform {runner.leg.platform!r}: its kernels are not "
-                         f"compiled for TPU targets (docs/legs.md, A GPU implementation)")
+    if getattr(runner.leg, "gpu_only", False):
+        raise UsageError(f"--backend {args.backend} declares platform 'gpu': its kernels are not compiled for TPU "
+                         f"targets (docs/legs.md, A GPU implementation)")
     t0 = time.perf_counter()
     settled = {case.id: reused_rows(case, targets, runner, record) for case in cases}
     todo = [case for case in cases if settled[case.id] is None]

@@ -70,7 +70,7 @@ def test_off_a_gpu_every_case_is_refused_with_the_reason_and_nothing_is_compiled
     with pytest.raises(NotImplementedError, match="declares platform 'gpu'"):
         leg.run(_op(case), case, None)
     env = leg.environment()
-    assert env.settings["platform"] == "gpu" and "compile_targets" not in env.settings
+    assert env.settings["platform"] == external.GPU_ONLY and "compile_targets" not in env.settings
     assert env.device == "cpu (no GPU: every case refused)"
     assert "platform = 'gpu'" in registry.leg_spec("gpu-kernels").runs
 

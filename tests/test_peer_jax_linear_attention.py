@@ -33,7 +33,7 @@ def test_off_a_hopper_gpu_every_case_of_its_report_is_refused_with_the_reason_an
 
 def test_the_candidate_leg_takes_it_as_a_gpu_implementation():
     leg = registry.make_leg("jax-linear-attention")
-    assert leg.platform == "gpu" and not leg.native and leg.compile_targets == ()
+    assert leg.gpu_only and not leg.native and leg.compile_targets == ()
     assert "not installed" in leg.environment().versions["jax-linear-attention"]
 
 

@@ -49,7 +49,6 @@ from harness.ops.serving import served_binding
 from harness.tpu_compile import rebound
 
 from .base import Leg
-from .registry import DEFAULT_PLATFORM, GPU_PLATFORM, PLATFORMS
 from .tpu import TpuLeg, kernel_refusal
 
 CHIPS = {"v5e": "TPU_V5E", "v6e": "TPU_V6E", "v7x": "TPU_7X"}
@@ -266,12 +265,8 @@ def implementation_version(impl, target: str) -> str:
 
 
 # ------------------------------------------------------------------------------- the platform
-def implementation_platform(impl) -> str:
-    """The implementation's ``platform`` (:data:`harness.legs.registry.PLATFORMS`), or a ValueError of one line."""
-    platform = getattr(impl, "platform", DEFAULT_PLATFORM)
-    if platform not in PLATFORMS:
-        raise ValueError(f"platform {platform!r} must be one of {PLATFORMS}")
-    return platform
+GPU_ONLY = "GPU: its kernels run natively on a GPU only (never interpreted, modeled or compiled for a TPU)"
+"""What the rows' settings say (``platform``) of an implementation that declares platform = "gpu"."""
 
 
 def gpu_available() -> bool:
@@ -330,13 +325,14 @@ class ExternalLeg(TpuLeg):
     compile_note = TPU_HOST  # what ``parity compile``'s rows say of how the program was traced
 
     def __init__(self, name: str, target: str, force_interpret: bool = False,
-                 compile_targets: tuple[str, ...] | None = None):
+                 compile_targets: tuple[str, ...] | None = None, gpu_only: bool = False):
         super().__init__(force_interpret=force_interpret, compile_targets=compile_targets)
         self.name, self.target = name, target
         self._impl = None
         self._lock = threading.Lock()  # the compile (a thread beside the run) and the run trace apart
-        self.platform = implementation_platform(self.impl)
-        if self.platform == GPU_PLATFORM:  # native where jax has a GPU; never interpreted, modeled or TPU-compiled
+        # its object declares platform = "gpu" (harness.legs.registry.PLATFORMS, read where the leg is built)
+        self.gpu_only = gpu_only
+        if gpu_only:  # native where jax has a GPU; never interpreted, modeled or TPU-compiled
             self.native = gpu_available() and not force_interpret
             self.compile_targets = ()
 
@@ -354,9 +350,9 @@ class ExternalLeg(TpuLeg):
         env = super().environment()
         settings = {k: v for k, v in env.settings.items() if k != "dot_policy"}
         device = env.device
-        if self.platform == GPU_PLATFORM:  # nothing of the TPU leg's emulation applies
+        if self.gpu_only:  # nothing of the TPU leg's emulation applies
             settings = {k: v for k, v in settings.items() if k not in ("compile_targets", "xla_compiler_options")}
-            settings.update(implementation=self.target, platform=self.platform, interpret="None (never interpreted)",
+            settings.update(implementation=self.target, platform=GPU_ONLY, interpret="None (never interpreted)",
                             mxu_model="none: the GPU's own arithmetic")
             if not self.native:
                 import jax
@@ -377,7 +373,7 @@ class ExternalLeg(TpuLeg):
     def supports(self, op, case):
         if self.binding(op) is None:
             return f"the implementation {self.target} has no binding for {op.name}"
-        if self.platform == GPU_PLATFORM:  # the binding's own reason first (it may say more), then the machine's
+        if self.gpu_only:  # the binding's own reason first (it may say more), then the machine's
             return (Leg.supports(self, op, case) or (None if self.native else off_gpu(self.target))
                     or kernel_refusal(op, case, self.binding(op)))
         with tpu_info_for(INTERPRET_CHIP):  # the refusal check traces the forward, as the run does
@@ -411,7 +407,7 @@ class ExternalLeg(TpuLeg):
 
         if self.native:
             return super().run(op, case, inputs)
-        if self.platform == GPU_PLATFORM:  # supports refused it already; never interpreted as a TPU kernel
+        if self.gpu_only:  # supports refused it already; never interpreted as a TPU kernel
             raise NotImplementedError(off_gpu(self.target))
         import dataclasses
 

@@ -117,8 +117,8 @@ def register_implementation(name: str, target: str) -> LegSpec:
     def build(**options):
         from .external import ExternalLeg
 
-        load_implementation(name, target)
-        return ExternalLeg(name, target, **options)
+        impl = load_implementation(name, target)
+        return ExternalLeg(name, target, gpu_only=implementation_platform(impl) == GPU_PLATFORM, **options)
 
     build.target = target
     module = target.split(":", 1)[0]
@@ -146,13 +146,20 @@ def load_implementation(name: str, target: str):
     if not isinstance(bindings, Mapping) or not bindings:
         raise ValueError(f"implementation {name}={target} has no bindings: its object needs `bindings`, a mapping "
                          f"of op name to harness.ops.base.LegBinding (docs/legs.md, Gating your own implementation)")
-    from .external import implementation_platform
-
     try:
         implementation_platform(impl)
     except ValueError as exc:
         raise ValueError(f"implementation {name}={target}: {exc}") from None
     return impl
+
+
+def implementation_platform(impl) -> str:
+    """The implementation's ``platform`` (:data:`PLATFORMS`; an object that names none is the default's), or a
+    ValueError of one line."""
+    platform = getattr(impl, "platform", DEFAULT_PLATFORM)
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform {platform!r} must be one of {PLATFORMS}")
+    return platform
 
 
 def check_implementation(name: str) -> None:
