@@ -627,7 +627,7 @@ def _gdn2_regressions() -> list[Case]:
 def production_cases() -> list[Case]:
     """The shapes the peers' models train with (issue 51): one training step's forward and backward, K = V = 128,
     bf16, one 4096-token sequence, the layer's options as the model sets them. fla's rows at these shapes take the
-    emulated GPU leg's batched grid (docs/gpu-emulation.md); they are committed under ``reports/production/`` and
+    emulated GPU leg's batched grid (docs/legs.md); they are committed under ``reports/production/`` and
     served to ``--baseline-rows``."""
     conv = (("conv1d", 4),)
     base = dict(variant="chunk", B=1, T=4096, K=128, V=128, dtype="bfloat16", chunk_size=64)
