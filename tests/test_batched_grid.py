@@ -270,7 +270,7 @@ def test_fla_rows_are_bit_for_bit_the_sequential_loops(case_id):
     assert launches["batched"] + launches["split"] > 0
 
 
-@pytest.mark.heavy
+@pytest.mark.slow  # each case runs twice, once on the sequential loop: minutes, beyond CI's heavy stage budget
 @pytest.mark.needs_leg("gpu")
 @pytest.mark.parametrize("case_id", HEAVY)
 def test_fla_rows_are_bit_for_bit_the_sequential_loops_on_every_kernel_path(case_id):
