@@ -3,7 +3,7 @@
 Tiny hand-written kernels first (divergent branch, loop bound loaded per program, per-program boundary masks, shape
 ops, reductions and scans, chunked groups, atomics and cross-program reads falling back), then fla through the GPU
 leg: every metric of every row of one case per kernel path must be the same with ``batched_grid`` on and off. Two
-small cases run by default; the rest are ``heavy``.
+small cases run by default; the rest are ``slow`` (``pytest -m slow tests/test_batched_grid.py``).
 """
 
 import importlib.util
