@@ -3,7 +3,7 @@ kernels for Hopper (sm_90) on simple_gla, gla, gdn, kda and gdn2, forward and ba
 ``custom_vjp``), measured against fla on the same GPU.
 
 It is not a TPU library: its kernels are built for a Hopper GPU and nothing here can run them elsewhere. The binding
-declares ``platform = "gpu"`` (:data:`harness.legs.registry.PLATFORMS`): the candidate leg runs it natively where
+declares ``platform = "gpu"`` (:data:`harness.legs.external.PLATFORMS`): the candidate leg runs it natively where
 jax has a GPU, with no interpret mode, no MXU model and no TPU compile, and refuses every case on any other machine.
 The binding refuses too, first, and says more (:func:`off_hopper`): off an sm_90 GPU every case is ``unsupported``
 with what it needs, and with the fact a user must know: its public entry point's default, ``impl="auto"``, would
@@ -183,7 +183,7 @@ class JaxLinearAttention:
     """The implementation object (:mod:`harness.legs.external`)."""
 
     distribution = DISTRIBUTION  # the rows' version: its own, not this project's (which ships the binding)
-    platform = "gpu"  # Mosaic GPU kernels: native on a GPU, refused elsewhere (harness.legs.registry.PLATFORMS)
+    platform = "gpu"  # Mosaic GPU kernels: native on a GPU, refused elsewhere (harness.legs.external.PLATFORMS)
     bindings = {op: LegBinding(forward, supports, describe=describe) for op in KINDS}
 
 

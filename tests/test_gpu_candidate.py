@@ -72,7 +72,6 @@ def test_off_a_gpu_every_case_is_refused_with_the_reason_and_nothing_is_compiled
     env = leg.environment()
     assert env.settings["platform"] == external.GPU_ONLY and "compile_targets" not in env.settings
     assert env.device == "cpu (no GPU: every case refused)"
-    assert "platform = 'gpu'" in registry.leg_spec("gpu-kernels").runs
 
 
 def test_on_a_gpu_it_runs_natively_with_no_interpreter_and_no_mxu_model(gpu_impl, monkeypatch):
@@ -100,4 +99,4 @@ def test_on_a_gpu_it_runs_natively_with_no_interpreter_and_no_mxu_model(gpu_impl
 
 def test_a_platform_it_does_not_know_is_one_line(gpu_impl):
     with pytest.raises(ValueError, match=r"implementation npu-kernels=gpu_kernels:NEITHER: platform 'npu' must be"):
-        registry.check_implementation("npu-kernels")
+        registry.make_leg("npu-kernels")

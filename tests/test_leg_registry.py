@@ -13,10 +13,13 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 BUILTIN_NAMES = {spec.name for spec in BUILTIN}
 
 
-def _platform_argument(parent: ast.AST, node: ast.AST) -> bool:
-    """A jax *platform* string ("tpu" is also a jax backend): ``jax.devices("tpu")`` or ``platform="tpu"``."""
+def _platform_argument(parent: ast.AST, node: ast.AST, parents: dict) -> bool:
+    """A jax *platform* string ("tpu" is also a jax backend): ``jax.devices("tpu")``, ``platform="tpu"``, or an
+    element of the tuple ``PLATFORMS = ("tpu", "gpu")`` (what an implementation's kernels are built for)."""
     if isinstance(parent, ast.keyword):
         return parent.arg == "platform"
+    if isinstance(parent, ast.Tuple) and isinstance(parents.get(parent), ast.Assign):
+        return [getattr(t, "id", None) for t in parents[parent].targets] == ["PLATFORMS"]
     return (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
             and parent.func.attr == "devices" and node in parent.args)
 
@@ -41,7 +44,7 @@ def leg_literals(path: Path, root: Path = HARNESS.parent) -> list[str]:
         if not (isinstance(node, ast.Constant) and node.value in BUILTIN_NAMES) or id(node) in docs:
             continue
         parent = parents.get(node)
-        if _platform_argument(parent, node) or (isinstance(parent, ast.keyword) and parent.arg == "help"):
+        if _platform_argument(parent, node, parents) or (isinstance(parent, ast.keyword) and parent.arg == "help"):
             continue
         found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
     return found
@@ -50,8 +53,10 @@ def leg_literals(path: Path, root: Path = HARNESS.parent) -> list[str]:
 def test_the_scan_finds_a_leg_literal(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text('"""the gpu leg, in prose"""\nimport jax\n\nLEG = "gpu"\nDEV = jax.devices("tpu")\n'
-                     'p.add_argument("--x", help="ref")\nif leg == "ref":\n    pass\n')
-    assert leg_literals(probe, tmp_path) == ["probe.py:4: 'gpu'", "probe.py:7: 'ref'"]
+                     'p.add_argument("--x", help="ref")\nif leg == "ref":\n    pass\n'
+                     'PLATFORMS = ("tpu", "gpu")\nLEGS = ("tpu", "gpu")\n')
+    assert leg_literals(probe, tmp_path) == ["probe.py:4: 'gpu'", "probe.py:7: 'ref'", "probe.py:10: 'tpu'",
+                                             "probe.py:10: 'gpu'"]
 
 
 def test_outside_the_registry_harness_names_no_leg():

@@ -15,7 +15,7 @@ An implementation is a Python object (registered with ``--impl NAME=module:objec
   distribution that provides the module);
 - optionally ``tests_rule``: the tolerance its own tests hold its outputs to (a JSON-able mapping, the format
   :mod:`harness.peer_report` reads), recorded in its rows' settings; ``peers.md`` applies it to the same numbers;
-- optionally ``platform``: what its kernels are built for (:data:`harness.legs.registry.PLATFORMS`), ``"tpu"``
+- optionally ``platform``: what its kernels are built for (:data:`PLATFORMS`), ``"tpu"``
   unless it says ``"gpu"``. A GPU implementation (Pallas Mosaic GPU, Triton called from jax) gets none of what
   follows: it runs natively where jax has a GPU, as it is, and refuses every case elsewhere with the reason (no
   interpreter or model of a GPU's arithmetic exists here, and a TPU's would measure the wrong machine).
@@ -265,6 +265,22 @@ def implementation_version(impl, target: str) -> str:
 
 
 # ------------------------------------------------------------------------------- the platform
+PLATFORMS = ("tpu", "gpu")
+"""What an implementation's kernels are built for (its object's optional ``platform``; the first is the default):
+Pallas TPU kernels (native on a TPU, else interpret mode, the MXU model and the TPU compile), or kernels for a GPU
+(native on a GPU only; every case refused elsewhere)."""
+DEFAULT_PLATFORM, GPU_PLATFORM = PLATFORMS
+
+
+def implementation_platform(impl) -> str:
+    """The implementation's ``platform`` (:data:`PLATFORMS`; an object that names none is the default's), or a
+    ValueError of one line."""
+    platform = getattr(impl, "platform", DEFAULT_PLATFORM)
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform {platform!r} must be one of {PLATFORMS}")
+    return platform
+
+
 GPU_ONLY = "GPU: its kernels run natively on a GPU only (never interpreted, modeled or compiled for a TPU)"
 """What the rows' settings say (``platform``) of an implementation that declares platform = "gpu"."""
 
@@ -325,16 +341,28 @@ class ExternalLeg(TpuLeg):
     compile_note = TPU_HOST  # what ``parity compile``'s rows say of how the program was traced
 
     def __init__(self, name: str, target: str, force_interpret: bool = False,
-                 compile_targets: tuple[str, ...] | None = None, gpu_only: bool = False):
+                 compile_targets: tuple[str, ...] | None = None):
         super().__init__(force_interpret=force_interpret, compile_targets=compile_targets)
         self.name, self.target = name, target
         self._impl = None
         self._lock = threading.Lock()  # the compile (a thread beside the run) and the run trace apart
-        # its object declares platform = "gpu" (harness.legs.registry.PLATFORMS, read where the leg is built)
-        self.gpu_only = gpu_only
-        if gpu_only:  # native where jax has a GPU; never interpreted, modeled or TPU-compiled
+        # its object declares platform = "gpu" (PLATFORMS), read where the leg is built
+        self.gpu_only = self._declares_gpu()
+        if self.gpu_only:  # native where jax has a GPU; never interpreted, modeled or TPU-compiled
             self.native = gpu_available() and not force_interpret
             self.compile_targets = ()
+
+    def _declares_gpu(self) -> bool:
+        """Whether its object declares platform = "gpu"; an unknown platform is a one-line ValueError. A target
+        that does not load is not judged here: it fails where it is used, with its own error."""
+        try:
+            impl = self.impl
+        except Exception:  # noqa: BLE001 - the load's error belongs to the first use (harness.legs.registry)
+            return False
+        try:
+            return implementation_platform(impl) == GPU_PLATFORM
+        except ValueError as exc:
+            raise ValueError(f"implementation {self.name}={self.target}: {exc}") from None
 
     @property
     def impl(self):

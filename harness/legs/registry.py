@@ -29,11 +29,6 @@ import warnings
 from typing import Any, Callable, Mapping
 
 ROLES = ("reference", "baseline", "candidate")
-PLATFORMS = ("tpu", "gpu")
-"""What an implementation's kernels are built for (its object's optional ``platform``; the first is the default):
-Pallas TPU kernels (native on a TPU, else interpret mode, the MXU model and the TPU compile), or kernels for a GPU
-(native on a GPU only; every case refused elsewhere). :mod:`harness.legs.external` says what each gets."""
-DEFAULT_PLATFORM, GPU_PLATFORM = PLATFORMS
 ENTRY_POINT_GROUP = "linear_attn_parity.implementations"
 NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -117,13 +112,12 @@ def register_implementation(name: str, target: str) -> LegSpec:
     def build(**options):
         from .external import ExternalLeg
 
-        impl = load_implementation(name, target)
-        return ExternalLeg(name, target, gpu_only=implementation_platform(impl) == GPU_PLATFORM, **options)
+        load_implementation(name, target)
+        return ExternalLeg(name, target, **options)
 
     build.target = target
     module = target.split(":", 1)[0]
-    spec = LegSpec(name, "candidate", f"the implementation {target}: native on a TPU, else interpret mode (one "
-                   "whose object declares platform = 'gpu': native on a GPU, else every case refused)",
+    spec = LegSpec(name, "candidate", f"the implementation {target}: native on a TPU, else interpret mode",
                    name, (module.split(".", 1)[0], "jax"), f"install the package that provides {module}",
                    build)
     _LEGS[name] = spec
@@ -146,20 +140,7 @@ def load_implementation(name: str, target: str):
     if not isinstance(bindings, Mapping) or not bindings:
         raise ValueError(f"implementation {name}={target} has no bindings: its object needs `bindings`, a mapping "
                          f"of op name to harness.ops.base.LegBinding (docs/legs.md, Gating your own implementation)")
-    try:
-        implementation_platform(impl)
-    except ValueError as exc:
-        raise ValueError(f"implementation {name}={target}: {exc}") from None
     return impl
-
-
-def implementation_platform(impl) -> str:
-    """The implementation's ``platform`` (:data:`PLATFORMS`; an object that names none is the default's), or a
-    ValueError of one line."""
-    platform = getattr(impl, "platform", DEFAULT_PLATFORM)
-    if platform not in PLATFORMS:
-        raise ValueError(f"platform {platform!r} must be one of {PLATFORMS}")
-    return platform
 
 
 def check_implementation(name: str) -> None:
