@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.app import case_from_id
+from peer_rows import assert_compile_refused_finding
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE = importlib.util.find_spec("atomic_gdn2") is not None
@@ -112,3 +113,13 @@ def test_a_case_it_takes_matches_the_float64_reference_at_bf16_level_forward_and
     assert (rows.status == "ok").all(), rows[["tensor", "status", "reason"]]
     assert (rows.rel_l2 < 1e-2).all(), rows[["tensor", "rel_l2"]]
     assert (rows.kernels_traced == 4).all() and (rows.kernels_mosaic == 4).all()
+
+
+@needs
+@pytest.mark.heavy
+def test_fp16_does_not_compile_for_a_tpu_and_the_row_says_so(tmp_path):
+    """A finding of reports/peers/gdn2: the 3 of its 4 kernels that load fp16 operands are refused by Mosaic for v6e ('Invalid vector type
+    for load'). The rows are errors (the gate fails them) that keep the emulated run's numbers in their reason."""
+    assert_compile_refused_finding(tmp_path, "atomic-ops", CASE.format(T=128, K=128, V=128).replace("bf16", "fp16"),
+                                   "MosaicError: INTERNAL: Mosaic failed to compile TPU kernel: Invalid vector type "
+                                   "for load")

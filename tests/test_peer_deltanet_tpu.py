@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.app import case_from_id
+from peer_rows import assert_compile_refused_finding
 
 HAVE = importlib.util.find_spec("deltanet_tpu") is not None
 if not HAVE and os.environ.get("PARITY_REQUIRE_DELTANET_TPU") == "1":
@@ -146,14 +147,5 @@ def test_fp16_does_not_compile_for_a_tpu_and_the_row_says_so(tmp_path):
     """Finding 1 of reports/peers/deltanet-tpu: its kernels cast fp16 operands to bf16, which Mosaic refuses for
     v6e ('Unsupported cast: float16 -> bfloat16'). The rows are errors (the gate fails them) that keep the emulated
     run's numbers in their reason."""
-    import pandas as pd
-
-    from harness.cli import main
-
-    case = "gdn.chunk/B1-T64-H1-K128-V128/fp16/g=logsigmoid/16/C64/h0"
-    assert main(["run", "--backend", "deltanet-tpu", "--case", case, "--out", str(tmp_path), "--no-progress",
-                 "--tpu-targets", "v6e"]) == 1
-    rows = pd.read_csv(next(tmp_path.glob("deltanet-tpu.cases-*.csv")))
-    assert (rows.status == "error").all()
-    assert rows.reason.str.contains("does not compile for TPU v6e: NotImplementedError: Unsupported cast: float16 -> "
-                                    "bfloat16 [the emulated run gave", regex=False).all(), rows.reason.iloc[0]
+    assert_compile_refused_finding(tmp_path, "deltanet-tpu", "gdn.chunk/B1-T64-H1-K128-V128/fp16/g=logsigmoid/16/C64/h0",
+                                   "NotImplementedError: Unsupported cast: float16 -> bfloat16")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.app import case_from_id
+from peer_rows import assert_compile_refused_finding
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE = importlib.util.find_spec("atomic_ops") is not None
@@ -178,3 +179,13 @@ def test_a_case_it_takes_matches_the_float64_reference_at_bf16_level_forward_and
     # forward A, B, C and backward B2, B3, B4: all six ran as Pallas kernels and reached Mosaic
     assert (rows.kernels_traced == 6).all() and (rows.kernels_mosaic == 6).all()
     assert rows.versions.str.contains('"gdn2-pallas-small": "gdn2-pallas 0.1.1"', regex=False).all()
+
+
+@needs
+@pytest.mark.heavy
+def test_fp16_does_not_compile_for_a_tpu_and_the_row_says_so(tmp_path):
+    """A finding of reports/peers/gdn2: the 4 of its 6 kernels that load fp16 operands are refused by Mosaic for v6e ('Invalid vector type
+    for load'). The rows are errors (the gate fails them) that keep the emulated run's numbers in their reason."""
+    assert_compile_refused_finding(tmp_path, "gdn2-pallas-small", CASE.format(T=128, K=128, V=128).replace("bf16", "fp16"),
+                                   "MosaicError: INTERNAL: Mosaic failed to compile TPU kernel: Invalid vector type "
+                                   "for load")
