@@ -182,9 +182,18 @@ def _apart(a: float, b: float, digits: int = 4) -> tuple[str, str]:
     return x, y
 
 
-def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
+def side_labels(baseline_leg: str, candidate_leg: str) -> tuple[str, str]:
+    """What the gate's reasons and reports call its two sides: GPU and TPU for the built-in pair of legs, else the
+    legs' own names (a candidate need not be a TPU's: a GPU implementation, or a peer against fla)."""
+    if (baseline_leg, candidate_leg) == (default_leg("baseline"), default_leg("candidate")):
+        return "GPU", "TPU"
+    return baseline_leg, candidate_leg
+
+
+def _judge(key, g, t, policy: Policy, allow_missing: bool, sides: tuple[str, str] = ("GPU", "TPU")) -> list[dict]:
     """The verdicts of one (case, tensor) on one draw; a metric row's failure is then weighed against the
-    other draws of the case by :func:`_pool_draws`."""
+    other draws of the case by :func:`_pool_draws`. ``sides``: :func:`side_labels`."""
+    b, c = sides
     case_id, tensor = key
     base = {"case_id": case_id, "tensor": tensor,
             "gpu_status": None if g is None else g["status"], "tpu_status": None if t is None else t["status"],
@@ -197,28 +206,28 @@ def _judge(key, g, t, policy: Policy, allow_missing: bool) -> list[dict]:
         return [{**base, "metric": "status", "verdict": verdict, "reason": reason}]
 
     if t is None or g is None:
-        where = "candidate (TPU)" if t is None else "baseline (GPU)"
+        where = f"candidate ({c})" if t is None else f"baseline ({b})"
         if allow_missing:
             return status_row("missing", f"not in the {where} file (allowed: --allow-missing)")
         return status_row("fail", f"not in the {where} file; pass --allow-missing to gate a deliberate subset")
     g_status, t_status = g["status"], t["status"]
     if t_status in FAILING:
-        return status_row("fail", f"TPU {t_status}: {t['reason']}")
+        return status_row("fail", f"{c} {t_status}: {t['reason']}")
     if t_status == Status.UNSUPPORTED:
-        return status_row("unsupported", f"TPU: {t['reason']}")
+        return status_row("unsupported", f"{c}: {t['reason']}")
     if t_status == Status.NOT_PROVIDED:
         if g_status == Status.OK and str(t["reason"]).startswith(FORWARD_ONLY):
             return status_row("forward_only", f"{t['reason']}: not compared (the candidate is forward only)")
         if g_status == Status.OK and str(t["reason"]).startswith(NO_GRADIENT):
             return status_row("no_gradient", t["reason"])  # the binding's reason: not compared
         if g_status == Status.OK:
-            return status_row("fail", "the TPU leg gives no such tensor but the GPU leg does")
+            return status_row("fail", f"the {c} leg gives no such tensor but the {b} leg does")
         return status_row("not_provided", "neither leg gives this tensor")
     # the TPU has numbers within its bound
     if g_status == Status.ERROR:
-        return status_row("fail", f"the GPU baseline errored, so nothing is measured: {g['reason']}")
+        return status_row("fail", f"the {b} baseline errored, so nothing is measured: {g['reason']}")
     if g_status != Status.OK:
-        return status_row("bounds_only", f"TPU within its absolute bound; no GPU number (GPU {g_status}: "
+        return status_row("bounds_only", f"{c} within its absolute bound; no {b} number ({b} {g_status}: "
                                          f"{g['reason']})")
     rows = []
     blocks = parse_blocks(g.get("rel_l2_blocks")), parse_blocks(t.get("rel_l2_blocks"))
@@ -357,7 +366,8 @@ def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_mi
     keys = list(t_rows) + [k for k in g_rows if k not in t_rows]
     rows = []
     for key in keys:
-        rows.extend(_judge(key, g_rows.get(key), t_rows.get(key), policy, allow_missing))
+        rows.extend(_judge(key, g_rows.get(key), t_rows.get(key), policy, allow_missing,
+                           side_labels(baseline_leg, candidate_leg)))
     parity = pd.DataFrame(_pool_draws(rows, policy), columns=PARITY_COLUMNS)
     gated = parity["metric"].isin(policy.metrics) & parity["verdict"].isin(["pass", "fail", "inconclusive"])
     if not gated.any() and not (parity["verdict"] == "fail").any():  # nothing failed, but nothing was measured

@@ -35,7 +35,8 @@ from matplotlib.patches import Rectangle
 
 from .results import atomic_write_bytes, atomic_write_text, provenance_line
 
-from .reports import _fmt, gate_notes
+from .gate import side_labels
+from .reports import _fmt, eps_labels, gate_notes
 if TYPE_CHECKING:
     from .gate import GateResult
 
@@ -107,9 +108,10 @@ def heatmap_data(result: GateResult) -> Heatmap:
     return Heatmap(metric, cases, tensors, ratio, present, failing, decades)
 
 
-def heatmap_figure(h: Heatmap, title: str) -> Figure:
+def heatmap_figure(h: Heatmap, title: str, sides: tuple[str, str] = ("GPU", "TPU")) -> Figure:
     """The heatmap as a matplotlib Figure under ``title`` (tick labels stick out left; save with
-    ``bbox_inches="tight"``)."""
+    ``bbox_inches="tight"``); ``sides``: what the baseline and the candidate are called (harness.gate.side_labels)."""
+    base, cand = sides
     n, m = len(h.cases), len(h.tensors)
     if n == 0:
         fig = Figure(figsize=(4, 1), dpi=DPI)
@@ -139,15 +141,15 @@ def heatmap_figure(h: Heatmap, title: str) -> Figure:
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
-    ax.set_title(f"ε_TPU / ε_GPU ({h.metric})", fontsize=10, pad=18, loc="left")
+    ax.set_title(f"ε_{cand} / ε_{base} ({h.metric})", fontsize=10, pad=18, loc="left")
     fig.text(0, 1 - 0.2 / height, title, fontsize=11, weight="bold", va="top")
     bar_h = min(max(ax_h, 2.6), 4.0) - 0.9
     cax = fig.add_axes(((ax_w + 0.35) / width, (height - top - bar_h) / height, 0.18 / width, bar_h / height))
     fig.colorbar(ScalarMappable(norm=h.norm, cmap=colormaps[CMAP]), cax=cax)
-    cax.set_ylabel("ε_TPU / ε_GPU", fontsize=8)
+    cax.set_ylabel(f"ε_{cand} / ε_{base}", fontsize=8)
     cax.tick_params(labelsize=7)
     fig.text((ax_w + 0.35) / width, (height - top - bar_h - 0.15) / height,
-             "red: TPU error larger\nblue: TPU error smaller\ngrey: no ratio\noutlined X: fails the gate",
+             f"red: {cand} error larger\nblue: {cand} error smaller\ngrey: no ratio\noutlined X: fails the gate",
              fontsize=7.5, va="top", linespacing=1.4)
     return fig
 
@@ -210,17 +212,17 @@ $notes
 <tr><th>verdict</th><th>rows</th></tr>
 $counts
 </table>
-<h2>ε_TPU / ε_GPU per case × tensor ($metric)</h2>
-<p>Logarithmic colour scale centred on 1: red where the TPU's error is larger, blue where it is smaller.
+<h2>$eps_cand / $eps_base per case × tensor ($metric)</h2>
+<p>Logarithmic colour scale centred on 1: red where the $cand's error is larger, blue where it is smaller.
 A (case, tensor) failing the gate on any metric or status is outlined and crossed; grey cells have no $metric ratio
 (unsupported, not provided, bounds only, missing, or a failing status); blank cells are tensors the case does not
 have.</p>
 <div class="heatmap"><img src="data:image/png;base64,$png" width="$png_width" height="$png_height"
- alt="heatmap of eps_TPU / eps_GPU ($metric) per case and tensor; $n_failing failing (case, tensor)"></div>
+ alt="heatmap of $eps_cand / $eps_base ($metric) per case and tensor; $n_failing failing (case, tensor)"></div>
 <h2>Rows, failing first</h2>
 <p>$rows_note</p>
 <table>
-<tr><th>case</th><th>tensor</th><th>metric</th><th>ε_GPU</th><th>ε_TPU</th><th>ratio</th><th>verdict</th>
+<tr><th>case</th><th>tensor</th><th>metric</th><th>$eps_base</th><th>$eps_cand</th><th>ratio</th><th>verdict</th>
 <th>reason</th><th>repro</th></tr>
 $rows
 </table>
@@ -263,6 +265,8 @@ def page(result: GateResult, h: Heatmap, png: bytes) -> str:
         provenance="\n".join(provenance), notes="\n".join(notes),
         counts="\n".join(f'<tr><td>{html.escape(str(v))}</td><td class="num">{n}</td></tr>'
                          for v, n in sorted(counts.items())),
+        eps_base=html.escape(eps_labels(result)[0]), eps_cand=html.escape(eps_labels(result)[1]),
+        cand=html.escape(side_labels(result.baseline_leg, result.candidate_leg)[1]),
         metric=html.escape(h.metric), png=base64.b64encode(png).decode("ascii"), png_width=width,
         png_height=height, n_failing=int(h.failing.sum()),
         rows_note=html.escape(f"{len(failing)} failing row(s) (any metric or status), then the {h.metric} and "
@@ -275,7 +279,7 @@ def write_html_report(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     h = heatmap_data(result)
     png = png_bytes(heatmap_figure(h, f"Linear-attention parity: {result.headline} "
-                                      f"({summary(result)})"))
+                                      f"({summary(result)})", side_labels(result.baseline_leg, result.candidate_leg)))
     png_path, html_path = out_dir / "parity.png", out_dir / "parity.html"
     atomic_write_bytes(png_path, png)
     atomic_write_text(html_path, page(result, h, png))

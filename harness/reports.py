@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from .gate import GateResult
+from .gate import GateResult, side_labels
 from .legs import default_leg
 from .results import provenance_line
 from .status import NO_GRADIENT
@@ -89,13 +89,42 @@ def gate_notes(result: GateResult) -> list[list[str]]:
     if missing:
         notes.append([f"**{missing} (case, tensor) row(s) are in one file only** and were allowed "
                       f"(--allow-missing): this gate covers a subset."])
+    gpu_candidate = gpu_platform_note(result)
+    if gpu_candidate:
+        notes.append([gpu_candidate])
     if "emulated" in set(result.baseline["mode"].dropna()) | set(result.candidate["mode"].dropna()):
         note = ["Emulated rows ran on CPU (Triton interpreter / Pallas interpret mode with the MXU model); "
                 "they are not hardware numbers."]
-        if "emulated" in set(result.candidate["mode"].dropna()):
+        if "emulated" in set(result.candidate["mode"].dropna()) and not gpu_candidate:
             note.append(compiled_note(result.candidate))
         notes.append(note)
     return notes
+
+
+def gpu_platform_note(result: GateResult) -> str:
+    """For a candidate whose rows say it is a GPU implementation (its settings' ``platform``, written by the candidate
+    leg: harness.legs.external), what its verdict means; else ''. No TPU compile or MXU model applies to it."""
+    platforms = set()
+    for settings in result.candidate.get("settings", pd.Series(dtype=object)).dropna():
+        try:
+            platforms.add(str(json.loads(settings).get("platform", "")))
+        except (ValueError, AttributeError):
+            continue
+    gpu = sorted(p for p in platforms if p.startswith("GPU"))
+    if not gpu:
+        return ""
+    ran = result.candidate[result.candidate["status"] != "unsupported"]
+    where = (f"{ran['case_id'].nunique()} case(s) ran on {', '.join(sorted(set(ran['device'].dropna().astype(str))))}"
+             if len(ran) else "no case ran here: every one was refused for want of a GPU")
+    return (f"**A GPU candidate** ({result.candidate_leg}), {gpu[0].removeprefix('GPU: ')}: "
+            f"ε_{result.candidate_leg} is its error on a GPU against the float64 reference, as ε_{result.baseline_leg} is "
+            f"the {result.baseline_leg} leg's; {where}.")
+
+
+def eps_labels(result: GateResult) -> tuple[str, str]:
+    """The column headings of the two sides' ε: ε_GPU and ε_TPU for the built-in pair of legs, else the legs'
+    names (:func:`harness.gate.side_labels`)."""
+    return tuple(f"ε_{side}" for side in side_labels(result.baseline_leg, result.candidate_leg))
 
 
 def markdown(result: GateResult) -> str:
@@ -119,9 +148,10 @@ def markdown(result: GateResult) -> str:
         lines += ["", f"> {len(cleared)} rel_l2 comparison(s) exceeded the margin within sampling noise (the "
                       f"paired block bootstrap's lower bound of the ratio is within 1 + margin): they pass, and "
                       f"the table below shows their bound."]
+    eb, ec = eps_labels(result)
     fails = result.failures
     if len(fails):
-        lines += ["", "### Failures", "", "| case | tensor | metric | ε_GPU | ε_TPU | ratio | reason | repro |",
+        lines += ["", "### Failures", "", f"| case | tensor | metric | {eb} | {ec} | ratio | reason | repro |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in fails.to_dict("records"):
             lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {_fmt(r['eps_gpu'])} | "
@@ -133,7 +163,7 @@ def markdown(result: GateResult) -> str:
                   f"Each failed its own draw's rule, and the draws of its case do not decide whether the ratio is "
                   f"beyond the margin (`harness/noise.py`, the sequential test). This is not a pass: run both legs "
                   f"with {more} (`parity all` does so itself).", "",
-                  "| case | tensor | metric | ε_GPU | ε_TPU | ratio | draws | reason |", "|---|---|---|---|---|---|---|---|"]
+                  f"| case | tensor | metric | {eb} | {ec} | ratio | draws | reason |", "|---|---|---|---|---|---|---|---|"]
         for r in undecided.to_dict("records"):
             lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {_fmt(r['eps_gpu'])} | "
                          f"{_fmt(r['eps_tpu'])} | {_fmt(r['ratio'])} | {_fmt(r['draws'])} | {r['reason']} |")
@@ -142,7 +172,7 @@ def markdown(result: GateResult) -> str:
         lines += ["", "<details><summary>rel_l2 per case and tensor</summary>", "",
                   "TPU MXU cost: the case's modeled bf16-pass multiply-adds over one pass per dot, forward and "
                   "backward (1.0× = every dot one bf16 pass; `HIGHEST` is 6×); modeled in emulation, not timed.",
-                  "", "| case | tensor | ε_GPU | ε_TPU | ratio | bootstrap bound | TPU MXU cost | verdict |",
+                  "", f"| case | tensor | {eb} | {ec} | ratio | bootstrap bound | TPU MXU cost | verdict |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rel.to_dict("records"):
             lines.append(f"| `{r['case_id']}` | {r['tensor']} | {_fmt(r['eps_gpu'])} | {_fmt(r['eps_tpu'])} | "

@@ -100,3 +100,28 @@ def test_on_a_gpu_it_runs_natively_with_no_interpreter_and_no_mxu_model(gpu_impl
 def test_a_platform_it_does_not_know_is_one_line(gpu_impl):
     with pytest.raises(ValueError, match=r"implementation npu-kernels=gpu_kernels:NEITHER: platform 'npu' must be"):
         registry.make_leg("npu-kernels")
+
+
+def test_its_gate_report_names_it_a_gpu_candidate_not_a_tpu_kernel(gpu_impl):
+    """Off a GPU its rows are refusals; the gate's reasons and report call the sides by their legs' names (not GPU
+    and TPU), say what a GPU candidate's verdict means, and claim no TPU compile."""
+    import json
+
+    from harness.gate import apply_gate
+    from harness.policy import Policy
+    from harness.reference_cache import ReferenceCache
+    from harness.reports import markdown
+    from harness.results import rows_to_frame
+    from harness.runner import Runner
+
+    cand = rows_to_frame(Runner(registry.make_leg("gpu-kernels"), ReferenceCache(None)).run_case(case_from_id(CASE)))
+    base = cand.assign(leg="gpu", settings="{}", versions=json.dumps({registry.version_key("gpu"): "a version"}))
+    result = apply_gate(base, cand, Policy(), baseline_leg="gpu", candidate_leg="gpu-kernels")
+    refused = result.parity[result.parity["verdict"] == "unsupported"]
+    assert len(refused) and refused["reason"].str.startswith("gpu-kernels: the implementation gpu_kernels:GPU "
+                                                             "declares platform 'gpu'").all()
+    text = markdown(result)
+    assert "**A GPU candidate** (gpu-kernels), its kernels run natively on a GPU only" in text
+    assert "no case ran here: every one was refused for want of a GPU" in text
+    assert "compiled for a real TPU" not in text and "compiled with libtpu" not in text
+    assert "| case | tensor | metric | ε_gpu | ε_gpu-kernels | ratio | reason | repro |" in text  # the coverage row
