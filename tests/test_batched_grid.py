@@ -7,6 +7,7 @@ small cases run by default; the rest are ``slow`` (``pytest -m slow tests/test_b
 """
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -297,3 +298,29 @@ def test_loops_with_equal_trip_counts_run_together_from_different_starts():
 
     launches = _both(lambda X, Y: _token_loop[(32, )](X, Y, BC=8, D=4), make)
     assert launches[0]["mode"] == "split" and launches[0]["groups"] == 8  # one per trip count, not one per token
+
+
+def test_the_rows_comparison_finds_one_bit_and_a_missing_row(tmp_path):
+    """benchmarks/batched_grid_rows.py (the sweep of a suite's GPU rows, sequential against batched): identical files
+    pass; one metric one ulp off, or a row in one file only, fails and is named."""
+    import importlib.util
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location(
+        "batched_grid_rows", Path(__file__).resolve().parents[1] / "benchmarks" / "batched_grid_rows.py")
+    rows = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rows)
+    seq = pd.DataFrame({"case_id": ["c", "c"], "draw": [0, 0], "tensor": ["o", "ht"], "input_sha256": ["a", "a"],
+                        "status": ["ok", "ok"], "rel_l2": ["0.0015625", "3e-07"], "max_abs": ["0.5", "1e-06"],
+                        "details": ["{}", "{}"]})
+    seq.to_csv(tmp_path / "seq.csv", index=False)
+    seq.to_csv(tmp_path / "same.csv", index=False)
+    assert rows.main([str(tmp_path / "seq.csv"), str(tmp_path / "same.csv"), "--name", "same", "--out", str(tmp_path)]) == 0
+    assert "**2 of 2**" in (tmp_path / "rows-same.md").read_text()
+    seq.assign(rel_l2=["0.0015625000000000002", "3e-07"]).to_csv(tmp_path / "off.csv", index=False)
+    assert rows.main([str(tmp_path / "seq.csv"), str(tmp_path / "off.csv"), "--name", "off", "--out", str(tmp_path)]) == 1
+    assert "| `c` | 0 | o | rel_l2 |" in (tmp_path / "rows-off.md").read_text()
+    seq.iloc[:1].to_csv(tmp_path / "short.csv", index=False)
+    assert rows.main([str(tmp_path / "seq.csv"), str(tmp_path / "short.csv"), "--name", "short", "--out",
+                      str(tmp_path)]) == 1
