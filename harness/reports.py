@@ -10,6 +10,7 @@ import pandas as pd
 
 from .gate import GateResult, side_labels
 from .legs import default_leg
+from .legs.external import GPU_ONLY
 from .results import provenance_line
 from .status import NO_GRADIENT
 
@@ -104,19 +105,18 @@ def gate_notes(result: GateResult) -> list[list[str]]:
 def gpu_platform_note(result: GateResult) -> str:
     """For a candidate whose rows say it is a GPU implementation (its settings' ``platform``, written by the candidate
     leg: harness.legs.external), what its verdict means; else ''. No TPU compile or MXU model applies to it."""
-    platforms = set()
-    for settings in result.candidate.get("settings", pd.Series(dtype=object)).dropna():
+    def platform(settings) -> str:
         try:
-            platforms.add(str(json.loads(settings).get("platform", "")))
-        except (ValueError, AttributeError):
-            continue
-    gpu = sorted(p for p in platforms if p.startswith("GPU"))
-    if not gpu:
+            return str(json.loads(settings).get("platform", ""))
+        except (TypeError, ValueError, AttributeError):
+            return ""
+
+    if not any(platform(s) == GPU_ONLY for s in result.candidate.get("settings", pd.Series(dtype=object)).dropna()):
         return ""
     ran = result.candidate[result.candidate["status"] != "unsupported"]
     where = (f"{ran['case_id'].nunique()} case(s) ran on {', '.join(sorted(set(ran['device'].dropna().astype(str))))}"
              if len(ran) else "no case ran here: every one was refused for want of a GPU")
-    return (f"**A GPU candidate** ({result.candidate_leg}), {gpu[0].removeprefix('GPU: ')}: "
+    return (f"**A GPU candidate** ({result.candidate_leg}), {GPU_ONLY.removeprefix('GPU: ')}: "
             f"ε_{result.candidate_leg} is its error on a GPU against the float64 reference, as ε_{result.baseline_leg} is "
             f"the {result.baseline_leg} leg's; {where}.")
 
