@@ -190,7 +190,7 @@ def side_labels(baseline_leg: str, candidate_leg: str) -> tuple[str, str]:
     return baseline_leg, candidate_leg
 
 
-def _judge(key, g, t, policy: Policy, allow_missing: bool, sides: tuple[str, str] = ("GPU", "TPU")) -> list[dict]:
+def _judge(key, g, t, policy: Policy, allow_missing: bool, sides: tuple[str, str]) -> list[dict]:
     """The verdicts of one (case, tensor) on one draw; a metric row's failure is then weighed against the
     other draws of the case by :func:`_pool_draws`. ``sides``: :func:`side_labels`."""
     b, c = sides

@@ -36,7 +36,7 @@ from matplotlib.patches import Rectangle
 from .results import atomic_write_bytes, atomic_write_text, provenance_line
 
 from .gate import side_labels
-from .reports import _fmt, gate_notes
+from .reports import _fmt, eps_labels, gate_notes
 if TYPE_CHECKING:
     from .gate import GateResult
 
@@ -255,7 +255,6 @@ def page(result: GateResult, h: Heatmap, png: bytes) -> str:
     rest = p[~p["verdict"].isin(["fail", "inconclusive"]) & p["metric"].isin([h.metric, "status"])]
     width, height = png_size(png)
     verdict = result.headline
-    sides = side_labels(result.baseline_leg, result.candidate_leg)
     provenance = [f"<li>baseline ({html.escape(result.baseline_leg)}): {_inline(provenance_line(result.baseline))}</li>",
                   f"<li>candidate ({html.escape(result.candidate_leg)}): {_inline(provenance_line(result.candidate))}"
                   f"</li>"]
@@ -266,7 +265,8 @@ def page(result: GateResult, h: Heatmap, png: bytes) -> str:
         provenance="\n".join(provenance), notes="\n".join(notes),
         counts="\n".join(f'<tr><td>{html.escape(str(v))}</td><td class="num">{n}</td></tr>'
                          for v, n in sorted(counts.items())),
-        eps_base=html.escape(f"ε_{sides[0]}"), eps_cand=html.escape(f"ε_{sides[1]}"), cand=html.escape(sides[1]),
+        eps_base=html.escape(eps_labels(result)[0]), eps_cand=html.escape(eps_labels(result)[1]),
+        cand=html.escape(side_labels(result.baseline_leg, result.candidate_leg)[1]),
         metric=html.escape(h.metric), png=base64.b64encode(png).decode("ascii"), png_width=width,
         png_height=height, n_failing=int(h.failing.sum()),
         rows_note=html.escape(f"{len(failing)} failing row(s) (any metric or status), then the {h.metric} and "

@@ -34,6 +34,7 @@ import pandas as pd
 
 from .gate import apply_gate
 from .policy import Policy
+from .results import settings_values
 
 FORWARD = ("o", "ht")
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
@@ -42,16 +43,7 @@ MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 
 def declared_rule(frame: pd.DataFrame) -> dict | None:
     """The ``tests_rule`` recorded in a candidate's rows' settings, or None."""
-    if "settings" not in frame:
-        return None
-    for text in frame["settings"].dropna().unique():
-        try:
-            rule = json.loads(text).get("tests_rule")
-        except (TypeError, ValueError, AttributeError):
-            continue
-        if rule:
-            return rule
-    return None
+    return next((rule for rule in settings_values(frame, "tests_rule") if rule), None)
 
 
 def rule_for(declared: dict | None, case_id: str, tensor: str) -> dict | None:

@@ -11,7 +11,7 @@ import pandas as pd
 from .gate import GateResult, side_labels
 from .legs import default_leg
 from .legs.external import GPU_ONLY
-from .results import provenance_line
+from .results import provenance_line, settings_values
 from .status import NO_GRADIENT
 
 
@@ -105,13 +105,7 @@ def gate_notes(result: GateResult) -> list[list[str]]:
 def gpu_platform_note(result: GateResult) -> str:
     """For a candidate whose rows say it is a GPU implementation (its settings' ``platform``, written by the candidate
     leg: harness.legs.external), what its verdict means; else ''. No TPU compile or MXU model applies to it."""
-    def platform(settings) -> str:
-        try:
-            return str(json.loads(settings).get("platform", ""))
-        except (TypeError, ValueError, AttributeError):
-            return ""
-
-    if not any(platform(s) == GPU_ONLY for s in result.candidate.get("settings", pd.Series(dtype=object)).dropna()):
+    if GPU_ONLY not in settings_values(result.candidate, "platform"):
         return ""
     ran = result.candidate[result.candidate["status"] != "unsupported"]
     where = (f"{ran['case_id'].nunique()} case(s) ran on {', '.join(sorted(set(ran['device'].dropna().astype(str))))}"

@@ -207,6 +207,20 @@ def column_values(df: pd.DataFrame, column: str) -> list[str]:
     return sorted(str(v) for v in df[column].dropna().unique()) if column in df.columns else []
 
 
+def settings_values(df: pd.DataFrame, key: str) -> list:
+    """The values ``key`` takes in the rows' ``settings`` (JSON text), distinct settings in the order the rows first
+    give them; a row whose settings do not parse, or lack the key, gives none."""
+    out = []
+    for text in (df["settings"].dropna().unique() if "settings" in df.columns else ()):
+        try:
+            settings = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(settings, dict) and key in settings:
+            out.append(settings[key])
+    return out
+
+
 def mixed_provenance(df: pd.DataFrame) -> dict[str, list]:
     """Provenance columns whose rows disagree (suite, commit, mode, device), with their values."""
     values = {c: column_values(df, c) for c in ("suite", "git_commit", "mode", "device")}

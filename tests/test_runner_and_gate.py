@@ -14,7 +14,7 @@ from harness.legs.base import Environment, Leg, LegOutput
 from harness.ops import get_op
 from harness.policy import Policy
 from harness.reference_cache import ReferenceCache
-from harness.results import read_results, rows_to_frame, write_csv
+from harness.results import read_results, rows_to_frame, settings_values, write_csv
 from harness.runner import Runner
 from harness.workers import Workers
 
@@ -261,3 +261,13 @@ def test_an_error_carrying_a_callbacks_traceback_is_named_by_the_inner_exception
         "RuntimeError: in a callback, RuntimeError: Revisited block (0, 1) of output 0 in iteration (1, 0, 0). The "
         "block was previously visited in iterations (0, 0, 1).")
     assert _short_error(ValueError("plain\nmessage")) == "ValueError: plain message"
+
+
+def test_settings_values_reads_one_key_of_the_rows_settings():
+    """One key of the rows' settings JSON: distinct settings in first-seen order; unparsable, non-object or
+    key-less settings, and an absent column, give nothing."""
+    df = pd.DataFrame({"settings": ['{"platform": "gpu", "a": 1}', '{"a": 2}', '{"platform": "gpu", "a": 1}',
+                                    "not json", "[1, 2]", None, '{"platform": {"x": 1}}']})
+    assert settings_values(df, "platform") == ["gpu", {"x": 1}]
+    assert settings_values(df, "a") == [1, 2]
+    assert settings_values(pd.DataFrame({"x": [1]}), "platform") == []
