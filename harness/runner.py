@@ -137,6 +137,7 @@ class Runner:
         self.ops = ops
         self.cache = reference_cache or ReferenceCache()
         self.leg_cache = leg_cache
+        self._compiled_for: Case | None = None  # the last case run, its seed cleared (:meth:`_keep_compiles_for`)
         env = leg.environment()
         self.provenance = {
             "leg": leg.name,
@@ -290,7 +291,24 @@ class Runner:
                           wall_s=time.perf_counter() - t0) from None
         return out, time.perf_counter() - t0
 
+    def _keep_compiles_for(self, case: Case) -> None:
+        """Drop jax's compiled functions when ``case`` differs from the last one in more than its seed.
+
+        Draws of one case (ids that differ only in ``seed=N``) reuse the leg's and the reference's compiles; a
+        new case would only add to them. Every compiled CPU executable holds memory mappings of its own, and a
+        process has at most ``vm.max_map_count`` (65530 by default): one process walking 3600 case-draws of
+        smoke and regressions (reports/calibration/fresh24) grew by about 250 mappings a minute and was killed by
+        LLVM's ``mmap error: 12`` after 1335 of them. Clearing the caches on a new case keeps one case's
+        compiles in the process, whatever the length of the run."""
+        key = case.replace(seed=0)
+        if self._compiled_for is not None and key != self._compiled_for:
+            import jax  # the legs and the reference load it anyway; the runner itself needs it only here
+
+            jax.clear_caches()
+        self._compiled_for = key
+
     def run_case(self, case: Case) -> list[dict]:
+        self._keep_compiles_for(case)
         try:
             op, inputs = self.prepare(case)
             out, common = self.execute(op, case, inputs)  # first: a case sent to a worker needs no golden here

@@ -271,3 +271,19 @@ def test_settings_values_reads_one_key_of_the_rows_settings():
     assert settings_values(df, "platform") == ["gpu", {"x": 1}]
     assert settings_values(df, "a") == [1, 2]
     assert settings_values(pd.DataFrame({"x": [1]}), "platform") == []
+
+
+def test_a_new_case_drops_the_compiles_of_the_last_and_a_new_draw_keeps_them(monkeypatch):
+    """A long run keeps one case's compiled functions (each holds memory mappings; a process has 65530), and the
+    draws of one case reuse them: jax's caches are cleared exactly when a case differs in more than its seed."""
+    import jax
+
+    cleared = []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
+    runner = Runner(FakeLeg(), ReferenceCache(None))
+    other = CASE.replace(T=24)
+    for case, clears in [(CASE.replace(seed=500), 0), (CASE.replace(seed=501), 0), (CASE, 0),
+                         (other.replace(seed=500), 1), (other.replace(seed=501), 1), (CASE.replace(seed=502), 2),
+                         (CASE.replace(variant="nope"), 3)]:
+        runner.run_case(case)
+        assert len(cleared) == clears, case.id
