@@ -123,6 +123,17 @@ class NotServed(Exception):
     worker process."""
 
 
+def mapping_share() -> float:
+    """The share of ``vm.max_map_count`` this process's memory mappings take (0 where Linux's /proc is absent)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f) / limit
+    except (OSError, ValueError):
+        return 0.0
+
+
 class Runner:
     """Runs one leg over cases; rows carry the run's provenance."""
 
@@ -292,16 +303,15 @@ class Runner:
         return out, time.perf_counter() - t0
 
     def _keep_compiles_for(self, case: Case) -> None:
-        """Drop jax's compiled functions when ``case`` differs from the last one in more than its seed.
+        """Drop jax's compiled functions on a new case once the process holds half the memory mappings it may.
 
-        Draws of one case (ids that differ only in ``seed=N``) reuse the leg's and the reference's compiles; a
-        new case would only add to them. Every compiled CPU executable holds memory mappings of its own, and a
-        process has at most ``vm.max_map_count`` (65530 by default): one process walking 3600 case-draws of
-        smoke and regressions (reports/calibration/fresh24) grew by about 250 mappings a minute and was killed by
-        LLVM's ``mmap error: 12`` after 1335 of them. Clearing the caches on a new case keeps one case's
-        compiles in the process, whatever the length of the run."""
+        Every compiled CPU executable holds memory mappings of its own, and a process has at most
+        ``vm.max_map_count`` (65530 by default): one process walking the 3600 case-draws of smoke and regressions
+        (reports/calibration/fresh24) grew by about 250 mappings a minute and was killed by LLVM's
+        ``mmap error: 12`` after 1335 of them. Draws of one case (ids that differ only in ``seed=N``) always keep
+        the leg's and the reference's compiles, and so do the cases of a short run, which share many."""
         key = case.replace(seed=0)
-        if self._compiled_for is not None and key != self._compiled_for:
+        if self._compiled_for is not None and key != self._compiled_for and mapping_share() > 0.5:
             import jax  # the legs and the reference load it anyway; the runner itself needs it only here
 
             jax.clear_caches()
