@@ -307,7 +307,7 @@ class Runner:
 
         Every compiled CPU executable holds memory mappings of its own, and a process has at most
         ``vm.max_map_count`` (65530 by default): one process walking the 3600 case-draws of smoke and regressions
-        (reports/calibration/fresh24) grew by about 250 mappings a minute and was killed by LLVM's
+        (reports/calibration/fresh24) grew by 250 to 900 mappings a minute and was killed by LLVM's
         ``mmap error: 12`` after 1335 of them. Draws of one case (ids that differ only in ``seed=N``) always keep
         the leg's and the reference's compiles, and so do the cases of a short run, which share many."""
         key = case.replace(seed=0)
