@@ -68,6 +68,7 @@ _ci_summary() {
   else
     python3 "${args[@]}" || true
   fi
+  [ -z "${CI_WORK:-}" ] || rm -rf "$CI_WORK"  # the run's own directory (.ci/run)
   exit "$code"
 }
 trap _ci_summary EXIT
