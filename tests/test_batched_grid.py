@@ -198,6 +198,50 @@ def test_a_program_reading_its_own_store_stays_batched():
     assert launches[0]["mode"] == "batched" and launches[0].get("read_tracked")
 
 
+@_ijit
+def _stores_each_address_twice(X, Y, BT: tl.constexpr):
+    # lanes 2j and 2j+1 of one program store to one address: the later lane's value (C order) stays, as in the C++
+    # store the sequential loop uses; the batched store is numpy's index assignment, held to that order here
+    i = tl.program_id(0)
+    o = tl.arange(0, BT)
+    tl.store(Y + i * (BT // 2) + o // 2, tl.load(X + i * BT + o))
+
+
+@_ijit
+def _all_store_one_block(X, Y, BT: tl.constexpr):
+    # every program stores to the same block: the last program's values stay
+    i = tl.program_id(0)
+    o = tl.arange(0, BT)
+    tl.store(Y + o, tl.load(X + i * BT + o))
+
+
+@_ijit
+def _neighbours_overlap(X, Y, BT: tl.constexpr):
+    # program i stores Y[i*BT/2 : i*BT/2 + BT]: half of it is program i+1's too, in the same store
+    i = tl.program_id(0)
+    o = tl.arange(0, BT)
+    tl.store(Y + i * (BT // 2) + o, tl.load(X + i * BT + o))
+
+
+def test_an_address_stored_twice_by_one_program_keeps_the_later_value_batched():
+
+    def make():
+        return torch.arange(4 * 16, dtype=torch.float32), torch.zeros(4 * 8)
+
+    launches = _both(lambda X, Y: _stores_each_address_twice[(4, )](X, Y, BT=16), make)
+    assert launches[0]["mode"] == "batched"
+
+
+@pytest.mark.parametrize("kernel", [_all_store_one_block, _neighbours_overlap], ids=["one block", "overlap"])
+def test_two_programs_storing_one_address_fall_back_to_the_sequential_order(kernel):
+
+    def make():
+        return torch.arange(4 * 16, dtype=torch.float32), torch.zeros(4 * 16)
+
+    launches = _both(lambda X, Y: kernel[(4, )](X, Y, BT=16), make)
+    assert launches[0]["mode"] == "sequential" and "two programs" in launches[0]["reason"]
+
+
 def test_the_sequential_loop_stays_reachable_and_records_nothing():
 
     X, Y, L = torch.ones(6, 64, dtype=torch.bfloat16), torch.zeros(6, 16, dtype=torch.bfloat16), torch.ones(

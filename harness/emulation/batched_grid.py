@@ -12,9 +12,11 @@ the kernel per program, every builder operation on one block at a time. Here a l
   axis is wrapped (outermost, after the numerics patches) so that the program axis is kept: splat, unsplat,
   broadcast, reshape, expand_dims, trans/permute, cat, join, gather, ``tl.tensor.T``, reduce and scan axes (+1,
   ``axis=None`` reduced per program), make_range, loads and stores (pointer, mask and ``other`` broadcast to the
-  group). A load gathers with numpy from the launch's argument storages (the bytes the interpreter's C++ load
-  reads, into a C-order array as it returns: numpy's sums follow the memory order, so the layout matters). ``fmul``/``fadd``/``fsub`` get operands of one program-axis length, so ``ptx_arith``'s fusion of a
-  product into an add (which asks for equal shapes) sees exactly what it sees per program.
+  group). A load gathers with numpy from the launch's argument storages and a store scatters into them (the bytes
+  the interpreter's C++ load and store move; a load into a C-order array as the C++ load returns it: numpy's sums
+  follow the memory order, so the layout matters). ``fmul``/``fadd``/``fsub`` get operands of one program-axis
+  length, so ``ptx_arith``'s fusion of a product into an add (which asks for equal shapes) sees exactly what it
+  sees per program. Pointer arithmetic is the stock uint64 sum, with fewer temporaries.
 * **Control flow.** A Python ``if``/``while``/``range()``/``int()`` on a kernel value (``tl.tensor.__bool__``,
   ``__index__``, ``TensorHandle.__bool__``) asks every program of the group: when they agree the pass goes on;
   when they do not, :class:`Divergence` carries each program's value, the group's stores are undone (an undo log of
@@ -26,9 +28,10 @@ the kernel per program, every builder operation on one block at a time. Here a l
   loop from a chunk's start to the token).
 * **Memory order.** Programs of a launch may run in another interleaving than the sequential loop only if no
   program reads or writes what another program wrote, nor writes what another read. Every store records, per
-  element of the launch's argument storages, the lowest and highest (sequential) program index that wrote it; a
-  store or load by a program touching an element another program wrote is a conflict. Reads are recorded the same
-  way for the storages a launch both loads and stores: when a launch did, it is undone and run again with read
+  element of the launch's argument storages, the (sequential) index of the program that wrote it, its *owner*; a
+  store or load by a program touching an element another program owns is a conflict, and so is one store in which
+  two programs write one element. Reads are recorded (the lowest and highest program index that read an element)
+  for the storages a launch both loads and stores: when a launch did, it is undone and run again with read
   tracking on those storages, and a store to an element another program read is a conflict too. A conflict undoes
   the launch and runs it sequentially. With no conflict, each element's loads see the launch's initial value or the
   same program's own earlier store, and its final value is one program's last store: the same as in any order of
@@ -118,7 +121,11 @@ def _agree(keys: List[Any]):
 
 
 class _Memory:
-    """Undo log and per-element program records over a launch's argument storages (see the module doc)."""
+    """Undo log and per-element program records over a launch's argument storages (see the module doc).
+
+    Writes are recorded as each element's *owner*, the one program that stored to it (-1: none did): two programs
+    storing one element is a conflict, so one owner is all there is to record. Reads, where tracked, keep the lowest
+    and highest program that read an element (many programs may read one element)."""
 
     def __init__(self, storages: List[Tuple[int, int]], track_reads=frozenset()) -> None:
         storages = sorted(set(storages))
@@ -129,27 +136,37 @@ class _Memory:
         self.stored: set = set()
         self.track_reads = set(track_reads)
         self.itemsize: Dict[int, int] = {}
-        self.writes: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+        self.owner: Dict[int, np.ndarray] = {}
         self.reads: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         self.views: Dict[Tuple[int, str], np.ndarray] = {}
 
-    def _locate(self, addrs: np.ndarray, itemsize: int) -> Tuple[int, np.ndarray]:
-        """The storage that holds every address (else Unbatchable) and the addresses as element indices there."""
-        sid = int(np.searchsorted(self.bases, addrs[0], side="right")) - 1
+    def _locate(self, ptrs: np.ndarray, mask: Optional[np.ndarray], itemsize: int) -> Tuple[int, np.ndarray]:
+        """The storage that holds every masked address (else Unbatchable) and those addresses as element indices
+        there, flat in C order. ``mask`` None: every address."""
+        addrs = ptrs if mask is None else ptrs[mask]
+        sid = int(np.searchsorted(self.bases, addrs.flat[0], side="right")) - 1
         if sid < 0:
             raise Unbatchable("an access outside one argument storage of the launch")
         if self.itemsize.setdefault(sid, itemsize) != itemsize:
             raise Unbatchable("an argument storage accessed with two element sizes")
-        if itemsize & (itemsize - 1) or (itemsize > 1 and int(np.bitwise_or.reduce(addrs)) & (itemsize - 1)):
-            raise Unbatchable("a misaligned access")  # (the storages' bases are aligned)
-        off = np.subtract(addrs, self.bases[sid])  # below the base: wraps to a huge index, caught below
-        np.right_shift(off, np.uint64(itemsize.bit_length() - 1), out=off)
-        if int(off.max()) >= int((self.ends[sid] - self.bases[sid]) // np.uint64(itemsize)):
+        base = self.bases[sid]
+        if itemsize & (itemsize - 1) or int(base) & (itemsize - 1):
+            raise Unbatchable("a misaligned access")
+        # byte offsets, a fresh C-order array (one pass, also for a broadcast ``ptrs``); below the base they wrap to
+        # huge offsets, caught by the range check
+        off = np.subtract(addrs, base).reshape(-1)
+        span = int((self.ends[sid] - base) // np.uint64(itemsize)) * itemsize
+        bits = int(np.bitwise_or.reduce(off))  # >= every offset: one pass decides alignment and, mostly, range
+        if bits & (itemsize - 1):
+            raise Unbatchable("a misaligned access")
+        if bits >= span and int(off.max()) >= span:
             raise Unbatchable("an access outside one argument storage of the launch")
+        np.right_shift(off, np.uint64(itemsize.bit_length() - 1), out=off)
         return sid, off.view(np.int64)
 
     def _view(self, sid: int, np_dtype) -> np.ndarray:
-        """The storage's bytes as a flat array of ``np_dtype`` (loads gather from it, the undo log writes to it)."""
+        """The storage's bytes as a flat array of ``np_dtype`` (loads gather from it, stores and the undo log
+        write to it)."""
         import ctypes
 
         key = (sid, np.dtype(np_dtype).str)
@@ -162,84 +179,104 @@ class _Memory:
             self.views[key] = v
         return v
 
-    def _maps(self, table, sid):
-        m = table.get(sid)
+    def _elements(self, sid: int) -> int:
+        return int((self.ends[sid] - self.bases[sid]) // np.uint64(self.itemsize[sid]))
+
+    def _owners(self, sid: int) -> np.ndarray:
+        m = self.owner.get(sid)
         if m is None:
-            n = int((self.ends[sid] - self.bases[sid]) // np.uint64(self.itemsize[sid]))
-            m = (np.full(n, np.iinfo(np.int32).max, dtype=np.int32), np.full(n, -1, dtype=np.int32))
-            table[sid] = m
+            m = self.owner[sid] = np.full(self._elements(sid), -1, dtype=np.int32)
         return m
 
-    def _who(self, ptrs: np.ndarray, mask: np.ndarray):
-        """Masked addresses (C order), whether the mask is full, and a function giving, per element, the lowest and
-        highest program index that performs the access (computed only where a record needs it). ``ptrs`` and
-        ``mask`` have one shape."""
-        full = bool(mask.all())
-        addrs = ptrs.reshape(-1) if full else ptrs[mask]
-
-        def progs():
-            lin = _STATE.lin.astype(np.int32)
-            if _lead(ptrs) == len(lin):
-                each = np.broadcast_to(lin.reshape((-1, ) + (1, ) * (ptrs.ndim - 1)), ptrs.shape)
-                p = each.reshape(-1) if full else each[mask]
-                return p, p
-            # one address block shared by every program of the group (uniform pointers)
-            return (np.full(addrs.shape, lin[0], dtype=np.int32), np.full(addrs.shape, lin[-1], dtype=np.int32))
-
-        return addrs, full, progs
+    def _read_maps(self, sid: int) -> Tuple[np.ndarray, np.ndarray]:
+        m = self.reads.get(sid)
+        if m is None:
+            n = self._elements(sid)
+            m = self.reads[sid] = (np.full(n, np.iinfo(np.int32).max, dtype=np.int32), np.full(n, -1, dtype=np.int32))
+        return m
 
     @staticmethod
-    def _clash(recmin, recmax, idx, pmin, pmax) -> bool:
-        lo, hi = recmin[idx], recmax[idx]
-        touched = hi >= 0
-        if not touched.any():
-            return False
-        return bool(np.any(touched & ((lo != pmin) | (hi != pmax) | (pmin != pmax))))
+    def _programs(ptrs: np.ndarray, mask: Optional[np.ndarray]):
+        """Which program performs each masked access (C order): an int32 array, one int when a single program
+        performs them all, or None when one address block is shared by every program of a group of several
+        (uniform pointers)."""
+        lin = _STATE.lin
+        lead = _lead(ptrs)
+        if lead != len(lin):
+            return int(lin[0]) if len(lin) == 1 else None
+        if len(lin) == 1:
+            return int(lin[0])
+        per = ptrs.size // lead if mask is None else np.count_nonzero(mask.reshape(lead, -1), axis=1)
+        return np.repeat(lin.astype(np.int32), per)
 
-    def load(self, ptrs: np.ndarray, mask: np.ndarray, itemsize: int, np_dtype, other) -> np.ndarray:
-        """What ``_interpreter.load(ptrs, mask, other)`` returns (the same bytes, gathered by numpy), after the
-        conflict checks."""
-        out = np.zeros(ptrs.shape, dtype=np_dtype)  # C order, as the C++ load returns it: numpy's reductions
-        if other is not None:  # follow the memory order, so a layout changes the bits of a sum
-            out[...] = other
-        addrs, full, progs = self._who(ptrs, mask)
-        if addrs.size == 0:
-            return out
-        sid, idx = self._locate(addrs, itemsize)
+    def load(self, ptrs: np.ndarray, mask: Optional[np.ndarray], itemsize: int, np_dtype, other) -> np.ndarray:
+        """What ``_interpreter.load(ptrs, mask, other)`` returns (the same bytes, gathered by numpy, C order as the
+        C++ load returns them: numpy's reductions follow the memory order, so a layout changes the bits of a sum),
+        after the conflict checks. ``mask`` None: every lane loads, ``other`` is not used."""
+        if mask is not None and not mask.any():
+            return self._filled(ptrs.shape, np_dtype, other)
+        sid, idx = self._locate(ptrs, mask, itemsize)
         self.loaded.add(sid)
-        if sid in self.writes or sid in self.track_reads:
-            pmin, pmax = progs()
-        if sid in self.writes and self._clash(*self.writes[sid], idx, pmin, pmax):
-            raise Unbatchable("a program reads what another program of the launch wrote")
+        owner = self.owner.get(sid)
+        if owner is not None or sid in self.track_reads:
+            progs = self._programs(ptrs, mask)
+        if owner is not None:
+            o = owner[idx]
+            others = (o >= 0) if progs is None else (o >= 0) & (o != progs)
+            if others.any():
+                raise Unbatchable("a program reads what another program of the launch wrote")
         if sid in self.track_reads:
-            rmin, rmax = self._maps(self.reads, sid)
-            np.minimum.at(rmin, idx, pmin)
-            np.maximum.at(rmax, idx, pmax)
+            rmin, rmax = self._read_maps(sid)
+            lo, hi = (int(_STATE.lin[0]), int(_STATE.lin[-1])) if progs is None else (progs, progs)
+            np.minimum.at(rmin, idx, lo)
+            np.maximum.at(rmax, idx, hi)
         vals = self._view(sid, np_dtype)[idx]
-        if full:
+        if mask is None:
             return vals.reshape(ptrs.shape)
+        out = self._filled(ptrs.shape, np_dtype, other)
         out[mask] = vals
         return out
 
-    def store(self, ptrs: np.ndarray, mask: np.ndarray, itemsize: int, np_dtype) -> None:
-        """Checks a store before it happens and logs the old values for :meth:`rollback`."""
-        addrs, _, progs = self._who(ptrs, mask)
-        if addrs.size == 0:
+    @staticmethod
+    def _filled(shape, np_dtype, other) -> np.ndarray:
+        out = np.zeros(shape, dtype=np_dtype)
+        if other is not None:
+            out[...] = other
+        return out
+
+    def store(self, ptrs: np.ndarray, mask: Optional[np.ndarray], itemsize: int, np_dtype, values: np.ndarray) -> None:
+        """``_interpreter.store(ptrs, values, mask)`` by numpy, after the conflict checks, logging the old values
+        for :meth:`rollback`. ``values`` has the shape of ``ptrs``. An address stored twice by one program keeps
+        the later value in C order, as the C++ store does: numpy's one-dimensional index assignment writes in index
+        order (``tests/test_batched_grid.py`` holds it to that)."""
+        if mask is not None and not mask.any():
             return
-        sid, idx = self._locate(addrs, itemsize)
-        pmin, pmax = progs()
+        sid, idx = self._locate(ptrs, mask, itemsize)
+        progs = self._programs(ptrs, mask)
+        if progs is None:
+            raise Unbatchable("two programs of the launch write one address")  # every program, the same block
         self.stored.add(sid)
-        if sid in self.reads and self._clash(*self.reads[sid], idx, pmin, pmax):
-            raise Unbatchable("a program writes what another program of the launch read")
-        wmin, wmax = self._maps(self.writes, sid)
-        if self._clash(wmin, wmax, idx, pmin, pmax):
+        if sid in self.reads:
+            rmin, rmax = self.reads[sid]
+            lo, hi = rmin[idx], rmax[idx]
+            if ((hi >= 0) & ((lo != progs) | (hi != progs))).any():
+                raise Unbatchable("a program writes what another program of the launch read")
+        owner = self._owners(sid)
+        o = owner[idx]
+        if ((o >= 0) & (o != progs)).any():
             raise Unbatchable("two programs of the launch write one address")
-        np.minimum.at(wmin, idx, pmin)
-        np.maximum.at(wmax, idx, pmax)
-        if np.any(wmin[idx] != wmax[idx]):
-            raise Unbatchable("two programs of the launch write one address")
+        if not isinstance(progs, int):
+            owner[idx] = progs
+            if (owner[idx] != progs).any():  # two programs of this store, one address
+                raise Unbatchable("two programs of the launch write one address")
+        else:
+            owner[idx] = progs
+        vals = values.reshape(-1) if mask is None else values[mask]
+        if vals.dtype.itemsize != itemsize:
+            raise Unbatchable("a stored value of another size than its pointer's element")
         view = self._view(sid, np_dtype)
         self.undo.append((view, idx, view[idx]))
+        view[idx] = vals.view(np_dtype)
 
     def rollback(self, mark: int = 0) -> None:
         while len(self.undo) > mark:
@@ -348,14 +385,29 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
     for name in ("create_fmul", "create_fadd", "create_fsub"):
         wrap(name, same_lead)
 
+    # ---- pointer arithmetic: the stock ``ptr + bytes * offset.astype(uint64)`` (the same uint64 wrap-around), with
+    # the product computed in place of the cast and the sum in place of the product: a group's pointer blocks are
+    # the biggest arrays of the pass
+    def addptr(orig):
+
+        def fn(ptr, offset):
+            step = np.uint64(max(1, ptr.get_element_ty().primitive_bitwidth // 8))
+            off = np.multiply(offset.data, step, dtype=np.uint64, casting="unsafe")
+            if np.broadcast(ptr.data, off).shape == off.shape:
+                return TensorHandle(np.add(ptr.data, off, out=off), ptr.dtype)
+            return TensorHandle(ptr.data + off, ptr.dtype)
+
+        return fn
+
+    wrap("create_addptr", addptr)
+
     # ---- memory
     def masked_load(orig):
 
         def fn(ptrs, mask, other, cache_policy, is_volatile):
-            parts = [ptrs.data, mask.data] + ([] if other is None else [other.data])
-            n = max(_lead(p) for p in parts)
+            n = max(_lead(ptrs.data), _lead(mask.data), 1 if other is None else _lead(other.data))
             p = _to_lead(ptrs.data, n)
-            m = np.broadcast_to(_to_lead(mask.data, n), p.shape)
+            m = None if mask.data.all() else np.broadcast_to(_to_lead(mask.data, n), p.shape)
             dtype_tt = ptrs.get_element_ty()
             data = _STATE.memory.load(p, m, max(1, dtype_tt.primitive_bitwidth // 8), np_dtype_of(dtype_tt),
                                       None if other is None else _to_lead(other.data, n))
@@ -369,13 +421,11 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
 
         def fn(ptrs, value, mask, cache_policy):
             n = max(_lead(ptrs.data), _lead(value.data), _lead(mask.data))
-            p = np.ascontiguousarray(_to_lead(ptrs.data, n))
-            v = np.ascontiguousarray(_to_lead(value.data, n))
-            m = np.ascontiguousarray(_to_lead(mask.data, n)).reshape(p.shape)
+            p = _to_lead(ptrs.data, n)
+            m = None if mask.data.all() else np.broadcast_to(_to_lead(mask.data, n), p.shape)
             dtype_tt = ptrs.get_element_ty()
-            _STATE.memory.store(p, m, max(1, dtype_tt.primitive_bitwidth // 8), np_dtype_of(dtype_tt))
-            return orig(TensorHandle(p, ptrs.dtype), TensorHandle(v, value.dtype), TensorHandle(m, mask.dtype),
-                        cache_policy)
+            _STATE.memory.store(p, m, max(1, dtype_tt.primitive_bitwidth // 8), np_dtype_of(dtype_tt),
+                                np.broadcast_to(_to_lead(value.data, n), p.shape))
 
         return fn
 

@@ -7,7 +7,10 @@ import numpy as np
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     """Decode bfloat16 bit patterns (uint16) to float32 values (exact)."""
-    return (np.asarray(bits).astype(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    u = np.asarray(bits)
+    out = u.astype(np.uint32) if u.dtype == np.uint16 else u.astype(np.uint16).astype(np.uint32)
+    out <<= np.uint32(16)
+    return out.view(np.float32)
 
 
 def f32_to_bf16_bits(x: np.ndarray, rounding: str = "rne") -> np.ndarray:
@@ -16,16 +19,23 @@ def f32_to_bf16_bits(x: np.ndarray, rounding: str = "rne") -> np.ndarray:
     NaNs stay NaN (quiet bit forced), infinities stay infinite, overflow in RNE
     rounds to infinity as on the GPU.
     """
-    bits = np.array(x, dtype=np.float32, copy=True).view(np.uint32)
-    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    f = np.asarray(x, dtype=np.float32)
+    if f.ndim == 0:  # (numpy's operators turn a 0-d array into a scalar; keep the array)
+        return f32_to_bf16_bits(f.reshape(1), rounding).reshape(())
+    bits = f.view(np.uint32)
     if rounding == "rne":
-        lsb = (bits >> np.uint32(16)) & np.uint32(1)
-        out = (bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)
+        out = bits >> np.uint32(16)  # in place from here: each step one pass, no temporaries
+        out &= np.uint32(1)  # the lsb kept, for ties to even
+        out += np.uint32(0x7FFF)
+        out += bits
+        out >>= np.uint32(16)
     elif rounding == "rtz":
         out = bits >> np.uint32(16)
     else:
         raise ValueError(f"unknown bf16 rounding {rounding!r}")
-    out = np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x0040), out)
+    nan = np.isnan(f)
+    if nan.any():
+        out = np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x0040), out)
     return out.astype(np.uint16)
 
 

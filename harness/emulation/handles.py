@@ -32,5 +32,5 @@ def encode(values: np.ndarray, t, rounding: str = "rne") -> np.ndarray:
     if t == tl.bfloat16:
         if values.dtype == np.float64 or values.dtype.kind in "iu":
             return _f64_to_bf16_bits(values.astype(np.float64), rounding)
-        return f32_to_bf16_bits(values.astype(np.float32), rounding)
+        return f32_to_bf16_bits(values, rounding)  # (converts to float32 itself)
     return values.astype(interp._get_np_dtype(t))
