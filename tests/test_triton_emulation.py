@@ -189,6 +189,24 @@ def test_bit_helpers():
     assert round_to_tf32(t, "rna").tolist() == [1 + 2**-10, 1 + 2**-10]
 
 
+def test_bf16_rounding_is_ml_dtypes_cast_on_every_exponent_and_keeps_nan_and_shape():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(0)
+    # every sign and exponent, with random fractions and the fractions that sit on and beside a rounding tie
+    fractions = np.concatenate([rng.integers(0, 2**23, 4096), [0x7FFF, 0x8000, 0x8001, 0x18000, 0x17FFF, 0x7FFFFF]])
+    bits = ((np.arange(512, dtype=np.uint64)[:, None] << np.uint64(23)) | fractions.astype(np.uint64)[None]).ravel()
+    x = bits.astype(np.uint32).view(np.float32)
+    finite = np.isfinite(x)
+    assert (f32_to_bf16_bits(x[finite]) == x[finite].astype(ml_dtypes.bfloat16).view(np.uint16)).all()
+    assert (f32_to_bf16_bits(x, "rtz")[finite] == (bits[finite] >> np.uint64(16)).astype(np.uint16)).all()
+    assert np.isnan(bf16_bits_to_f32(f32_to_bf16_bits(x[np.isnan(x)]))).all()  # the quiet bit kept, never inf
+    strided = x[::3]  # a view, not a copy: the same bits
+    assert (f32_to_bf16_bits(strided) == f32_to_bf16_bits(strided.copy())).all()
+    one = f32_to_bf16_bits(np.array(1.5, np.float32))
+    assert isinstance(one, np.ndarray) and one.shape == () and int(one) == 0x3FC0
+    assert bf16_bits_to_f32(np.array([0x3FC0, 0xBF80], np.uint16)).tolist() == [1.5, -1.0]
+
+
 # ---------------------------------------------------------------- dots
 
 
