@@ -22,26 +22,13 @@ import batched_grid as bench  # noqa: E402  (puts the repository root on sys.pat
 
 import torch  # noqa: E402
 
-# (label, function name, file the function is defined in): the builder's numpy work, cumulative. The batched
-# executor's pointer sum is a nested ``fn``; it is found by the line of its ``def``.
-_BATCHED = bench.ROOT / "harness/emulation/batched_grid.py"
+# (label, function name, file the function is defined in): the builder's numpy work, cumulative
 KINDS = [("tl.dot (float64 matmul, TF32/bf16 rounding)", "create_dot", "dots.py"),
          ("loads (address checks, gather)", "load", "batched_grid.py"),
          ("stores (address checks, undo log, scatter)", "store", "batched_grid.py"),
-         ("pointer arithmetic", "fn", "def fn(ptr, offset):"),
+         ("pointer arithmetic", "batched_addptr", "batched_grid.py"),
          ("bf16 rounding", "f32_to_bf16_bits", "bits.py"),
          ("elementwise binary ops", "binary_op", "interpreter.py")]
-
-
-def _def_line(text: str) -> int:
-    return 1 + _BATCHED.read_text().splitlines().index("        " + text)
-
-
-def _cumulative(stats, name: str, where: str) -> float:
-    if where.startswith("def "):
-        line = _def_line(where)
-        return sum(v[3] for (f, ln, n), v in stats.items() if n == name and ln == line and f.endswith("batched_grid.py"))
-    return sum(v[3] for (f, _, n), v in stats.items() if n == name and f.endswith(where))
 
 
 def main(argv=None) -> int:
@@ -65,7 +52,7 @@ def main(argv=None) -> int:
     stats = pstats.Stats(prof).stats
     print(f"\nunder cProfile: {profiled:.2f} s")
     for label, name, where in KINDS:
-        cum = _cumulative(stats, name, where)
+        cum = sum(v[3] for (f, _, n), v in stats.items() if n == name and f.endswith(where))
         print(f"  {label:48s} {cum:7.3f} s {cum / profiled:6.1%}")
     return 0
 

@@ -265,12 +265,9 @@ class _Memory:
         o = owner[idx]
         if ((o >= 0) & (o != progs)).any():
             raise Unbatchable("two programs of the launch write one address")
-        if not isinstance(progs, int):
-            owner[idx] = progs
-            if (owner[idx] != progs).any():  # two programs of this store, one address
-                raise Unbatchable("two programs of the launch write one address")
-        else:
-            owner[idx] = progs
+        owner[idx] = progs
+        if not isinstance(progs, int) and (owner[idx] != progs).any():  # two programs of this store, one address
+            raise Unbatchable("two programs of the launch write one address")
         vals = values.reshape(-1) if mask is None else values[mask]
         if vals.dtype.itemsize != itemsize:
             raise Unbatchable("a stored value of another size than its pointer's element")
@@ -390,14 +387,14 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
     # the biggest arrays of the pass
     def addptr(orig):
 
-        def fn(ptr, offset):
+        def batched_addptr(ptr, offset):
             step = np.uint64(max(1, ptr.get_element_ty().primitive_bitwidth // 8))
             off = np.multiply(offset.data, step, dtype=np.uint64, casting="unsafe")
             if np.broadcast(ptr.data, off).shape == off.shape:
                 return TensorHandle(np.add(ptr.data, off, out=off), ptr.dtype)
             return TensorHandle(ptr.data + off, ptr.dtype)
 
-        return fn
+        return batched_addptr
 
     wrap("create_addptr", addptr)
 
