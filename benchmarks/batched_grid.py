@@ -20,7 +20,6 @@ import csv
 import datetime
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 
+from harness.core.provenance import git_commit  # noqa: E402
 from harness.emulation import enable_interpreter_mode, triton_emulation  # noqa: E402
 
 enable_interpreter_mode()
@@ -95,13 +95,6 @@ def bits_equal(a, b) -> bool:
                            b[k].view(torch.int16) if b[k].dtype == torch.bfloat16 else b[k]) and
                torch.equal(torch.isnan(a[k]), torch.isnan(b[k])) for k in a)
 
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def write_readme(out: Path, argv) -> None:
@@ -169,7 +162,7 @@ def main(argv=None) -> int:
               "bits_equal", "launches_batched", "launches_split", "launches_sequential", "sequential_reasons",
               "load_avg_1m_before", "commit"]
     new = not csv_path.exists()
-    commit = git_commit()
+    commit = git_commit() or "unknown"
     with csv_path.open("a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         if new:

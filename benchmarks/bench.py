@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.workers import default_jobs
+from harness.app.workers import default_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 STRESS_REFERENCE = "simple_gla.chunk/B1-T8192-H16-K128-V128/bf16/g_gamma=alibi(L32,l0)/C128/h0,dht"

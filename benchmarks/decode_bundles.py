@@ -41,7 +41,7 @@ def _compile(target: str, form: str, dump: str) -> None:
     import jax
     import jax.numpy as jnp
 
-    from harness.tpu_compile import compile_for
+    from harness.compile.tpu_compile import compile_for
     from kernels_tpu import eft
     from kernels_tpu.kda import fused_recurrent_kda
 

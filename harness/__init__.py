@@ -1,7 +1,10 @@
-"""The parity harness: cases -> legs -> rows -> gate -> reports."""
+"""The parity harness: cases -> legs -> rows -> gate -> reports, grouped by stage (docs/architecture.md)."""
 
-from .tpu_env import prepare_environment
+from harness import _moved
+from harness.compile.tpu_env import prepare_environment
 
-# libtpu defaults (harness.tpu_env), set before any jax backend starts: with libtpu installed, jax loads it
+_moved.install()  # harness.results, harness.gate, ...: the modules' names before harness/ was grouped by stage
+
+# libtpu defaults (harness.compile.tpu_env), set before any jax backend starts: with libtpu installed, jax loads it
 # in every process; its host-wide lock would stop a second one, and without a TPU its start-up is noisy.
 prepare_environment()

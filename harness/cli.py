@@ -14,9 +14,9 @@ from pathlib import Path
 
 from harness.legs.registry import (BUILTIN, check_implementation, default_leg, leg_spec, legs,
                                    parse_impl, register_implementation)
-from harness.noise import LOOKS
-from harness.status import CAUSALITY_FAILING, FAILING, Status
-from harness.workers import GIB_PER_JOB, Workers, default_jobs, parse_jobs
+from harness.core.noise import LOOKS
+from harness.core.status import CAUSALITY_FAILING, FAILING, Status
+from harness.app.workers import GIB_PER_JOB, Workers, default_jobs, parse_jobs
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INCONCLUSIVE = 3  # the gate's draws did not decide a comparison: never a pass
@@ -55,14 +55,14 @@ def _leg_options(args, name: str) -> dict:
         return {"method": args.ref_method, "compute_dtype": args.ref_dtype}
     if role == "baseline":
         return {"dot_precision": args.dot_precision}
-    from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
+    from harness.compile.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
     return {"compile_targets": parse_targets(args.tpu_targets, LEG_DEFAULT_TARGETS)}
 
 
 def _out_dir(path) -> Path:
     """The output directory, made and proven writable before any work (a bad --out must not cost a run)."""
-    from harness.result_file import OutDirError, writable_dir
+    from harness.run.result_file import OutDirError, writable_dir
 
     try:
         return writable_dir(path)
@@ -89,16 +89,16 @@ class Interrupted(Exception):
 def _leg_cache(leg, args):
     """The leg's output cache (the GPU and reference legs' baseline cache, the TPU leg's candidate cache; read
     unless --no-baseline-cache), or None for a leg that is not cached (an external candidate)."""
-    from harness.baseline_cache import for_leg
+    from harness.run.baseline_cache import for_leg
 
     return for_leg(leg, read=not getattr(args, "no_baseline_cache", False))
 
 
 def _run_leg(name: str, args, cases, cache, path: Path | None = None) -> tuple[Path, "object"]:
     from harness.legs import make_leg
-    from harness.results import summarize
-    from harness.result_file import ResultFile
-    from harness.runner import Runner
+    from harness.core.results import summarize
+    from harness.run.result_file import ResultFile
+    from harness.run.runner import Runner
 
     options = _leg_options(args, name)
     leg = make_leg(name, **options)
@@ -129,11 +129,11 @@ def _run_leg(name: str, args, cases, cache, path: Path | None = None) -> tuple[P
 
 
 def _run_causality(name: str, args, cases) -> "object":
-    from harness.causality import causality_cases, causality_frame
+    from harness.probes.causality import causality_cases, causality_frame
     from harness.legs import make_leg
-    from harness.reference_cache import ReferenceCache
-    from harness.result_file import write_check_file
-    from harness.runner import Runner
+    from harness.run.reference_cache import ReferenceCache
+    from harness.run.result_file import write_check_file
+    from harness.run.runner import Runner
 
     path = Path(args.out) / ("causality-" + _selection(args).result_name(name, tag=getattr(args, "tag", None),
                                                                         cases=cases))
@@ -167,7 +167,7 @@ def _failing(df) -> bool:
 
 
 def _policy(args):
-    from harness.policy import policy_from_options
+    from harness.core.policy import policy_from_options
 
     return policy_from_options(args.policy, args.gate_metrics, args.margin, args.floor, args.alpha)
 
@@ -176,7 +176,7 @@ def _junit_target(args) -> Path | None:
     """``--junit FILE``, checked before any work: never over a file the gate did not write, unless --force."""
     if not args.junit:
         return None
-    from harness.junit import check_junit_path
+    from harness.report.junit import check_junit_path
 
     return check_junit_path(args.junit, args.force)
 
@@ -189,7 +189,7 @@ def _report_gate(result, out: Path, junit: Path | None = None, force: bool = Fal
     print(f"gate: {result.headline} ({', '.join(f'{n} {v}' for v, n in sorted(counts.items()))})"
           f" -> {csv_path}, {md_path}, {md_path.with_suffix('.html')} (heatmap: {md_path.with_suffix('.png')})")
     if junit is not None:
-        from harness.junit import write_junit
+        from harness.report.junit import write_junit
 
         print(f"gate: JUnit XML, one test case per (case, tensor) -> {write_junit(result, junit, force)}")
     for r in result.failures.to_dict("records")[:20]:
@@ -221,14 +221,14 @@ def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, case
 
     Only the undecided comparisons drive a case's redraws: each case is drawn up to the next look of its own
     inconclusive comparisons, which the progress lines name. The gate leaves the comparisons its first draw
-    decided as they were (:func:`harness.gate._pool_draws`), so the case's other tensors gain no verdict from
+    decided as they were (:func:`harness.judge.gate._pool_draws`), so the case's other tensors gain no verdict from
     these draws."""
     import pandas as pd
 
-    from harness.gate import apply_gate, undrawn_id
-    from harness.noise import next_look
-    from harness.result_file import ResultFile
-    from harness.results import write_csv
+    from harness.judge.gate import apply_gate, undrawn_id
+    from harness.core.noise import next_look
+    from harness.run.result_file import ResultFile
+    from harness.core.results import write_csv
 
     cap = getattr(args, "max_draws", LOOKS[-1])
     by_id = {c.replace(seed=0).id: c.replace(seed=0) for c in cases}
@@ -269,20 +269,20 @@ def _redraw(result, frames: dict, paths: dict, legs: tuple[str, str], args, case
 # -------------------------------------------------------------------- verbs
 def ptx_leg_inputs(leg: str, suite: str, case_ids) -> dict:
     """``parity ptx``'s view of the leg whose launches it records: the selected cases and what the leg's outputs
-    on them depend on (:func:`harness.baseline_cache.leg_inputs`); ValueError for a bad selection."""
+    on them depend on (:func:`harness.run.baseline_cache.leg_inputs`); ValueError for a bad selection."""
     from harness.app import Selection
-    from harness.baseline_cache import leg_inputs
+    from harness.run.baseline_cache import leg_inputs
 
     return leg_inputs(leg, Selection(suite="" if case_ids else suite, case_ids=tuple(case_ids)).cases())
 
 
 def cmd_peers(args) -> int:
-    """``reports/peers/README.md`` and ``index.html`` from every report's rows (harness.peer_table); ``--check``
+    """``reports/peers/README.md`` and ``index.html`` from every report's rows (harness.report.peer_table); ``--check``
     writes nothing and exits 1 when the page differs from what the rows give."""
     from pathlib import Path
 
-    from harness.peer_table import HEAD, html_page, markdown, tables
-    from harness.results import atomic_write_text
+    from harness.report.peer_table import HEAD, html_page, markdown, tables
+    from harness.core.results import atomic_write_text
 
     root = Path(args.root)
     if not root.is_dir():
@@ -334,7 +334,7 @@ def cmd_cases(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from harness.reference_cache import ReferenceCache
+    from harness.run.reference_cache import ReferenceCache
 
     cases = _select_cases(args)
     _out_dir(args.out)
@@ -356,7 +356,7 @@ def _gate_options(args) -> dict:
 
 
 def cmd_gate(args) -> int:
-    from harness.gate import gate_files
+    from harness.judge.gate import gate_files
 
     policy = _policy(args)
     out = _out_dir(args.out)
@@ -371,9 +371,9 @@ def cmd_gate(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from harness.results import write_csv
-    from harness.compile_cases import RecordError, compile_frame, read_record, reused_rows
-    from harness.tpu_compile import COMPILE_DEFAULT_TARGETS, parse_targets, versions
+    from harness.core.results import write_csv
+    from harness.probes.compile_cases import RecordError, compile_frame, read_record, reused_rows
+    from harness.compile.tpu_compile import COMPILE_DEFAULT_TARGETS, parse_targets, versions
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
     cases = _select_cases(args)
@@ -386,8 +386,8 @@ def cmd_compile(args) -> int:
     v = versions()
     print(f"compile: {len(cases)} cases x {', '.join(targets)} with jax {v['jax']}, libtpu {v['libtpu']}")
     from harness.legs import make_leg
-    from harness.reference_cache import ReferenceCache
-    from harness.runner import Runner
+    from harness.run.reference_cache import ReferenceCache
+    from harness.run.runner import Runner
 
     if leg_spec(args.backend).role != "candidate":
         raise UsageError(f"--backend {args.backend} is the {leg_spec(args.backend).role} leg; compile a candidate")
@@ -438,7 +438,7 @@ def _compile_seconds(part) -> str:
 
 def _mxu_summary(part) -> str:
     """The compile rows' MXU check in one line: dots verified, mismatches, and why any were unverified."""
-    from harness.mosaic_dump import MISMATCH, UNVERIFIED, VERIFIED
+    from harness.compile.mosaic_dump import MISMATCH, UNVERIFIED, VERIFIED
 
     check = part["mxu_check"].fillna("").astype(str)
     verified = part[check == VERIFIED]
@@ -454,7 +454,7 @@ def _mxu_summary(part) -> str:
 
 
 def cmd_merge(args) -> int:
-    from harness.results import merge_results, write_csv
+    from harness.core.results import merge_results, write_csv
 
     output, inputs = Path(args.output), [Path(p) for p in args.inputs]
     for p in inputs:
@@ -471,10 +471,10 @@ def cmd_merge(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from harness.calibrate import calibration_table, derive_policy, markdown, summary
-    from harness.metrics import METRICS
-    from harness.reference_cache import ReferenceCache
-    from harness.results import atomic_write_text, column_values, provenance_line, read_results, write_csv
+    from harness.judge.calibrate import calibration_table, derive_policy, markdown, summary
+    from harness.core.metrics import METRICS
+    from harness.run.reference_cache import ReferenceCache
+    from harness.core.results import atomic_write_text, column_values, provenance_line, read_results, write_csv
 
     policy = _policy(args)
     out = _out_dir(args.out)
@@ -498,7 +498,7 @@ def cmd_calibrate(args) -> int:
              pair[0]: provenance_line(gpu), pair[1]: provenance_line(tpu), "base_policy": policy.describe(),
              "gated_comparisons": total["n"], "false_alarms_of_base_policy": total["false_alarms"]}
     atomic_write_text(out / "policy.toml", derived.to_toml(
-        "Written by `parity calibrate` (harness/calibrate.py): margins derived from the noise band of clean\n"
+        "Written by `parity calibrate` (harness/judge/calibrate.py): margins derived from the noise band of clean\n"
         "kernels, see calibration.md next to this file. Load it with --policy, or ship it as harness/policy.toml.",
         facts))
     print(f"calibration: {total['false_alarms']} false alarm(s) in {total['n']} gated comparisons "
@@ -519,7 +519,7 @@ def available_legs() -> dict[str, str | None]:
 def _baseline_rows(path: Path, base: str, cases) -> "object":
     """The baseline leg's rows of the selected cases, from a result file made on another machine (exit 2 when
     the file is not the baseline's or lacks a selected case)."""
-    from harness.results import read_results
+    from harness.core.results import read_results
 
     rows = read_results(path)
     legs = sorted(rows["leg"].dropna().unique())
@@ -535,8 +535,8 @@ def _baseline_rows(path: Path, base: str, cases) -> "object":
 
 
 def cmd_all(args) -> int:
-    from harness.gate import apply_gate
-    from harness.reference_cache import ReferenceCache
+    from harness.judge.gate import apply_gate
+    from harness.run.reference_cache import ReferenceCache
 
     if args.max_draws < 1:
         raise UsageError(f"--max-draws {args.max_draws}: give at least 1 (1 draws nothing more)")
@@ -586,8 +586,8 @@ def cmd_all(args) -> int:
             result = _redraw(result, frames, paths, (base, name), args, cases, cache, options)
         status = _worse(status, _report_gate(result, _out_dir(out / name)))
     if extra:
-        from harness.peer_report import peer_markdown, peer_table
-        from harness.results import atomic_write_text, write_csv
+        from harness.report.peer_report import peer_markdown, peer_table
+        from harness.core.results import atomic_write_text, write_csv
 
         table = peer_table(frames[base], [frames[n] for n in [ours, *extra] if n in frames], policy)
         write_csv(table, out / "peers.csv")
@@ -763,7 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calibrate from these result files instead of running the legs")
     p.set_defaults(fn=cmd_calibrate)
 
-    from harness import mxu_probe
+    from harness.probes import mxu_probe
     from harness.emulation import ptx
 
     mxu_probe.add_parser(sub)
@@ -800,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help is 0, bad usage is 2
         return int(exc.code or 0)
-    from harness.results import ReportError
+    from harness.core.results import ReportError
 
     try:
         for text in getattr(args, "impl", []):

@@ -70,7 +70,7 @@ def pytest_addoption(parser):
                     help="the leg the tpu-marked tests run and gate against the GPU results (env "
                          "PARITY_CANDIDATE; default: this project's TPU kernels)")
     group.addoption("--parity-no-baseline-cache", action="store_true",
-                    help="run the GPU leg again instead of reusing the baseline cache (harness/baseline_cache.py)")
+                    help="run the GPU leg again instead of reusing the baseline cache (harness/run/baseline_cache.py)")
 
 
 def pytest_configure(config):
@@ -151,7 +151,7 @@ def parity_results(request) -> ParityResults:
 
 @pytest.fixture(scope="session")
 def reference_cache():
-    from harness.reference_cache import ReferenceCache
+    from harness.run.reference_cache import ReferenceCache
 
     return ReferenceCache()
 
@@ -160,10 +160,10 @@ def reference_cache():
 def parity_runner(request, reference_cache):
     """``parity_runner(leg)`` -> a Runner for that leg, built once per session (the gpu leg's with the
     baseline cache)."""
-    from harness.baseline_cache import for_leg
+    from harness.run.baseline_cache import for_leg
     from harness.legs import leg_spec, make_leg
-    from harness.runner import Runner
-    from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
+    from harness.run.runner import Runner
+    from harness.compile.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
     runners = {}
     try:
@@ -189,7 +189,7 @@ def parity_candidate(request) -> str:
 
 @pytest.fixture(scope="session")
 def parity_policy(request):
-    from harness.policy import policy_from_options
+    from harness.core.policy import policy_from_options
 
     opts = request.config.option
     try:
@@ -206,13 +206,13 @@ def gpu_baseline(request):
                     "(make one with `pytest -m gpu` or `parity run --backend gpu`)")
     if not Path(path).exists():
         pytest.skip(f"GPU result file {path!r} does not exist")
-    from harness.results import read_results
+    from harness.core.results import read_results
 
     return read_results(Path(path))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from harness.results import merge_results, rows_to_frame, write_csv
+    from harness.core.results import merge_results, rows_to_frame, write_csv
 
     config = session.config
     out = Path(config.option.parity_out)
@@ -252,7 +252,7 @@ def _uncompared_rows(path: Path) -> tuple[int, int]:
     """(gradient rows a forward-only candidate did not give, gradient rows its bindings declare absent by design)."""
     import pandas as pd
 
-    from harness.status import FORWARD_ONLY, NO_GRADIENT
+    from harness.core.status import FORWARD_ONLY, NO_GRADIENT
 
     # read as text, an empty cell as "": a file whose reasons are all empty would otherwise be a float column
     reasons = pd.read_csv(path, usecols=["reason"], dtype=str, keep_default_na=False)["reason"]
@@ -260,10 +260,10 @@ def _uncompared_rows(path: Path) -> tuple[int, int]:
 
 
 def _write_result(df, out: Path, leg: str, config, run_id: str) -> Path:
-    """The session's result file, under ``parity run``'s rules (:mod:`harness.result_file`); where those
+    """The session's result file, under ``parity run``'s rules (:mod:`harness.run.result_file`); where those
     refuse (another run writes it, or it holds another suite's result) the rows go to a file of their own."""
-    from harness.results import ReportError, write_csv
-    from harness.result_file import ResultFile
+    from harness.core.results import ReportError, write_csv
+    from harness.run.result_file import ResultFile
 
     selection = _selection(config)
     path = out / selection.result_name(leg, cases=_selected_cases(config))

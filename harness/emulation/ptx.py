@@ -42,6 +42,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from harness.core.provenance import git_commit
+
 from .gpu_model import EmulationFacts, emulation_facts
 
 TARGETS = {"sm80": 80, "sm90": 90}
@@ -743,7 +745,7 @@ def content_key(selection_argv: Sequence[str], targets: Sequence[str], *, leg_in
 
     - ``targets``: what the kernels are compiled for;
     - ``selection`` as given, and ``leg_inputs``: what the captured leg's launches are a function of, as the
-      baseline cache keys that leg's outputs (``harness.baseline_cache.leg_inputs``, handed in by the command
+      baseline cache keys that leg's outputs (``harness.run.baseline_cache.leg_inputs``, handed in by the command
       line: this layer knows no leg): the leg, the ids of the cases selected (a suite's cases can change under its
       name), its environment (fla's, triton's and torch's versions, its settings), its sources and each op's
       binding;
@@ -883,16 +885,6 @@ def copy_record(record: Record, out: Path) -> None:
     (out / ROWS_FILE).write_bytes(record.text)
 
 
-def git_commit(root: Path = _ROOT) -> Optional[str]:
-    """``git rev-parse HEAD`` of this repository, or None (not a checkout, no git)."""
-    try:
-        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(root), capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.strip() or None
-
 
 def row_counts(rows: Sequence[Row], targets: Sequence[str]) -> dict:
     st = Counter(r.status for r in rows)
@@ -904,7 +896,7 @@ def write_key(out: Path, current: dict, rows: Sequence[Row], targets: Sequence[s
     """key.json beside ``out``'s ptx.csv: the content key (:func:`content_key`), the commit it was made at, the
     rows' counts and their sha256 (so rows edited afterwards are never served), and ``provenance`` (where the
     launches came from, the capture's exit status): said, not keyed."""
-    record = {**current, "made_at": git_commit(), "made_on": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    record = {**current, "made_at": git_commit(short=False), "made_on": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "summary": row_counts(rows, targets), "rows_sha256": _sha256((out / ROWS_FILE).read_bytes()),
               **provenance}
     (out / KEY_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -15,9 +15,9 @@ import numpy as np
 
 from cases.case import Case
 from cases.inputs import Inputs
+from harness.core.schema import MODES
 from harness.ops.base import OpDescriptor
 
-MODES = ("native", "emulated")
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Leg:
     name: str = ""
     source_closure: bool = False
     """Whether the code this leg runs an op with lives in this repository, so a cache of its outputs
-    (:mod:`harness.baseline_cache`) must hash every module the binding imports from it, not the binding's
+    (:mod:`harness.run.baseline_cache`) must hash every module the binding imports from it, not the binding's
     own module alone (the TPU kernels; fla's code is versioned by its package)."""
 
     def environment(self) -> Environment:
@@ -84,8 +84,8 @@ class Leg:
         between cases (the TPU leg frees the compiled programs of the shapes it is done with)."""
 
     def cores_per_case(self) -> int:
-        """How many cores one case keeps busy: :mod:`harness.workers` runs ``--jobs`` // this many cases at
-        once. One, unless the preflight runs beside the run (:class:`harness.runner.Runner` gives it a thread)
+        """How many cores one case keeps busy: :mod:`harness.app.workers` runs ``--jobs`` // this many cases at
+        once. One, unless the preflight runs beside the run (:class:`harness.run.runner.Runner` gives it a thread)
         and is as heavy as a run (the emulated TPU leg's real-TPU compile)."""
         return 1
 

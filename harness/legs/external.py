@@ -14,7 +14,7 @@ An implementation is a Python object (registered with ``--impl NAME=module:objec
 - optionally ``version``: the string its rows' ``versions`` record (default: the version of the
   distribution that provides the module);
 - optionally ``tests_rule``: the tolerance its own tests hold its outputs to (a JSON-able mapping, the format
-  :mod:`harness.peer_report` reads), recorded in its rows' settings; ``peers.md`` applies it to the same numbers;
+  :mod:`harness.report.peer_report` reads), recorded in its rows' settings; ``peers.md`` applies it to the same numbers;
 - optionally ``platform``: what its kernels are built for (:data:`PLATFORMS`), ``"tpu"``
   unless it says ``"gpu"``. A GPU implementation (Pallas Mosaic GPU, Triton called from jax) gets none of what
   follows: it runs natively where jax has a GPU, as it is, and refuses every case elsewhere with the reason (no
@@ -30,7 +30,7 @@ What the leg adds, so that another team's Pallas kernels run here without their 
 - every ``dot_general`` it binds rounded as a TPU's matrix unit rounds it (:func:`mxu_rounding`): XLA:CPU
   computes f32 dots exactly, which would make a kernel look more accurate than on hardware; a dot outside the
   kernels (pure-JAX code) only where XLA:TPU keeps it on the MXU, read from the program it compiles for the
-  interpreted chip (:mod:`harness.xla_dots`; the rows' ``details.xla_dots`` say which ran where);
+  interpreted chip (:mod:`harness.compile.xla_dots`; the rows' ``details.xla_dots`` say which ran where);
 - the same ahead-of-time compile for v5e, v6e and v7x as this project's kernels: a case that does not
   compile is an ``error`` row, and the gate fails it.
 """
@@ -43,16 +43,16 @@ import importlib.metadata
 import sys
 import threading
 
-from harness import xla_dots
+from harness.compile import xla_dots
 from harness.emulation.pallas_refs import ref_reshapes
 from harness.ops.serving import served_binding
-from harness.tpu_compile import rebound
+from harness.compile.tpu_compile import rebound
 
 from .base import Leg
 from .tpu import TpuLeg, kernel_refusal
 
 CHIPS = {"v5e": "TPU_V5E", "v6e": "TPU_V6E", "v7x": "TPU_7X"}
-"""Compile targets (:data:`harness.tpu_compile.TARGETS`) -> jax's ``ChipVersion`` member names."""
+"""Compile targets (:data:`harness.compile.tpu_compile.TARGETS`) -> jax's ``ChipVersion`` member names."""
 
 INTERPRET_CHIP = "v6e"
 """The chip whose TPU info an interpreted run answers with."""
@@ -216,7 +216,7 @@ def tpu_host(target: str):
     cached first."""
     import jax
 
-    from harness.tpu_compile import target_device
+    from harness.compile.tpu_compile import target_device
 
     device = target_device(target)
     with _host_lock:
@@ -393,7 +393,7 @@ class ExternalLeg(TpuLeg):
                             tpu_info=f"{INTERPRET_CHIP} while interpreting; each target's own when compiling",
                             tpu_host=TPU_HOST)
         rule = getattr(self.impl, "tests_rule", None)
-        if rule:  # its own tests' tolerance, for peers.md (harness.peer_report)
+        if rule:  # its own tests' tolerance, for peers.md (harness.report.peer_report)
             settings["tests_rule"] = rule
         versions = {**env.versions, self.name: implementation_version(self.impl, self.target)}
         return type(env)(mode=env.mode, device=device, versions=versions, settings=settings)

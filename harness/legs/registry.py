@@ -28,9 +28,11 @@ import re
 import warnings
 from typing import Any, Callable, Mapping
 
+from harness.core.schema import LEG_NAME, well_formed  # noqa: F401  (the form of a name: the rows' schema)
+
 ROLES = ("reference", "baseline", "candidate")
 ENTRY_POINT_GROUP = "linear_attn_parity.implementations"
-NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+NAME = LEG_NAME
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +45,7 @@ class LegSpec:
     install: str  # how to get them
     build: Callable[..., Any]  # options -> a harness.legs.base.Leg
     # the sources (globs in this repository) its output depends on besides the op's binding: a leg that
-    # declares them has its outputs kept by harness.baseline_cache (the baselines, and this project's own
+    # declares them has its outputs kept by harness.run.baseline_cache (the baselines, and this project's own
     # TPU kernels, keyed by every module their binding imports); an external candidate declares none
     cache_sources: tuple[str, ...] = ()
 
@@ -76,7 +78,7 @@ BUILTIN = (
             cache_sources=("harness/emulation/**/*.py", "harness/legs/gpu.py")),
     LegSpec("tpu", "candidate", "this project's Pallas kernels: native on a TPU, else interpret mode", "libtpu",
             ("jax",), "pip install -e '.[tpu]'", _builder("harness.legs.tpu", "TpuLeg"),
-            cache_sources=("harness/legs/tpu.py", "harness/tpu_compile.py", "harness/tpu_env.py")),
+            cache_sources=("harness/legs/tpu.py", "harness/compile/tpu_compile.py", "harness/compile/tpu_env.py")),
 )
 
 _LEGS: dict[str, LegSpec] = {spec.name: spec for spec in BUILTIN}
@@ -191,10 +193,6 @@ def role_of(name: str) -> str:
     known = legs()
     return known[name].role if name in known else "candidate"
 
-
-def well_formed(name: str) -> bool:
-    """Whether ``name`` can be a leg's name (result files may come from implementations not installed here)."""
-    return bool(NAME.match(str(name)))
 
 
 def default_leg(role: str) -> str:

@@ -12,7 +12,7 @@ case's ``do`` (and ``dht``, zeros when the case has none).
 Interpret mode is not evidence that a kernel builds for a TPU: when emulating,
 the leg first compiles every case's forward and backward for real TPU targets
 (default v6e) with libtpu (``preflight``); a case that does not compile, or one of whose kernels is not
-compiled by Mosaic (:mod:`harness.tpu_compile`), is an ``error`` row whose reason starts ``does not compile
+compiled by Mosaic (:mod:`harness.compile.tpu_compile`), is an ``error`` row whose reason starts ``does not compile
 for TPU <target>:``. The rows carry the kernel counts (``kernels_traced``, ``kernels_mosaic``).
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs
 from harness.ops.base import OpDescriptor, call_k_first, grad_name
-from harness.status import Status
+from harness.core.status import Status
 
 from .base import Environment, Leg, LegOutput, cotangent_pairs
 
@@ -104,7 +104,7 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=N
     ``fn(arrays) -> (outputs, grads)``: the binding's forward, then its
     ``jax.vjp`` with the case's cotangents (``do``; ``dht``, zeros when the case
     has none). The emulated run calls it as two programs (:func:`_stages`);
-    :mod:`harness.tpu_compile` compiles the very same function for real TPU targets. With a
+    :mod:`harness.compile.tpu_compile` compiles the very same function for real TPU targets. With a
     ``kernels_tpu.mxu.MxuTally`` (emulated runs only) the forward's modeled MXU
     work is tallied as phase "forward" and the rest as "backward". ``binding`` defaults to the op's own
     TPU binding; a forward-only binding (``differentiable=False``) returns no gradients.
@@ -198,13 +198,13 @@ def kernel_refusal(op: OpDescriptor, case: Case, binding=None) -> str | None:
 
 class TpuLeg(Leg):
     """``compile_targets``: when emulating, each case is first compiled for these real TPU
-    targets (:mod:`harness.tpu_compile`; None: v6e); a case that does not compile gets ``error``
+    targets (:mod:`harness.compile.tpu_compile`; None: v6e); a case that does not compile gets ``error``
     rows."""
 
     source_closure = True  # the kernels are this repository's: a cached output is keyed by all they import
 
     def __init__(self, force_interpret: bool = False, compile_targets: tuple[str, ...] | None = None):
-        from harness.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
+        from harness.compile.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
         self.native = tpu_available() and not force_interpret
         targets = LEG_DEFAULT_TARGETS if compile_targets is None else tuple(compile_targets)
@@ -244,7 +244,7 @@ class TpuLeg(Leg):
     def environment(self) -> Environment:
         import jax
 
-        from harness.tpu_compile import versions
+        from harness.compile.tpu_compile import versions
         from kernels_tpu import mxu
 
         ctx = self.context()
@@ -273,7 +273,7 @@ class TpuLeg(Leg):
         """Emulated: compile the case natively for each target first (natively the run compiles)."""
         if self.native:
             return None, {"compiled_for": "native"}
-        from harness.tpu_compile import compile_for
+        from harness.compile.tpu_compile import compile_for
 
         fn, arrays = program(op, case, NATIVE, binding=self.binding(op)), device_arrays(inputs)
         done, counts = [], {}

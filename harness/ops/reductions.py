@@ -9,7 +9,7 @@ such sums by declaring them :class:`ReductionSpec`\\ s (a :class:`~harness.ops.b
 :class:`Reduction`); the reference cache asks the declared :attr:`Reduction.contributions` for the unreduced
 terms in float64, from the case's inputs, and keeps their magnitudes ``a_i = sum_j |c_ij|``
 (:func:`magnitudes`, which first checks that the terms sum to the reference's tensor). The bound of such a
-tensor is then judged against ``a``, not ``y`` (:mod:`harness.policy`); the core names neither ops nor tensors.
+tensor is then judged against ``a``, not ``y`` (:mod:`harness.core.policy`); the core names neither ops nor tensors.
 """
 
 from __future__ import annotations

@@ -424,7 +424,7 @@ def refusal_for_target(name: str, grid: int, target: str) -> str | None:
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from harness import tpu_compile
+    from harness.compile import tpu_compile
 
     versions = tpu_compile.versions()
     if tpu_compile.libtpu_version() is None:
@@ -501,7 +501,7 @@ def probe_precision(name: str, native: bool, target: str | None = DEFAULT_TARGET
 
 def is_native() -> bool:
     """On a machine with TPU chips attached, the kernels run on them."""
-    from .tpu_env import tpu_attached
+    from harness.compile.tpu_env import tpu_attached
 
     return tpu_attached()
 
@@ -581,7 +581,7 @@ class ProbeUsageError(ValueError):
 
 
 def _out_dir(path) -> Path:
-    from .result_file import OutDirError, writable_dir
+    from harness.run.result_file import OutDirError, writable_dir
 
     try:
         return writable_dir(path)
@@ -602,7 +602,7 @@ def _precisions(text: str | None) -> tuple[str, ...]:
 def cmd_mxu_probe(args) -> int:
     """Run the probes, print the table, write ``OUT/mxu-probe.csv``. Exit 0 when every verdict names a
     hypothesis (or a precision is refused), 1 when some probe kind has none, 2 on bad input."""
-    from harness import tpu_compile
+    from harness.compile import tpu_compile
 
     try:
         precisions = _precisions(getattr(args, "precision", None))

@@ -1,25 +1,20 @@
 """``parity compile``'s work: each case through a candidate leg's own runner steps, then compiled ahead of
-time for real TPU targets (:mod:`harness.tpu_compile`), one row per (case, target)."""
+time for real TPU targets (:mod:`harness.compile.tpu_compile`), one row per (case, target)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .baseline_cache import BaselineCache, _hash_files, cached, source_closure
-from .legs.registry import default_leg, make_leg
-from .legs.tpu import NATIVE, device_arrays, program
-from .reference_cache import ReferenceCache
-from .runner import Refusal, Runner, impl_option
-from .status import Status
-from .mosaic_dump import MOSAIC_COLUMNS
-from .tpu_compile import COMPILE_MODE, KERNEL_COLUMNS, MEMORY_FIELDS, TARGETS, compile_for, versions
+from harness.run.baseline_cache import BaselineCache, _hash_files, cached, source_closure
+from harness.legs.registry import default_leg, make_leg
+from harness.legs.tpu import NATIVE, device_arrays, program
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import Refusal, Runner, impl_option
+from harness.core.status import Status
+from harness.compile.tpu_compile import MEMORY_FIELDS, TARGETS, compile_for, versions
+from harness.core.schema import COMPILE_COLUMNS, COMPILE_MODE  # noqa: F401  (COMPILE_COLUMNS: read here by its callers)
 
 
-COMPILE_COLUMNS = [
-    "case_id", "op", "variant", "dtype", "target", "topology", "mode", "status", "reason", "compile_s", "error",
-    *KERNEL_COLUMNS, *MOSAIC_COLUMNS, *MEMORY_FIELDS, "hbm_bytes", "program", "jax", "jaxlib", "libtpu", "input_sha256", "git_commit",
-    "timestamp", "content_key", "reused_from", "repro",
-]
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,15 +23,15 @@ def compile_sources() -> list[Path]:
     """The files a compile row depends on besides the candidate leg's own cache key (:class:`ContentKeys`): the
     compile and the reading of Mosaic's dump (with the MXU model) transitively, the TPU leg's program, this
     module, and the runner's steps up to the run (validation, inputs, supports) as one file each."""
-    closure = source_closure([_ROOT / "harness/tpu_compile.py", _ROOT / "harness/legs/tpu.py"])
-    return sorted(closure | {_ROOT / "harness/compile_cases.py", _ROOT / "harness/runner.py", _ROOT / "cases/inputs.py"})
+    closure = source_closure([_ROOT / "harness/compile/tpu_compile.py", _ROOT / "harness/legs/tpu.py"])
+    return sorted(closure | {_ROOT / "harness/probes/compile_cases.py", _ROOT / "harness/run/runner.py", _ROOT / "cases/inputs.py"})
 
 
 class ContentKeys:
     """The content key of a compile row: sha256 of everything the row was made from, so that a committed
     ``compile.csv`` can stand for a compile that would give the same row (``parity compile --reuse``).
 
-    It is the candidate cache's key (:meth:`harness.baseline_cache.BaselineCache.content_key`: the leg's
+    It is the candidate cache's key (:meth:`harness.run.baseline_cache.BaselineCache.content_key`: the leg's
     environment, with jax's, jaxlib's and libtpu's versions, its sources and every module the op's binding
     imports from this repository, transitively; the case id), plus the target and :func:`compile_sources`. An
     edit to ``kernels_tpu/kda/`` moves kda's and gdn's keys and no other op's; a new libtpu moves every key. A leg

@@ -117,7 +117,7 @@ class XlaDots:
 def dot_sites(closed) -> tuple[dict, frozenset]:
     """(outside, kernel): a traced program's dot_generals outside Pallas kernels, signature -> the sites that made
     them, and the signatures of those inside kernels."""
-    from .mosaic_dump import sub_jaxprs
+    from harness.compile.mosaic_dump import sub_jaxprs
 
     outside: dict = {}
     kernel = set()
@@ -149,7 +149,7 @@ def read(fn, args, target: str) -> XlaDots:
         import numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-        from .tpu_compile import native_pallas, target_device
+        from harness.compile.tpu_compile import native_pallas, target_device
 
         device = target_device(target)
         sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())

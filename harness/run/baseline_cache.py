@@ -73,9 +73,9 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs
 
-from .legs.base import Leg, LegOutput
-from .ops.base import OpDescriptor
-from .reference_cache import _META, _checksum, default_cache_dir, entry_metadata
+from harness.legs.base import Leg, LegOutput
+from harness.ops.base import OpDescriptor
+from harness.run.reference_cache import _META, _checksum, default_cache_dir, entry_metadata
 
 _ROOT = Path(__file__).resolve().parent.parent
 SUBDIR = "baselines"
@@ -94,7 +94,7 @@ def cached(leg_name: str) -> bool:
     """Whether a leg's outputs are cached: the legs that declare their sources (the baselines a candidate's
     change cannot move: fla, and the reference leg's cross-check; and this project's TPU kernels, keyed by
     every module their binding imports), never an external candidate (no sources here to key it by)."""
-    from .legs.registry import legs
+    from harness.legs.registry import legs
 
     spec = legs().get(leg_name)
     return spec is not None and bool(spec.cache_sources)
@@ -134,7 +134,7 @@ def _hash_files(paths) -> str:
 
 def sources_fingerprint(leg: str) -> str:
     """sha256 of the sources the cached leg ``leg``'s output depends on (:data:`_COMMON` and its own)."""
-    from .legs.registry import leg_spec
+    from harness.legs.registry import leg_spec
 
     return _hash_files(p for pattern in _COMMON + leg_spec(leg).cache_sources for p in _ROOT.glob(pattern))
 
@@ -144,8 +144,8 @@ def leg_inputs(leg_name: str, cases) -> dict:
     made from those outputs (``parity ptx --reuse``: the launches the GPU leg makes): the leg, the case ids, its
     environment (mode, device, versions, settings), :func:`sources_fingerprint` and each op's
     :func:`binding_fingerprint`. ValueError for a leg that is not cached (nothing here to key it by)."""
-    from .legs import make_leg
-    from .ops import get_op
+    from harness.legs import make_leg
+    from harness.ops import get_op
 
     if not cached(leg_name):
         raise ValueError(f"the {leg_name} leg is not cached: its outputs have no key")
@@ -248,7 +248,7 @@ class BaselineCache:
         self.directory = default_directory() if directory == "default" else (Path(directory) if directory else None)
         self.read = read
         self.leg = leg
-        from .legs.registry import role_of
+        from harness.legs.registry import role_of
 
         self.label = CANDIDATE_LABEL if role_of(leg.name) == "candidate" else LABEL
         env = leg.environment()

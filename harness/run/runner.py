@@ -2,7 +2,7 @@
 
 For each case: validate it, draw its inputs, ask the leg whether it supports
 the case, run the leg, compute the float64 golden (cached by input hash), and
-compare every declared tensor (a ``leg_cache``, :mod:`harness.baseline_cache`, may serve
+compare every declared tensor (a ``leg_cache``, :mod:`harness.run.baseline_cache`, may serve
 the leg's output instead of running it). Every outcome is a row:
 
 =============== =============================================================
@@ -25,7 +25,6 @@ import datetime as _dt
 import importlib.metadata
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -34,28 +33,20 @@ from typing import Mapping
 from cases.case import Case
 from cases.inputs import Inputs, make_inputs
 
-from .baseline_cache import BaselineCache
-from .legs.base import Leg, LegOutput
-from .metrics import compare, condition_number, nonfinite_where_ref_finite
-from .ops import get_op
-from .ops.base import OpDescriptor, grad_name
-from .ops.reductions import magnitude_name, reduction_of
-from .legs.registry import ENTRY_POINT_GROUP, legs, role_of
-from .policy import CONTRIBUTIONS, REFERENCE, bound_for
-from .reference_cache import ReferenceCache
-from .status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
+from harness.run.baseline_cache import BaselineCache
+from harness.legs.base import Leg, LegOutput
+from harness.core.metrics import compare, condition_number, nonfinite_where_ref_finite
+from harness.ops import get_op
+from harness.ops.base import OpDescriptor, grad_name
+from harness.ops.reductions import magnitude_name, reduction_of
+from harness.legs.registry import ENTRY_POINT_GROUP, legs, role_of
+from harness.core.provenance import git_commit
+from harness.core.policy import CONTRIBUTIONS, REFERENCE, bound_for
+from harness.run.reference_cache import ReferenceCache
+from harness.core.status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
 
 FAILING_STATUSES = FAILING  # the name tests and plugins import
 
-
-def git_commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() if out.returncode == 0 else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def impl_option(name: str) -> str:
@@ -119,7 +110,7 @@ class Refusal(Exception):
 
 
 class NotServed(Exception):
-    """A runner built with ``run_leg=False`` met a case whose leg must run: :mod:`harness.workers` sends it to a
+    """A runner built with ``run_leg=False`` met a case whose leg must run: :mod:`harness.app.workers` sends it to a
     worker process."""
 
 
@@ -141,7 +132,7 @@ class Runner:
                  ops: Mapping[str, OpDescriptor] | None = None, leg_cache: BaselineCache | None = None,
                  run_leg: bool = True):
         """``ops`` overrides the registry (tests inject fault-carrying descriptors this way); ``leg_cache``
-        serves and keeps the leg's outputs (:mod:`harness.baseline_cache`; None: the leg always runs);
+        serves and keeps the leg's outputs (:mod:`harness.run.baseline_cache`; None: the leg always runs);
         ``run_leg=False``: settle only what needs no leg run, raise :class:`NotServed` for the rest."""
         self.leg = leg
         self.run_leg = run_leg
@@ -156,7 +147,7 @@ class Runner:
             "device": env.device,
             "versions": json.dumps(dict(env.versions), sort_keys=True),
             "settings": json.dumps(dict(env.settings), sort_keys=True, default=str),
-            "git_commit": git_commit(),
+            "git_commit": git_commit() or "unknown",
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "suite": suite,
         }

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .results import ReportError, column_values, read_results, rows_to_frame, write_csv
+from harness.core.results import ReportError, column_values, read_results, rows_to_frame, write_csv
 
 
 class OutDirError(ValueError):

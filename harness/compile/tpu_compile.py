@@ -30,11 +30,11 @@ carries the two counts, and is ``error``, naming the kernels, when
   library's own option (None natively) compiles what a TPU runs.
 
 The compile also reads what Mosaic emitted for each kernel and checks every dot's MXU passes against the MXU
-model (:mod:`harness.mosaic_dump`): a mismatch is ``error``; a dump it cannot read leaves the check
+model (:mod:`harness.compile.mosaic_dump`): a mismatch is ``error``; a dump it cannot read leaves the check
 ``unverified``, with the reason.
 
 This is the library (targets, one compile, its result); the TPU leg uses it before each emulated case, and
-``parity compile`` runs it over cases through :mod:`harness.compile_cases`.
+``parity compile`` runs it over cases through :mod:`harness.probes.compile_cases`.
 """
 
 from __future__ import annotations
@@ -48,10 +48,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .mosaic_dump import MISMATCH, MOSAIC_COLUMNS, MxuCheck, UNVERIFIED, dump_dir, sub_jaxprs
-from .mosaic_dump import check as check_mxu
-from .status import Status
-from .tpu_env import prepare_environment
+from harness.compile.mosaic_dump import MISMATCH, MxuCheck, UNVERIFIED, dump_dir, sub_jaxprs
+from harness.compile.mosaic_dump import check as check_mxu
+from harness.core.schema import COMPILE_MODE, KERNEL_COLUMNS, MEMORY_COLUMNS, MOSAIC_COLUMNS  # noqa: F401
+from harness.core.status import Status
+from harness.compile.tpu_env import prepare_environment
 
 TARGETS = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2", "v7x": "TPU7x:2x2x1"}
 """Target name -> jax topology name (``get_topology_desc(topology_name=...)``)."""
@@ -59,16 +60,10 @@ TARGETS = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2
 COMPILE_DEFAULT_TARGETS = ("v5e", "v6e", "v7x")  # ``parity compile``
 LEG_DEFAULT_TARGETS = ("v6e",)  # the emulated TPU leg compiles each case for these
 
-MEMORY_FIELDS = {  # column -> CompiledMemoryStats attribute (bytes, per chip)
-    "mem_argument_bytes": "argument_size_in_bytes",
-    "mem_output_bytes": "output_size_in_bytes",
-    "mem_alias_bytes": "alias_size_in_bytes",
-    "mem_temp_bytes": "temp_size_in_bytes",
-    "mem_code_bytes": "generated_code_size_in_bytes",
-}
+MEMORY_FIELDS = dict(zip(MEMORY_COLUMNS, (  # column -> CompiledMemoryStats attribute (bytes, per chip)
+    "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+    "generated_code_size_in_bytes")))
 ERROR_CHARS = 500
-COMPILE_MODE = "aot"
-"""compile.csv's ``mode``: compiled ahead of time by libtpu for a TPU topology; nothing ran on a TPU."""
 
 
 def parse_targets(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -119,9 +114,6 @@ def first_error_line(exc: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------- kernels and Mosaic
-KERNEL_COLUMNS = ("kernels_traced", "kernels_mosaic")
-"""Rows' counts: Pallas kernels in the traced program (forward and backward), and how many of them reached
-Mosaic (a ``tpu_custom_call`` in the program XLA:TPU compiled)."""
 
 MOSAIC_CALL = re.compile(r"stablehlo\.custom_call @tpu_custom_call\(.*?(?:kernel_name = \"([^\"]*)\"|$)",
                          re.MULTILINE)
@@ -387,7 +379,7 @@ _COMPILING = threading.Lock()
 def mosaic_output():
     """Inside the block, this process's compiles are this one's; it yields ``read(bodies)``, which checks every
     kernel's dots (``bodies``: name, traced body) against what Mosaic emitted in the block
-    (:mod:`harness.mosaic_dump`)."""
+    (:mod:`harness.compile.mosaic_dump`)."""
     where = dump_dir()
     with _COMPILING:
         before = where.snapshot()

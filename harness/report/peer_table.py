@@ -6,7 +6,7 @@ A report is a folder holding the baseline's rows (``gpu.csv`` or ``gpu.csv.gz``)
 ``tpu-inference``, ``sglang-jax``, ...; :func:`candidate_frames`). The variant is labelled with the case's
 convolution in front (``conv1d=W``) and a server's calls (``pool=S``, ``decode=n``: :func:`variant_label`), which
 candidates map differently. Each report is judged on its own baseline rows with the shipped policy
-(:func:`harness.peer_report.peer_table`: per case and forward tensor, ε_candidate / ε_fla on rel-L2 and the gate's
+(:func:`harness.report.peer_report.peer_table`: per case and forward tensor, ε_candidate / ε_fla on rel-L2 and the gate's
 verdict). A (candidate, case, tensor) that several reports hold is taken from the report made last (its baseline
 rows' newest ``timestamp``).
 
@@ -40,11 +40,11 @@ import pandas as pd
 
 from cases.case import Case
 
-from .legs.registry import default_leg
-from .ops.serving import OPTIONS as SERVING_OPTIONS
-from .peer_report import FORWARD, peer_table
-from .policy import Policy
-from .results import read_table
+from harness.legs.registry import default_leg
+from harness.ops.serving import OPTIONS as SERVING_OPTIONS
+from harness.report.peer_report import FORWARD, peer_table
+from harness.core.policy import Policy
+from harness.core.results import read_table
 
 TARGETS = ("v5e", "v6e", "v7x")
 CASE_COLUMNS = ("compiled_for", "kernels_traced", "kernels_mosaic", "versions")
@@ -87,7 +87,7 @@ def gate_form(case: Case) -> str:
 
 
 def all_rows(root: Path, policy: Policy) -> pd.DataFrame:
-    """Every report's :func:`harness.peer_report.peer_table` rows, with its folder, one per (candidate, case,
+    """Every report's :func:`harness.report.peer_report.peer_table` rows, with its folder, one per (candidate, case,
     tensor): the newest report's."""
     tables = []
     for folder in report_folders(root):
@@ -246,7 +246,7 @@ it differs from them). A cell: ε_candidate / ε_fla on rel-L2 over the forward 
 case convolves) both measured, as a geometric mean (max, n); how many of those the shipped policy's gate failed or
 could not decide; how many cases the candidate broke on (error) or refused (unsupported). `tpu` is this project's
 kernels. An empty cell: no report ran that candidate on such cases. Each report is judged on its own fla rows;
-where reports share a case, the newest one's rows count. Definitions: `harness/peer_table.py`.
+where reports share a case, the newest one's rows count. Definitions: `harness/report/peer_table.py`.
 """
 
 

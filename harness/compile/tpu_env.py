@@ -59,7 +59,7 @@ def prepare_environment(environ=os.environ, device_globs=TPU_DEVICE_GLOBS) -> No
 
 def dump_mosaic_passes(environ=os.environ) -> None:
     """Have libtpu dump Mosaic's passes into a directory of this process's own, removed at exit, so that
-    every compile can read what Mosaic emitted (:mod:`harness.mosaic_dump`). A ``--xla_mosaic_dump_to`` the
+    every compile can read what Mosaic emitted (:mod:`harness.compile.mosaic_dump`). A ``--xla_mosaic_dump_to`` the
     user set is kept (and only read). Without libtpu, nothing is set."""
     flags = environ.get("LIBTPU_INIT_ARGS", "")
     owner = environ.get(MOSAIC_DUMP_OWNER)

@@ -43,12 +43,12 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs, input_shapes, inputs_sha256, make_inputs
 
-from .legs.base import Leg
-from .ops.base import OpDescriptor, per_token
-from .ops.serving import is_served
-from .reference_cache import ReferenceCache
-from .runner import Refusal, Runner
-from .status import Status
+from harness.legs.base import Leg
+from harness.ops.base import OpDescriptor, per_token
+from harness.ops.serving import is_served
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import Refusal, Runner
+from harness.core.status import Status
 
 CAUSALITY_REL_BOUND = 1e-6
 CHECKED = ("o", "dq")

@@ -26,10 +26,10 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from .gate import apply_gate
-from .metrics import METRICS, parse_blocks
-from .noise import ratio_lower_bound
-from .policy import MarginRule, Policy
+from harness.judge.gate import apply_gate
+from harness.core.metrics import METRICS, parse_blocks
+from harness.core.noise import ratio_lower_bound
+from harness.core.policy import MarginRule, Policy
 
 CALIBRATION_COLUMNS = ["op", "dtype", "tensor", "metric", "gated", "n", "ratio_min", "ratio_median", "ratio_p95",
                        "ratio_max", "judged_max", "false_alarms", "false_alarm_rate"]

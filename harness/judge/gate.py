@@ -4,7 +4,7 @@ the baseline; the columns keep the rule's names, ``eps_gpu`` and ``eps_tpu``, wh
 It fails closed. Before judging, the files must be fit to compare, else
 :class:`GateInputError` (exit 2) says why:
 
-- each file passes :func:`harness.reports.check_results` (known statuses,
+- each file passes :func:`harness.report.reports.check_results` (known statuses,
   numeric non-negative metrics, a sha256 on every measured row, ...);
 - the baseline comes from the registry's built-in baseline leg and the candidate from its built-in
   candidate (:func:`harness.legs.registry.default_leg`: their ``leg`` column and the package their
@@ -22,7 +22,7 @@ Verdicts, per (case, tensor) and, where both legs have numbers, per metric:
                   case's draws in the files a comparison has one verdict,
                   the sequential test's (:func:`_pool_draws`): the first
                   draw's where it decides, else the first pooled look that
-                  decides (:func:`harness.noise.sequential_decision`); more
+                  decides (:func:`harness.core.noise.sequential_decision`); more
                   draws never add a failure to a decided comparison
 ``inconclusive``  a failure the draws do not decide (one draw decides only
                   a rel_l2 failure its bootstrap confirms on a tensor of
@@ -65,12 +65,12 @@ import pandas as pd
 
 from cases.case import Case
 
-from .legs.registry import default_leg, version_key
-from .metrics import METRICS, parse_blocks
-from .noise import BOOTSTRAP_MIN_ELEMENTS, next_look, sequential_decision
-from .policy import Policy
-from .results import KEY, ReportError, check_results, read_table
-from .status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
+from harness.legs.registry import default_leg, version_key
+from harness.core.metrics import METRICS, parse_blocks
+from harness.core.noise import BOOTSTRAP_MIN_ELEMENTS, next_look, sequential_decision
+from harness.core.policy import Policy
+from harness.core.results import KEY, ReportError, check_results, read_table
+from harness.core.status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "ratio_lower", "allowed", "verdict",
                   "reason", "draws",
@@ -298,9 +298,9 @@ def _pool_draws(rows: list[dict], policy: Policy) -> list[dict]:
 
     - **the first draw decides** where it can: a pass (the point rule, or the block bootstrap within noise) is
       a pass, and a rel_l2 failure the bootstrap confirms on a tensor of
-      :data:`harness.noise.BOOTSTRAP_MIN_ELEMENTS` or more (its rows carry no ``_limit``) is a failure. Draws
+      :data:`harness.core.noise.BOOTSTRAP_MIN_ELEMENTS` or more (its rows carry no ``_limit``) is a failure. Draws
       run later for another comparison of the case neither fail nor pass it;
-    - **otherwise the pooled looks** (:func:`harness.noise.sequential_decision`: 3, 8, then 24 draws) decide it,
+    - **otherwise the pooled looks** (:func:`harness.core.noise.sequential_decision`: 3, 8, then 24 draws) decide it,
       each on the first draws only, stopping at the first look that decides. A comparison no look decides is
       ``inconclusive``: it names the draws that would decide it, and it never reads as a pass.
 

@@ -33,12 +33,12 @@ from matplotlib.colors import LogNorm, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from .results import atomic_write_bytes, atomic_write_text, provenance_line
+from harness.core.results import atomic_write_bytes, atomic_write_text, provenance_line
 
-from .gate import side_labels
-from .reports import _fmt, eps_labels, gate_notes
+from harness.judge.gate import side_labels
+from harness.report.reports import _fmt, eps_labels, gate_notes
 if TYPE_CHECKING:
-    from .gate import GateResult
+    from harness.judge.gate import GateResult
 
 CMAP = "RdBu_r"
 """Diverging: blue (TPU error smaller) through white (equal) to red (TPU error larger)."""
@@ -110,7 +110,7 @@ def heatmap_data(result: GateResult) -> Heatmap:
 
 def heatmap_figure(h: Heatmap, title: str, sides: tuple[str, str] = ("GPU", "TPU")) -> Figure:
     """The heatmap as a matplotlib Figure under ``title`` (tick labels stick out left; save with
-    ``bbox_inches="tight"``); ``sides``: what the baseline and the candidate are called (harness.gate.side_labels)."""
+    ``bbox_inches="tight"``); ``sides``: what the baseline and the candidate are called (harness.judge.gate.side_labels)."""
     base, cand = sides
     n, m = len(h.cases), len(h.tensors)
     if n == 0:

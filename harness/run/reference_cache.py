@@ -32,8 +32,8 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs
 
-from .ops.base import OpDescriptor, call_k_first, state_k_first
-from .ops.reductions import magnitude_name, magnitudes, reduction_of
+from harness.ops.base import OpDescriptor, call_k_first, state_k_first
+from harness.ops.reductions import magnitude_name, magnitudes, reduction_of
 
 _ROOT = Path(__file__).resolve().parent.parent
 # what a golden result depends on besides its inputs: the references, and the descriptors that call them
@@ -84,7 +84,7 @@ def _metadata(key: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
 def entry_metadata(arrays: dict[str, np.ndarray], key: str, fmt: int) -> dict | str:
     """The metadata of a loaded cache entry (popped from ``arrays``: its ``__meta__`` record), or what is wrong
     with it: none, unreadable, another format or key, tensors other than it lists. Shared by every on-disk
-    cache here (this one, :mod:`harness.baseline_cache`)."""
+    cache here (this one, :mod:`harness.run.baseline_cache`)."""
     raw = arrays.pop(_META, None)
     if raw is None:
         return "it has no metadata (an older cache format)"

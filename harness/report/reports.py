@@ -1,5 +1,5 @@
 """The gate's Markdown report (``parity.md``, also appended to ``$GITHUB_STEP_SUMMARY``) and the notes every
-rendering of a gate shows (:mod:`harness.html_report` reuses them)."""
+rendering of a gate shows (:mod:`harness.report.html_report` reuses them)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import math
 
 import pandas as pd
 
-from .gate import GateResult, side_labels
-from .legs import default_leg
-from .legs.external import GPU_ONLY
-from .results import provenance_line, settings_values
-from .status import NO_GRADIENT
+from harness.judge.gate import GateResult, side_labels
+from harness.legs import default_leg
+from harness.legs.external import GPU_ONLY
+from harness.core.results import provenance_line, settings_values
+from harness.core.status import NO_GRADIENT
 
 
 # ------------------------------------------------------------- the gate's report
@@ -117,7 +117,7 @@ def gpu_platform_note(result: GateResult) -> str:
 
 def eps_labels(result: GateResult) -> tuple[str, str]:
     """The column headings of the two sides' ε: ε_GPU and ε_TPU for the built-in pair of legs, else the legs'
-    names (:func:`harness.gate.side_labels`)."""
+    names (:func:`harness.judge.gate.side_labels`)."""
     return tuple(f"ε_{side}" for side in side_labels(result.baseline_leg, result.candidate_leg))
 
 
@@ -155,7 +155,7 @@ def markdown(result: GateResult) -> str:
         more = f"`--draws {result.draws_needed}`" if result.draws_needed else "no more draws (the cap)"
         lines += ["", "### Inconclusive: not decided by the draws in the files", "",
                   f"Each failed its own draw's rule, and the draws of its case do not decide whether the ratio is "
-                  f"beyond the margin (`harness/noise.py`, the sequential test). This is not a pass: run both legs "
+                  f"beyond the margin (`harness/core/noise.py`, the sequential test). This is not a pass: run both legs "
                   f"with {more} (`parity all` does so itself).", "",
                   f"| case | tensor | metric | {eb} | {ec} | ratio | draws | reason |", "|---|---|---|---|---|---|---|---|"]
         for r in undecided.to_dict("records"):

@@ -5,7 +5,7 @@ A leg's result CSV has one row per (case, tensor) with every metric and the
 row's provenance (leg, mode, device, versions, git commit, timestamp, input
 hash, wall time). Columns are fixed in :data:`RESULT_COLUMNS`; rows are the
 only interface between running and judging. The gate reads files through this module; rendering them
-(:mod:`harness.reports`, :mod:`harness.html_report`, :mod:`harness.junit`) sits above the gate.
+(:mod:`harness.report.reports`, :mod:`harness.report.html_report`, :mod:`harness.report.junit`) sits above the gate.
 """
 
 from __future__ import annotations
@@ -21,25 +21,12 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from .legs.registry import well_formed
-from .legs.base import MODES
-from .metrics import METRICS, parse_blocks
-from .status import Status
-from .mosaic_dump import MOSAIC_COLUMNS
-from .tpu_compile import KERNEL_COLUMNS
+from harness.core.metrics import parse_blocks
+from harness.core.schema import (KEY, METRICS, MODES, MXU_COLUMNS, REQUIRED_COLUMNS, RESULT_COLUMNS,  # noqa: F401
+                                 RESULT_STATUSES, well_formed)
+from harness.core.status import Status
 
 
-MXU_COLUMNS = ["mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd", "mxu_pass_macs_bwd"]
-"""TPU rows, emulated: modeled MXU work (kernels_tpu.mxu.MxuTally), not a timing."""
-
-RESULT_COLUMNS = [
-    "case_id", "op", "variant", "dtype", "draw", "tensor", "tensor_dtype", "leg", "status", "reason",
-    *METRICS, "rel_l2_blocks", "numel", "nan", "inf", "ref_nonfinite", "worst_index", "ref_at_worst", "got_at_worst", "bound_rel_l2",
-    "bound_over", "kappa",
-    "input_sha256", "mode", "device", "compiled_for", *KERNEL_COLUMNS, *MOSAIC_COLUMNS, *MXU_COLUMNS, "versions", "settings",
-    "details", "git_commit", "timestamp", "suite", "wall_s", "repro",
-]
-KEY = ["case_id", "tensor"]
 
 
 class ReportError(ValueError):
@@ -82,11 +69,6 @@ def write_csv(df: pd.DataFrame, path: Path) -> Path:
     return Path(path)
 
 
-REQUIRED_COLUMNS = ["case_id", "tensor", "leg", "status", "reason", "input_sha256", "mode", *METRICS, "rel_l2_blocks"]
-"""Columns a result file must have for the gate to judge it."""
-
-RESULT_STATUSES = (Status.OK, Status.BOUND, Status.NONFINITE, Status.NOT_PROVIDED, Status.UNSUPPORTED,
-                   Status.ERROR)
 _MEASURED = (Status.OK, Status.BOUND)  # statuses whose metrics must be finite numbers >= 0
 _HASH = re.compile(r"[0-9a-f]{64}")
 

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from .results import ReportError, atomic_write_text, column_values
+from harness.core.results import ReportError, atomic_write_text, column_values
 
-from .reports import compiled_note
+from harness.report.reports import compiled_note
 if TYPE_CHECKING:
-    from .gate import GateResult
+    from harness.judge.gate import GateResult
 
 ROOT_NAME = "linear-attn-parity gate"
 """The ``name`` of the root ``<testsuites>``: marks a file as one this module may replace."""
@@ -93,7 +93,7 @@ def junit_tree(result: GateResult, timestamp: datetime | None = None) -> ET.Elem
         compared = [r for r in rows if r["verdict"] in ("pass", "fail", "inconclusive", "info")]
         if fails:
             counts["failures"] += 1
-            from .runner import repro as repro_command  # the runner's own repro, for a row that has none
+            from harness.run.runner import repro as repro_command  # the runner's own repro, for a row that has none
 
             repro = "" if gate_wide else (_text(rows[0]["repro"]) or repro_command(result.candidate_leg, case_id))
             kind = "parity" if any(r["verdict"] == "fail" for r in fails) else "inconclusive"

@@ -2,7 +2,7 @@
 
 The rule and its assumptions are derived in docs/definitions.md ("The decision rule"). In short: both legs
 ran on the same inputs against the same float64 reference, so their per-element errors can be
-paired. Each row carries ``rel_l2_blocks`` (:func:`harness.metrics.rel_l2_blocks`): the squared
+paired. Each row carries ``rel_l2_blocks`` (:func:`harness.core.metrics.rel_l2_blocks`): the squared
 relative error of M contiguous blocks of the tensor, summing to rel_l2². Resampling the M blocks
 with replacement, the same indices for both legs, gives bootstrap replicates of
 
@@ -39,7 +39,7 @@ def resample_indices(m: int) -> np.ndarray:
 def ratio_replicates(gpu_blocks: np.ndarray, tpu_blocks: np.ndarray) -> np.ndarray:
     """Bootstrap replicates of sqrt(Σ tpu / Σ gpu) over the blocks, resampled in pairs.
 
-    A replicate whose GPU sum is 0 is ``inf`` (or 1 when the TPU's is 0 too), as :func:`harness.gate` rates
+    A replicate whose GPU sum is 0 is ``inf`` (or 1 when the TPU's is 0 too), as :func:`harness.judge.gate` rates
     an exact baseline."""
     g = np.asarray(gpu_blocks, dtype=np.float64)
     t = np.asarray(tpu_blocks, dtype=np.float64)

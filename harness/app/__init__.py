@@ -5,7 +5,7 @@
   each once), then ``--op`` (comma-joined ops, or the option repeated), input draws and a shard. Case ids
   and case files are validated against the op registry here: the case layer (``cases/``) imports no op,
   this layer passes ``harness.ops.get_op`` in.
-- **Which file.** :meth:`Selection.result_name` (:func:`harness.result_file.result_name`): a run of part of
+- **Which file.** :meth:`Selection.result_name` (:func:`harness.run.result_file.result_name`): a run of part of
   a suite names its part, so it never replaces the suite's own result file.
 - **What the gate writes.** :func:`write_gate`: parity.csv, parity.md, parity.html and parity.png, and
   ``$GITHUB_STEP_SUMMARY``.
@@ -22,13 +22,13 @@ from pathlib import Path
 from cases import case_file, suites
 from cases.case import Case
 
-from .gate import GateResult
-from .html_report import write_html_report
-from .ops import get_op
-from .reports import markdown
-from .result_file import result_name
-from .results import atomic_write_text, write_csv
-from .runner import parse_shard, shard
+from harness.judge.gate import GateResult
+from harness.report.html_report import write_html_report
+from harness.ops import get_op
+from harness.report.reports import markdown
+from harness.run.result_file import result_name
+from harness.core.results import atomic_write_text, write_csv
+from harness.run.runner import parse_shard, shard
 
 
 def case_from_id(text: str) -> Case:
@@ -131,8 +131,8 @@ def gate_case(case: Case, run_rows, baseline, policy, candidate_leg: str,
     pools them, as ``parity all`` does. Returns the result and every row the candidate made."""
     import pandas as pd
 
-    from .gate import apply_gate, undrawn_id
-    from .results import rows_to_frame
+    from harness.judge.gate import apply_gate, undrawn_id
+    from harness.core.results import rows_to_frame
 
     base_id = undrawn_id(case.id)
     mine = baseline[baseline["case_id"].map(undrawn_id) == base_id]

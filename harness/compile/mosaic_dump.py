@@ -2,7 +2,7 @@
 against the MXU model (``kernels_tpu.mxu.mxu_passes``) that the emulated TPU leg rounds by.
 
 **Where it comes from.** With ``--xla_mosaic_dump_to=DIR`` in ``LIBTPU_INIT_ARGS`` when libtpu starts
-(``harness.tpu_env.prepare_environment`` sets it, to a directory of this process's own), Mosaic writes each
+(``harness.compile.tpu_env.prepare_environment`` sets it, to a directory of this process's own), Mosaic writes each
 kernel's MLIR after each of its passes, deviceless compiles included. After ``lower-to-llo`` (the file
 ``*-post-lower-to-llo.txt``) every MXU instruction is one op, in program order:
 
@@ -33,13 +33,12 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from harness.core.schema import MOSAIC_COLUMNS  # noqa: F401  (the rows' columns this module fills)
+
 LLO_DUMP = "-post-lower-to-llo.txt"
 """The file of each kernel's MLIR after Mosaic's lower-to-llo pass: one op per MXU instruction."""
 
 
-MOSAIC_COLUMNS = ("mxu_dots", "mxu_passes_model", "mxu_passes_mosaic", "mxu_check")
-"""Rows' columns: the kernels' dots (each as written, once); their passes summed, as the model runs them and as
-Mosaic's LLO shows them (equal when verified); and ``verified``, ``mismatch`` or ``unverified: why``."""
 
 VERIFIED, MISMATCH, UNVERIFIED = "verified", "mismatch", "unverified"
 
@@ -328,8 +327,8 @@ class DumpDir:
 
 def dump_dir(environ=os.environ) -> DumpDir:
     """Where this process's libtpu dumps Mosaic's passes, from ``LIBTPU_INIT_ARGS`` (see
-    :func:`harness.tpu_env.prepare_environment`)."""
-    from .tpu_env import MOSAIC_DUMP_FLAG, MOSAIC_DUMP_OWNER
+    :func:`harness.compile.tpu_env.prepare_environment`)."""
+    from harness.compile.tpu_env import MOSAIC_DUMP_FLAG, MOSAIC_DUMP_OWNER
 
     flags = environ.get("LIBTPU_INIT_ARGS", "")
     m = re.search(re.escape(MOSAIC_DUMP_FLAG) + r"=(\S+)", flags)

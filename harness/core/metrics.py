@@ -26,7 +26,7 @@ hand-computed values):
   contiguous blocks of near-equal size (``numpy.array_split``); block b holds
   ``‖y_b − r_b‖₂² / ‖r‖₂²``, so the blocks sum to ``rel_l2²``. Two legs run on
   the same inputs share the blocks element for element, which is what lets the
-  gate resample them in pairs (:mod:`harness.noise`). Written as M numbers
+  gate resample them in pairs (:mod:`harness.core.noise`). Written as M numbers
   joined by ``;`` with 7 significant digits; empty when ``rel_l2`` is not finite
   or 0/0.
 """
@@ -39,8 +39,9 @@ import ml_dtypes
 import numpy as np
 
 from cases.inputs import NP_DTYPES
+from harness.core.schema import METRICS  # noqa: F401  (the metrics' names, declared with every column)
 
-METRICS = ("max_abs", "rel_l2", "ulp_max", "ulp_mean", "ulp_p99")
+
 """The error metrics compared by the gate, in report order."""
 
 ERROR_BLOCKS = 32

@@ -15,7 +15,7 @@ A tensor its op declares a sum (:mod:`harness.ops.reductions`: a gradient of a p
 such as ``g_gamma``, ``A_log``, ``dt_bias``) is judged by the rules ``over="contributions"`` instead: its error
 against the float64 magnitudes of the terms it sums, ``‖y − r‖₂ / ‖a‖₂ <= bound`` with ``a_i = Σ_j |c_ij|``,
 which is ``rel_l2 <= bound · κ`` for the reduction's condition number ``κ = ‖a‖₂ / ‖r‖₂``
-(:func:`harness.metrics.condition_number`; docs/definitions.md, "Bounds on reductions"). A sum whose terms
+(:func:`harness.core.metrics.condition_number`; docs/definitions.md, "Bounds on reductions"). A sum whose terms
 cancel is not held to a relative error its float64 terms could not give it; one that does not cancel
 (κ ≈ 1) is held to ``bound`` itself.
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-from .metrics import METRICS
+from harness.core.metrics import METRICS
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def bound_for(op: str, tensor: str, dtype: str, role: str, rules: list[Bound] = 
     bound = most_specific(rules, op, tensor, dtype, role, over)
     if bound is None:
         raise LookupError(f"no bound for {op=} {tensor=} {dtype=} {role=} {over=}: add a rule to "
-                          f"harness.policy.BOUNDS")
+                          f"harness.core.policy.BOUNDS")
     return bound
 
 
@@ -153,7 +153,7 @@ class Policy:
     - ``abs_floor[m]``: an absolute allowance on top (default none);
     - ``alpha``: rel_l2 only. A rel_l2 over ``eps_gpu·(1+margin)+floor`` fails only if the paired block
       bootstrap's one-sided (1 − alpha) lower bound of ε_TPU/ε_GPU also exceeds ``1 + margin``
-      (:mod:`harness.noise`); 0 judges the point value alone.
+      (:mod:`harness.core.noise`); 0 judges the point value alone.
     - ``source``: where the policy came from (a policy file, or "explicit"), for the report.
     """
 
@@ -206,7 +206,7 @@ class Policy:
             return True, None
         if not self.bootstraps(metric) or gpu_blocks is None or tpu_blocks is None:
             return False, None
-        from .noise import ratio_lower_bound
+        from harness.core.noise import ratio_lower_bound
 
         lower = ratio_lower_bound(gpu_blocks, tpu_blocks, self.alpha)
         return bool(lower <= 1.0 + self.margin(metric, **where)), lower
@@ -294,7 +294,7 @@ def _toml_value(value) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-DEFAULT_POLICY_FILE = Path(__file__).with_name("policy.toml")
+DEFAULT_POLICY_FILE = Path(__file__).parents[1] / "policy.toml"
 """The shipped, calibrated policy: ``parity calibrate``'s ``policy.toml`` (docs/definitions.md, "Calibration")."""
 
 

@@ -32,9 +32,9 @@ import re
 
 import pandas as pd
 
-from .gate import apply_gate
-from .policy import Policy
-from .results import settings_values
+from harness.judge.gate import apply_gate
+from harness.core.policy import Policy
+from harness.core.results import settings_values
 
 FORWARD = ("o", "ht")
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}

@@ -6,8 +6,8 @@ processes; the emulated TPU leg, whose case keeps two busy (its real-TPU compile
 N // 2 (:meth:`harness.legs.base.Leg.cores_per_case`). Rows stay the only interface:
 
 - the parent walks the cases in order and settles where it stands every case that needs no leg run: an invalid
-  or unsupported case, or one whose every run the leg's cache serves (a :class:`harness.runner.Runner` built
-  with ``run_leg=False`` raises :class:`harness.runner.NotServed` for the others);
+  or unsupported case, or one whose every run the leg's cache serves (a :class:`harness.run.runner.Runner` built
+  with ``run_leg=False`` raises :class:`harness.run.runner.NotServed` for the others);
 - the others go to a pool of spawned processes. Each rebuilds the leg from its name and options (replaying the
   ``--impl`` registrations), runs the whole case through a runner of its own with the parent's provenance, and
   sends back the rows and its leg cache's hits and misses;
@@ -35,13 +35,13 @@ from typing import Any, Callable, Iterable
 
 from cases.case import Case
 
-from .baseline_cache import for_leg
-from .causality import check_case, default_t0, refused_rows
-from .compile_cases import case_rows, error_rows as compile_error_rows
-from .legs.registry import implementations, make_leg, register_implementation
-from .reference_cache import ReferenceCache
-from .runner import NotServed, Runner
-from .status import Status
+from harness.run.baseline_cache import for_leg
+from harness.probes.causality import check_case, default_t0, refused_rows
+from harness.probes.compile_cases import case_rows, error_rows as compile_error_rows
+from harness.legs.registry import implementations, make_leg, register_implementation
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import NotServed, Runner
+from harness.core.status import Status
 
 GIB_PER_JOB = 4
 """Memory a job may want: the float64 reference at the stress shape peaks at 3.75 GiB (reports/bench)."""
@@ -101,7 +101,7 @@ class LegJob:
                    implementations=tuple(sorted(implementations().items())), task=task, targets=tuple(targets))
 
 
-TASKS = ("run", "causality", "compile")  # a case's rows: run_case, check_case (harness.causality), case_rows
+TASKS = ("run", "causality", "compile")  # a case's rows: run_case, check_case (harness.probes.causality), case_rows
 _JOB_NUMBERS = itertools.count()  # in the parent: one key per job, never reused (an id() can be)
 _RUNNERS: dict[str, Runner] = {}  # in each worker: the runner of every job it has seen
 
