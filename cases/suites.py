@@ -41,7 +41,7 @@ G = Gate("g", "logsigmoid", normalizer=16)
 SMOKE_LENS = (37, 70, 21)
 """The smoke suite's packed sequences (T = 128, C = 64): boundaries at 37 and 107, inside chunks; the middle
 sequence spans two chunks of its own (64 + 6 tokens); three sequences, so one isolation run checks both
-directions (harness.causality)."""
+directions (harness.probes.causality)."""
 
 
 STANDARD_LENS = (300, 129, 500, 71)

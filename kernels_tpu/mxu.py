@@ -7,7 +7,7 @@ precision, the bf16 passes one dot runs and the operand piece each pass feeds
 the MXU, read from Mosaic's own LLO (one ``llo.vmatmul*`` per MXU instruction,
 with its ``matmul_mode``, after the weights latched with their
 ``gain_latch_mode``) for v5e, v6e and v7x under jax 0.9.2, 0.10.2 and 0.12
-(``harness/mosaic_dump.py`` re-reads it for every kernel ``parity compile``
+(``harness/compile/mosaic_dump.py`` re-reads it for every kernel ``parity compile``
 compiles):
 
 - ``Precision.DEFAULT``: one MXU pass. bf16 operands give exact products

@@ -31,7 +31,7 @@ dummy) and a spare slot after the last are named by no request, and the spare mu
 
 Pure-JAX forms run as XLA:TPU runs them as far as dots go: the candidate leg reads from the program compiled for
 the chip which of their dots stay on the MXU (rounded as the MXU rounds them) and which XLA fuses into f32
-multiply-reduces (computed in f32): :mod:`harness.xla_dots`. Every binding is forward only (a serving stack:
+multiply-reduces (computed in f32): :mod:`harness.compile.xla_dots`. Every binding is forward only (a serving stack:
 none has a backward). Refused, with the reason: what an entry point does not take (listed in each
 ``supports_*``), and the kernels' own input checks (an ``AssertionError``, ``ValueError`` or
 ``NotImplementedError`` raised by sgl_jax's source).

@@ -259,7 +259,7 @@ TESTS_RULE = {
     },
 }
 """The tolerances tops' own TPU tests (tests/ops/**/test_*_tpu.py and test_pallas_*.py at d7c3294) hold each entry
-point's forward to, as :mod:`harness.peer_report` applies them to the same rows (``peers.md``'s own rule): their
+point's forward to, as :mod:`harness.report.peer_report` applies them to the same rows (``peers.md``'s own rule): their
 ``compare_tensor`` (tests/utils.py) passes where ``np.allclose(ref, got, atol, rtol)`` holds or every element is
 within ``max_ulp`` bf16 ULPs (its default dtype). Their defaults per test function; a test's per-case overrides
 (e.g. gla.fused_recurrent's atol 5e-6 on two cases) are not applied."""

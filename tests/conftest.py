@@ -8,7 +8,7 @@ import os
 LONG_FIRST = ("test_smoke_e2e.py", "test_workers.py", "test_reference_varlen.py", "test_state_layout.py",
               "test_user_cases.py", "test_tpu_compile.py", "test_pytest_plugin.py")
 
-# The CLI's default is a worker process per CPU (harness.workers). Tests inject faults and fake legs into this
+# The CLI's default is a worker process per CPU (harness.app.workers). Tests inject faults and fake legs into this
 # process, which spawned workers would not see, and pytest-xdist already uses the cores: one process per test
 # unless a test asks for workers (--jobs N) itself.
 os.environ.setdefault("PARITY_JOBS", "1")

@@ -195,6 +195,6 @@ def apply_regression(setattr_, name: str, bits: int) -> list[str]:
 
 def unsettled(result):
     """The comparisons a gate did not pass: its failures and, where one draw cannot decide, its inconclusive
-    ones (harness.noise's sequential test). A fault is caught when it leaves one; more draws then decide it."""
+    ones (harness.core.noise's sequential test). A fault is caught when it leaves one; more draws then decide it."""
     parity = result.parity
     return parity[parity["verdict"].isin(["fail", "inconclusive"])]

@@ -6,7 +6,7 @@ regressions (seed 0) the class can reach, gates each case against the GPU rows o
 shipped policy, and raises ``bits`` from 7 until the gate first misses: the grade before is the smallest
 regression caught, assuming fewer bits never make a kernel more accurate. A grade stops at the first
 caught case. Caught means the gate, decided as ``parity all`` decides it, does not pass: a comparison one
-draw leaves inconclusive is decided by harness.noise's sequential test at 3, 8, then 24 draws of both
+draw leaves inconclusive is decided by harness.core.noise's sequential test at 3, 8, then 24 draws of both
 legs (the GPU leg's extra draws come from its baseline cache, or are run once and kept there), and counts
 as caught only if it fails, or is still undecided at the cap. So a comparison that is inconclusive on
 clean kernels too (a draw-0 ratio within its noise) catches nothing unless the fault moves it.
@@ -34,11 +34,11 @@ from faults import REGRESSIONS, apply_regression, unsettled  # noqa: E402
 
 from cases.suites import get_suite  # noqa: E402
 from harness.app import gate_case  # noqa: E402
-from harness.baseline_cache import BaselineCache  # noqa: E402
-from harness.policy import Policy, default_policy  # noqa: E402
-from harness.reference_cache import ReferenceCache  # noqa: E402
-from harness.results import atomic_write_text, read_results, write_csv  # noqa: E402
-from harness.runner import Runner  # noqa: E402
+from harness.run.baseline_cache import BaselineCache  # noqa: E402
+from harness.core.policy import Policy, default_policy  # noqa: E402
+from harness.run.reference_cache import ReferenceCache  # noqa: E402
+from harness.core.results import atomic_write_text, read_results, write_csv  # noqa: E402
+from harness.run.runner import Runner  # noqa: E402
 from harness.legs import make_leg
 
 REACHES = {"fp16 inputs at fewer bits": {"float16"}}

@@ -12,9 +12,9 @@ from cases.inputs import InputSpec
 from harness.ops import REGISTRY
 from harness.ops.base import (LegBinding, OpDescriptor, forward_tensors, grad_tensors, qkv_specs,
                               state_and_cotangent_specs)
-from harness.reference_cache import ReferenceCache
-from harness.runner import Runner
-from harness.status import Status
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import Runner
+from harness.core.status import Status
 from harness.legs import make_leg
 
 

@@ -1,4 +1,4 @@
-"""The baseline cache (harness/baseline_cache.py): what the GPU leg returned is served again only while
+"""The baseline cache (harness/run/baseline_cache.py): what the GPU leg returned is served again only while
 nothing it depends on has moved, is verified before use, and never holds a failed run.
 
 The GPU leg runs for real once (the smallest smoke case, emulated); every other test serves that
@@ -17,18 +17,18 @@ import pandas as pd
 import pytest
 
 import harness.emulation
-import harness.baseline_cache as gc
+import harness.run.baseline_cache as gc
 from cases.inputs import Inputs, inputs_sha256, make_inputs
 from cases.suites import get_suite
 from harness.cli import main
-from harness.baseline_cache import BaselineCache, BaselineCacheWarning
+from harness.run.baseline_cache import BaselineCache, BaselineCacheWarning
 from harness.legs.base import LegOutput
 from harness.legs.gpu import GpuLeg
 from harness.ops import get_op
 from harness.ops.base import LegBinding
-from harness.reference_cache import ReferenceCache
-from harness.results import rows_to_frame
-from harness.runner import Runner
+from harness.run.reference_cache import ReferenceCache
+from harness.core.results import rows_to_frame
+from harness.run.runner import Runner
 from harness.legs import make_leg
 
 pytest_plugins = ["pytester"]
@@ -114,7 +114,7 @@ def test_served_rows_are_judged_by_the_current_comparison_code(leg, real, tmp_pa
     """Rows are rebuilt from the cached output: a change of the metrics reaches served rows too."""
     _serve(monkeypatch, leg, real)
     before = _runner(leg, tmp_path).run_case(CASE)
-    import harness.runner as runner_module
+    import harness.run.runner as runner_module
 
     original = runner_module.compare
 
@@ -196,7 +196,7 @@ def test_key_follows_the_emulation_layer_and_the_gpu_leg_but_not_the_tpu_side(tm
     for moved in ("harness/emulation/dots.py", "harness/emulation/setup.py", "harness/legs/gpu.py",
                   "harness/legs/base.py", "harness/ops/base.py"):
         assert edited(moved) != base, moved
-    for unmoved in ("harness/legs/tpu.py", "harness/tpu_compile.py", "harness/metrics.py", "harness/gate.py"):
+    for unmoved in ("harness/legs/tpu.py", "harness/compile/tpu_compile.py", "harness/core/metrics.py", "harness/judge/gate.py"):
         assert edited(unmoved) == base, unmoved  # the TPU side and the judging code do not invalidate
 
 
@@ -416,7 +416,7 @@ def test_the_reference_legs_key_follows_the_references_not_fla_nor_the_tpu_side(
     for moved in ("references/simple_gla.py", "references/_varlen.py", "op_contract/ops.py", "cases/inputs.py",
                   "harness/legs/ref.py"):
         assert edited(moved) != base, moved
-    for unmoved in ("harness/emulation/dots.py", "harness/legs/gpu.py", "harness/legs/tpu.py", "harness/metrics.py"):
+    for unmoved in ("harness/emulation/dots.py", "harness/legs/gpu.py", "harness/legs/tpu.py", "harness/core/metrics.py"):
         assert edited(unmoved) == base, unmoved
     ref = BaselineCache(make_leg("ref"), directory=tmp_path / "c")
     assert ref.key(OP, CASE, INPUTS) not in (None, BaselineCache(make_leg("gpu"), directory=tmp_path / "c").key(

@@ -284,7 +284,7 @@ VOLATILE = {"timestamp", "wall_s", "details", "git_commit"}
 def _rows(case_id, batched, reference_cache):
     from harness.app import case_from_id
     from harness.legs import make_leg
-    from harness.runner import Runner
+    from harness.run.runner import Runner
 
     leg = make_leg("gpu", batched_grid=batched)
     return Runner(leg, reference_cache).run_case(case_from_id(case_id))
@@ -293,7 +293,7 @@ def _rows(case_id, batched, reference_cache):
 def _compare(case_id):
     import json
 
-    from harness.reference_cache import ReferenceCache
+    from harness.run.reference_cache import ReferenceCache
 
     refs = ReferenceCache(None)  # one reference for both runs
     seq, bat = _rows(case_id, False, refs), _rows(case_id, True, refs)

@@ -15,8 +15,8 @@ from harness import app, cli
 from harness.app import case_from_id
 from harness.legs import registry
 from harness.legs.base import Environment, Leg, LegOutput
-from harness.reference_cache import ReferenceCache
-from harness.runner import Runner, repro
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import Runner, repro
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "legs.md"
 CASE = "simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g=logsigmoid/16/C64"

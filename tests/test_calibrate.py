@@ -9,14 +9,14 @@ import pytest
 
 from cases.suites import get_suite, with_draws
 from harness.app import find_case
-from harness.calibrate import calibration_table, summary
+from harness.judge.calibrate import calibration_table, summary
 from harness.cli import main
-from harness.metrics import METRICS
-from harness.policy import Policy
-from harness.reference_cache import ReferenceCache
-from harness.results import rows_to_frame, write_csv
-from harness.result_file import result_name
-from harness.runner import Runner
+from harness.core.metrics import METRICS
+from harness.core.policy import Policy
+from harness.run.reference_cache import ReferenceCache
+from harness.core.results import rows_to_frame, write_csv
+from harness.run.result_file import result_name
+from harness.run.runner import Runner
 from test_runner_and_gate import CASE, FakeLeg
 
 
@@ -85,9 +85,9 @@ CHECKED_IN = Path(__file__).parents[1] / "reports" / "calibration" / "smoke-regr
 def test_the_shipped_policy_is_the_checked_in_calibration():
     """harness/policy.toml is `parity calibrate`'s policy.toml of the rows checked in under reports/, and
     re-deriving it from those rows gives the same margins and no false alarm on them."""
-    from harness.calibrate import derive_policy
-    from harness.policy import DEFAULT_POLICY_FILE, default_policy
-    from harness.results import read_results
+    from harness.judge.calibrate import derive_policy
+    from harness.core.policy import DEFAULT_POLICY_FILE, default_policy
+    from harness.core.results import read_results
 
     assert DEFAULT_POLICY_FILE.read_text() == (CHECKED_IN / "policy.toml").read_text()
     shipped = default_policy()

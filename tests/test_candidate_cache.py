@@ -1,4 +1,4 @@
-"""The candidate cache (harness/baseline_cache.py, the TPU leg): this project's kernels are served again only
+"""The candidate cache (harness/run/baseline_cache.py, the TPU leg): this project's kernels are served again only
 while every source their binding imports from the repository is unchanged, so an edit to one op's kernels
 re-runs that op's cases alone, and a served case keeps the compile facts of its clean preflight."""
 
@@ -7,15 +7,15 @@ import pathlib
 import pandas as pd
 import pytest
 
-import harness.baseline_cache as gc
+import harness.run.baseline_cache as gc
 from cases.inputs import make_inputs
 from cases.suites import get_suite
-from harness.baseline_cache import BaselineCache, source_closure
+from harness.run.baseline_cache import BaselineCache, source_closure
 from harness.legs import make_leg
 from harness.ops import REGISTRY as OPS, get_op
-from harness.reference_cache import ReferenceCache
-from harness.results import rows_to_frame
-from harness.runner import Runner
+from harness.run.reference_cache import ReferenceCache
+from harness.core.results import rows_to_frame
+from harness.run.runner import Runner
 
 ROOT = gc._ROOT
 
@@ -94,7 +94,7 @@ def _keys(tmp_path) -> dict[str, str]:
     ("kernels_tpu/common.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
     ("harness/legs/tpu.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
     ("harness/emulation/dots.py", set()),  # fla's emulation: not the TPU side
-    ("harness/gate.py", set()),  # the judging code: rows are rebuilt from served outputs
+    ("harness/judge/gate.py", set()),  # the judging code: rows are rebuilt from served outputs
 ])
 def test_a_one_line_edit_moves_exactly_the_keys_that_depend_on_it(tmp_path, monkeypatch, edited, moved):
     before = _keys(tmp_path)
@@ -195,10 +195,10 @@ def test_a_key_names_files_relative_to_the_repository_so_every_clone_computes_it
     file's name in a key is its path in the repository, never where the checkout lies."""
     import hashlib
 
-    from harness.baseline_cache import _hash_files, _name
+    from harness.run.baseline_cache import _hash_files, _name
 
-    gate, ops = ROOT / "harness/gate.py", ROOT / "harness/ops/base.py"
-    assert _name(gate) == "harness/gate.py" and _name(ROOT / "harness" / ".." / "harness/gate.py") == "harness/gate.py"
-    want = hashlib.sha256(b"harness/gate.py" + gate.read_bytes() + b"harness/ops/base.py" + ops.read_bytes())
+    gate, ops = ROOT / "harness/judge/gate.py", ROOT / "harness/ops/base.py"
+    assert _name(gate) == "harness/judge/gate.py" and _name(ROOT / "harness" / ".." / "harness/judge/gate.py") == "harness/judge/gate.py"
+    want = hashlib.sha256(b"harness/judge/gate.py" + gate.read_bytes() + b"harness/ops/base.py" + ops.read_bytes())
     assert _hash_files([ops, str(gate), gate]) == want.hexdigest()  # sorted by name, each file once
     assert _name("/usr/lib/os.py") == "/usr/lib/os.py"  # outside the repository: its full path

@@ -3,7 +3,7 @@ import numpy as np
 from cases.case import Case, Gate
 from cases.inputs import make_inputs
 from cases.suites import get_suite
-from harness.causality import causality_cases, check_case, default_t0, perturb_future
+from harness.probes.causality import causality_cases, check_case, default_t0, perturb_future
 from harness.legs.base import LegOutput
 from harness.legs.ref import RefLeg
 from harness.ops import get_op
@@ -75,7 +75,7 @@ def test_unsupported_rows_carry_reason_and_input_hash():
 
 
 def test_a_long_case_is_checked_cut_to_three_chunks_keeping_its_last_chunk():
-    from harness.causality import bounded_case
+    from harness.probes.causality import bounded_case
 
     long = CASE.replace(T=1000, chunk_size=64)
     assert bounded_case(long).T == 2 * 64 + 1000 % 64 == 168  # two whole chunks, then its own partial one

@@ -2,7 +2,7 @@
 this checkout.
 
 A record whose key no longer matches is not wrong, only stale: CI then runs the sweep for real, which is correct but
-costs ten minutes and breaks CI's time budget (this happened at an edit of ``harness/runner.py``, a compile source).
+costs ten minutes and breaks CI's time budget (this happened at an edit of ``harness/run/runner.py``, a compile source).
 These tests say so at ``pytest`` time, with the command that refreshes the record, instead of an hour later in CI.
 Each record is checked only on the stack it was made on (its versions are part of its key)."""
 
@@ -21,11 +21,11 @@ def _stale_compile_rows(record: Path) -> tuple[list[str], int] | None:
     """The ``case [target]`` of every ``ok`` row of ``record`` whose content key this checkout would not give,
     and how many ``ok`` rows there are; None when the record was made on another stack than the installed one."""
     from harness.app import case_from_id
-    from harness.compile_cases import ContentKeys
+    from harness.probes.compile_cases import ContentKeys
     from harness.legs import default_leg, make_leg
-    from harness.reference_cache import ReferenceCache
-    from harness.runner import Runner
-    from harness.tpu_compile import versions
+    from harness.run.reference_cache import ReferenceCache
+    from harness.run.runner import Runner
+    from harness.compile.tpu_compile import versions
 
     df = pd.read_csv(record, dtype=str, keep_default_na=False)
     installed = versions()

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from harness.cli import _selection, build_parser
-from harness.result_file import result_name
-from harness.runner import parse_shard
+from harness.run.result_file import result_name
+from harness.run.runner import parse_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "ci" / "github"

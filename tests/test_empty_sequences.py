@@ -12,8 +12,8 @@ from cases.case import Case, Gate
 from cases.inputs import Inputs, make_inputs
 from harness.legs import make_leg
 from harness.ops import get_op
-from harness.reference_cache import ReferenceCache
-from harness.runner import Runner
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import Runner
 
 LENS = (0, 13, 0, 21)  # empty first and between, as fla's [0, 0, 16] and more
 OPTIONS = {"kda": (("use_beta_sigmoid_in_kernel", True),), "gdn": (("use_qk_l2norm_in_kernel", True),)}

@@ -14,12 +14,12 @@ import pytest
 
 from cases.case import Case, Gate
 from cases.suites import alibi
-from harness.gate import apply_gate
+from harness.judge.gate import apply_gate
 from harness.ops import get_op
-from harness.policy import Policy
-from harness.reference_cache import ReferenceCache
-from harness.results import rows_to_frame
-from harness.runner import Runner
+from harness.core.policy import Policy
+from harness.run.reference_cache import ReferenceCache
+from harness.core.results import rows_to_frame
+from harness.run.runner import Runner
 from harness.legs import make_leg
 
 

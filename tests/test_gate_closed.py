@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
-from harness.results import read_results, write_csv
-from harness.result_file import ResultFile
-from harness.runner import Runner
+from harness.core.results import read_results, write_csv
+from harness.run.result_file import ResultFile
+from harness.run.runner import Runner
 from test_runner_and_gate import CASE, FakeLeg, _frame
 
 SMALL = "simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g=logsigmoid/16/C64"  # a small suite case (regressions)
@@ -37,8 +37,8 @@ def files(tmp_path):
 
 
 def _rows(leg, case):
-    from harness.reference_cache import ReferenceCache
-    from harness.results import rows_to_frame
+    from harness.run.reference_cache import ReferenceCache
+    from harness.core.results import rows_to_frame
 
     return rows_to_frame(Runner(FakeLeg(leg), ReferenceCache(None)).run_case(case))
 
@@ -106,7 +106,7 @@ def test_a_check_file_is_locked_and_replaces_only_its_own_leg(tmp_path):
 
     import pandas as pd
 
-    from harness.result_file import write_check_file
+    from harness.run.result_file import write_check_file
 
     rows = pd.DataFrame({"case_id": ["c"], "leg": ["ref"], "check": ["causality"], "status": ["ok"]})
     path = write_check_file(rows, tmp_path / "causality-ref.csv", "ref")
@@ -235,7 +235,7 @@ def test_a_nonzero_result_against_an_all_zero_reference_is_a_bound_row_the_files
     """rel_l2 = inf (docs/definitions.md): fla's dg at T = 1, where the reference's is exactly 0. The row is
     ``bound`` with no blocks; the file takes it and the gate judges the case, instead of the run's file being
     refused. An ``ok`` row cannot have it."""
-    from harness.metrics import compare
+    from harness.core.metrics import compare
 
     row = compare(np.array([1e-9, 0.0]), np.zeros(2), "float32")
     assert row["rel_l2"] == np.inf and row["rel_l2_blocks"] == ""

@@ -21,8 +21,8 @@ from harness.app import case_from_id, load_cases
 from harness.legs import make_leg
 from harness.legs.tpu import kernel_refusal
 from harness.ops import get_op
-from harness.reference_cache import ReferenceCache
-from harness.runner import Runner
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import Runner
 
 SCALAR = "simple_gla.chunk/B2-T40-H4-K16-V16/fp32/g_gamma[]=const(-0.5)/C16/h0,dht"
 PER_HEAD_K = "gla.chunk/B2-T32-H4-K32-V64/fp32/g_gamma[H,K]=halfnormal/10/C32/h0"

@@ -107,12 +107,12 @@ def test_its_gate_report_names_it_a_gpu_candidate_not_a_tpu_kernel(gpu_impl):
     and TPU), say what a GPU candidate's verdict means, and claim no TPU compile."""
     import json
 
-    from harness.gate import apply_gate
-    from harness.policy import Policy
-    from harness.reference_cache import ReferenceCache
-    from harness.reports import markdown
-    from harness.results import rows_to_frame
-    from harness.runner import Runner
+    from harness.judge.gate import apply_gate
+    from harness.core.policy import Policy
+    from harness.run.reference_cache import ReferenceCache
+    from harness.report.reports import markdown
+    from harness.core.results import rows_to_frame
+    from harness.run.runner import Runner
 
     cand = rows_to_frame(Runner(registry.make_leg("gpu-kernels"), ReferenceCache(None)).run_case(case_from_id(CASE)))
     base = cand.assign(leg="gpu", settings="{}", versions=json.dumps({registry.version_key("gpu"): "a version"}))

@@ -10,7 +10,7 @@ import pytest
 import pandas as pd
 
 from harness.app import gate_case
-from harness.runner import FAILING_STATUSES
+from harness.run.runner import FAILING_STATUSES
 
 
 def _failures(rows):

@@ -18,12 +18,12 @@ import pytest
 from matplotlib import colormaps
 from matplotlib.colors import to_rgb
 
-from harness import html_report
+from harness.report import html_report
 from harness.cli import main
-from harness.gate import apply_gate
-from harness.metrics import format_blocks, parse_blocks
-from harness.policy import default_policy
-from harness.results import read_table, write_csv
+from harness.judge.gate import apply_gate
+from harness.core.metrics import format_blocks, parse_blocks
+from harness.core.policy import default_policy
+from harness.core.results import read_table, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLDOUT = ROOT / "reports" / "calibration" / "smoke-seeds5-9-holdout"

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
-from harness.gate import apply_gate
-from harness.junit import GATE_CLASSNAME, junit_tree, write_junit
-from harness.policy import Policy
-from harness.results import ReportError, write_csv
+from harness.judge.gate import apply_gate
+from harness.report.junit import GATE_CLASSNAME, junit_tree, write_junit
+from harness.core.policy import Policy
+from harness.core.results import ReportError, write_csv
 from test_runner_and_gate import CASE, _frame
 
 

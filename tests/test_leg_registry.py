@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline_cache import cached
+from harness.run.baseline_cache import cached
 from harness.legs import make_leg
 from harness.legs.registry import BUILTIN, default_leg, leg_spec, role_of
 

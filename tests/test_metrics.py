@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.metrics import compare, rel_l2, ulp, ulp_error
+from harness.core.metrics import compare, rel_l2, ulp, ulp_error
 
 
 @pytest.mark.parametrize("dtype, r, expected", [

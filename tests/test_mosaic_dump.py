@@ -13,9 +13,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from harness import mosaic_dump, tpu_compile
-from harness.mosaic_dump import MISMATCH, UNVERIFIED, VERIFIED, Dot, DumpDir, DumpError, llo_phases, mismatch
-from harness.tpu_compile import compile_for
-from harness.tpu_env import MOSAIC_DUMP_OWNER, dump_mosaic_passes
+from harness.compile.mosaic_dump import MISMATCH, UNVERIFIED, VERIFIED, Dot, DumpDir, DumpError, llo_phases, mismatch
+from harness.compile.tpu_compile import compile_for
+from harness.compile.tpu_env import MOSAIC_DUMP_OWNER, dump_mosaic_passes
 from kernels_tpu import mxu
 from kernels_tpu.mxu import BF16, HI8, LO8, MID8, NEAREST
 

@@ -1,4 +1,4 @@
-"""parity mxu-probe (harness/mxu_probe.py): the bit-level hypotheses on hand-computed values, the probe set's
+"""parity mxu-probe (harness/probes/mxu_probe.py): the bit-level hypotheses on hand-computed values, the probe set's
 power to tell every hypothesis apart, and the dry run end to end (interpret mode with the MXU model), with a
 fault in the model that the probe must name."""
 
@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness import mxu_probe as mp
+from harness.probes import mxu_probe as mp
 
 
 def f32(*bits):

@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.calibrate import CALIBRATION_COLUMNS, derive_policy
-from harness.metrics import ERROR_BLOCKS, compare, format_blocks, parse_blocks, rel_l2_blocks
-from harness.noise import (BOOTSTRAP_MIN_ELEMENTS, LOOKS, RESAMPLES, next_look, pooled_decision, pooled_looks,
+from harness.judge.calibrate import CALIBRATION_COLUMNS, derive_policy
+from harness.core.metrics import ERROR_BLOCKS, compare, format_blocks, parse_blocks, rel_l2_blocks
+from harness.core.noise import (BOOTSTRAP_MIN_ELEMENTS, LOOKS, RESAMPLES, next_look, pooled_decision, pooled_looks,
                            sequential_decision, ratio_lower_bound, ratio_replicates,
                            resample_indices)
-from harness.policy import DEFAULT_POLICY_FILE, MarginRule, Policy, default_policy, policy_from_options
+from harness.core.policy import DEFAULT_POLICY_FILE, MarginRule, Policy, default_policy, policy_from_options
 
 
 def test_blocks_split_rel_l2_squared_over_contiguous_blocks():
@@ -177,8 +177,8 @@ def _with_tpu_blocks(tpu: pd.DataFrame, tensor: str, blocks: np.ndarray) -> pd.D
 
 
 def test_the_gate_reports_what_the_bootstrap_cleared_and_what_it_did_not():
-    from harness.gate import apply_gate
-    from harness.reports import markdown
+    from harness.judge.gate import apply_gate
+    from harness.report.reports import markdown
     from test_runner_and_gate import _frame
 
     gpu, tpu = _frame("gpu"), _frame("gpu").assign(leg="tpu")
@@ -252,7 +252,7 @@ def test_the_pooled_test_fails_a_clean_kernel_at_most_alpha_of_the_time():
 def _gate_draws(ratios, numel, policy):
     """The gate over one case's draws, draw d's tensor ``o`` every block ``ratios[d]`` times the baseline's
     error (so the block bootstrap confirms the ratio), every tensor ``numel`` elements (None: as made)."""
-    from harness.gate import apply_gate
+    from harness.judge.gate import apply_gate
     from test_runner_and_gate import _frame
 
     gpu, tpu = [], []
@@ -272,7 +272,7 @@ def _gate_draws(ratios, numel, policy):
 
 
 def test_the_gate_pools_the_draws_in_the_files():
-    from harness.gate import apply_gate
+    from harness.judge.gate import apply_gate
     from test_runner_and_gate import _frame
 
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
@@ -349,8 +349,8 @@ def test_parity_all_redraws_for_the_undecided_comparisons_only(tmp_path, monkeyp
     say so, and leave dq passed although dq's new draws are 3x (each a failure if judged alone). With
     --max-draws 1 nothing is drawn and o stays inconclusive."""
     from harness import cli
-    from harness.gate import apply_gate
-    from harness.results import write_csv
+    from harness.judge.gate import apply_gate
+    from harness.core.results import write_csv
     from test_runner_and_gate import CASE, _frame
 
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
@@ -399,7 +399,7 @@ def test_parity_all_redraws_for_the_undecided_comparisons_only(tmp_path, monkeyp
 
 def test_a_reason_prints_its_numbers_apart():
     """Issue 48: a bound just past its limit never reads "1.05 > 1.05"; equal numbers print alike."""
-    from harness.gate import _apart
+    from harness.judge.gate import _apart
 
     assert _apart(1.05004, 1.05) == ("1.05004", "1.05")
     assert _apart(1.068, 1.053) == ("1.068", "1.053")  # four digits suffice

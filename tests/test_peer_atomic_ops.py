@@ -77,7 +77,7 @@ def test_on_a_tpu_host_it_builds_four_kernels_for_mosaic_and_o_is_compared_in_th
     from harness.legs.external import tpu_host
     from harness.legs.tpu import NATIVE
     from harness.ops import get_op
-    from harness.tpu_compile import traced_kernels
+    from harness.compile.tpu_compile import traced_kernels
 
     c = case_from_id(CASE.format(T=128, K=128, V=128))
     arrays = {name: jax.ShapeDtypeStruct(shape, dtype)

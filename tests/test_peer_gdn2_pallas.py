@@ -98,7 +98,7 @@ def test_what_does_not_map_is_refused_with_its_reason(impl, case):
 def _kernels(fn, *shapes) -> int:
     import jax
 
-    from harness.tpu_compile import kernel_equations
+    from harness.compile.tpu_compile import kernel_equations
 
     jax.clear_caches()  # a trace cached under the other runtime would answer for this one
     return kernel_equations(jax.make_jaxpr(fn)(*shapes))

@@ -1,4 +1,4 @@
-"""The own-tests rule of peers.md (harness.peer_report): declared by each implementation (its ``tests_rule``,
+"""The own-tests rule of peers.md (harness.report.peer_report): declared by each implementation (its ``tests_rule``,
 recorded in its rows' settings), read back from the rows, and applied to the same numbers; none declared, no
 value. tpu-inference's declared rule gives its committed report's own-rule column unchanged."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.peer_report import own_rule, peer_markdown, peer_table, rule_for
-from harness.policy import default_policy
+from harness.report.peer_report import own_rule, peer_markdown, peer_table, rule_for
+from harness.core.policy import default_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 SG = "simple_gla.chunk/B1-T{T}-H1-K128-V128/bf16/g_gamma=alibi(L32,l0)/C64/h0,dht"
@@ -78,7 +78,7 @@ def frames(rule_of):
 
 @pytest.fixture
 def table(monkeypatch):
-    import harness.peer_report as pr
+    import harness.report.peer_report as pr
 
     class Gate:  # the gate is not what these tests are about
         def __init__(self, cand):

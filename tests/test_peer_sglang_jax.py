@@ -77,7 +77,7 @@ def test_mapped_cases_match_the_float64_reference_at_bf16_level(rows):
 
 def test_pure_jax_dots_run_where_the_compiled_program_runs_them(rows):
     """XLA:TPU fuses the decode step's two einsums into f32 multiply-reduces (no MXU instruction): the emulated run
-    computes them in f32, so fp32 decode lands at f32's error, not at a bf16 pass's (harness/xla_dots.py). The
+    computes them in f32, so fp32 decode lands at f32's error, not at a bf16 pass's (harness/compile/xla_dots.py). The
     chunked prefill keeps its matmuls on the MXU, and they are rounded."""
     import json
 

@@ -1,4 +1,4 @@
-"""The table of every peer (harness/peer_table.py, ``parity peers``): its numbers on hand-made rows, the committed
+"""The table of every peer (harness/report/peer_table.py, ``parity peers``): its numbers on hand-made rows, the committed
 page against the committed rows, and what it never overwrites."""
 
 import math
@@ -9,7 +9,7 @@ import pytest
 
 from cases.case import Case
 from harness.cli import main
-from harness.peer_table import cell, gate_form, summarize, variant_label
+from harness.report.peer_table import cell, gate_form, summarize, variant_label
 
 ROOT = Path(__file__).resolve().parents[1] / "reports" / "peers"
 
@@ -72,7 +72,7 @@ def test_it_never_overwrites_a_page_it_did_not_write(tmp_path, capsys):
 
 
 def test_the_compile_table_counts_pallas_kernels_and_names_the_stack():
-    from harness.peer_table import compile_counts
+    from harness.report.peer_table import compile_counts
 
     versions = '{"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": "0.0.42.1", "peer": "peer 1.0"}'
     rows = pd.DataFrame([

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from harness.legs.registry import role_of
-from harness.policy import BOUNDS, Bound, Policy, bound_for, parse_floors
+from harness.core.policy import BOUNDS, Bound, Policy, bound_for, parse_floors
 
 
 def test_most_specific_bound_wins():

@@ -12,11 +12,11 @@ import pytest
 
 from faults import REGRESSIONS, round_fraction, unsettled
 from harness.app import find_case
-from harness.gate import apply_gate
-from harness.policy import default_policy
-from harness.reference_cache import ReferenceCache
-from harness.results import rows_to_frame
-from harness.runner import Runner
+from harness.judge.gate import apply_gate
+from harness.core.policy import default_policy
+from harness.run.reference_cache import ReferenceCache
+from harness.core.results import rows_to_frame
+from harness.run.runner import Runner
 from power import caught_at
 from harness.legs import make_leg
 
@@ -99,7 +99,7 @@ def test_the_strong_decay_class_is_caught_on_the_suites(baselines, monkeypatch):
     result = caught_at("products at fewer bits", 16, [case], gpu[STRONG_FP16], policy, cache)
     assert result["caught"] and result["tensor"] == "ht", result
     monkeypatch.setitem(mxu.F32_DOT_PRECISION, "float16", mxu.BF16X3)
-    # one draw decides it: ht has 16384 elements, where the block bootstrap is trusted (harness.noise)
+    # one draw decides it: ht has 16384 elements, where the block bootstrap is trusted (harness.core.noise)
     before = gate()
     assert not before.passed and set(before.failures["tensor"]) == {"ht"}, unsettled(before)
 
@@ -111,8 +111,8 @@ def test_a_catch_is_decided_over_draws_as_parity_all_decides_it():
     from test_noise import _with_tpu_blocks
     from test_runner_and_gate import CASE, _frame
 
-    from harness.metrics import parse_blocks
-    from harness.policy import Policy
+    from harness.core.metrics import parse_blocks
+    from harness.core.policy import Policy
     from harness.app import gate_case
 
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)

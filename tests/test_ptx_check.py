@@ -528,7 +528,7 @@ def test_a_missing_or_unreadable_record_is_exit_2_with_one_line(current, tmp_pat
 
 
 def test_the_content_key_covers_the_code_the_cases_and_versions(current, monkeypatch):
-    from harness.baseline_cache import binding_fingerprint, sources_fingerprint
+    from harness.run.baseline_cache import binding_fingerprint, sources_fingerprint
     from harness.cli import ptx_leg_inputs
     from harness.legs import make_leg
     from harness.ops import get_op
@@ -579,7 +579,7 @@ def test_an_edit_to_the_emulation_or_a_gpu_binding_moves_the_key_and_one_to_a_tp
 
     real = pathlib.Path.read_bytes
     before = ptx.content_key(["--suite", "smoke"], TARGETS, leg_inputs=smoke_leg())["key"]
-    for edited, moves in (("kernels_tpu/kda/chunk.py", False), ("harness/gate.py", False),
+    for edited, moves in (("kernels_tpu/kda/chunk.py", False), ("harness/judge/gate.py", False),
                           ("harness/emulation/dots.py", True), ("harness/ops/kda.py", True),
                           ("harness/legs/gpu.py", True)):
         target = (ROOT / edited).resolve()

@@ -68,7 +68,7 @@ def test_counting_uncompared_rows_reads_a_file_without_reasons_quietly(tmp_path,
     """A result file whose reasons are all empty (every row ok) is read without a warning: pandas would read the
     column as floats, and filling those with "" warns (Pandas4Warning)."""
     from harness.pytest_plugin import _uncompared_rows
-    from harness.status import FORWARD_ONLY, NO_GRADIENT
+    from harness.core.status import FORWARD_ONLY, NO_GRADIENT
 
     path = tmp_path / "rows.csv"
     pd.DataFrame({"tensor": ["o", "dq"], "reason": [None, None]}).to_csv(path, index=False)

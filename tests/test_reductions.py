@@ -12,11 +12,11 @@ import pytest
 
 from cases.case import Case
 from cases.inputs import make_inputs
-from harness.metrics import condition_number, rel_l2
+from harness.core.metrics import condition_number, rel_l2
 from harness.ops import get_op
 from harness.ops.reductions import magnitude_name, magnitudes, reduction_of, trailing
-from harness.policy import BOUNDS, CONTRIBUTIONS, REFERENCE, Bound, bound_for
-from harness.reference_cache import ReferenceCache
+from harness.core.policy import BOUNDS, CONTRIBUTIONS, REFERENCE, Bound, bound_for
+from harness.run.reference_cache import ReferenceCache
 
 BF16_SUM = bound_for("simple_gla", "dg_gamma", "bfloat16", "candidate", over=CONTRIBUTIONS)
 
@@ -72,7 +72,7 @@ def test_one_percent_scale_fault_fails_where_the_sum_does_not_cancel():
 def test_a_zero_gradient_fails_however_much_the_terms_cancel():
     """Terms that cancel 138-fold (tests/test_fault_injection.py's gla case): zero is 0.72 % of the terms, within
     the bound over them, but its rel_l2 is 1, over GROSS_REL_L2."""
-    from harness.policy import GROSS_REL_L2
+    from harness.core.policy import GROSS_REL_L2
 
     y, a = np.float64(-3928.7), np.float64(3928.7 * 138)
     assert rel_l2(np.float64(0.0), y) / condition_number(y, a) < BF16_SUM.rel_l2
@@ -179,7 +179,7 @@ def test_cancelled_case_passes_clean_and_fails_a_one_percent_fault(seed):
     the terms' magnitudes in the kernels' dg_gamma fails it, there and on draw 100 (kappa 3.4)."""
     from harness.legs.registry import make_leg
     from harness.ops import REGISTRY
-    from harness.runner import Runner
+    from harness.run.runner import Runner
 
     case = Case.from_id(CANCELLED).replace(seed=seed)
     op = REGISTRY[case.op]

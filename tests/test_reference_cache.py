@@ -6,12 +6,12 @@ import warnings
 import numpy as np
 import pytest
 
-import harness.reference_cache as rc
+import harness.run.reference_cache as rc
 from cases.case import Case
 from cases.inputs import make_inputs
 from harness.ops import get_op
-from harness.reference_cache import ReferenceCache, ReferenceCacheWarning
-from harness.runner import Runner
+from harness.run.reference_cache import ReferenceCache, ReferenceCacheWarning
+from harness.run.runner import Runner
 from harness.legs import make_leg
 
 CASE = Case("simple_gla", "chunk", B=1, T=16, H=1, K=8, V=8, dtype="float32", chunk_size=16)

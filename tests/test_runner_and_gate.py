@@ -8,15 +8,15 @@ import pytest
 from cases.case import Case, Gate
 from cases.inputs import make_inputs
 from harness.cli import main
-from harness.gate import GateInputError, apply_gate
+from harness.judge.gate import GateInputError, apply_gate
 from harness.legs import leg_spec, make_leg
 from harness.legs.base import Environment, Leg, LegOutput
 from harness.ops import get_op
-from harness.policy import Policy
-from harness.reference_cache import ReferenceCache
-from harness.results import read_results, rows_to_frame, settings_values, write_csv
-from harness.runner import Runner
-from harness.workers import Workers
+from harness.core.policy import Policy
+from harness.run.reference_cache import ReferenceCache
+from harness.core.results import read_results, rows_to_frame, settings_values, write_csv
+from harness.run.runner import Runner
+from harness.app.workers import Workers
 
 CASE = Case("simple_gla", "chunk", B=1, T=16, H=2, K=8, V=8, dtype="float32", gate=Gate(), chunk_size=8,
             h0=True, dht=True)
@@ -82,7 +82,7 @@ def test_unsupported_and_error_rows_do_not_stop_the_run():
     assert {r["status"] for r in rows.values()} == {"unsupported"}
     # an invalid case is an error row too, and the run goes on to the next case
     bad = CASE.replace(variant="nope")
-    all_rows = []  # through the command's own loop (harness.workers), in this process
+    all_rows = []  # through the command's own loop (harness.app.workers), in this process
     Workers(1).run(Runner(FakeLeg(), ReferenceCache(None)), {}, [bad, CASE],
                    on_case=lambda case, rows: all_rows.extend(rows))
     assert all_rows[0]["status"] == "error" and "variant" in all_rows[0]["reason"]
@@ -250,7 +250,7 @@ def test_parity_all_gates_each_candidate_on_the_draws_it_ran():
 def test_an_error_carrying_a_callbacks_traceback_is_named_by_the_inner_exception():
     """jax's CpuCallback errors embed the traceback of what a callback raised (Pallas's TPU interpreter checks
     run as callbacks): the row's reason is that exception, not the first frame of its traceback."""
-    from harness.runner import _short_error
+    from harness.run.runner import _short_error
 
     inner = ("INTERNAL: CpuCallback error calling callback: Traceback (most recent call last):\n"
              '  File "/x/callback.py", line 816, in _wrapped_callback\n'
@@ -279,12 +279,12 @@ def test_a_new_case_drops_the_compiles_when_mappings_run_short_and_a_new_draw_ke
     differs in more than its seed, and only once the mappings pass half the limit."""
     import jax
 
-    import harness.runner
+    import harness.run.runner
 
-    assert 0 < harness.runner.mapping_share() < 0.5  # this process's own, read from /proc
+    assert 0 < harness.run.runner.mapping_share() < 0.5  # this process's own, read from /proc
     cleared, share = [], [0.4]
     monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
-    monkeypatch.setattr(harness.runner, "mapping_share", lambda: share[0])
+    monkeypatch.setattr(harness.run.runner, "mapping_share", lambda: share[0])
     runner = Runner(FakeLeg(), ReferenceCache(None))
     other = CASE.replace(T=24)
     for case, at, clears in [(CASE.replace(seed=500), 0.4, 0), (other, 0.4, 0),  # a short run keeps its compiles

@@ -225,7 +225,7 @@ def test_legs_keep_unwritten_slots_bit_for_bit(leg):
 
 
 def test_gate_parameter_gradient_is_the_sum_the_bound_describes():
-    """The reference's dA_log is the sum harness.policy's bf16 dA_log bound reasons about, sum of dg * (g + dt_bias)
+    """The reference's dA_log is the sum harness.core.policy's bf16 dA_log bound reasons about, sum of dg * (g + dt_bias)
     over tokens and channels (the in-kernel gate lower_bound * sigmoid(exp(A_log) (g + dt_bias))), to 1e-12."""
     case = next(c for c in serving_cases() if c.op == "kda" and "pool" in c.opt and "decode" not in c.opt)
     op = REGISTRY["kda"]
@@ -249,9 +249,9 @@ def test_the_peers_serving_cases_file_is_the_suites_serving_cases():
 
 
 def test_the_wrapped_functions_a_cache_hashes_name_the_ops_modules():
-    """A leg's cache keys on the files its functions come from (harness.baseline_cache.binding_fingerprint): the
+    """A leg's cache keys on the files its functions come from (harness.run.baseline_cache.binding_fingerprint): the
     served wrappers lead it to the op's own modules, and serving.py is hashed for every leg besides."""
-    from harness.baseline_cache import _COMMON, _source_file
+    from harness.run.baseline_cache import _COMMON, _source_file
 
     kda = REGISTRY["kda"]
     assert _source_file(kda.differentiable).endswith("harness/ops/delta_rule.py")

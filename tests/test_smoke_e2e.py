@@ -13,9 +13,9 @@ import pytest
 from cases.case import Case
 from cases.suites import get_suite
 from harness.cli import main
-from harness.gate import apply_gate
+from harness.judge.gate import apply_gate
 from harness.ops import get_op
-from harness.policy import default_policy
+from harness.core.policy import default_policy
 from kernels_tpu.mxu import F32_DOT_PRECISION, PASSES
 
 SMOKE = get_suite("smoke")

@@ -15,8 +15,8 @@ from harness.app import case_from_id
 from harness.legs import make_leg
 from harness.ops import get_op
 from harness.ops.base import STATE_TENSORS, state_k_first
-from harness.reference_cache import ReferenceCache
-from harness.runner import Runner
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import Runner
 
 OPTIONS = {"kda": (("use_beta_sigmoid_in_kernel", True), ("use_qk_l2norm_in_kernel", True)),
            "gdn": (("use_beta_sigmoid_in_kernel", True),)}

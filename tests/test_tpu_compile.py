@@ -14,16 +14,16 @@ from jax.experimental import pallas as pl
 from cases.case import Case, Gate
 from cases.suites import get_suite
 from harness.cli import main
-from harness.gate import apply_gate
-from harness.reports import compiled_note
+from harness.judge.gate import apply_gate
+from harness.report.reports import compiled_note
 from harness.legs import make_leg
 from harness.ops import get_op
-from harness.policy import Policy
-from harness.reference_cache import ReferenceCache
-from harness.results import rows_to_frame
-from harness.runner import Runner
-from harness.compile_cases import case_rows
-from harness.tpu_compile import (COMPILE_DEFAULT_TARGETS, ERROR_CHARS, TARGETS, CompileResult, Kernels, compile_for,
+from harness.core.policy import Policy
+from harness.run.reference_cache import ReferenceCache
+from harness.core.results import rows_to_frame
+from harness.run.runner import Runner
+from harness.probes.compile_cases import case_rows
+from harness.compile.tpu_compile import (COMPILE_DEFAULT_TARGETS, ERROR_CHARS, TARGETS, CompileResult, Kernels, compile_for,
                                  first_error_line, libtpu_version, mosaic_kernels, parse_targets, traced_kernels)
 
 
@@ -95,7 +95,7 @@ def test_compile_verb_writes_compile_csv_and_fails_on_an_error(tmp_path, monkeyp
     assert {"compile_s", "error", "mem_temp_bytes", "hbm_bytes", "jax", "jaxlib", "libtpu"} <= set(df.columns)
     assert main(["compile", "--case", case.id, "--target", "v9", "--out", str(tmp_path)]) == 2
 
-    import harness.compile_cases as tc  # parity compile calls compile_for from here
+    import harness.probes.compile_cases as tc  # parity compile calls compile_for from here
 
     def refuse(fn, args, target):
         return CompileResult(target, "error", 0.01, error="MosaicError: INTERNAL: Mosaic failed to compile")
@@ -312,7 +312,7 @@ def _compile_keys(edited: str | None, monkeypatch) -> dict[str, str]:
     """Each op's content key of its smallest smoke case on v6e, after a one-line edit of ``edited``."""
     import pathlib
 
-    from harness.compile_cases import ContentKeys
+    from harness.probes.compile_cases import ContentKeys
 
     if edited is not None:
         target, real = (pathlib.Path(__file__).resolve().parents[1] / edited).resolve(), pathlib.Path.read_bytes
@@ -328,10 +328,10 @@ def _compile_keys(edited: str | None, monkeypatch) -> dict[str, str]:
     ("kernels_tpu/gdn2/chunk.py", {"gdn2"}),
     ("kernels_tpu/gla/fused.py", {"gla"}),
     ("kernels_tpu/mxu.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),  # the MXU model: every dot's passes
-    ("harness/mosaic_dump.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),  # how Mosaic's passes are read
-    ("harness/compile_cases.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
-    ("harness/runner.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),  # validation, inputs, supports
-    ("harness/gate.py", set()),  # judging: no compile row depends on it
+    ("harness/compile/mosaic_dump.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),  # how Mosaic's passes are read
+    ("harness/probes/compile_cases.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
+    ("harness/run/runner.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),  # validation, inputs, supports
+    ("harness/judge/gate.py", set()),  # judging: no compile row depends on it
 ])
 def test_a_compile_rows_content_key_moves_with_exactly_what_the_row_was_made_from(monkeypatch, edited, moved):
     before = _compile_keys(None, monkeypatch)
@@ -341,7 +341,7 @@ def test_a_compile_rows_content_key_moves_with_exactly_what_the_row_was_made_fro
 
 
 def test_a_compile_rows_content_key_names_its_target_and_libtpu(monkeypatch):
-    from harness.compile_cases import ContentKeys
+    from harness.probes.compile_cases import ContentKeys
 
     import harness.legs.tpu as tpu_leg
 
@@ -360,7 +360,7 @@ def test_a_compile_rows_content_key_names_its_target_and_libtpu(monkeypatch):
 
 
 def test_compile_reuse_serves_rows_whose_key_is_unchanged_and_compiles_the_rest(tmp_path, monkeypatch, capsys):
-    import harness.compile_cases as tc
+    import harness.probes.compile_cases as tc
 
     case = min(get_suite("smoke"), key=lambda c: (c.B * c.T * c.H * (c.K + c.V), c.id))
     first = tmp_path / "first"

@@ -1,10 +1,10 @@
-"""A silent start: libtpu's defaults (harness.tpu_env) and a clean stderr from a real command."""
+"""A silent start: libtpu's defaults (harness.compile.tpu_env) and a clean stderr from a real command."""
 
 import os
 import subprocess
 import sys
 
-from harness.tpu_env import MOSAIC_DUMP_OWNER, WITHOUT_A_TPU, prepare_environment, tpu_attached
+from harness.compile.tpu_env import MOSAIC_DUMP_OWNER, WITHOUT_A_TPU, prepare_environment, tpu_attached
 
 
 def test_defaults_without_a_tpu_keep_what_the_user_set(tmp_path):

@@ -11,7 +11,7 @@ from jax.experimental import pallas as pl
 
 from harness.legs import external
 from harness.legs.external import ExternalLeg, tpu_host
-from harness.tpu_compile import compile_for, libtpu_version
+from harness.compile.tpu_compile import compile_for, libtpu_version
 
 pytestmark = pytest.mark.skipif(libtpu_version() is None, reason="needs libtpu (the cpu or tpu extra)")
 

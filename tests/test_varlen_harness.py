@@ -17,14 +17,14 @@ import pytest
 from cases.case import Case, Gate
 from cases.inputs import make_inputs
 from cases.suites import DECODE, SMOKE_LENS, get_suite
-from harness.causality import (causality_cases, check_case, default_t0, isolation_seqs, isolation_tensors,
+from harness.probes.causality import (causality_cases, check_case, default_t0, isolation_seqs, isolation_tensors,
                                perturb_future, perturb_sequence)
 from harness.legs.base import LegOutput
 from harness.legs.ref import RefLeg
 from harness.ops import get_op
 from harness.ops.base import LegBinding, call_tpu_kernel
-from harness.reference_cache import ReferenceCache
-from harness.runner import Runner
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import Runner
 from harness.legs import make_leg
 
 G = Gate("g", "logsigmoid", normalizer=16)

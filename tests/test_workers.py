@@ -1,11 +1,11 @@
-"""Cases across worker processes (harness.workers, ``--jobs N``): the same rows in the same order at any N,
+"""Cases across worker processes (harness.app.workers, ``--jobs N``): the same rows in the same order at any N,
 no worker for what the caches serve, and a worker that dies is error rows, never an abort."""
 
 import pandas as pd
 import pytest
 
 from harness.cli import main
-from harness.workers import GIB_PER_JOB, default_jobs, parse_jobs
+from harness.app.workers import GIB_PER_JOB, default_jobs, parse_jobs
 
 SIMPLE_GLA = ["--suite", "smoke", "--op", "simple_gla"]
 VOLATILE = {"timestamp", "wall_s", "details"}  # when a row was made and how long it took; served rows say so
@@ -14,7 +14,7 @@ VOLATILE = {"timestamp", "wall_s", "details"}  # when a row was made and how lon
 @pytest.fixture
 def sent(monkeypatch) -> list[int]:
     """Test side: how many cases each command sent to its workers, one entry per command (as its pool closes)."""
-    import harness.workers as workers
+    import harness.app.workers as workers
 
     counts = []
     real = workers.Workers.close

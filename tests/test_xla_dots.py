@@ -1,10 +1,10 @@
-"""Which dots outside Pallas kernels XLA:TPU puts on the MXU (harness/xla_dots.py): the module text's tables read
+"""Which dots outside Pallas kernels XLA:TPU puts on the MXU (harness/compile/xla_dots.py): the module text's tables read
 on a hand-made module, and the compiler itself (libtpu, deviceless) on three probes whose answers differ."""
 
 import jax.numpy as jnp
 import pytest
 
-from harness import xla_dots
+from harness.compile import xla_dots
 
 HLO = """HloModule jit_f
 

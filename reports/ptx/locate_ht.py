@@ -13,7 +13,7 @@ from cases.inputs import make_inputs
 from harness.app import case_from_id
 from harness.legs.registry import make_leg
 from harness.ops import get_op
-from harness.reference_cache import ReferenceCache
+from harness.run.reference_cache import ReferenceCache
 
 
 def rel(a, b, axis):

@@ -27,7 +27,7 @@ What is asserted:
   ``4 * 2**-16`` for float32 inputs; ``1e-2`` (~2.5 bf16 ulps) for every tensor of a bf16 case, whose
   float32 outputs (ht, dg, dh0) come from bf16-rounded intermediates (as test_simple_gla_kernels).
 - **Compiles for a TPU** (:func:`test_compiles_for_tpu_with_cu_seqlens_and_head_dim_64`): libtpu compiles
-  each case, packed with K = V = 64, ahead of time for v6e (``harness.tpu_compile.compile_for``, the
+  each case, packed with K = V = 64, ahead of time for v6e (``harness.compile.tpu_compile.compile_for``, the
   TPU leg's own mechanism): the differentiable function with its jax.vjp, and the ``*_fwd`` and
   ``*_bwd`` entry points, kernels native.
 
@@ -46,7 +46,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.tpu_compile import compile_for
+from harness.compile.tpu_compile import compile_for
 from kernels_tpu.common import Walk
 from kernels_tpu import simple_gla
 from kernels_tpu.gla import chunk_gla, chunk_gla_bwd, chunk_gla_fwd
@@ -424,7 +424,7 @@ COMPILE_TARGET = "v6e"
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_compiles_for_tpu_with_cu_seqlens_and_head_dim_64(case):
     """libtpu's Mosaic and XLA:TPU compile the forward and backward, packed (cu_seqlens) with K = V = 64,
-    ahead of time for a TPU topology (harness.tpu_compile, the TPU leg's own mechanism)."""
+    ahead of time for a TPU topology (harness.compile.tpu_compile, the TPU leg's own mechanism)."""
     x = draw(case)
     for program in (vjp_program, entry_points_program):
         result = compile_for(program(case), (x,), COMPILE_TARGET)

@@ -27,7 +27,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from harness.tpu_compile import target_device
+from harness.compile.tpu_compile import target_device
 from kernels_tpu.common import column_to_row, row_to_column
 from kernels_tpu.gla import chunk_gla_bwd
 from kernels_tpu.kda import chunk_kda_bwd

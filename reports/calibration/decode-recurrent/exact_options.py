@@ -9,7 +9,7 @@ from cases.inputs import make_inputs
 from harness.app import case_from_id
 from harness.legs.registry import make_leg
 from harness.ops import get_op
-from harness.reference_cache import ReferenceCache
+from harness.run.reference_cache import ReferenceCache
 import kernels_tpu.kda.chunk as kc
 orig = kc._preprocess
 def exact_pre(q, k, g, beta, A_log, dt_bias, opts):

@@ -9,7 +9,7 @@ from cases.inputs import make_inputs
 from harness.app import case_from_id
 from harness.legs.registry import make_leg
 from harness.ops import get_op
-from harness.reference_cache import ReferenceCache
+from harness.run.reference_cache import ReferenceCache
 base = sys.argv[1]
 for s in sys.argv[2:]:
     cid = base.replace("/lens=", "/lens=") if s == "0" else base.replace(",h0,", f",h0,seed={s},")

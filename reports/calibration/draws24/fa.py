@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.gate import apply_gate, undrawn_id
-from harness.policy import default_policy
-from harness.results import read_table
+from harness.judge.gate import apply_gate, undrawn_id
+from harness.core.policy import default_policy
+from harness.core.results import read_table
 
 
 def rows(folder: Path, leg: str) -> pd.DataFrame:

@@ -8,7 +8,7 @@ from harness.app import case_from_id
 from harness.ops import get_op
 from cases.inputs import make_inputs
 from harness.legs import make_leg
-from harness.reference_cache import ReferenceCache
+from harness.run.reference_cache import ReferenceCache
 cid = sys.argv[1]
 case = case_from_id(cid); op = get_op(case.op); x = make_inputs(case, op.inputs(case))
 ref = ReferenceCache(None).get(op, case, x)

@@ -5,7 +5,7 @@ usage: python rejudge.py OUT.csv FILE.csv[.gz]...
 For each ok/bound row of a tensor its op declares a sum, the case's float64 golden is computed again (or read from
 the reference cache) from the same inputs (the row's input_sha256 is checked), with the magnitudes of the terms:
 kappa = ||a|| / ||r||, and the error relative to the terms, rel_sum = rel_l2 / kappa. The rule before (rel_l2 <=
-the rel_l2 bound of harness/policy.py at 36b3fe3, the commit before bounds over contributions) and after
+the rel_l2 bound of harness/core/policy.py at 36b3fe3, the commit before bounds over contributions) and after
 (rel_sum <= the bound over contributions) are both evaluated. Writes one line per row to OUT.csv.
 """
 import subprocess
@@ -17,18 +17,18 @@ import pandas as pd
 from cases.case import Case
 from cases.inputs import make_inputs
 from harness.legs.registry import role_of
-from harness.metrics import condition_number
+from harness.core.metrics import condition_number
 from harness.ops import get_op
 from harness.ops.reductions import magnitude_name, reduction_of
-from harness.policy import CONTRIBUTIONS, bound_for
-from harness.reference_cache import ReferenceCache
+from harness.core.policy import CONTRIBUTIONS, bound_for
+from harness.run.reference_cache import ReferenceCache
 
 BEFORE = "36b3fe3"
 old_policy = types.ModuleType("old_policy")
-old_policy.__file__ = "harness/policy.py"
+old_policy.__file__ = "harness/core/policy.py"
 sys.modules["old_policy"] = old_policy  # dataclasses look their module up
-source = subprocess.run(["git", "show", f"{BEFORE}:harness/policy.py"], capture_output=True, text=True, check=True)
-exec(compile(source.stdout.replace("from .metrics import METRICS", "from harness.metrics import METRICS"),
+source = subprocess.run(["git", "show", f"{BEFORE}:harness/core/policy.py"], capture_output=True, text=True, check=True)
+exec(compile(source.stdout.replace("from .metrics import METRICS", "from harness.core.metrics import METRICS"),
              "old_policy", "exec"), old_policy.__dict__)
 
 out, files = sys.argv[1], sys.argv[2:]

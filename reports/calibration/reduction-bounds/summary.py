@@ -1,5 +1,5 @@
-"""Bound alarms before (harness/policy.py at 36b3fe3: rel_l2 over the reference) and after (declared sums over
-their terms' magnitudes, this commit's harness/policy.py) on rows that carry rel_l2 and kappa.
+"""Bound alarms before (harness/core/policy.py at 36b3fe3: rel_l2 over the reference) and after (declared sums over
+their terms' magnitudes, this commit's harness/core/policy.py) on rows that carry rel_l2 and kappa.
 
 usage: python summary.py FILE.csv[.gz]...   (rejudge.py's output, or result rows written with a kappa column)
 """
@@ -10,13 +10,13 @@ import types
 import pandas as pd
 
 from harness.legs.registry import role_of
-from harness.policy import CONTRIBUTIONS, bound_for
+from harness.core.policy import CONTRIBUTIONS, bound_for
 
 old = types.ModuleType("old_policy")
-old.__file__ = "harness/policy.py"
+old.__file__ = "harness/core/policy.py"
 sys.modules["old_policy"] = old
-src = subprocess.run(["git", "show", "36b3fe3:harness/policy.py"], capture_output=True, text=True, check=True).stdout
-exec(compile(src.replace("from .metrics import METRICS", "from harness.metrics import METRICS"), "old", "exec"),
+src = subprocess.run(["git", "show", "36b3fe3:harness/core/policy.py"], capture_output=True, text=True, check=True).stdout
+exec(compile(src.replace("from .metrics import METRICS", "from harness.core.metrics import METRICS"), "old", "exec"),
      old.__dict__)
 
 frames = []

@@ -4,7 +4,7 @@ from harness.app import case_from_id
 from harness.ops import get_op
 from cases.inputs import make_inputs
 from harness.legs import make_leg
-from harness.reference_cache import ReferenceCache
+from harness.run.reference_cache import ReferenceCache
 case = case_from_id(sys.argv[1]); op = get_op(case.op); x = make_inputs(case, op.inputs(case))
 ref = np.asarray(ReferenceCache(None).get(op, case, x)["dg"], np.float64)
 for name in ("gpu", "tpu"):

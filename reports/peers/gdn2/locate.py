@@ -29,7 +29,7 @@ import numpy as np
 from cases.inputs import make_inputs
 from harness.app import case_from_id
 from harness.ops import get_op
-from harness.reference_cache import ReferenceCache
+from harness.run.reference_cache import ReferenceCache
 
 BLOCK = 64
 
@@ -131,7 +131,7 @@ def kernels(leg: str, dtype: str = "float16", targets: str = "v5e,v6e,v7x") -> N
 
     from harness.legs import external
     from harness.legs.registry import make_leg
-    from harness.tpu_compile import compile_for, kernel_equations
+    from harness.compile.tpu_compile import compile_for, kernel_equations
 
     impl = make_leg(leg, compile_targets=()).impl
     case = case_from_id(f"gdn2.chunk/B1-T256-H1-K128-V128/{dtype}/g=logsigmoid/16/C64/h0,dht".replace(

@@ -17,7 +17,7 @@ from harness.app import case_from_id
 from harness.legs import external
 from harness.legs.registry import make_leg
 from harness.ops import get_op
-from harness.reference_cache import ReferenceCache
+from harness.run.reference_cache import ReferenceCache
 
 PADDED = "simple_gla.chunk/B1-T100-H1-K128-V128/bf16/g_gamma=alibi(L32,l0)/C64/h0,dht"
 FP16 = "simple_gla.chunk/B1-T128-H2-K128-V128/fp16/g_gamma=alibi(L32,l0)/C64/h0,dht"

@@ -15,7 +15,7 @@ from harness.app import case_from_id
 from harness.legs import external
 from harness.legs.registry import make_leg
 from harness.ops import get_op
-from harness.reference_cache import ReferenceCache
+from harness.run.reference_cache import ReferenceCache
 
 CASE = ("gdn.fused_recurrent/B1-T27-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens=1+1+1+9+15,h0,"
         "use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1,use_qk_l2norm_in_kernel=1")
