@@ -149,6 +149,30 @@ def parity_results(request) -> ParityResults:
     return ParityResults(request.config)
 
 
+def _settings(config):
+    """The session's run and gate settings (:mod:`harness.app.settings`), built once from its options; a bad
+    value stops the session with one line."""
+    cached = getattr(config, "_parity_settings", None)
+    if cached is None:
+        from harness.app.settings import GateSettings, LegOptions, RunSettings
+        from harness.core.policy import policy_from_options
+
+        opts = config.option
+        try:
+            legs = LegOptions.parse(opts.parity_tpu_targets)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--parity-tpu-targets: {exc}") from None
+        try:
+            policy = policy_from_options(opts.parity_policy, opts.parity_gate_metrics, opts.parity_margin)
+            cached = config._parity_settings = (
+                RunSettings(selection=_selection(config), out=Path(opts.parity_out), legs=legs,
+                            read_leg_cache=not opts.parity_no_baseline_cache, progress=False),
+                GateSettings(policy=policy, candidate_leg=opts.parity_candidate))
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return cached
+
+
 @pytest.fixture(scope="session")
 def reference_cache():
     from harness.run.reference_cache import ReferenceCache
@@ -158,24 +182,18 @@ def reference_cache():
 
 @pytest.fixture(scope="session")
 def parity_runner(request, reference_cache):
-    """``parity_runner(leg)`` -> a Runner for that leg, built once per session (the gpu leg's with the
-    baseline cache)."""
-    from harness.run.baseline_cache import for_leg
-    from harness.legs import leg_spec, make_leg
+    """``parity_runner(leg)`` -> a Runner for that leg, built once per session (a cached leg's with its cache;
+    every candidate compiles for real TPUs first)."""
+    from harness.app.workers import make_runner
     from harness.run.runner import Runner
-    from harness.compile.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
+    settings, _ = _settings(request.config)
     runners = {}
-    try:
-        targets = parse_targets(request.config.option.parity_tpu_targets, LEG_DEFAULT_TARGETS)
-    except ValueError as exc:
-        raise pytest.UsageError(f"--parity-tpu-targets: {exc}") from None
+
     def get(leg: str) -> Runner:
         if leg not in runners:
-            candidate = leg_spec(leg).role == "candidate"  # every candidate compiles for real TPUs first
-            made = make_leg(leg, **({"compile_targets": targets} if candidate else {}))
-            runners[leg] = Runner(made, reference_cache, suite=_selection(request.config).suite_label,
-                                  leg_cache=for_leg(made, read=not request.config.option.parity_no_baseline_cache))
+            runners[leg] = make_runner(leg, settings.legs.for_leg(leg), reference_cache,
+                                       suite=settings.selection.suite_label, read_cache=settings.read_leg_cache)
         return runners[leg]
 
     return get
@@ -184,18 +202,12 @@ def parity_runner(request, reference_cache):
 @pytest.fixture(scope="session")
 def parity_candidate(request) -> str:
     """The candidate leg of the tpu-marked tests: ``tpu`` (this project's kernels) unless --parity-candidate."""
-    return request.config.option.parity_candidate
+    return _settings(request.config)[1].candidate_leg
 
 
 @pytest.fixture(scope="session")
 def parity_policy(request):
-    from harness.core.policy import policy_from_options
-
-    opts = request.config.option
-    try:
-        return policy_from_options(opts.parity_policy, opts.parity_gate_metrics, opts.parity_margin)
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    return _settings(request.config)[1].policy
 
 
 @pytest.fixture(scope="session")

@@ -139,13 +139,22 @@ def test_a_failed_compile_keeps_the_emulated_numbers_beside_its_error():
 
 
 def test_all_checks_a_candidates_causality_unless_told_not_to(monkeypatch, tmp_path):
+    """``parity all`` runs each ``--candidate``'s causality check unless --no-causality; its stages are the run
+    object's (harness.app.session.Run), replaced here from the test side by rows made here."""
+    from harness.app.session import Run
+
     ran = []
     frame = pd.DataFrame({"status": ["ok"]})
+
+    def leg(run, name, cases=None, path=None):
+        run.frames[name], run.paths[name] = frame, tmp_path / f"{name}.csv"
+        return frame
+
     monkeypatch.setattr(cli, "available_legs", lambda: {})
     monkeypatch.setattr(cli, "check_implementation", lambda name: None)
     monkeypatch.setattr(cli, "leg_spec", lambda name: type("S", (), {"role": "candidate", "missing": lambda s: None})())
-    monkeypatch.setattr(cli, "_run_leg", lambda name, *a, **k: (tmp_path / f"{name}.csv", frame))
-    monkeypatch.setattr(cli, "_run_causality", lambda name, *a, **k: ran.append(name) or frame)
+    monkeypatch.setattr(Run, "leg", leg)
+    monkeypatch.setattr(Run, "causality", lambda run, name, cases=None: ran.append(name) or frame)
     argv = ["all", "--case", CASE, "--candidate", "theirs", "--out", str(tmp_path), "--no-progress"]
     assert cli.main(argv) == 0 and ran == ["theirs"]
     assert cli.main([*argv, "--no-causality"]) == 0 and ran == ["theirs"]

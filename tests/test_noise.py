@@ -343,14 +343,12 @@ def test_a_comparison_decided_on_its_first_draw_keeps_its_verdict_over_more_draw
     assert "this draw is not used: the first 3 decided" in o["reason"].iloc[-1]
 
 
-def test_parity_all_redraws_for_the_undecided_comparisons_only(tmp_path, monkeypatch, capsys):
-    """``parity all``'s redraws (harness.cli._redraw), its legs replaced from the test side by rows made here:
-    draw 0's o is undecided (a small tensor 1.45x), its dq passes. The redraws run to the next look of o alone,
-    say so, and leave dq passed although dq's new draws are 3x (each a failure if judged alone). With
-    --max-draws 1 nothing is drawn and o stays inconclusive."""
-    from harness import cli
-    from harness.judge.gate import apply_gate
-    from harness.core.results import write_csv
+def test_the_sequential_gate_draws_for_the_undecided_comparisons_only():
+    """The sequential test (harness.judge.sequential), its evidence made here: draw 0's o is undecided (a small
+    tensor 1.45x), its dq passes. The test asks for draws to the next look of o alone, says so, and leaves dq
+    passed although dq's new draws are 3x (each a failure if judged alone). Capped at one draw, nothing is drawn
+    and o stays inconclusive; evidence that cannot give the draws leaves it inconclusive too."""
+    from harness.judge.sequential import sequential_gate
     from test_runner_and_gate import CASE, _frame
 
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
@@ -365,36 +363,36 @@ def test_parity_all_redraws_for_the_undecided_comparisons_only(tmp_path, monkeyp
             df = _with_tpu_blocks(df, "dq", blocks["dq"] * (1.0 if case.seed == 0 else 3.0) ** 2)
         return df
 
-    ran = []
+    class Draws:
+        def __init__(self, can_draw=True):
+            self.frames = {leg: rows(leg, CASE) for leg in ("gpu", "tpu")}
+            self.asked, self.can_draw = [], can_draw
 
-    def run_leg(name, args, cases, cache, path=None):
-        ran.append((name, sorted(c.seed for c in cases)))
-        df = pd.concat([rows(name, c) for c in cases], ignore_index=True)
-        write_csv(df, path)  # as the leg's run writes its scratch file
-        return path, df
+        def rows(self):
+            return self.frames["gpu"], self.frames["tpu"]
 
-    monkeypatch.setattr(cli, "_run_leg", run_leg)
-    monkeypatch.setattr(cli, "_policy", lambda args: policy)
+        def draw(self, cases):
+            self.asked.append(sorted(c.seed for c in cases))
+            if not self.can_draw:
+                return False
+            for leg in self.frames:
+                self.frames[leg] = pd.concat([self.frames[leg], *(rows(leg, c) for c in cases)], ignore_index=True)
+            return True
 
-    def redraw(*more):
-        args = cli.build_parser().parse_args(["all", "--case", CASE.id, "--out", str(tmp_path), *more])
-        frames = {leg: rows(leg, CASE) for leg in ("gpu", "tpu")}
-        paths = {leg: tmp_path / f"{leg}.csv" for leg in frames}
-        for leg in frames:
-            write_csv(frames[leg], paths[leg])
-        first = apply_gate(frames["gpu"], frames["tpu"], policy)
-        assert list(first.inconclusive["tensor"]) == ["o"]
-        ran.clear()
-        return cli._redraw(first, frames, paths, ("gpu", "tpu"), args, [CASE], None, {})
-
-    result = redraw()
-    assert ran == [("gpu", [1, 2]), ("tpu", [1, 2])]  # to the next look, 3 draws, for o alone
-    assert f"{CASE.id}: o rel_l2 undecided at 1 draw(s): 2 more, to 3" in capsys.readouterr().out
+    said = []
+    evidence = Draws()
+    result = sequential_gate(evidence, [CASE], policy, max_draws=24, say=said.append)
+    assert evidence.asked == [[1, 2]]  # to the next look, 3 draws, for o alone
+    assert said == [f"gate: {CASE.id}: o rel_l2 undecided at 1 draw(s): 2 more, to 3"]
     assert result.passed  # o: geometric mean of 1.45, 1, 1 is 1.13 <= 1.15
     dq = result.parity[(result.parity["tensor"] == "dq") & (result.parity["metric"] == "rel_l2")]
     assert set(dq["verdict"]) == {"pass"} and (dq["ratio"] > 2.9).sum() == 2  # decided on draw 0, kept
-    result = redraw("--max-draws", "1")
-    assert ran == [] and list(result.inconclusive["tensor"]) == ["o"]
+    for evidence, cap in ((Draws(), 1), (Draws(can_draw=False), 24)):
+        result = sequential_gate(evidence, [CASE], policy, max_draws=cap)
+        assert evidence.asked == ([] if cap == 1 else [[1, 2]])
+        assert list(result.inconclusive["tensor"]) == ["o"] and result.headline.startswith("INCONCLUSIVE")
+    result = sequential_gate(Draws(), [CASE], policy, redraw=False)  # --baseline-rows: no draws are made
+    assert list(result.inconclusive["tensor"]) == ["o"]
 
 
 def test_a_reason_prints_its_numbers_apart():

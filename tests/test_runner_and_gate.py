@@ -229,8 +229,8 @@ def test_gpu_leg_refuses_when_fla_may_leave_triton(monkeypatch):
 def test_parity_all_gates_each_candidate_on_the_draws_it_ran():
     """With several candidates, ``parity all`` draws more of a case to decide one candidate's comparison; the
     baseline then holds draws another candidate never ran. Each candidate is gated on the selected cases and its
-    own draws (``_drawn_by``); its draw 0 missing still fails, and so does a tensor missing from a draw it ran."""
-    from harness.cli import _drawn_by
+    own draws (``drawn_by``, harness.judge.sequential); its draw 0 missing still fails, and so does a tensor missing from a draw it ran."""
+    from harness.judge.sequential import drawn_by as _drawn_by
 
     drawn = CASE.replace(seed=1)
     gpu = pd.concat([_frame("gpu"), _frame("gpu", case=drawn)], ignore_index=True)

@@ -1,175 +1,22 @@
 """The application layer: what the two front ends, the CLI (:mod:`harness.cli`) and the pytest plugin
 (:mod:`harness.pytest_plugin`), share, so they cannot drift apart.
 
-- **Which cases.** :class:`Selection`: comma-joined suites, or cases by id and from case files (in order,
-  each once), then ``--op`` (comma-joined ops, or the option repeated), input draws and a shard. Case ids
-  and case files are validated against the op registry here: the case layer (``cases/``) imports no op,
-  this layer passes ``harness.ops.get_op`` in.
-- **Which file.** :meth:`Selection.result_name` (:func:`harness.run.result_file.result_name`): a run of part of
-  a suite names its part, so it never replaces the suite's own result file.
-- **What the gate writes.** :func:`write_gate`: parity.csv, parity.md, parity.html and parity.png, and
-  ``$GITHUB_STEP_SUMMARY``.
+- **Which cases.** :class:`~harness.app.selection.Selection` (:mod:`harness.app.selection`).
+- **How a run runs.** Frozen settings records built once by each front end (:mod:`harness.app.settings`), and
+  the run object that builds the runners and the worker pool and runs the stages (:mod:`harness.app.session`;
+  the pool: :mod:`harness.app.workers`).
+- **What the gate writes.** :func:`~harness.app.session.write_gate`: parity.csv, parity.md, parity.html and
+  parity.png, and ``$GITHUB_STEP_SUMMARY``.
+- **What a binding receives.** :func:`binding_inputs`, for ``parity cases --inputs``.
 
 Every error is a ValueError with one line; each front end turns it into its own usage error.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from pathlib import Path
-
-from cases import case_file, suites
-from cases.case import Case
-
-from harness.judge.gate import GateResult
-from harness.report.html_report import write_html_report
-from harness.ops import get_op
-from harness.report.reports import markdown
-from harness.run.result_file import result_name
-from harness.core.results import atomic_write_text, write_csv
-from harness.run.runner import parse_shard, shard
-
-
-def case_from_id(text: str) -> Case:
-    """The case an id names, validated by its op (ValueError, one line, otherwise)."""
-    return Case.from_id(text, ops=get_op)
-
-
-def find_case(case_id: str) -> Case:
-    """The suite case an id names (at any draw), else the validated case the id describes."""
-    return suites.find_case(case_id, ops=get_op)
-
-
-def load_cases(path) -> list[Case]:
-    """The validated cases of a case file (:func:`cases.case_file.load_cases`)."""
-    return case_file.load_cases(path, ops=get_op)
-
-
-@dataclasses.dataclass(frozen=True)
-class Selection:
-    """The cases a run covers. ``suite`` may join several suites with commas, and each of ``ops`` several ops;
-    ``case_ids`` and ``cases_files``, when given, replace the suite."""
-
-    suite: str = "smoke"
-    case_ids: tuple[str, ...] = ()
-    cases_files: tuple[str, ...] = ()
-    ops: tuple[str, ...] = ()
-    draws: int = 1
-    shard: str | None = None
-
-    def __post_init__(self):  # --op a,b is --op a --op b
-        object.__setattr__(self, "ops", tuple(n.strip() for text in self.ops for n in text.split(",") if n.strip()))
-
-    @property
-    def by_id(self) -> bool:
-        """Whether the cases are chosen one by one rather than as a suite."""
-        return bool(self.case_ids or self.cases_files)
-
-    @property
-    def suite_label(self) -> str:
-        """The rows' ``suite`` column: empty for cases chosen one by one; a suite over several input draws
-        says how many (``smoke@draws=5``)."""
-        if self.by_id:
-            return ""
-        return self.suite + (f"@draws={self.draws}" if self.draws > 1 else "")
-
-    def cases(self) -> list[Case]:
-        """The selected cases, in order; a ValueError (one line) for a bad id, file, suite, shard or an
-        empty selection."""
-        if self.by_id:
-            chosen = [find_case(c) for c in self.case_ids] + [c for f in self.cases_files for c in load_cases(f)]
-            first: dict[str, Case] = {}
-            for c in chosen:
-                first.setdefault(c.id, c)
-            cases = list(first.values())
-        else:
-            names = [n.strip() for n in self.suite.split(",") if n.strip()]
-            cases = [c for name in names for c in suites.get_suite(name)]
-        if self.ops:
-            for name in self.ops:
-                get_op(name)  # an unknown op is an error, not a silently smaller selection
-            cases = [c for c in cases if c.op in self.ops]
-        cases = suites.with_draws(cases, self.draws)
-        if self.shard:
-            cases = shard(cases, *parse_shard(self.shard))
-        if not cases:
-            what = "the cases by id and file" if self.by_id else f"suite {self.suite!r}"
-            raise ValueError(f"the selection is empty: {what} with ops {list(self.ops) or 'all'}"
-                             f"{f', shard {self.shard}' if self.shard else ''} selects no case")
-        return cases
-
-    def result_name(self, leg: str, tag: str | None = None, cases: list[Case] | None = None) -> str:
-        """The result file's name for ``leg``'s rows over this selection (``cases``: its cases, when the caller
-        has them already, so case files are not read again)."""
-        ids = [c.id for c in (self.cases() if cases is None else cases)] if self.by_id else ()
-        return result_name(leg, tag=tag, case_ids=ids, ops=self.ops, draws=self.draws, shard=self.shard)
-
-
-def result_in(path, leg: str) -> Path:
-    """``path`` itself, or for a directory the one result file of ``leg`` in it (``<leg>.csv``, or
-    ``<leg>.<tag, selection, draws, shard>.csv`` as :meth:`Selection.result_name` names them; never a partial
-    file). A directory with none or several is a ValueError that lists what it has."""
-    path = Path(path)
-    if not path.is_dir():
-        return path
-    found = sorted(p for p in path.glob(f"{leg}*.csv") if (p.name == f"{leg}.csv" or p.name.startswith(f"{leg}."))
-                   and not p.name.endswith(".partial.csv"))
-    if len(found) != 1:
-        what = ", ".join(p.name for p in found) if found else "none"
-        raise ValueError(f"{path} is a directory: it must hold exactly one result file of the {leg} leg, it holds "
-                         f"{what}; name the file")
-    return found[0]
-
-
-def gate_case(case: Case, run_rows, baseline, policy, candidate_leg: str,
-              baseline_rows=None) -> tuple[GateResult, list[dict]]:
-    """One case's gate as the pytest plugin runs it: the candidate's rows (``run_rows(case) -> rows``) against
-    ``baseline``'s rows of the same draws. While a comparison is inconclusive and the baseline has the draws
-    that would decide it (``baseline`` holds them, as ``pytest -m gpu --parity-draws N`` makes them, or
-    ``baseline_rows(case) -> rows`` gives the ones it lacks), the candidate runs those draws too and the gate
-    pools them, as ``parity all`` does. Returns the result and every row the candidate made."""
-    import pandas as pd
-
-    from harness.judge.gate import apply_gate, undrawn_id
-    from harness.core.results import rows_to_frame
-
-    base_id = undrawn_id(case.id)
-    mine = baseline[baseline["case_id"].map(undrawn_id) == base_id]
-    rows = list(run_rows(case))
-    result = apply_gate(mine[mine["case_id"] == case.id], rows_to_frame(rows), policy, candidate_leg=candidate_leg)
-    while not result.inconclusive.empty and result.draws_needed:
-        ran = {r["case_id"] for r in rows}
-        more = [d for d in (case.replace(seed=s) for s in range(result.draws_needed)) if d.id not in ran]
-        have = set(mine["case_id"])
-        lacking = [d for d in more if d.id not in have]
-        if lacking and baseline_rows is not None:
-            mine = pd.concat([mine] + [rows_to_frame(baseline_rows(d)) for d in lacking], ignore_index=True)
-            have = set(mine["case_id"])
-        if not more or not {d.id for d in more} <= have:
-            break  # the baseline lacks the draws: the result stays inconclusive and says which draws decide it
-        for d in more:
-            rows += run_rows(d)
-        ids = {r["case_id"] for r in rows}
-        result = apply_gate(mine[mine["case_id"].isin(ids)], rows_to_frame(rows), policy,
-                            candidate_leg=candidate_leg)
-    return result, rows
-
-
-def write_gate(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
-    """parity.csv, parity.md, parity.html and parity.png in ``out_dir``; parity.md is also appended to
-    ``$GITHUB_STEP_SUMMARY`` when it is set. Returns (parity.csv, parity.md)."""
-    out_dir = Path(out_dir)
-    csv_path = write_csv(result.parity, out_dir / "parity.csv")
-    md = markdown(result)
-    md_path = out_dir / "parity.md"
-    atomic_write_text(md_path, md)
-    write_html_report(result, out_dir)  # parity.html and parity.png, next to parity.md
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with open(summary, "a") as f:  # GitHub's own file: append, never replace
-            f.write(md)
-    return csv_path, md_path
+from harness.app.selection import Selection, case_from_id, find_case, load_cases, result_in  # noqa: F401
+from harness.app.session import Run, gate_case, report_gate, write_gate  # noqa: F401
+from harness.app.settings import GateSettings, LegOptions, RunSettings  # noqa: F401
 
 
 class _Received(Exception):

@@ -106,14 +106,23 @@ _JOB_NUMBERS = itertools.count()  # in the parent: one key per job, never reused
 _RUNNERS: dict[str, Runner] = {}  # in each worker: the runner of every job it has seen
 
 
+def make_runner(leg: str, options: dict, reference_cache: ReferenceCache, suite: str = "", leg_cache: bool = True,
+                read_cache: bool = True) -> Runner:
+    """The one place a :class:`harness.run.runner.Runner` is built: ``leg`` made with ``options``, over
+    ``reference_cache``, its rows' ``suite`` column, and the leg's output cache (when ``leg_cache`` and the leg
+    is cached at all; read unless ``read_cache`` is False). The run object (:class:`harness.app.session.Run`),
+    the pytest plugin and each worker process build theirs here."""
+    made = make_leg(leg, **options)
+    return Runner(made, reference_cache, suite=suite, leg_cache=for_leg(made, read=read_cache) if leg_cache else None)
+
+
 def _runner(job: LegJob) -> Runner:
     runner = _RUNNERS.get(job.key)
     if runner is None:
         for name, target in job.implementations:
             register_implementation(name, target)
-        leg = make_leg(job.leg, **dict(job.options))
-        runner = Runner(leg, ReferenceCache(job.reference_cache),
-                        leg_cache=for_leg(leg, read=job.read_cache) if job.leg_cache else None)
+        runner = make_runner(job.leg, dict(job.options), ReferenceCache(job.reference_cache),
+                             leg_cache=job.leg_cache, read_cache=job.read_cache)
         runner.provenance = dict(job.provenance)
         _RUNNERS[job.key] = runner
     return runner

@@ -27,7 +27,6 @@ minutes) when, and only when, its key is the current one and its rows are clean 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import hashlib
@@ -920,52 +919,36 @@ def _record_command(argv: Sequence[str], targets: Sequence[str], out) -> str:
                      shlex.quote(str(out))])
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "ptx", help="check the emulated GPU leg's assumptions in Triton's PTX of fla's kernels (sm_80, sm_90)",
-        description="Run the GPU leg (emulated) over the cases to record each fla kernel launch's specialization, "
-                    "compile each with Triton's own pipeline to PTX for each target (no GPU needed), and check the "
-                    "emulation's assumptions (harness/emulation/gpu_model.py) in the PTX. Writes ptx.csv "
-                    "(kernel, target, assumption, expected, found, status), facts.json (the emulation's facts), "
-                    "launches.json (the specializations), key.json (the inputs' content key) and compiled/ (TTIR, PTX, "
-                    "PTX without FP fusion); exit 1 on any mismatch or kernel that does not compile, 2 on bad input.")
-    p.add_argument("--suite", default="smoke", help="suite(s) whose cases the GPU leg runs (default smoke)")
-    p.add_argument("--case", action="append", default=[], help="a case id instead of --suite (repeatable)")
-    p.add_argument("--target", default="sm80,sm90", help="comma-separated: sm80, sm90 (default both)")
-    p.add_argument("--out", default="reports/runs/ptx", help="output directory (default reports/runs/ptx)")
-    p.add_argument("--launches", default=None,
-                   help="a launches.json of an earlier run: compile and check its kernels, skip the capture")
-    p.add_argument("--reuse", default=None, metavar="DIR",
-                   help="a record of an earlier sweep (key.json and ptx.csv[.gz]): when it was made from exactly "
-                        "these inputs (code, cases, versions, targets, the emulation's facts) and its rows are clean "
-                        "and unedited, copy it to --out and stop; otherwise say what differs and run the sweep")
-    p.set_defaults(fn=cmd_ptx)
-    return p
-
-
-def cmd_ptx(args) -> int:
+def sweep(suite: str = "smoke", case: Sequence[str] = (), target: str = "sm80,sm90", out="reports/runs/ptx",
+          launches: Optional[str] = None, reuse: Optional[str] = None, backend: str = "gpu", leg_inputs=None) -> int:
+    """``parity ptx``: record the GPU leg's fla launches over the cases (``suite``, or ``case`` ids), compile
+    each for the ``target`` GPUs with Triton's own pipeline and check the emulation's assumptions in the PTX;
+    ``launches``: an earlier run's launches, skip the capture; ``reuse``: a record that stands for this sweep
+    when its key matches. ``leg_inputs(backend, suite, case)`` gives what the leg's outputs on the cases depend
+    on (the record's key). Prints what it did; returns the exit status (0, 1 on a mismatch or a kernel that does
+    not compile, 2 on bad input)."""
     t0 = time.time()
-    reuse = getattr(args, "reuse", None)  # a Namespace made by hand may lack the option
+    case = list(case)
     try:
-        targets = parse_targets(args.target)
-        if args.launches is not None and not Path(args.launches).is_file():
-            raise BadInput(f"--launches: no such file {args.launches}")
-        if not args.case:
+        targets = parse_targets(target)
+        if launches is not None and not Path(launches).is_file():
+            raise BadInput(f"--launches: no such file {launches}")
+        if not case:
             from cases.suites import SUITES
 
-            unknown = [s for s in args.suite.split(",") if s.strip() not in SUITES]
+            unknown = [s for s in suite.split(",") if s.strip() not in SUITES]
             if unknown:
                 raise BadInput(f"--suite: unknown {', '.join(unknown)}; known: {', '.join(SUITES)}")
-        out = Path(args.out)
+        out = Path(out)
         if out.exists() and not out.is_dir():
             raise BadInput(f"--out: {out} is not a directory")
         record = read_record(Path(reuse)) if reuse is not None else None  # before a sweep into it rewrites it
-        selection = selection_argv(args.suite, args.case)
+        selection = selection_argv(suite, case)
         facts = emulation_facts()
         try:
-            leg = args.leg_inputs(args.backend, args.suite, args.case)
+            leg = leg_inputs(backend, suite, case)
         except ValueError as exc:
-            raise BadInput(f"{'--case' if args.case else '--suite'}: {str(exc).splitlines()[0]}") from None
+            raise BadInput(f"{'--case' if case else '--suite'}: {str(exc).splitlines()[0]}") from None
         current = content_key(selection, targets, leg_inputs=leg, facts=facts.as_dict())
     except BadInput as exc:
         print(f"parity ptx: error: {exc}", file=sys.stderr)
@@ -984,8 +967,8 @@ def cmd_ptx(args) -> int:
     (out / KEY_FILE).unlink(missing_ok=True)  # key.json names the files beside it: none until this sweep's are
     provenance: dict = {}
     try:
-        if args.launches is not None:
-            launches = Path(args.launches)
+        if launches is not None:
+            launches = Path(launches)
             t_cap = 0.0
         else:
             with tempfile.TemporaryDirectory(prefix="parity-ptx-") as tmp:
@@ -1001,7 +984,7 @@ def cmd_ptx(args) -> int:
             print(f"parity ptx: error: no kernel launch recorded (capture log: {out / 'capture.log'})",
                   file=sys.stderr)
             return 2
-        if args.launches is not None:
+        if launches is not None:
             provenance = _keep_launches(launches, data, out, current, selection)
         provenance["capture_rc"] = data.get("rc") or 0
         tc = time.time()

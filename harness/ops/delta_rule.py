@@ -15,7 +15,8 @@ from typing import Callable
 from cases.case import Case
 from cases.inputs import InputSpec, gate_law, l2normed_normal, normal, sigmoid_normal
 
-from .base import TensorSpec, fla_varlen, forward_tensors, grad_tensors, qkv_specs, state_and_cotangent_specs
+from .base import (TensorSpec, call_tpu_kernel, fla_varlen, forward_tensors, grad_tensors, qkv_specs,
+                   state_and_cotangent_specs)
 from .reductions import Reduction, ReductionSpec, trailing
 
 Shape = Callable[[Case], tuple]
@@ -163,6 +164,25 @@ def reference(fwd, bwd, case: Case, x: dict, method: str, compute_dtype: str, op
 def gate_params(case: Case, t: dict) -> dict:
     """A_log and dt_bias, as keywords, when the case gates in the kernel."""
     return dict(A_log=t["A_log"], dt_bias=t["dt_bias"]) if gate_in_kernel(case) else {}
+
+
+def pallas_forward(case: Case, a: dict, ctx, chunk: Callable, decode: Callable, opts: dict,
+                   gates: tuple[str, ...] = BETA) -> dict:
+    """The TPU leg's run of a delta-rule op: the convolution (:func:`pallas_conv`), then ``chunk``, the op's chunk
+    kernels (differentiable), or for the decode variant ``decode``, its fused-recurrent kernel, forward only, as
+    fla decodes (no chunks, no dots); called as ``(q, k, v, g, *gates, ...)`` with ``opts`` (fla's keywords) and
+    the in-kernel gate's parameters. Each op's own binding imports its kernels and passes them: a binding's
+    cache fingerprint follows the imports of the module its function lives in (harness.run.baseline_cache)."""
+    extra = gate_params(case, a)
+    a, conv_state = pallas_conv(case, a)
+    if forward_only(case):
+        fn, tiling = decode, {}
+    else:
+        fn, tiling = chunk, dict(chunk_size=case.chunk_size, mxu_model=ctx.mxu_model)
+    o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], a["g"], *(a[name] for name in gates),
+                            scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
+                            interpret=ctx.interpret, **tiling, **opts, **extra)
+    return {"o": o, "ht": ht, **conv_state}
 
 
 # ------------------------------------------------------------------ the short convolution (conv1d=W)

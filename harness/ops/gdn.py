@@ -30,7 +30,7 @@ from cases.case import Case
 from cases.inputs import InputSpec
 
 from . import delta_rule
-from .base import LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, fla_varlen
+from .base import LegBinding, OpDescriptor, fla_state_layout, fla_varlen
 
 VARIANTS = delta_rule.VARIANTS
 OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
@@ -106,15 +106,8 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
     fla decodes (``kernels_tpu.gdn.fused_recurrent_gated_delta_rule``: no chunks, no dots)."""
     from kernels_tpu import gdn as kernels
 
-    a, conv_state = delta_rule.pallas_conv(case, a)
-    if delta_rule.forward_only(case):
-        fn, tiling = kernels.fused_recurrent_gated_delta_rule, {}
-    else:
-        fn, tiling = kernels.chunk_gated_delta_rule, dict(chunk_size=case.chunk_size, mxu_model=ctx.mxu_model)
-    o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
-                            scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
-                            interpret=ctx.interpret, **tiling, **options(case), **delta_rule.gate_params(case, a))
-    return {"o": o, "ht": ht, **conv_state}
+    return delta_rule.pallas_forward(case, a, ctx, kernels.chunk_gated_delta_rule,
+                                     kernels.fused_recurrent_gated_delta_rule, options(case))
 
 
 GDN = OpDescriptor(

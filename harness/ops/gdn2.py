@@ -37,7 +37,7 @@ from cases.case import Case
 from cases.inputs import InputSpec, sigmoid_normal
 
 from . import delta_rule
-from .base import LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, fla_varlen
+from .base import LegBinding, OpDescriptor, fla_state_layout, fla_varlen
 from .kda import FLA_DISPATCH_ENV
 
 VARIANTS = delta_rule.VARIANTS
@@ -157,16 +157,8 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
     fla decodes (``kernels_tpu.gdn2.fused_recurrent_gdn2``: no chunks, no dots)."""
     from kernels_tpu import gdn2 as kernels
 
-    extra = delta_rule.gate_params(case, a)
-    a, conv_state = delta_rule.pallas_conv(case, a)
-    if delta_rule.forward_only(case):
-        fn, tiling = kernels.fused_recurrent_gdn2, {}
-    else:
-        fn, tiling = kernels.chunk_gdn2, dict(chunk_size=case.chunk_size, mxu_model=ctx.mxu_model)
-    o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], a["g"], a["b"], a["w"],
-                            scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
-                            interpret=ctx.interpret, **tiling, **options(case), **extra)
-    return {"o": o, "ht": ht, **conv_state}
+    return delta_rule.pallas_forward(case, a, ctx, kernels.chunk_gdn2, kernels.fused_recurrent_gdn2, options(case),
+                                     gates=GATES)
 
 
 GDN2 = OpDescriptor(

@@ -37,7 +37,7 @@ from cases.inputs import InputSpec
 from kernels_tpu.kda import check_options
 
 from . import delta_rule
-from .base import LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, fla_varlen
+from .base import LegBinding, OpDescriptor, fla_state_layout, fla_varlen
 
 VARIANTS = delta_rule.VARIANTS
 BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
@@ -137,16 +137,7 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
     fla decodes (``kernels_tpu.kda.fused_recurrent_kda``: no chunks, no dots)."""
     from kernels_tpu import kda as kernels
 
-    extra = delta_rule.gate_params(case, a)
-    a, conv_state = delta_rule.pallas_conv(case, a)
-    if delta_rule.forward_only(case):
-        fn, tiling = kernels.fused_recurrent_kda, {}
-    else:
-        fn, tiling = kernels.chunk_kda, dict(chunk_size=case.chunk_size, mxu_model=ctx.mxu_model)
-    o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], a["g"], a["beta"],
-                            scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
-                            interpret=ctx.interpret, **tiling, **_fla_kwargs(case), **extra)
-    return {"o": o, "ht": ht, **conv_state}
+    return delta_rule.pallas_forward(case, a, ctx, kernels.chunk_kda, kernels.fused_recurrent_kda, _fla_kwargs(case))
 
 
 KDA = OpDescriptor(

@@ -599,17 +599,16 @@ def _precisions(text: str | None) -> tuple[str, ...]:
     return names
 
 
-def cmd_mxu_probe(args) -> int:
+def probe(precision: str | None = None, target: str = DEFAULT_TARGET, out=DEFAULT_OUT) -> int:
     """Run the probes, print the table, write ``OUT/mxu-probe.csv``. Exit 0 when every verdict names a
     hypothesis (or a precision is refused), 1 when some probe kind has none, 2 on bad input."""
     from harness.compile import tpu_compile
 
     try:
-        precisions = _precisions(getattr(args, "precision", None))
-        target = getattr(args, "target", DEFAULT_TARGET)
+        precisions = _precisions(precision)
         if target not in tpu_compile.TARGETS:
             raise ProbeUsageError(f"unknown TPU target {target!r}; choose from {', '.join(tpu_compile.TARGETS)}")
-        out = _out_dir(getattr(args, "out", DEFAULT_OUT))
+        out = _out_dir(out)
     except ProbeUsageError as exc:
         print(f"parity mxu-probe: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -642,16 +641,3 @@ def cmd_mxu_probe(args) -> int:
     print(f"mxu-probe: {count} rows -> {path}" + ("" if native else f" ({DRY_RUN_NOTE})"))
     unexplained = any(not v.explained for r in results for v in r.verdicts.values())
     return EXIT_UNEXPLAINED if unexplained else EXIT_PASS
-
-
-def add_parser(sub):
-    """Register ``mxu-probe`` on an argparse subparsers object."""
-    p = sub.add_parser("mxu-probe", help="run single-product kernels and say bit for bit how the MXU rounds each "
-                                         "operand at each dot precision (on a CPU: a dry run of the MXU model)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"where {CSV_NAME} goes (default {DEFAULT_OUT})")
-    p.add_argument("--precision", metavar="P,..",
-                   help=f"the dots to probe (default all: {', '.join(PRECISIONS)})")
-    p.add_argument("--target", default=DEFAULT_TARGET,
-                   help=f"dry run only: the real TPU each kernel is first compiled for (default {DEFAULT_TARGET})")
-    p.set_defaults(fn=cmd_mxu_probe)
-    return p

@@ -1,0 +1,102 @@
+"""A run's settings, as frozen records built once per command by a front end (the CLI from its arguments, the
+pytest plugin from its options) and read by every stage; nothing below the front reads a command line.
+
+- :class:`LegOptions`: what each leg is built with, by its role (the reference's method and dtype, the
+  baseline's dot precision, a candidate's real-TPU compile targets);
+- :class:`RunSettings`: which cases, where the rows go and under which rules (tag, force, resume), how many
+  cores, which caches, the legs' options, whether a progress bar shows;
+- :class:`GateSettings`: the policy (loaded once), the legs the gate compares, ``--allow-missing``, the
+  sequential test's cap on draws and where a JUnit report goes.
+
+Each record checks itself when made: a bad value is a ValueError with one line, which each front end turns into
+its usage error (exit 2 on the CLI)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from harness.app.selection import Selection
+from harness.compile.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
+from harness.core.noise import LOOKS
+from harness.core.policy import Policy, default_policy
+from harness.legs.registry import default_leg, leg_spec
+
+REF_METHODS = ("recurrent", "chunk")
+REF_DTYPES = ("float64", "float32")
+DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+
+@dataclasses.dataclass(frozen=True)
+class LegOptions:
+    """What each leg is built with, by its role (:func:`harness.legs.make_leg`'s keywords)."""
+
+    ref_method: str = "recurrent"  # the reference leg's formulation, recomputed against the chunked golden
+    ref_dtype: str = "float64"  # the reference leg's compute dtype
+    dot_precision: str | None = None  # the baseline's TRITON_F32_DEFAULT (None: the environment's, else tf32)
+    compile_targets: tuple[str, ...] = LEG_DEFAULT_TARGETS  # real TPUs an emulated candidate compiles each case for
+
+    def __post_init__(self):
+        for name, value, allowed in (("ref_method", self.ref_method, REF_METHODS),
+                                     ("ref_dtype", self.ref_dtype, REF_DTYPES),
+                                     ("dot_precision", self.dot_precision, (None, *DOT_PRECISIONS))):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} must be one of {', '.join(map(str, allowed))}")
+        parse_targets(",".join(self.compile_targets), LEG_DEFAULT_TARGETS)  # an unknown target: a ValueError
+
+    @classmethod
+    def parse(cls, tpu_targets: str | None = None, **options) -> "LegOptions":
+        """The options with the targets as a command line gives them (``"v5e,v6e"``; None: the default)."""
+        return cls(compile_targets=parse_targets(tpu_targets, LEG_DEFAULT_TARGETS), **options)
+
+    def for_leg(self, name: str) -> dict:
+        """The keywords ``name``'s leg is built with, by its role."""
+        role = leg_spec(name).role
+        if role == "reference":
+            return {"method": self.ref_method, "compute_dtype": self.ref_dtype}
+        if role == "baseline":
+            return {"dot_precision": self.dot_precision}
+        return {"compile_targets": self.compile_targets}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """How one command runs its legs."""
+
+    selection: Selection = Selection()
+    out: Path = Path("reports") / "runs"  # the result files' folder
+    tag: str | None = None  # inserted in result file names: gpu.<tag>.csv
+    force: bool = False  # replace another suite's result file, or discard an interrupted run's partial file
+    resume: bool = False  # continue an interrupted run from its partial file
+    jobs: int = 1  # cores: each leg runs jobs // (cores one of its cases keeps busy) cases at once
+    reference_cache: bool = True  # read and write the on-disk reference cache
+    read_leg_cache: bool = True  # serve legs' outputs from their caches (False: recompute, rewrite the entries)
+    legs: LegOptions = LegOptions()
+    progress: bool = True  # a progress bar per leg (shown only on a terminal)
+
+    def __post_init__(self):
+        object.__setattr__(self, "out", Path(self.out))
+        if not isinstance(self.jobs, int) or self.jobs < 1:
+            raise ValueError(f"jobs={self.jobs!r} must be a whole number of cores, at least 1 (1: no workers)")
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSettings:
+    """How the gate judges: ε_candidate ≤ ε_baseline under :attr:`policy`."""
+
+    policy: Policy = dataclasses.field(default_factory=default_policy)  # loaded once, by the front
+    baseline_leg: str = dataclasses.field(default_factory=lambda: default_leg("baseline"))
+    candidate_leg: str = dataclasses.field(default_factory=lambda: default_leg("candidate"))
+    allow_missing: bool = False  # a (case, tensor) in one file only is counted and shown, not failed
+    max_draws: int = LOOKS[-1]  # the sequential test's cap on input draws per case
+    junit: Path | None = None  # also write the verdicts as JUnit XML here (checked by the front before any work)
+    force: bool = False  # replace a JUnit file the gate did not write
+
+    def __post_init__(self):
+        if not isinstance(self.max_draws, int) or self.max_draws < 1:
+            raise ValueError(f"--max-draws {self.max_draws}: give at least 1 (1 draws nothing more)")
+
+    def options(self, candidate_leg: str | None = None) -> dict:
+        """:func:`harness.judge.gate.apply_gate`'s keywords, for this candidate or another (``--candidate``)."""
+        return {"allow_missing": self.allow_missing, "baseline_leg": self.baseline_leg,
+                "candidate_leg": candidate_leg or self.candidate_leg}
