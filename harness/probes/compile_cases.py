@@ -16,7 +16,7 @@ from harness.core.schema import COMPILE_COLUMNS, COMPILE_MODE  # noqa: F401  (CO
 
 
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]  # the repository: harness/<stage>/<module>.py
 
 
 def compile_sources() -> list[Path]:

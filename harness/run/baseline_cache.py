@@ -77,7 +77,7 @@ from harness.legs.base import Leg, LegOutput
 from harness.ops.base import OpDescriptor
 from harness.run.reference_cache import _META, _checksum, default_cache_dir, entry_metadata
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]  # the repository: harness/<stage>/<module>.py
 SUBDIR = "baselines"
 FORMAT = 1
 _COMMON = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/registry.py", "harness/ops/base.py",

@@ -35,7 +35,7 @@ from cases.inputs import Inputs
 from harness.ops.base import OpDescriptor, call_k_first, state_k_first
 from harness.ops.reductions import magnitude_name, magnitudes, reduction_of
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]  # the repository: harness/<stage>/<module>.py
 # what a golden result depends on besides its inputs: the references, and the descriptors that call them
 _SOURCES = ("references/*.py", "harness/ops/*.py", "cases/*.py")
 FORMAT = 2  # 1 was the bare npz without metadata

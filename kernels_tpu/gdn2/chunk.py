@@ -37,8 +37,11 @@ VMEM scratch; the forward keeps the chunk-start states ``[R, H, NT, K, V]`` (f32
 the inputs, the backward walks the chunks in reverse, recomputes the intra-chunk quantities and writes each
 gradient over its input in place.
 
-Shared with kda, imported, not repeated: the pair scores and their two adjoints (sub-chunked, every exponent
-<= 0: nothing overflows for any gate), the unit-lower inverse and its gradient, the configuration, the dot
+Shared with kda, imported, not repeated: the chunk step (``dlt``, ``o``, ``S'`` from ``W``, ``U``, ``Aqk``:
+:func:`kernels_tpu.kda.chunk.chunk_step`) and its backward but for the erase side (``chunk_step_grads`` back to
+``dA``, ``dx`` and ``d(e exp G)``; ``chunk_qkg_grads`` from there to dq, dk, dG), the pair scores and their two
+adjoints (sub-chunked, every exponent <= 0: nothing overflows for any gate), the unit-lower inverse and its
+gradient, the configuration, the dot
 policy (every in-kernel dot through ``Config.policy``: :mod:`kernels_tpu.mxu`), the in-kernel options (gdn2's
 are kda's functions in fla: ``l2norm_fwd`` and ``kda_gate_chunk_cumsum``), the chunk-local cumsum, the layout
 helpers and fla's ``safe_gate`` argument check.
@@ -58,17 +61,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, HeadPadding, Walk, causal_mask, check_limits, iota, start_state,
-                                walk_pass)
+from kernels_tpu.common import BlockSizes, HeadPadding, Walk, check_limits, start_state, walk_pass
 from kernels_tpu.kda.chunk import (Config, _chunk_cumsum, _dot, _head_major, _load, _make_config, _pair_cols,
                                    _pair_rows, _pair_scores, _preprocess, _public_o, _unit_lower_inverse,
-                                   check_options, inverse_grad)
+                                   check_options, chunk_qkg_grads, chunk_step, chunk_step_grads)
 from kernels_tpu.varlen import Packing
 from op_contract import check_gdn2, gdn2_options, kda_options
 
 F32 = jnp.float32
-NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
 
 
 # ============================================================ in-kernel maths
@@ -93,7 +93,7 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, *r
         h0_ref = None
         o_ref, hs_ref, ht_ref, S_scr = refs
     pol = cfg.policy
-    C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
+    bc = cfg.blocks.sub_chunk
     begins, ends = walk.edges(edge_ref)  # this chunk starts / ends its sequence
 
     start_state(S_scr, h0_ref, begins)
@@ -102,12 +102,8 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, *r
     S = S_scr[...]
     hs_ref[...] = S
     _, _, eG, _, W, U, Aqk = _intra(q, k, b * k, w * v, G, scale=cfg.scale, bc=bc, policy=pol)
-    dlt = U - _dot(W, S, policy=pol)
-    o = cfg.scale * _dot(q * eG, S, policy=pol) + _dot(Aqk, dlt, policy=pol)
+    o, S_new = chunk_step(q, k, G, S, eG, W, U, Aqk, scale=cfg.scale, policy=pol)
     o_ref[...] = o.astype(o_ref.dtype)
-    G_last = G[C - 1:C]  # [1, K]
-    kdec = k * jnp.exp(G_last - G)
-    S_new = jnp.exp(G_last).T * S + _dot(kdec, dlt, TN, policy=pol)
     S_scr[...] = S_new
 
     @pl.when(ends)
@@ -118,7 +114,7 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, *r
 def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, hs_ref, do_ref, dht_ref,
                 dq_ref, dk_ref, dv_ref, dG_ref, db_ref, dw_ref, dh0_ref, dS_scr, *, cfg: Config, walk: Walk):
     pol = cfg.policy
-    C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
+    bc = cfg.blocks.sub_chunk
     pairs = dict(bc=bc, policy=pol)
     begins, ends = walk.edges(edge_ref)  # reverse walk: a sequence begins at its last chunk
 
@@ -128,52 +124,26 @@ def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, hs
     e, x = b * k, w * v
     S = hs_ref[...]
     dS = dS_scr[...]
-    A, Tm, eG, eg, W, U, Aqk = _intra(q, k, e, x, G, scale=cfg.scale, bc=bc, policy=pol)
-    dlt = U - _dot(W, S, policy=pol)
-    G_last = G[C - 1:C]
-    dec_last = jnp.exp(G_last)  # [1, K]
-    kdec = k * jnp.exp(G_last - G)
-    qg = q * eG
-
-    # o = scale qg S + Aqk dlt ;  S' = dec_last^T * S + kdec^T dlt
-    d_dlt = _dot(Aqk, do, TN, policy=pol) + _dot(kdec, dS, policy=pol)  # Aqk^T do + kdec dS'
-    dAqk = jnp.where(causal_mask(C), _dot(do, dlt, NT_T, policy=pol), 0.0)
-    dqg = cfg.scale * _dot(do, S, NT_T, policy=pol)
-    dkdec = _dot(dlt, dS, NT_T, policy=pol)
-    # dlt = U - W S
-    dW = -_dot(d_dlt, S, NT_T, policy=pol)
-    dS_prev = (cfg.scale * _dot(qg, do, TN, policy=pol) + dec_last.T * dS
-               - _dot(W, d_dlt, TN, policy=pol))
-    # U = Tm x, W = Tm eg
-    dTm = _dot(d_dlt, x, NT_T, policy=pol) + _dot(dW, eg, NT_T, policy=pol)
-    dx = _dot(Tm, d_dlt, TN, policy=pol)  # Tm^T dU
-    deg = _dot(Tm, dW, TN, policy=pol)  # Tm^T dW
-    # Tm = (I + A)^{-1}  ->  dA = -Tm^T dTm Tm^T (strictly lower part)
-    dA = jnp.where(causal_mask(C, strict=True), inverse_grad(Tm, dTm, policy=pol), 0.0)
+    _, Tm, eG, eg, W, U, Aqk = _intra(q, k, e, x, G, scale=cfg.scale, bc=bc, policy=pol)
+    st = chunk_step_grads(q, k, G, S, dS, do, Tm, eG, eg, x, W, U, Aqk, scale=cfg.scale, policy=pol)
     # A = pairs(e, k): row r reads the erase key, column s the key
-    xe = _pair_rows(dA, k, G, strict=True, **pairs)
-    yk = _pair_cols(dA, e, G, strict=True, **pairs)
-    # Aqk = scale pairs(q, k)
-    dP = cfg.scale * dAqk
-    xq = _pair_rows(dP, k, G, strict=False, **pairs)
-    yq = _pair_cols(dP, q, G, strict=False, **pairs)
-    de = xe + deg * eG  # eg = e * exp G
-    dq = xq + dqg * eG
-    dk = yk + yq + de * b + dkdec * jnp.exp(G_last - G)  # e = b * k: dk += de * b
+    xe = _pair_rows(st.dL, k, G, strict=True, **pairs)
+    yk = _pair_cols(st.dL, e, G, strict=True, **pairs)
+    de = xe + st.dkw * eG  # eg = e * exp G
+    # e = b * k: dk += de * b
+    dq, dk, dG = chunk_qkg_grads(q, k, G, S, dS, eG, eg, st, dk_L=yk, dk_kw=de * b, dG_L=e * xe - k * yk,
+                                 scale=cfg.scale, **pairs)
     db = de * k
-    dv = dx * w  # x = w * v
-    dw = dx * v
-    dG = e * xe - k * yk + q * xq - k * yq + deg * eg + dqg * qg - dkdec * kdec
-    dG_last = jnp.sum(dkdec * kdec, axis=0, keepdims=True) + dec_last * jnp.sum(S * dS, axis=1, keepdims=True).T
-    dG = dG + jnp.where(iota((C, 1), 0) == C - 1, dG_last, 0.0)
+    dv = st.dx * w  # x = w * v
+    dw = st.dx * v
 
     for ref, val in ((dq_ref, dq), (dk_ref, dk), (dv_ref, dv), (dG_ref, dG), (db_ref, db), (dw_ref, dw)):
         ref[...] = val.astype(ref.dtype)  # the input's dtype: each gradient overwrites its input (_bwd_impl)
-    dS_scr[...] = dS_prev
+    dS_scr[...] = st.dS_prev
 
     @pl.when(ends)
     def _initial_state_grad():
-        dh0_ref[...] = dS_prev
+        dh0_ref[...] = st.dS_prev
 
 
 # ============================================================ pallas_call wrappers

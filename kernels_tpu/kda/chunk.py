@@ -25,7 +25,9 @@ its tables scalar-prefetched: a sequence's first chunk starts the state from its
 ht (:class:`kernels_tpu.common.Walk`). The chunk axis is sequential (``"arbitrary"``, last) and carries
 the f32 state (or its gradient) in VMEM scratch. The forward also writes the chunk-start states
 ``[R, H, NT, K, V]`` (f32), the only residual besides the inputs; the backward walks the chunks in
-reverse through its index maps and recomputes the intra-chunk quantities.
+reverse through its index maps and recomputes the intra-chunk quantities. The chunk step and its backward but
+for the erase side (:func:`chunk_step`, :func:`chunk_step_grads`, :func:`chunk_qkg_grads`) are gdn2's too
+(:mod:`kernels_tpu.gdn2.chunk`): only how ``L`` is made from the keys differs.
 
 Gate stability (``g <= 0``): every exponential is of a non-positive number. ``exp G``,
 ``exp(G_C - G)`` are <= 1. Pairwise decays are evaluated on sub-chunks of ``sub_chunk`` rows:
@@ -48,7 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -193,6 +195,96 @@ def _intra(q, k, v, G, beta, *, scale, bc, policy):
     return M, Tm, eG, kbg, vb, w, u, Aqk
 
 
+# ============================================================ the delta-rule chunk step (kda's and gdn2's)
+# kda and gdn2 (kernels_tpu.gdn2.chunk) run the same chunk once their intra-chunk quantities are formed: the
+# decayed erase keys kw and the written values x (kda: beta k exp G and beta v; gdn2: b k exp G and w v), the
+# inverse Tm = (I + L)^{-1}, W = Tm kw and U = Tm x. They differ only in how L is made from the keys, so each
+# kernel does the chain rule back through L and kw itself, between chunk_step_grads and chunk_qkg_grads.
+def chunk_step(q, k, G, S, eG, W, U, Aqk, *, scale, policy: mxu.Policy):
+    """One chunk's output and the state it hands on, from the state S entering it::
+
+        dlt = U - W S                                the new values
+        o   = scale (q * exp G) S + Aqk dlt
+        S'  = exp(G_C) * S + (k * exp(G_C - G))^T dlt
+
+    Returns (o, S')."""
+    C = G.shape[0]
+    dlt = U - _dot(W, S, policy=policy)
+    o = scale * _dot(q * eG, S, policy=policy) + _dot(Aqk, dlt, policy=policy)
+    G_last = G[C - 1:C]  # [1, K]
+    kdec = k * jnp.exp(G_last - G)
+    S_new = jnp.exp(G_last).T * S + _dot(kdec, dlt, TN, policy=policy)
+    return o, S_new
+
+
+class StepGrads(NamedTuple):
+    """:func:`chunk_step_grads`: the gradients the chunk step hands back, and the step's own terms that the key and
+    gate gradients (:func:`chunk_qkg_grads`) reuse rather than recompute."""
+
+    dS_prev: Any  # [K, V] the state entering the chunk
+    dL: Any  # [C, C] through Tm = (I + L)^{-1}, strictly lower
+    dx: Any  # [C, V] Tm^T dU: the written values'
+    dkw: Any  # [C, K] Tm^T dW: the decayed erase keys'
+    dAqk: Any  # [C, C] causal
+    dqg: Any  # [C, K] of qg = q * exp G
+    qg: Any
+    dkdec: Any  # [C, K] of kdec = k * exp(G_C - G)
+    kdec: Any
+    dec_last: Any  # [1, K] exp(G_C)
+
+
+def chunk_step_grads(q, k, G, S, dS, do, Tm, eG, kw, x, W, U, Aqk, *, scale, policy: mxu.Policy) -> StepGrads:
+    """The transposes of :func:`chunk_step` (do, and dS the gradient of the state it hands on), then of
+    U = Tm x, W = Tm kw and Tm = (I + L)^{-1}: up to dL, dx and dkw, where the two ops part."""
+    pol = policy
+    C = G.shape[0]
+    dlt = U - _dot(W, S, policy=pol)
+    G_last = G[C - 1:C]
+    dec_last = jnp.exp(G_last)  # [1, K]
+    kdec = k * jnp.exp(G_last - G)
+    qg = q * eG
+
+    # o = scale qg S + Aqk dlt ;  S' = dec_last^T * S + kdec^T dlt
+    d_dlt = _dot(Aqk, do, TN, policy=pol) + _dot(kdec, dS, policy=pol)  # Aqk^T do + kdec dS'
+    dAqk = jnp.where(causal_mask(C), _dot(do, dlt, NT_T, policy=pol), 0.0)
+    dqg = scale * _dot(do, S, NT_T, policy=pol)
+    dkdec = _dot(dlt, dS, NT_T, policy=pol)
+    # dlt = U - W S
+    dW = -_dot(d_dlt, S, NT_T, policy=pol)
+    dS_prev = (scale * _dot(qg, do, TN, policy=pol) + dec_last.T * dS
+               - _dot(W, d_dlt, TN, policy=pol))
+    # U = Tm x, W = Tm kw
+    dTm = _dot(d_dlt, x, NT_T, policy=pol) + _dot(dW, kw, NT_T, policy=pol)
+    dx = _dot(Tm, d_dlt, TN, policy=pol)  # Tm^T dU
+    dkw = _dot(Tm, dW, TN, policy=pol)  # Tm^T dW
+    # Tm = (I + L)^{-1}  ->  dL = -Tm^T dTm Tm^T (strictly lower part)
+    dL = jnp.where(causal_mask(C, strict=True), inverse_grad(Tm, dTm, policy=pol), 0.0)
+    return StepGrads(dS_prev, dL, dx, dkw, dAqk, dqg, qg, dkdec, kdec, dec_last)
+
+
+def chunk_qkg_grads(q, k, G, S, dS, eG, kw, st: StepGrads, *, dk_L, dk_kw, dG_L, scale, bc: int,
+                    policy: mxu.Policy):
+    """dq, dk, dG: the query side (Aqk = scale pairs(q, k)) and the step's terms around the op's own, dk_L and
+    dG_L (back through L) and dk_kw (back through kw)::
+
+        dk = dk_L + yq + dk_kw + dkdec * exp(G_C - G)
+        dG = dG_L + q * xq - k * yq + dkw * kw + dqg * qg - dkdec * kdec   (+ through G_C, on the last row)
+
+    The sums run left to right in this order: the op's terms first, so each kernel's rounding is its own."""
+    C = G.shape[0]
+    dP = scale * st.dAqk
+    xq = _pair_rows(dP, k, G, strict=False, bc=bc, policy=policy)
+    yq = _pair_cols(dP, q, G, strict=False, bc=bc, policy=policy)
+    G_last = G[C - 1:C]
+    dq = xq + st.dqg * eG
+    dk = dk_L + yq + dk_kw + st.dkdec * jnp.exp(G_last - G)
+    dG = dG_L + q * xq - k * yq + st.dkw * kw + st.dqg * st.qg - st.dkdec * st.kdec
+    dG_last = (jnp.sum(st.dkdec * st.kdec, axis=0, keepdims=True)
+               + st.dec_last * jnp.sum(S * dS, axis=1, keepdims=True).T)
+    dG = dG + jnp.where(iota((C, 1), 0) == C - 1, dG_last, 0.0)
+    return dq, dk, dG
+
+
 def _load(ref):
     return ref[...].astype(F32)
 
@@ -206,7 +298,7 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, *refs,
         h0_ref = None
         o_ref, hs_ref, ht_ref, S_scr = refs
     pol = cfg.policy
-    C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
+    bc = cfg.blocks.sub_chunk
     begins, ends = walk.edges(edge_ref)  # this chunk starts / ends its sequence
 
     start_state(S_scr, h0_ref, begins)
@@ -216,12 +308,8 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, *refs,
     S = S_scr[...]
     hs_ref[...] = S
     _, _, eG, _, _, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, policy=pol)
-    dlt = u - _dot(w, S, policy=pol)
-    o = cfg.scale * _dot(q * eG, S, policy=pol) + _dot(Aqk, dlt, policy=pol)
+    o, S_new = chunk_step(q, k, G, S, eG, w, u, Aqk, scale=cfg.scale, policy=pol)
     o_ref[...] = o.astype(o_ref.dtype)
-    G_last = G[C - 1:C]  # [1, K]
-    kdec = k * jnp.exp(G_last - G)
-    S_new = jnp.exp(G_last).T * S + _dot(kdec, dlt, TN, policy=pol)
     S_scr[...] = S_new
 
     @pl.when(ends)
@@ -232,7 +320,7 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, *refs,
 def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref, do_ref, dht_ref,
                 dq_ref, dk_ref, dv_ref, dG_ref, dbeta_ref, dh0_ref, dS_scr, *, cfg: Config, walk: Walk):
     pol = cfg.policy
-    C, bc = cfg.blocks.chunk_size, cfg.blocks.sub_chunk
+    bc = cfg.blocks.sub_chunk
     pairs = dict(bc=bc, policy=pol)
     begins, ends = walk.edges(edge_ref)  # reverse walk: a sequence begins at its last chunk
 
@@ -243,51 +331,26 @@ def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref
     S = hs_ref[...]
     dS = dS_scr[...]
     M, Tm, eG, kbg, vb, w, u, Aqk = _intra(q, k, v, G, beta, scale=cfg.scale, bc=bc, policy=pol)
-    dlt = u - _dot(w, S, policy=pol)
-    G_last = G[C - 1:C]
-    dec_last = jnp.exp(G_last)  # [1, K]
-    kdec = k * jnp.exp(G_last - G)
-    qg = q * eG
-
-    # o = scale qg S + Aqk dlt ;  S' = dec_last^T * S + kdec^T dlt
-    d_dlt = _dot(Aqk, do, TN, policy=pol) + _dot(kdec, dS, policy=pol)  # Aqk^T do + kdec dS'
-    dAqk = jnp.where(causal_mask(C), _dot(do, dlt, NT_T, policy=pol), 0.0)
-    dqg = cfg.scale * _dot(do, S, NT_T, policy=pol)
-    dkdec = _dot(dlt, dS, NT_T, policy=pol)
-    # dlt = u - w S
-    dw = -_dot(d_dlt, S, NT_T, policy=pol)
-    dS_prev = (cfg.scale * _dot(qg, do, TN, policy=pol) + dec_last.T * dS
-               - _dot(w, d_dlt, TN, policy=pol))
-    # u = Tm vb, w = Tm kbg
-    dTm = _dot(d_dlt, vb, NT_T, policy=pol) + _dot(dw, kbg, NT_T, policy=pol)
-    dvb = _dot(Tm, d_dlt, TN, policy=pol)  # Tm^T du
-    dkbg = _dot(Tm, dw, TN, policy=pol)  # Tm^T dw
-    # Tm = (I + L)^{-1}  ->  dL = -Tm^T dTm Tm^T (strictly lower part)
-    dL = jnp.where(causal_mask(C, strict=True), inverse_grad(Tm, dTm, policy=pol), 0.0)
+    st = chunk_step_grads(q, k, G, S, dS, do, Tm, eG, kbg, vb, w, u, Aqk, scale=cfg.scale, policy=pol)
     # L = beta M
-    dbeta = jnp.sum(dL * M, axis=1, keepdims=True)
-    dM = beta * dL
-    # M = pairs(k, k), Aqk = scale pairs(q, k)
+    dbeta = jnp.sum(st.dL * M, axis=1, keepdims=True)
+    dM = beta * st.dL
+    # M = pairs(k, k): k is both sides of every pair
     xk = _pair_rows(dM, k, G, strict=True, **pairs)
     yk = _pair_cols(dM, k, G, strict=True, **pairs)
-    dP = cfg.scale * dAqk
-    xq = _pair_rows(dP, k, G, strict=False, **pairs)
-    yq = _pair_cols(dP, q, G, strict=False, **pairs)
-    dq = xq + dqg * eG
-    dk = xk + yk + yq + beta * eG * dkbg + dkdec * jnp.exp(G_last - G)
-    dv = beta * dvb
-    dbeta = dbeta + jnp.sum(dvb * v, axis=1, keepdims=True) + jnp.sum(dkbg * k * eG, axis=1, keepdims=True)
-    dG = k * (xk - yk) + q * xq - k * yq + dkbg * kbg + dqg * qg - dkdec * kdec
-    dG_last = jnp.sum(dkdec * kdec, axis=0, keepdims=True) + dec_last * jnp.sum(S * dS, axis=1, keepdims=True).T
-    dG = dG + jnp.where(iota((C, 1), 0) == C - 1, dG_last, 0.0)
+    # kbg = beta * k * exp G: dk gets beta exp G dkbg (its beta and G sides: dbeta below, dG in chunk_qkg_grads)
+    dq, dk, dG = chunk_qkg_grads(q, k, G, S, dS, eG, kbg, st, dk_L=xk + yk, dk_kw=beta * eG * st.dkw,
+                                 dG_L=k * (xk - yk), scale=cfg.scale, **pairs)
+    dv = beta * st.dx
+    dbeta = dbeta + jnp.sum(st.dx * v, axis=1, keepdims=True) + jnp.sum(st.dkw * k * eG, axis=1, keepdims=True)
 
     for ref, x in ((dq_ref, dq), (dk_ref, dk), (dv_ref, dv), (dG_ref, dG), (dbeta_ref, column_to_row(dbeta))):
         ref[...] = x.astype(ref.dtype)  # the input's dtype: each gradient overwrites its input (_bwd_impl)
-    dS_scr[...] = dS_prev
+    dS_scr[...] = st.dS_prev
 
     @pl.when(ends)
     def _initial_state_grad():
-        dh0_ref[...] = dS_prev
+        dh0_ref[...] = st.dS_prev
 
 
 # ============================================================ pallas_call wrappers
