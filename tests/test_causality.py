@@ -8,6 +8,8 @@ from harness.legs.base import LegOutput
 from harness.legs.ref import RefLeg
 from harness.ops import get_op
 from harness.legs import make_leg
+from harness.run.reference_cache import ReferenceCache
+from harness.run.runner import Runner
 
 CASE = Case("simple_gla", "chunk", B=1, T=24, H=2, K=8, V=8, dtype="float32", gate=Gate(), chunk_size=8, h0=True,
             dht=True)
@@ -28,7 +30,7 @@ def test_perturbation_touches_only_the_future_of_forward_inputs():
 
 
 def test_reference_leg_is_bit_exactly_causal():
-    rows = check_case(make_leg("ref", method="chunk"), CASE)
+    rows = check_case(Runner(make_leg("ref", method="chunk"), ReferenceCache(None)), CASE)
     assert [(r.tensor, r.status, r.bit_exact) for r in rows] == [("o", "ok", True), ("dq", "ok", True)]
 
 
@@ -45,7 +47,7 @@ class LeakyLeg(RefLeg):
 
 
 def test_a_leak_far_below_epsilon_is_caught():
-    rows = {r.tensor: r for r in check_case(LeakyLeg(method="chunk"), CASE)}
+    rows = {r.tensor: r for r in check_case(Runner(LeakyLeg(method="chunk"), ReferenceCache(None)), CASE)}
     assert rows["o"].status == "leak" and 0 < rows["o"].max_abs_diff < 1e-3
     assert rows["dq"].status == "ok"
 
@@ -69,7 +71,7 @@ class RefusingLeg(RefLeg):
 
 
 def test_unsupported_rows_carry_reason_and_input_hash():
-    rows = check_case(RefusingLeg(), CASE)
+    rows = check_case(Runner(RefusingLeg(), ReferenceCache(None)), CASE)
     assert {r.status for r in rows} == {"unsupported"}
     assert all("multiples of 128" in r.reason and len(r.input_sha256) == 64 and r.mode == "native" for r in rows)
 

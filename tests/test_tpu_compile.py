@@ -76,7 +76,8 @@ def test_the_compiler_refuses_what_interpret_mode_runs():
 @pytest.mark.slow
 @pytest.mark.parametrize("suite", ["smoke", "regressions"])
 def test_every_case_compiles_for_v5e_v6e_v7x(suite):
-    rows = pd.DataFrame([r for case in get_suite(suite) for r in case_rows(case, COMPILE_DEFAULT_TARGETS)])
+    runner = Runner(make_leg("tpu", compile_targets=()), ReferenceCache(None))
+    rows = pd.DataFrame([r for case in get_suite(suite) for r in case_rows(case, COMPILE_DEFAULT_TARGETS, runner)])
     bad = rows[rows["status"] == "error"]
     assert bad.empty, bad[["case_id", "target", "reason"]].to_dict("records")
     refused = rows[rows["status"] == "unsupported"]

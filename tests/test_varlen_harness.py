@@ -184,7 +184,7 @@ def test_kernels_without_cu_seqlens_make_unsupported_rows():
     assert all("_pre_varlen_chunk_simple_gla does not take cu_seqlens" in r["reason"] and "lens=5+36+7"
                in r["reason"] and len(r["input_sha256"]) == 64 for r in rows)
     # the isolation check reports the refusal on its rows too, and never a number
-    crows = check_case(leg, TPU_CASE, runner=Runner(leg, ReferenceCache(None), ops={"simple_gla": old}))
+    crows = check_case(Runner(leg, ReferenceCache(None), ops={"simple_gla": old}), TPU_CASE)
     assert {r.status for r in crows} == {"unsupported"} and {r.check for r in crows} == {"causality", "isolation"}
 
 
@@ -256,7 +256,7 @@ def test_isolation_redraws_one_sequence_its_state_and_cotangents_only():
 @pytest.mark.parametrize("op_name", sorted(SMALL))
 def test_reference_leg_is_causal_and_isolates_sequences_bit_exactly(op_name):
     case = SMALL[op_name]
-    rows = check_case(make_leg("ref", method="chunk"), case)
+    rows = check_case(Runner(make_leg("ref", method="chunk"), ReferenceCache(None)), case)
     t0 = default_t0(case)  # inside the middle sequence [5, 25): 23 at C = 16, 14 at C = 32
     causal = [(r.tensor, r.status, r.bit_exact, r.t0) for r in rows if r.check == "causality"]
     assert causal == [("o", "ok", True, t0), ("dq", "ok", True, t0)] and 5 <= t0 < 24
@@ -266,7 +266,7 @@ def test_reference_leg_is_causal_and_isolates_sequences_bit_exactly(op_name):
 
 
 def test_the_isolation_check_runs_every_sequence_of_two():
-    rows = check_case(make_leg("ref", method="chunk"), SMALL["simple_gla"].replace(lens=(9, 23)))
+    rows = check_case(Runner(make_leg("ref", method="chunk"), ReferenceCache(None)), SMALL["simple_gla"].replace(lens=(9, 23)))
     iso = [r for r in rows if r.check == "isolation"]
     assert {r.seq for r in iso} == {0, 1} and {r.status for r in iso} == {"ok"}
 
@@ -298,7 +298,7 @@ class BackwardCarryLeg(RefLeg):
 
 @pytest.mark.parametrize("leg, leaked", [(CarryLeg, "o"), (BackwardCarryLeg, "dh0")])
 def test_a_leak_between_sequences_far_below_epsilon_is_caught(leg, leaked):
-    rows = check_case(leg(method="chunk"), SMALL["simple_gla"])
+    rows = check_case(Runner(leg(method="chunk"), ReferenceCache(None)), SMALL["simple_gla"])
     iso = {r.tensor: r for r in rows if r.check == "isolation"}
     assert iso[leaked].status == "leak" and 0 < iso[leaked].max_abs_diff < 1e-5
     assert "packed sequence 1" in iso[leaked].reason
@@ -309,7 +309,7 @@ def test_a_leak_between_sequences_far_below_epsilon_is_caught(leg, leaked):
 @pytest.mark.needs_leg("gpu")
 def test_gpu_leg_isolates_sequences_bit_exactly(gpu_leg):
     """fla with cu_seqlens (emulated): causal inside a sequence, and sequence 1 never reaches 0 or 2."""
-    rows = check_case(gpu_leg, SMALL["simple_gla"])
+    rows = check_case(Runner(gpu_leg, ReferenceCache(None)), SMALL["simple_gla"])
     assert {(r.check, r.status, r.bit_exact) for r in rows} == {("causality", "ok", True), ("isolation", "ok", True)}
     assert len([r for r in rows if r.check == "isolation"]) == 7  # o, ht, dq, dk, dv, dg, dh0
 
@@ -317,7 +317,7 @@ def test_gpu_leg_isolates_sequences_bit_exactly(gpu_leg):
 @pytest.mark.slow
 @pytest.mark.parametrize("op_name", ["gla", "kda"])
 def test_gpu_leg_isolates_sequences_bit_exactly_for_every_op(gpu_leg, op_name):
-    rows = check_case(gpu_leg, SMALL[op_name])
+    rows = check_case(Runner(gpu_leg, ReferenceCache(None)), SMALL[op_name])
     assert {(r.status, r.bit_exact) for r in rows} == {("ok", True)}, [(r.tensor, r.reason) for r in rows]
 
 

@@ -131,9 +131,9 @@ def _runner(job: LegJob) -> Runner:
 def settle(runner: Runner, case: Case, task: str, targets: tuple[str, ...] = ()) -> list[dict]:
     """The case's rows through ``runner``: its result rows, its causality rows as dicts, or its compile rows."""
     if task == "causality":
-        return [dataclasses.asdict(r) for r in check_case(runner.leg, case, runner=runner)]
+        return [dataclasses.asdict(r) for r in check_case(runner, case)]
     if task == "compile":
-        return case_rows(case, targets, runner=runner)
+        return case_rows(case, targets, runner)
     return runner.run_case(case)
 
 

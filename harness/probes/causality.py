@@ -43,10 +43,8 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs, input_shapes, inputs_sha256, make_inputs
 
-from harness.legs.base import Leg
 from harness.ops.base import OpDescriptor, per_token
 from harness.ops.serving import is_served
-from harness.run.reference_cache import ReferenceCache
 from harness.run.runner import Refusal, Runner
 from harness.core.status import Status
 
@@ -179,11 +177,12 @@ def _diff(y0: np.ndarray, y1: np.ndarray) -> tuple[bool, float, float]:
     return True, max_abs, rel
 
 
-def check_case(leg: Leg, case: Case, t0: int | None = None, runner: Runner | None = None) -> list[CausalityRow]:
+def check_case(runner: Runner, case: Case, t0: int | None = None) -> list[CausalityRow]:
     """Run the case twice through the runner's own steps (validation, inputs, supports, preflight,
     run) and compare ``o`` and ``dq`` up to ``t0``; a packed case then runs once more per sequence of
-    :func:`isolation_seqs` and compares every other sequence's part of each tensor (isolation rows)."""
-    runner = runner or Runner(leg, ReferenceCache(None))
+    :func:`isolation_seqs` and compares every other sequence's part of each tensor (isolation rows). The
+    runner's leg is the leg checked; no golden is compared, so its reference cache stays empty."""
+    leg = runner.leg
     t0 = default_t0(case) if t0 is None else t0
     mode = runner.provenance["mode"]
     seqs = isolation_seqs(case)

@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.run.baseline_cache import BaselineCache, _hash_files, cached, source_closure
-from harness.legs.registry import default_leg, make_leg
+from harness.legs.registry import default_leg
 from harness.legs.tpu import NATIVE, device_arrays, program
-from harness.run.reference_cache import ReferenceCache
 from harness.run.runner import Refusal, Runner, impl_option
 from harness.core.status import Status
 from harness.compile.tpu_compile import MEMORY_FIELDS, TARGETS, compile_for, versions
@@ -48,14 +47,13 @@ class ContentKeys:
         return self.cache.content_key(op, case, task="compile", target=target, compile_sources=self.sources)
 
 
-def case_rows(case, targets: tuple[str, ...], ops=None, runner=None) -> list[dict]:
+def case_rows(case, targets: tuple[str, ...], runner: Runner) -> list[dict]:
     """One row per target for one case: ``ok``, ``error`` or ``unsupported`` (with its reason).
 
-    The case goes through the TPU leg's own runner steps (validation, inputs, supports) first;
-    ``runner`` (a ``Runner`` over a ``TpuLeg``, or over any candidate leg: an external implementation's
-    binding compiles the same way) is built when not given.
+    The case goes through the candidate leg's own runner steps (validation, inputs, supports) first:
+    ``runner`` is a ``Runner`` over a ``TpuLeg`` built with no compile targets of its own, or over any
+    candidate leg (an external implementation's binding compiles the same way).
     """
-    runner = runner or Runner(make_leg(default_leg("candidate"), compile_targets=()), ReferenceCache(None), ops=ops)
     leg = runner.leg
     base = _base(case, targets, runner)
     try:
