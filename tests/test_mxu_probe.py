@@ -2,7 +2,6 @@
 power to tell every hypothesis apart, and the dry run end to end (interpret mode with the MXU model), with a
 fault in the model that the probe must name."""
 
-import argparse
 import contextlib
 import csv
 
@@ -137,10 +136,9 @@ def test_the_layout_puts_one_product_on_each_output():
 
 # ------------------------------------------------------------------------------- the dry run, end to end
 def run(tmp_path, *argv):
-    parser = argparse.ArgumentParser()
-    mp.add_parser(parser.add_subparsers(dest="verb"))
-    args = parser.parse_args(["mxu-probe", "--out", str(tmp_path), *argv])
-    return args.fn(args)
+    from harness.cli import main
+
+    return main(["mxu-probe", "--out", str(tmp_path), *argv])
 
 
 def verdicts(path):

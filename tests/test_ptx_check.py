@@ -286,9 +286,8 @@ def test_the_command_checks_a_launches_file_and_writes_its_csv(compiled, tmp_pat
     _, launches, _ = compiled
     from harness.cli import ptx_leg_inputs
 
-    args = argparse.Namespace(suite="smoke", case=[], target="sm90", out=str(tmp_path / "out"),
-                              launches=str(launches), backend="gpu", leg_inputs=ptx_leg_inputs)
-    rc = ptx.cmd_ptx(args)
+    rc = ptx.sweep(suite="smoke", case=[], target="sm90", out=str(tmp_path / "out"), launches=str(launches),
+                   backend="gpu", leg_inputs=ptx_leg_inputs)
     out = capsys.readouterr().out
     with open(tmp_path / "out" / "ptx.csv") as fh:
         rows = list(csv.reader(fh))
@@ -309,19 +308,21 @@ def test_the_command_checks_a_launches_file_and_writes_its_csv(compiled, tmp_pat
 def test_bad_input_is_exit_2_with_one_line(tmp_path, capsys, target, launches, message):
     from harness.cli import ptx_leg_inputs
 
-    args = argparse.Namespace(suite="smoke", case=[], target=target, out=str(tmp_path), launches=launches,
-                              backend="gpu", leg_inputs=ptx_leg_inputs)
-    assert ptx.cmd_ptx(args) == 2
+    assert ptx.sweep(suite="smoke", case=[], target=target, out=str(tmp_path), launches=launches, backend="gpu",
+                     leg_inputs=ptx_leg_inputs) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
 
 
-def test_add_parser_registers_ptx():
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers()
-    ptx.add_parser(sub)
+def test_the_parser_registers_ptx_in_the_front():
+    """``parity ptx``'s options are the front's (harness/parser.py); the emulation layer's :func:`ptx.sweep` takes
+    their values."""
+    from harness.parser import build_parser
+
+    parser = build_parser()
     args = parser.parse_args(["ptx", "--target", "sm80", "--out", "x"])
-    assert args.fn is ptx.cmd_ptx and args.target == "sm80" and args.suite == "smoke" and args.reuse is None
+    assert args.verb_fn == "ptx" and args.target == "sm80" and args.suite == "smoke" and args.reuse is None
+    assert args.backend == "gpu"
     assert parser.parse_args(["ptx", "--reuse", "reports/ci/ptx-smoke"]).reuse == "reports/ci/ptx-smoke"
 
 
@@ -366,12 +367,12 @@ def with_inputs(key: dict, **changes) -> dict:
     return {"key": ptx._sha256(json.dumps(inputs, sort_keys=True).encode()), "inputs": inputs}
 
 
-def ptx_args(out, reuse=None, **kw) -> argparse.Namespace:
+def ptx_args(out, reuse=None, **kw) -> dict:
     from harness.cli import ptx_leg_inputs
 
     base = dict(suite="smoke", case=[], target="sm80,sm90", out=str(out), launches=None, reuse=reuse, backend="gpu",
                 leg_inputs=ptx_leg_inputs)
-    return argparse.Namespace(**{**base, **kw})
+    return {**base, **kw}
 
 
 @pytest.fixture
@@ -407,7 +408,7 @@ def no_sweep(monkeypatch):
 
 def test_a_record_made_from_these_inputs_is_reused_without_capture_or_compile(current, tmp_path, capsys, no_sweep):
     record = make_record(tmp_path / "record", current, gz=True)
-    rc = ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record)))
+    rc = ptx.sweep(**ptx_args(tmp_path / "out", reuse=str(record)))
     out = capsys.readouterr().out.strip().splitlines()
     assert rc == 0 and len(out) == 1
     assert out[0].startswith(f"ptx: verified by content: the record {record} (made at ")
@@ -426,7 +427,7 @@ def test_a_record_from_other_inputs_reruns_and_names_what_differs(current, tmp_p
     assert "harness/emulation/ptx.py" in current["inputs"]["files"]
     old = with_inputs(current, versions={"triton": "3.8.0"}, files={f: "0" * 64 for f in files})
     record = make_record(tmp_path / "record", old)
-    rc = ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record)))
+    rc = ptx.sweep(**ptx_args(tmp_path / "out", reuse=str(record)))
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 0 and [c[0] for c in sweep.calls] == ["capture", "compile"]
     assert lines[0].startswith(f"ptx: not verified by the record {record}: it was made from other inputs: triton "
@@ -442,7 +443,7 @@ def test_a_record_from_other_inputs_reruns_and_names_what_differs(current, tmp_p
     assert "launches_from" not in key and key["capture_rc"] == 0
     # other targets, another selection: named too
     make_record(tmp_path / "record", with_inputs(current, targets=["sm90"], selection=["--suite", "regressions"]))
-    ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record)))
+    ptx.sweep(**ptx_args(tmp_path / "out", reuse=str(record)))
     assert "other inputs: targets sm90 -> sm80,sm90, selection --suite,regressions -> --suite,smoke; running" \
         in capsys.readouterr().out
 
@@ -452,7 +453,7 @@ def test_a_record_with_a_failing_row_is_never_reused(current, tmp_path, capsys, 
     rows = RECORD_ROWS[:-1] + [dataclasses.replace(RECORD_ROWS[-1], status=status)]
     record = make_record(tmp_path / "record", current, rows=rows)
     sweep.rows = rows  # the sweep reproduces it for real: exit 1
-    assert ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record))) == 1
+    assert ptx.sweep(**ptx_args(tmp_path / "out", reuse=str(record))) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     n_mismatch, n_error = (1, 0) if status == "mismatch" else (0, 1)
     assert lines[0] == (f"ptx: not verified by the record {record}: its rows have {n_mismatch} mismatch and "
@@ -465,7 +466,7 @@ def test_rows_edited_after_recording_are_not_reused(current, tmp_path, capsys, s
     record = make_record(tmp_path / "record", current)
     text = (record / "ptx.csv").read_text()
     (record / "ptx.csv").write_text(text.replace(",f,n/a", ",f,match", 1))  # still clean, no longer the recorded
-    assert ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(record))) == 0
+    assert ptx.sweep(**ptx_args(tmp_path / "out", reuse=str(record))) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert "its rows ptx.csv were changed after it was recorded" in first and first.endswith("running the sweep")
     assert [c[0] for c in sweep.calls] == ["capture", "compile"]
@@ -474,13 +475,13 @@ def test_rows_edited_after_recording_are_not_reused(current, tmp_path, capsys, s
 def test_refreshing_a_record_in_place_then_reusing_it(current, tmp_path, capsys, sweep, monkeypatch):
     """``--reuse X --out X`` is how a developer refreshes a record: the rerun writes its files there."""
     record = make_record(tmp_path / "record", with_inputs(current, versions={"torch": "0.0"}), gz=True)
-    assert ptx.cmd_ptx(ptx_args(record, reuse=str(record))) == 0
+    assert ptx.sweep(**ptx_args(record, reuse=str(record))) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == f"ptx: recorded: {record} now holds this sweep (key {current['key'][:12]}); commit it"
     assert (record / "ptx.csv").exists() and not (record / "ptx.csv.gz").exists()
     monkeypatch.setattr(ptx, "capture", None)
     monkeypatch.setattr(ptx, "compile_kernels", None)
-    assert ptx.cmd_ptx(ptx_args(tmp_path / "ci", reuse=str(record))) == 0
+    assert ptx.sweep(**ptx_args(tmp_path / "ci", reuse=str(record))) == 0
     assert "verified by content" in capsys.readouterr().out
 
 
@@ -491,17 +492,17 @@ def test_a_record_from_launches_keys_as_a_capture(current, tmp_path, capsys, swe
     launches.write_text(json.dumps({"parity_argv": ["run", "--backend", "gpu", "--suite", "smoke", "--out", "/tmp/x"],
                                     "rc": 0, "specializations": [CHUNK_FWD_O_FP32]}))
     record = tmp_path / "record"
-    assert ptx.cmd_ptx(ptx_args(record, launches=str(launches))) == 0
+    assert ptx.sweep(**ptx_args(record, launches=str(launches))) == 0
     assert [c[0] for c in sweep.calls] == ["compile"]
     key = json.loads((record / "key.json").read_text())
     assert key["key"] == current["key"] and key["launches_from"] == str(launches)
     assert key["launches_sha256"] == ptx._sha256(launches.read_bytes())
     assert (record / "launches.json").read_bytes() == launches.read_bytes()
     capsys.readouterr()
-    assert ptx.cmd_ptx(ptx_args(tmp_path / "ci", reuse=str(record))) == 0
+    assert ptx.sweep(**ptx_args(tmp_path / "ci", reuse=str(record))) == 0
     assert "verified by content" in capsys.readouterr().out and [c[0] for c in sweep.calls] == ["compile"]
     # launches of another selection cannot vouch for this key: no key.json
-    assert ptx.cmd_ptx(ptx_args(record, launches=str(launches), suite="regressions")) == 0
+    assert ptx.sweep(**ptx_args(record, launches=str(launches), suite="regressions")) == 0
     assert "no key.json" in capsys.readouterr().out and not (record / "key.json").exists()
 
 
@@ -521,7 +522,7 @@ def test_a_missing_or_unreadable_record_is_exit_2_with_one_line(current, tmp_pat
             (d / "key.json").write_text("{")
         else:
             (d / "ptx.csv").unlink()
-    assert ptx.cmd_ptx(ptx_args(tmp_path / "out", reuse=str(d))) == 2
+    assert ptx.sweep(**ptx_args(tmp_path / "out", reuse=str(d))) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("parity ptx: error: ")
     assert message.format(d=d) in err
@@ -598,9 +599,8 @@ def test_smoke_sweep_sm80_sm90(tmp_path):
 
     from harness.cli import ptx_leg_inputs
 
-    args = argparse.Namespace(suite="smoke", case=[], target="sm80,sm90", out=str(tmp_path), launches=None,
-                              backend=default_leg("baseline"), leg_inputs=ptx_leg_inputs)
-    rc = ptx.cmd_ptx(args)
+    rc = ptx.sweep(suite="smoke", case=[], target="sm80,sm90", out=str(tmp_path), launches=None,
+                   backend=default_leg("baseline"), leg_inputs=ptx_leg_inputs)
     with open(tmp_path / "ptx.csv") as fh:
         rows = list(csv.DictReader(fh))
     kernels = {(r["kernel"], r["target"]) for r in rows}

@@ -929,6 +929,7 @@ def sweep(suite: str = "smoke", case: Sequence[str] = (), target: str = "sm80,sm
     not compile, 2 on bad input)."""
     t0 = time.time()
     case = list(case)
+    given = launches  # ``launches`` is then the file the sweep reads: given, or captured here
     try:
         targets = parse_targets(target)
         if launches is not None and not Path(launches).is_file():
@@ -967,8 +968,8 @@ def sweep(suite: str = "smoke", case: Sequence[str] = (), target: str = "sm80,sm
     (out / KEY_FILE).unlink(missing_ok=True)  # key.json names the files beside it: none until this sweep's are
     provenance: dict = {}
     try:
-        if launches is not None:
-            launches = Path(launches)
+        if given is not None:
+            launches = Path(given)
             t_cap = 0.0
         else:
             with tempfile.TemporaryDirectory(prefix="parity-ptx-") as tmp:
@@ -984,7 +985,7 @@ def sweep(suite: str = "smoke", case: Sequence[str] = (), target: str = "sm80,sm
             print(f"parity ptx: error: no kernel launch recorded (capture log: {out / 'capture.log'})",
                   file=sys.stderr)
             return 2
-        if launches is not None:
+        if given is not None:
             provenance = _keep_launches(launches, data, out, current, selection)
         provenance["capture_rc"] = data.get("rc") or 0
         tc = time.time()
