@@ -14,9 +14,28 @@ Every error is a ValueError with one line; each front end turns it into its own 
 
 from __future__ import annotations
 
-from harness.app.selection import Selection, case_from_id, find_case, load_cases, result_in  # noqa: F401
-from harness.app.session import Run, gate_case, report_gate, write_gate  # noqa: F401
-from harness.app.settings import GateSettings, LegOptions, RunSettings  # noqa: F401
+import importlib
+
+_EXPORTS = {
+    "Selection": "selection", "case_from_id": "selection", "find_case": "selection", "load_cases": "selection",
+    "result_in": "selection",
+    "Run": "session", "gate_case": "session", "report_gate": "session", "write_gate": "session",
+    "GateSettings": "settings", "LegOptions": "settings", "RunSettings": "settings",
+}
+"""The layer's names, each from its module, imported when first asked for: a worker process imports
+:mod:`harness.app.workers` alone, not the gate's renderers."""
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"harness.app.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'harness.app' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])
 
 
 class _Received(Exception):
