@@ -422,7 +422,7 @@ def cmd_all(args) -> int:
                              causality=not args.no_causality)
         redraw = not args.baseline_rows  # more draws need the baseline run here too
         if base in run.frames and ours in run.frames:
-            status = _worse(status, _report_gate(run.gate(base, ours, gate, redraw), out, gate))
+            status = _worse(status, _report_gate(run.gate(base, ours, gate, redraw, gate.options()), out, gate))
         else:
             print(f"gate: skipped, it needs both the {base} and the {ours} legs"
                   + (f"; no {gate.junit} written" if gate.junit else ""))

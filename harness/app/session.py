@@ -167,12 +167,15 @@ class Run:
             self.say(f"  {r['status'].upper()} {r['case_id']} {r['tensor']}: {r['reason']}")
         return df
 
-    def gate(self, base: str, candidate: str, gate: GateSettings, redraw: bool = True) -> GateResult:
-        """The gate of ``candidate``'s rows against ``base``'s under ``gate``; while ``redraw``, the draws that
-        decide its inconclusive comparisons are run on both legs and folded into their result files (so
-        ``parity gate`` on the files gives the same verdict)."""
-        return sequential_gate(_FoldedDraws(self, (base, candidate)), self.cases, gate.policy,
-                               gate.options(candidate), max_draws=gate.max_draws, redraw=redraw, say=self.say)
+    def gate(self, base: str, candidate: str, gate: GateSettings, redraw: bool = True,
+             options: dict | None = None) -> GateResult:
+        """The gate of ``candidate``'s rows against ``base``'s under ``gate`` (``options``: the gate's keywords,
+        default ``gate.options(candidate)``); while ``redraw``, the draws that decide its inconclusive
+        comparisons are run on both legs and folded into their result files (so ``parity gate`` on the files
+        gives the same verdict)."""
+        options = gate.options(candidate) if options is None else options
+        return sequential_gate(_FoldedDraws(self, (base, candidate)), self.cases, gate.policy, options,
+                               max_draws=gate.max_draws, redraw=redraw, say=self.say)
 
     def compile(self, runner: Runner, options: dict, cases: list[Case], targets: tuple[str, ...],
                 on_case: Callable[[Case, list[dict]], None]) -> None:
