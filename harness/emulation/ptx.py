@@ -919,8 +919,8 @@ def _record_command(argv: Sequence[str], targets: Sequence[str], out) -> str:
                      shlex.quote(str(out))])
 
 
-def sweep(suite: str = "smoke", case: Sequence[str] = (), target: str = "sm80,sm90", out="reports/runs/ptx",
-          launches: Optional[str] = None, reuse: Optional[str] = None, backend: str = "gpu", leg_inputs=None) -> int:
+def sweep(*, backend: str, leg_inputs, suite: str = "smoke", case: Sequence[str] = (), target: str = "sm80,sm90",
+          out="reports/runs/ptx", launches: Optional[str] = None, reuse: Optional[str] = None) -> int:
     """``parity ptx``: record the GPU leg's fla launches over the cases (``suite``, or ``case`` ids), compile
     each for the ``target`` GPUs with Triton's own pipeline and check the emulation's assumptions in the PTX;
     ``launches``: an earlier run's launches, skip the capture; ``reuse``: a record that stands for this sweep
