@@ -239,7 +239,9 @@ def cmd_compile(args) -> int:
     from harness.compile.tpu_compile import COMPILE_DEFAULT_TARGETS, parse_targets, versions
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
-    cases = _select_cases(args)
+    run = Run(RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, jobs=_jobs(args),
+                          progress=not args.no_progress, reference_cache=False))
+    cases = run.cases
     _out_dir(args.out)
     reuse = [Path(p) for text in args.reuse or () for p in text.split(",") if p.strip()]
     try:
@@ -250,8 +252,6 @@ def cmd_compile(args) -> int:
     print(f"compile: {len(cases)} cases x {', '.join(targets)} with jax {v['jax']}, libtpu {v['libtpu']}")
     if leg_spec(args.backend).role != "candidate":
         raise UsageError(f"--backend {args.backend} is the {leg_spec(args.backend).role} leg; compile a candidate")
-    run = Run(RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, jobs=_jobs(args),
-                          progress=not args.no_progress, reference_cache=False))
     # its steps up to the run, nothing more: no real-TPU compile of its own, no golden, no cache, no suite column
     runner, options = run.runner(args.backend, {"compile_targets": ()}, suite=False, leg_cache=False)
     if getattr(runner.leg, "gpu_only", False):
