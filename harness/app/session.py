@@ -31,7 +31,7 @@ from harness.app.settings import GateSettings, RunSettings
 from harness.app.workers import Workers, make_runner
 from harness.core.results import atomic_write_text, rows_to_frame, summarize, write_csv
 from harness.core.status import CAUSALITY_FAILING, FAILING
-from harness.judge.gate import GateResult
+from harness.judge.gate import GateResult, undrawn_id
 from harness.judge.sequential import sequential_gate
 from harness.probes.causality import causality_cases, causality_frame
 from harness.report.html_report import write_html_report
@@ -232,8 +232,6 @@ class _CaseDraws:
     draws come from its file (or ``baseline_rows``)."""
 
     def __init__(self, case: Case, run_rows, baseline: pd.DataFrame, baseline_rows=None):
-        from harness.judge.gate import undrawn_id
-
         base_id = undrawn_id(case.id)
         self.run_rows, self.baseline_rows = run_rows, baseline_rows
         self.base = baseline[baseline["case_id"].map(undrawn_id) == base_id]
@@ -243,7 +241,8 @@ class _CaseDraws:
         return self.base, rows_to_frame(self.made)
 
     def draw(self, cases: list[Case]) -> bool:
-        lacking = [d for d in cases if d.id not in set(self.base["case_id"])]
+        have = set(self.base["case_id"])
+        lacking = [d for d in cases if d.id not in have]
         if lacking and self.baseline_rows is not None:
             self.base = pd.concat([self.base] + [rows_to_frame(self.baseline_rows(d)) for d in lacking],
                                   ignore_index=True)
