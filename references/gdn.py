@@ -8,9 +8,11 @@ Per value head, with ``S`` of shape ``[K, V]`` and one scalar log decay ``g_t`` 
 
 ``S_0 = initial_state`` (zeros when absent) and ``ht = S_T``. This is KDA (:mod:`references.kda`) with the
 same gate on every key channel, ``Diag(exp g_t) = exp(g_t) I``: the reference applies GDN's in-kernel
-options, broadcasts ``g`` [B,T,HV] over the K channels (exact: the same float64 values) and runs kda's
-float64 core and driver (:func:`references.kda.forward` / :func:`~references.kda.backward`). ``dg`` is then
-the sum over K of kda's per-channel gradient, by autodiff of the broadcast.
+options and runs kda's float64 core and driver (:func:`references.kda.forward` /
+:func:`~references.kda.backward`) with ``g`` as [B,T,HV,1], one decay broadcast over the K channels where it
+acts (exact: the same float64 values). Its intra-chunk decayed scores are then one matrix product times
+``exp(G_r - G_s)`` (:func:`references._decay.decayed_scores`), and ``dg`` the sum over K of the broadcast's
+gradient, by autodiff.
 
 Shapes (as fla-core 0.6.0): q, k [B,T,H,K]; v [B,T,HV,V]; g, beta [B,T,HV]; initial_state, ht
 [N,HV,K,V]; o [B,T,HV,V]. Grouped value heads (GVA, HV a multiple of H): value head j reads q/k head

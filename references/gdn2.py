@@ -82,11 +82,12 @@ def preprocess(q, k, g, b, w, A_log=None, dt_bias=None, *, use_qk_l2norm_in_kern
     return q, k, g, b, w
 
 
-def wy_operands(k, v, G, e_strict, b, w):
+def wy_operands(k, v, G, strict_scores, b, w):
     """gdn2's side of the WY form: ``(A, w * v, (b * k) exp(G))``, A the strictly lower decayed scores of the
-    erase key ``b * k`` (row r) against the key ``k`` (column s)."""
+    erase key ``b * k`` (row r) against the key ``k`` (column s), ``strict_scores`` as in
+    :func:`references.kda.kda_wy_operands`."""
     bk = b * k
-    A = jnp.einsum("bhrd,bhsd,bhrsd->bhrs", bk, k, e_strict, precision=_HI)
+    A = strict_scores(bk, k)
     return A, w * v, bk * jnp.exp(G)
 
 

@@ -51,6 +51,7 @@ from jax import lax
 
 from op_contract import check_gla
 
+from ._decay import decayed_scores
 from ._varlen import num_states, offsets, over_sequences
 from ._x64 import COMPUTE_DTYPES, as_arrays, check_compute_dtype, float64_cpu
 
@@ -118,7 +119,6 @@ def _chunk(q, k, v, gk, h0, scale, C):
     # [NT, B, H, C, *]
     split = lambda x: jnp.moveaxis(x.reshape(B, NT, C, H, x.shape[-1]), (1, 3), (0, 2))
     qc, kc, vc, gc = split(q), split(k), split(v), split(gk)
-    causal = jnp.tril(jnp.ones((C, C), bool))  # [i, j]: j <= i
     S0 = jnp.zeros((B, H, K, V), q.dtype) if h0 is None else h0
 
     @jax.checkpoint
@@ -126,11 +126,8 @@ def _chunk(q, k, v, gk, h0, scale, C):
         q_n, k_n, v_n, g_n = xs  # [B,H,C,K] / [B,H,C,V]
         b = jnp.cumsum(g_n, axis=2)  # inclusive in-chunk cumulative gate
         bL = b[:, :, -1:, :]  # [B,H,1,K]
-        # relative decay exp(b_ic - b_jc), exponent masked (to 0) above the diagonal before exp
-        diff = b[:, :, :, None, :] - b[:, :, None, :, :]  # [B,H,i,j,K]
-        m = causal[None, None, :, :, None]
-        decay = jnp.where(m, jnp.exp(jnp.where(m, diff, 0.0)), 0.0)
-        A = _ein("bhik,bhjk,bhijk->bhij", q_n, k_n, decay)
+        # sum_c q_ic k_jc exp(b_ic - b_jc) for j <= i, as matrix products (references._decay)
+        A = decayed_scores(q_n, k_n, b, inclusive=True)
         o = scale * (_ein("bhik,bhkv->bhiv", q_n * jnp.exp(b), S) + _ein("bhij,bhjv->bhiv", A, v_n))
         S = jnp.exp(bL)[:, :, 0, :, None] * S + _ein("bhjk,bhjv->bhkv", k_n * jnp.exp(bL - b), v_n)
         return S, o

@@ -45,7 +45,8 @@ shared with :mod:`references.gdn`, whose scalar gate is broadcast over the key c
 
 Two formulations check each other: ``method="recurrent"`` (token by token) and
 ``method="chunk"`` (WY form: per chunk ``Akk``, its unit-lower-triangular inverse, ``w``, ``u``,
-the delta-rule state pass and the output). Both run chunk by chunk under ``jax.checkpoint``,
+the delta-rule state pass and the output; the decayed key and query scores as matrix products,
+:func:`references._decay.decayed_scores`). Both run chunk by chunk under ``jax.checkpoint``,
 so the backward (``jax.vjp``) keeps only the ``NT`` chunk-start states.
 
 All work runs inside ``jax.enable_x64(True)`` on the CPU device with HIGHEST matmul precision;
@@ -58,6 +59,7 @@ to float64. Results are float64 numpy arrays (checked).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -67,6 +69,7 @@ from jax import lax
 
 from op_contract import check_kda, kda_options
 
+from ._decay import decayed_scores
 from ._varlen import num_states, offsets, over_sequences
 from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
@@ -136,10 +139,12 @@ def _mm(a, b):
     return jnp.matmul(a, b, precision=_HI)
 
 
-def kda_wy_operands(k, v, G, e_strict, beta):
+def kda_wy_operands(k, v, G, strict_scores, beta):
     """KDA's side of the WY form (:func:`_chunk_step_wy`): ``(Akk, beta v, beta k exp(G))``, Akk the strictly
-    lower decayed key scores ``beta_r sum_d k_r[d] k_s[d] exp(G_r[d] - G_s[d])`` (s < r)."""
-    Akk = beta[..., :, None] * jnp.einsum("bhrd,bhsd,bhrsd->bhrs", k, k, e_strict, precision=_HI)
+    lower decayed key scores ``beta_r sum_d k_r[d] k_s[d] exp(G_r[d] - G_s[d])`` (s < r);
+    ``strict_scores(a, b)`` gives ``sum_d a_r[d] b_s[d] exp(G_r[d] - G_s[d])`` for s < r
+    (:func:`references._decay.decayed_scores`)."""
+    Akk = beta[..., :, None] * strict_scores(k, k)
     return Akk, beta[..., None] * v, beta[..., None] * k * jnp.exp(G)
 
 
@@ -155,22 +160,16 @@ def _chunk_step_wy(rule, scale, S, xs):
     gives the op's Akk and the right-hand sides of u and w."""
     q, k, v, g, *gates = xs
     C = q.shape[-2]
-    G = jnp.cumsum(g, axis=-2)  # [B,H,C,K], log decay from the chunk start (inclusive)
-    diff = G[..., :, None, :] - G[..., None, :, :]  # [B,H,C(r),C(s),K] = G_r - G_s
-    r = jnp.arange(C)
-    strict = (r[:, None] > r[None, :])[..., None]
-    incl = (r[:, None] >= r[None, :])[..., None]
-    # mask the exponent before exp: above the diagonal G_r - G_s > 0 can overflow
-    e_strict = jnp.where(strict, jnp.exp(jnp.where(strict, diff, 0.0)), 0.0)
-    e_incl = jnp.where(incl, jnp.exp(jnp.where(incl, diff, 0.0)), 0.0)
-    Akk, u_rhs, w_rhs = rule.wy_operands(k, v, G, e_strict, *gates)
+    G = jnp.cumsum(g, axis=-2)  # [B,H,C,K] (or [B,H,C,1]: one decay per head), log decay from the chunk start
+    strict_scores = functools.partial(decayed_scores, G=G, inclusive=False)
+    Akk, u_rhs, w_rhs = rule.wy_operands(k, v, G, strict_scores, *gates)
     eye = jnp.eye(C, dtype=q.dtype)
     Tinv = jax.scipy.linalg.solve_triangular(eye + Akk, jnp.broadcast_to(eye, Akk.shape), lower=True,
                                              unit_diagonal=True)
     u = _mm(Tinv, u_rhs)
     w = _mm(Tinv, w_rhs)
     delta = u - _mm(w, S)  # the new values (kda: beta_t (v_t - S'_t^T k_t))
-    Aqk = scale * jnp.einsum("bhrd,bhsd,bhrsd->bhrs", q, k, e_incl, precision=_HI)
+    Aqk = scale * decayed_scores(q, k, G, inclusive=True)
     o = scale * _mm(q * jnp.exp(G), S) + _mm(Aqk, delta)
     G_last = G[..., -1, :]  # [B,H,K]
     kdec = k * jnp.exp(G_last[..., None, :] - G)
@@ -234,7 +233,7 @@ class DeltaRule:
     value head, [B,T,HV] (then broadcast over the K key channels: exact).
 
     ``gates``: the names of the op's per-token inputs after ``g`` (kda and gdn: ``beta``; gdn2: ``b``, ``w``),
-    which name their gradients (``"d" + name``); ``wy_operands`` ``(k, v, G, e_strict, *gates) -> (Akk, u_rhs,
+    which name their gradients (``"d" + name``); ``wy_operands`` ``(k, v, G, strict_scores, *gates) -> (Akk, u_rhs,
     w_rhs)`` and ``token_update`` ``(S, k, v, *gates) -> S_t`` are the op's update in the chunked WY form and
     token by token (:func:`kda_wy_operands`, :func:`kda_token_update`: kda's, which gdn shares). A zero token
     (k = 0, g = 0) must leave the state unchanged: packing and padding rely on it."""
@@ -279,8 +278,8 @@ def _recurrence_inputs(op: DeltaRule, q, k, v, g, gates, A_log, dt_bias, opts):
     H, HV = q.shape[2], v.shape[2]
     if HV != H:
         q, k = (jnp.repeat(x, HV // H, axis=2) for x in (q, k))
-    if g.ndim == 3:
-        g = jnp.broadcast_to(g[..., None], q.shape)
+    if g.ndim == 3:  # one decay per value head: [B,T,HV,1], broadcast over the key channels where it acts
+        g = g[..., None]
     return (q, k, v, g, *gates)
 
 
