@@ -71,11 +71,13 @@ def _modeled_dot_general(original):
 
         from kernels_tpu import mxu
 
+        from .pallas_batched import replaying
+
         a, b = args
         floats = all(jnp.issubdtype(x.dtype, jnp.floating) for x in (a, b))
-        # each dot is modeled once, where it is traced; Pallas's interpreter later evaluates the traced kernel
-        # eqn by eqn (re-binding the model's own passes), and those go through as they are
-        replayed = sys._getframe(1).f_code.co_name == INTERPRETER_EVAL
+        # each dot is modeled once, where it is traced; Pallas's interpreter (or the batched grid's) later
+        # evaluates the traced kernel eqn by eqn (re-binding the model's own passes), and those go through as they are
+        replayed = sys._getframe(1).f_code.co_name == INTERPRETER_EVAL or replaying()
         if (not getattr(_local, "active", False) or getattr(_local, "inside", False) or replayed or not floats
                 or jnp.float16 in (a.dtype, b.dtype)):
             return original(*args, **params)

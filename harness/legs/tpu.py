@@ -40,6 +40,10 @@ class TpuContext:
     interpret: Any  # None natively, a pltpu.InterpretParams in interpret mode
     mxu_model: bool
     compiler_options: tuple[tuple[str, Any], ...] = ()  # XLA options of the eager run's two programs
+    # interpret mode: the parallel grid axes of each pallas_call in one pass (harness.legs.pallas_batched); not yet
+    # the leg's default: it is not bit for bit with the per-program interpreter on every kernel
+    # (reports/bench/2026-11-27-cpu-legs)
+    batched_grid: bool = False
 
 
 INTERPRET_COMPILER_OPTIONS = (("xla_backend_optimization_level", 0),)
@@ -98,6 +102,10 @@ def tpu_available() -> bool:
         return False
 
 
+def _diff_names(op: OpDescriptor, case: Case, binding) -> tuple[str, ...]:
+    return tuple(op.differentiable(case)) if binding.differentiable else ()
+
+
 def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=None):
     """The TPU leg's computation of a case as one function of the input arrays.
 
@@ -113,8 +121,8 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=N
     import jax.numpy as jnp
 
     binding = op.pallas if binding is None else binding
-    diff_names = tuple(op.differentiable(case)) if binding.differentiable else ()
-    forward_only, forward_vjp, backward = _stages(binding, case.replace(seed=0), ctx, diff_names)
+    diff_names = _diff_names(op, case, binding)
+    forward_only, forward_vjp, backward, _ = _stages(binding, case.replace(seed=0), ctx, diff_names)
 
     def fn(arrays):
         if not diff_names:  # forward only: nothing to differentiate, no gradients
@@ -157,10 +165,24 @@ def _stages(binding, case: Case, ctx: TpuContext, diff_names: tuple[str, ...]):
     def backward(vjp, cotangents):
         return vjp(cotangents)
 
+    plans: list = []  # how each interpret-mode pallas_call ran (harness.legs.pallas_batched.KernelPlan)
     if not ctx.compiler_options:
-        return outputs_of, forward_vjp, backward
+        return outputs_of, forward_vjp, backward, plans
+    fns = (outputs_of, forward_vjp, backward)
+    if ctx.batched_grid:
+        from .pallas_batched import batched_interpret
+
+        fns = tuple(batched_interpret(f, plans) for f in fns)
     options = dict(ctx.compiler_options)
-    return tuple(jax.jit(f, compiler_options=options) for f in (outputs_of, forward_vjp, backward))
+    return (*(jax.jit(f, compiler_options=options) for f in fns), plans)
+
+
+def kernel_grids(binding, case: Case, ctx: TpuContext, diff_names: tuple[str, ...]) -> list[str]:
+    """``"<kernel>: <how its grid ran>"`` for each interpret-mode pallas_call of the case's programs (traced by
+    then): batched over which axes, or per program and why (:func:`harness.legs.pallas_batched.plan_rows`)."""
+    from .pallas_batched import plan_rows
+
+    return [f"{name}: {how}" for name, how in plan_rows(_stages(binding, case.replace(seed=0), ctx, diff_names)[3])]
 
 
 def device_arrays(inputs: Inputs) -> dict:
@@ -254,6 +276,8 @@ class TpuLeg(Leg):
                     "dot_policy": {k: str(v) for k, v in mxu.F32_DOT_PRECISION.items()}}
         if ctx.compiler_options:
             settings["xla_compiler_options"] = dict(ctx.compiler_options)
+        if ctx.batched_grid:
+            settings["pallas_grid"] = "parallel axes batched (harness.legs.pallas_batched)"
         if not self.native:
             settings["compile_targets"] = ",".join(self.compile_targets)
         if os.environ.get("XLA_FLAGS"):  # can change XLA:CPU's numerics (fast math): recorded, and in the cache key
@@ -311,6 +335,8 @@ class TpuLeg(Leg):
                 columns[f"mxu_macs_{tag}"] = tally.macs.get(phase, 0)
                 columns[f"mxu_pass_macs_{tag}"] = tally.pass_macs.get(phase, 0)
         details = dict(binding.describe(case))
+        if ctx.batched_grid:
+            details["pallas_grid"] = kernel_grids(binding, case, ctx, _diff_names(op, case, binding))
         if case.cu_seqlens is not None:
             details["cu_seqlens"] = list(case.cu_seqlens)  # passed to the kernels as a static tuple
         return LegOutput(tensors=tensors, details=details, columns=columns, forward_only=not binding.differentiable)

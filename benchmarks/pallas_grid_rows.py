@@ -1,0 +1,107 @@
+"""The batched grid interpreter against jax's per-program interpret mode, row by row, on whole suites.
+
+For every case of the selection that the leg takes, runs the leg twice in one process on the case's draw-0
+inputs: as it runs (every interpret-mode pallas_call by :mod:`harness.legs.pallas_batched`) and with its context's
+``batched_grid`` off (jax's own per-program TPU interpret mode), same XLA options. Writes one CSV row per case: the
+tensors compared, those that are not bit for bit equal (NaN positions and signs included) or whose MXU tally
+columns differ, how each kernel's grid ran, and both wall times (first run in the process: compiles included).
+Exit 1 when any tensor differs.
+
+    .venv/bin/python benchmarks/pallas_grid_rows.py --leg tpu --suite smoke,regressions --out reports/.../tpu.csv
+    .venv/bin/python benchmarks/pallas_grid_rows.py --leg tpu-inference --suite smoke,regressions --op gdn --out ...
+
+Works for any leg built on the TPU leg (this project's kernels, and every outside candidate in its interpret mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-4")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+import numpy as np  # noqa: E402
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.shape, x.dtype.str, x.tobytes()
+
+
+def _columns(out) -> dict:
+    """The row's MXU tally columns, NaN (a case without MXU dots: mxu_cost 0/0) compared as equal to itself."""
+    return {k: ("nan" if isinstance(v, float) and np.isnan(v) else v) for k, v in out.columns.items()}
+
+
+def per_program(leg):
+    """The same leg object with jax's per-program interpret mode (its context's ``batched_grid`` off)."""
+    context = type(leg).context
+
+    leg.context = lambda: dataclasses.replace(context(leg), batched_grid=False)
+    return leg
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--leg", default="tpu")
+    p.add_argument("--suite", default="smoke,regressions")
+    p.add_argument("--op", default=None, help="keep only these ops (comma-separated)")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+
+    import pandas as pd
+
+    from cases.inputs import make_inputs
+    from cases.suites import get_suite
+    from harness.legs.registry import leg_spec
+    from harness.ops import get_op
+
+    spec = leg_spec(args.leg)
+    batched = spec.build(force_interpret=True, compile_targets=())
+    plain = per_program(spec.build(force_interpret=True, compile_targets=()))
+    cases = list(dict.fromkeys(c for s in args.suite.split(",") for c in get_suite(s)))
+    if args.op:
+        cases = [c for c in cases if c.op in args.op.split(",")]
+    rows = []
+    for i, case in enumerate(cases):
+        op = get_op(case.op)
+        refusal = batched.supports(op, case)
+        if refusal:
+            continue
+        inputs = make_inputs(case, op.inputs(case))
+        row = dict(case=case.id)
+        try:
+            t0 = time.perf_counter()
+            a = plain.run(op, case, inputs)
+            t1 = time.perf_counter()
+            b = batched.run(op, case, inputs)
+            t2 = time.perf_counter()
+        except NotImplementedError as exc:  # the kernels refuse the case while tracing
+            continue
+        names = sorted(n for n in a.tensors if a.tensors[n] is not None)
+        differ = [n for n in names if b.tensors.get(n) is None or _bits(a.tensors[n]) != _bits(b.tensors[n])]
+        if _columns(a) != _columns(b):
+            differ.append("mxu columns")
+        row.update(tensors=len(names), differ=";".join(differ), per_program_s=round(t1 - t0, 2),
+                   batched_s=round(t2 - t1, 2), grids=" | ".join(b.details.get("pallas_grid", [])))
+        rows.append(row)
+        print(f"[{i + 1}/{len(cases)}] {'SAME' if not differ else 'DIFFERS ' + str(differ)} "
+              f"{row['per_program_s']:6.1f}s -> {row['batched_s']:6.1f}s {case.id}", flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_csv(args.out, index=False)
+    table = pd.DataFrame(rows)
+    n_diff = int((table["differ"] != "").sum()) if len(table) else 0
+    print(f"{len(table)} cases, {int(table['tensors'].sum()) if len(table) else 0} tensors: {n_diff} cases differ; "
+          f"per program {table['per_program_s'].sum():.0f} s, batched {table['batched_s'].sum():.0f} s")
+    return int(n_diff > 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
