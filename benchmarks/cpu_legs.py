@@ -7,11 +7,11 @@ For each op (simple_gla, gdn, kda: chunk, forward + backward, bf16, K = V = 128,
   (``ReferenceCache._compute``, no cache);
 - ``ref-check``: the reference leg's run (``RefLeg("recurrent")``: the token-by-token formulation, checked
   against the golden by the gate);
-- ``tpu``: the TPU leg's run in Pallas TPU interpret mode with the MXU model (``TpuLeg``, no real-TPU compile):
-  every interpret-mode pallas_call by the batched grid interpreter (``harness.legs.pallas_batched``);
-- ``tpu-per-program``: the same leg with jax's own per-program interpret mode, its tensors checked bit for bit
-  against ``tpu``'s (``note``);
-- ``tpu-before``: per program under XLA:CPU's loop emitters, the leg as it ran before the batched grid;
+- ``tpu``: the TPU leg's run as it runs by default: Pallas TPU interpret mode per program, with the MXU model
+  (``TpuLeg``, no real-TPU compile), under XLA:CPU's loop emitters where this jax has them;
+- ``tpu-per-program``: the same under the fusion emitters;
+- ``tpu-batched``: under the fusion emitters, every interpret-mode pallas_call by the batched grid interpreter
+  (``harness.legs.pallas_batched``), its tensors checked bit for bit against ``tpu-per-program``'s (``note``);
 - ``gpu``: fla's chunk kernels under the GPU leg's emulation (batched grid), when fla is installed.
 
 Each leg runs twice; ``first_s`` includes compiles, ``cost_us`` is the second run's wall time per token-head.
@@ -32,7 +32,7 @@ The recurrent check's products are matrix-vector (memory bound): its ``x_limit``
 chunk FLOPs, as what the user waits for beyond the golden.
 
     .venv/bin/python benchmarks/cpu_legs.py --out reports/bench/2026-11-27-cpu-legs \\
-        --ops simple_gla,gdn,kda --shapes B1-T2048-H4,B4-T4096-H8 --legs ref-golden,ref-check,tpu,tpu-per-program,tpu-before
+        --ops simple_gla,gdn,kda --shapes B1-T2048-H4,B4-T4096-H8 --legs ref-golden,ref-check,tpu,tpu-per-program,tpu-batched
 
 A benchmark, not a timed test: the numbers depend on the machine and its load (recorded beside them).
 """
@@ -40,7 +40,6 @@ A benchmark, not a timed test: the numbers depend on the machine and its load (r
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import os
 import platform
@@ -59,7 +58,7 @@ from harness.core.provenance import git_commit  # noqa: E402
 
 C, K, V = 64, 128, 128
 GATES = {"simple_gla": "g=logsigmoid/16", "gdn": "g=logsigmoid/16", "kda": "g=logsigmoid/16"}
-LEGS = ("ref-golden", "ref-check", "tpu", "tpu-per-program", "tpu-before", "gpu")
+LEGS = ("ref-golden", "ref-check", "tpu", "tpu-per-program", "tpu-batched", "gpu")
 
 
 def case_id(op: str, shape: str) -> str:
@@ -139,26 +138,34 @@ def leg_runner(name: str, op, case, inputs):
     raise ValueError(f"unknown leg {name!r}; choose from {LEGS}")
 
 
-TPU_LEGS = ("tpu", "tpu-per-program", "tpu-before")
+TPU_LEGS = ("tpu", "tpu-per-program", "tpu-batched")
 
 
 def _tpu_leg(name: str):
-    """The TPU leg (``tpu``: the batched grid), or the same leg with jax's per-program interpret mode
-    (``tpu-per-program``), or per program under XLA:CPU's loop emitters, as the leg ran before the batched grid
-    (``tpu-before``, where this XLA has them)."""
+    """The TPU leg (``tpu``), or it under the fusion emitters per program (``tpu-per-program``) or with the batched
+    grid (``tpu-batched``)."""
     import dataclasses
 
-    from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS, LOOP_EMITTERS, TpuLeg
+    from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS, TpuLeg
 
     if name == "tpu":
         return TpuLeg
-    options = INTERPRET_COMPILER_OPTIONS + ((LOOP_EMITTERS,) if name == "tpu-before" else ())
 
     class Variant(TpuLeg):
         def context(self):
-            return dataclasses.replace(super().context(), batched_grid=False, compiler_options=options)
+            return dataclasses.replace(super().context(), batched_grid=name == "tpu-batched",
+                                       compiler_options=INTERPRET_COMPILER_OPTIONS)
 
     return Variant
+
+
+def refused(leg: str, op, case) -> str | None:
+    """Why the reference leg would not run the case (the token recurrence's states past its memory limit)."""
+    if leg != "ref-check":
+        return None
+    from harness.legs.ref import RefLeg
+
+    return RefLeg("recurrent").supports(op, case)
 
 
 def timed(fn):
@@ -172,7 +179,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ops", default="simple_gla,gdn,kda")
     p.add_argument("--shapes", default="B1-T2048-H4,B4-T4096-H8")
-    p.add_argument("--legs", default="ref-golden,ref-check,tpu,tpu-per-program,tpu-before")
+    p.add_argument("--legs", default="ref-golden,ref-check,tpu,tpu-per-program,tpu-batched")
     p.add_argument("--case", action="append", default=[], metavar="ID",
                    help="time this case instead of the ops x shapes grid (repeatable): any chunk case id")
     p.add_argument("--skip", action="append", default=[], metavar="LEG@SHAPE",
@@ -182,6 +189,8 @@ def main() -> int:
     for leg in legs:
         if leg not in LEGS:
             p.error(f"unknown leg {leg!r}; choose from {LEGS}")
+
+    import pandas as pd
 
     from cases.inputs import make_inputs
     from harness.app.selection import case_from_id
@@ -202,14 +211,20 @@ def main() -> int:
             for leg in legs:
                 if f"{leg}@{shape}" in args.skip:
                     continue
+                refusal = refused(leg, op, case)
+                if refusal:
+                    rows.append(dict(op=op_name, shape=shape, leg=leg, token_heads=token_heads, note=refusal))
+                    print(rows[-1], flush=True)
+                    pd.DataFrame(rows).to_csv(path, index=False)
+                    continue
                 run = leg_runner(leg, op, case, inputs)
                 _, first = timed(run)
                 tensors, second = timed(run)
                 note = ""
-                if leg == "tpu-per-program" and "tpu" in made:  # the batched grid against jax's own interpreter
-                    differ = [n for n in made["tpu"] if not np.array_equal(made["tpu"][n], tensors.get(n),
-                                                                             equal_nan=True)]
-                    note = "tpu bit for bit" if not differ else f"differs from tpu on {differ}"
+                if leg == "tpu-batched" and "tpu-per-program" in made:  # against jax's own interpreter
+                    base = made["tpu-per-program"]
+                    differ = [n for n in base if not np.array_equal(base[n], tensors.get(n), equal_nan=True)]
+                    note = "bit for bit with tpu-per-program" if not differ else f"differs on {differ}"
                 made[leg] = tensors
                 row = dict(op=op_name, shape=shape, leg=leg, token_heads=token_heads, first_s=round(first, 2),
                            second_s=round(second, 3), cost_us=round(1e6 * second / token_heads, 2),
@@ -218,10 +233,7 @@ def main() -> int:
                            gflops_CCxCV=round(rates["CCxCV"] / 1e9, 1), note=note)
                 rows.append(row)
                 print(row, flush=True)
-                with open(path, "w", newline="") as f:
-                    w = csv.DictWriter(f, fieldnames=list(rows[0]))
-                    w.writeheader()
-                    w.writerows(rows)
+                pd.DataFrame(rows).to_csv(path, index=False)
     with open(args.out / "machine.txt", "w") as f:
         f.write(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
                 f"commit {git_commit()}\nmachine {platform.processor() or platform.machine()}, "

@@ -1,8 +1,8 @@
 """The batched grid interpreter against jax's per-program interpret mode, row by row, on whole suites.
 
 For every case of the selection that the leg takes, runs the leg twice in one process on the case's draw-0
-inputs: as it runs (every interpret-mode pallas_call by :mod:`harness.legs.pallas_batched`) and with its context's
-``batched_grid`` off (jax's own per-program TPU interpret mode), same XLA options. Writes one CSV row per case: the
+inputs, both under XLA:CPU's fusion emitters: with every interpret-mode pallas_call by
+:mod:`harness.legs.pallas_batched` (its context's ``batched_grid``), and by jax's own per-program TPU interpret mode. Writes one CSV row per case: the
 tensors compared, those that are not bit for bit equal (NaN positions and signs included) or whose MXU tally
 columns differ, how each kernel's grid ran, and both wall times (first run in the process: compiles included).
 Exit 1 when any tensor differs.
@@ -40,11 +40,15 @@ def _columns(out) -> dict:
     return {k: ("nan" if isinstance(v, float) and np.isnan(v) else v) for k, v in out.columns.items()}
 
 
-def per_program(leg):
-    """The same leg object with jax's per-program interpret mode (its context's ``batched_grid`` off)."""
-    context = type(leg).context
+def with_grid(leg, batched: bool):
+    """The same leg object under XLA:CPU's fusion emitters, its pallas_calls by the batched grid interpreter or by
+    jax's per-program interpret mode (under the loop emitters the two round a transcendental differently:
+    harness.legs.tpu.LEGACY_EMITTERS)."""
+    from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS
 
-    leg.context = lambda: dataclasses.replace(context(leg), batched_grid=False)
+    context = type(leg).context
+    leg.context = lambda: dataclasses.replace(context(leg), batched_grid=batched,
+                                              compiler_options=INTERPRET_COMPILER_OPTIONS)
     return leg
 
 
@@ -52,6 +56,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--leg", default="tpu")
     p.add_argument("--suite", default="smoke,regressions")
+    p.add_argument("--cases", type=Path, help="these cases instead of --suite: a TOML cases file or one id per line")
     p.add_argument("--op", default=None, help="keep only these ops (comma-separated)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -60,13 +65,19 @@ def main() -> int:
 
     from cases.inputs import make_inputs
     from cases.suites import get_suite
+    from harness.app.selection import case_from_id, load_cases
     from harness.legs.registry import leg_spec
     from harness.ops import get_op
 
     spec = leg_spec(args.leg)
-    batched = spec.build(force_interpret=True, compile_targets=())
-    plain = per_program(spec.build(force_interpret=True, compile_targets=()))
-    cases = list(dict.fromkeys(c for s in args.suite.split(",") for c in get_suite(s)))
+    batched = with_grid(spec.build(force_interpret=True, compile_targets=()), True)
+    plain = with_grid(spec.build(force_interpret=True, compile_targets=()), False)
+    if args.cases is None:
+        cases = list(dict.fromkeys(c for s in args.suite.split(",") for c in get_suite(s)))
+    elif args.cases.suffix == ".toml":
+        cases = load_cases(args.cases)
+    else:
+        cases = [case_from_id(line.strip()) for line in args.cases.read_text().splitlines() if line.strip()]
     if args.op:
         cases = [c for c in cases if c.op in args.op.split(",")]
     rows = []
@@ -97,8 +108,11 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_csv(args.out, index=False)
     table = pd.DataFrame(rows)
-    n_diff = int((table["differ"] != "").sum()) if len(table) else 0
-    print(f"{len(table)} cases, {int(table['tensors'].sum()) if len(table) else 0} tensors: {n_diff} cases differ; "
+    if table.empty:
+        print(f"the {args.leg} leg takes none of these cases")
+        return 2
+    n_diff = int(table["differ"].fillna("").astype(bool).sum())
+    print(f"{len(table)} cases, {int(table['tensors'].sum())} tensors: {n_diff} cases differ; "
           f"per program {table['per_program_s'].sum():.0f} s, batched {table['batched_s'].sum():.0f} s")
     return int(n_diff > 0)
 
