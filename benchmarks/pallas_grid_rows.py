@@ -94,7 +94,7 @@ def main() -> int:
             t1 = time.perf_counter()
             b = batched.run(op, case, inputs)
             t2 = time.perf_counter()
-        except NotImplementedError as exc:  # the kernels refuse the case while tracing
+        except NotImplementedError:  # the kernels refuse the case while tracing
             continue
         names = sorted(n for n in a.tensors if a.tensors[n] is not None)
         differ = [n for n in names if b.tensors.get(n) is None or _bits(a.tensors[n]) != _bits(b.tensors[n])]

@@ -18,8 +18,10 @@ from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 import harness.legs.tpu as tpu  # noqa: E402
 from cases.case import Case  # noqa: E402
 from cases.inputs import make_inputs  # noqa: E402
-from harness.legs.pallas_batched import batched_interpret, plan_rows  # noqa: E402
+from harness.legs.pallas_batched import batched_interpret, plan_rows, unavailable  # noqa: E402
 from harness.ops import get_op  # noqa: E402
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}: every call runs per program")
 
 OPTS = dict(tpu.INTERPRET_COMPILER_OPTIONS)  # the fusion emitters (see _leg)
 

@@ -47,7 +47,7 @@ import dataclasses
 import functools
 import math
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +59,7 @@ from jax._src.interpreters import batching
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax import lax as lax_internal
-from jax._src.lax.control_flow import conditionals, loops
+from jax._src.lax.control_flow import conditionals
 from jax._src.pallas import core as pallas_core
 from jax._src.pallas import hlo_interpreter
 from jax._src.pallas import primitives as pallas_primitives
@@ -72,6 +72,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 # ------------------------------------------------------------------ what it reads of jax
 _READS = {
+    jax_core: ("ClosedJaxpr", "Jaxpr", "Literal", "ShapedArray", "Var", "eval_jaxpr"),
+    batching: ("moveaxis",),
+    pe: ("trace_to_jaxpr_dynamic",),
     hlo_interpreter: ("_dynamic_slice", "_dynamic_update_slice", "_eval_jaxpr_hop_rules", "_pad_to_block_dimension",
                       "kernel_to_hlo_jaxpr", "resolve_physical_types"),
     pallas_core: ("Blocked", "Element", "GridAxis", "MemorySpace", "Squeezed", "_get_block_shape", "grid_env"),
@@ -641,6 +644,15 @@ def batched_interpret(fn: Callable, plans: list | None = None) -> Callable:
     per interpret-mode ``pallas_call`` traced so far (:func:`plan_rows` for a row); several functions can share
     one ``plans`` list."""
     plans = [] if plans is None else plans
+    why = unavailable()
+    if why is not None:  # every pallas_call runs per program, as before; the record says why
+        @functools.wraps(fn)
+        def unbatched(*args, **kwargs):
+            plans.append(KernelPlan("every kernel", (), None, why))
+            return fn(*args, **kwargs)
+
+        unbatched.plans = plans
+        return unbatched
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
