@@ -197,6 +197,7 @@ def main() -> int:
     from harness.ops import get_op
 
     args.out.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()  # the code this run imported
     rows, path = [], args.out / "cpu_legs.csv"
     ids = args.case or [case_id(o, s) for s in args.shapes.split(",") for o in args.ops.split(",")]
     for cid in ids:
@@ -236,7 +237,7 @@ def main() -> int:
                 pd.DataFrame(rows).to_csv(path, index=False)
     with open(args.out / "machine.txt", "w") as f:
         f.write(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
-                f"commit {git_commit()}\nmachine {platform.processor() or platform.machine()}, "
+                f"commit {commit}\nmachine {platform.processor() or platform.machine()}, "
                 f"{os.cpu_count()} cores\nload average after the run {os.getloadavg()}\n")
     return 0
 
