@@ -111,9 +111,10 @@ def gemm_rates(batch: int, C: int, K: int, V: int, rounds: int = 5, at_least_s: 
 
 
 def limit_seconds(op: str, case, rates: dict[str, float]) -> float:
+    """The case's FLOPs at ``rates`` (FLOP/s per shape class): seconds per chunk and head, times the chunks."""
     per_chunk = chunk_flops(op, case.chunk_size, case.K, case.V)
     token_heads = case.B * case.T * (case.HV or case.H)
-    return sum(flops / rates[cls] for cls, flops in per_chunk.items()) * token_heads / C
+    return sum(flops / rates[cls] for cls, flops in per_chunk.items()) * token_heads / case.chunk_size
 
 
 # ------------------------------------------------------------------ the legs
