@@ -205,3 +205,35 @@ def test_no_parallel_axis_falls_back():
     b = batched_interpret(f)
     assert _bits(jax.jit(f, compiler_options=OPTS)(x)) == _bits(jax.jit(b, compiler_options=OPTS)(x))
     assert plan_rows(b.plans) == [("sequential", "per program: no parallel grid axis")]
+
+
+def test_runs_in_a_fresh_process():
+    """Nothing it needs comes from a module something else imported first (``jax.extend`` is not loaded by
+    ``import jax``): a kernel batched in a process that imported only jax and this module."""
+    import subprocess
+    import sys
+
+    code = """
+import jax, jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from harness.legs.pallas_batched import batched_interpret, plan_rows
+
+def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+def f(x):
+    return pl.pallas_call(kernel, grid=(2,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+                          compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+                          interpret=pltpu.InterpretParams(uninitialized_memory="nan"), name="double")(x)
+
+b = batched_interpret(f)
+x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
+assert (jax.jit(b)(x) == 2 * x).all()
+print(plan_rows(b.plans))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "('double', 'batched over axes (0,) of grid (2,)')" in out.stdout

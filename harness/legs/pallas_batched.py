@@ -68,6 +68,7 @@ from jax._src.pallas.mosaic import core as mosaic_core
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
 from jax._src.pallas.mosaic.interpret import utils as tpu_interpret_utils
 from jax.experimental.pallas import tpu as pltpu
+from jax.extend import linear_util  # imported by name: `jax.extend` is not loaded by `import jax`
 
 
 # ------------------------------------------------------------------ what it reads of jax
@@ -293,7 +294,7 @@ def _islands(jaxpr: jax_core.Jaxpr, consts):
 
 def _traced(run, jaxpr):
     """``run`` (a function of ``jaxpr``'s inputs) traced to a new jaxpr and its consts."""
-    fun = jax.extend.linear_util.wrap_init(run, debug_info=jaxpr.debug_info)
+    fun = linear_util.wrap_init(run, debug_info=jaxpr.debug_info)
     new_jaxpr, _, new_consts = pe.trace_to_jaxpr_dynamic(fun, [v.aval for v in jaxpr.invars])
     return new_jaxpr, new_consts
 
