@@ -129,7 +129,7 @@ def leg_runner(name: str, op, case, inputs):
 
         return lambda: RefLeg("recurrent").run(op, case, inputs).tensors
     if name in TPU_LEGS:
-        leg = _tpu_leg(name)(force_interpret=True, compile_targets=())
+        leg = _tpu_leg(name)
         return lambda: leg.run(op, case, inputs).tensors
     if name == "gpu":
         from harness.legs.gpu import GpuLeg
@@ -144,20 +144,25 @@ TPU_LEGS = ("tpu", "tpu-per-program", "tpu-batched")
 
 def _tpu_leg(name: str):
     """The TPU leg (``tpu``), or it under the fusion emitters per program (``tpu-per-program``) or with the batched
-    grid (``tpu-batched``)."""
-    import dataclasses
+    grid (``tpu-batched``): benchmarks/pallas_grid_rows.py's :func:`with_grid`."""
+    from harness.legs.tpu import TpuLeg
+    from pallas_grid_rows import with_grid
 
-    from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS, TpuLeg
+    leg = TpuLeg(force_interpret=True, compile_targets=())
+    return leg if name == "tpu" else with_grid(leg, name == "tpu-batched")
 
-    if name == "tpu":
-        return TpuLeg
 
-    class Variant(TpuLeg):
-        def context(self):
-            return dataclasses.replace(super().context(), batched_grid=name == "tpu-batched",
-                                       compiler_options=INTERPRET_COMPILER_OPTIONS)
+def mode(leg: str) -> str:
+    """How the leg ran here: the reference natively on the CPU; the TPU and GPU legs emulated (interpreters on the
+    CPU: no number of theirs is a hardware number)."""
+    if leg.startswith("ref"):
+        return "native (float64 on the CPU)"
+    if leg == "gpu":
+        from harness.legs.gpu import GpuLeg
 
-    return Variant
+        env = GpuLeg().environment()
+        return f"{env.mode} ({env.device})"
+    return "emulated (Pallas TPU interpret mode on the CPU)"
 
 
 def refused(leg: str, op, case) -> str | None:
@@ -215,7 +220,8 @@ def main() -> int:
                     continue
                 refusal = refused(leg, op, case)
                 if refusal:
-                    rows.append(dict(op=op_name, shape=shape, leg=leg, token_heads=token_heads, note=refusal))
+                    rows.append(dict(op=op_name, shape=shape, leg=leg, mode=mode(leg), input_sha256=inputs.sha256,
+                                     token_heads=token_heads, note=refusal))
                     print(rows[-1], flush=True)
                     pd.DataFrame(rows).to_csv(path, index=False)
                     continue
@@ -228,7 +234,8 @@ def main() -> int:
                     differ = [n for n in base if not np.array_equal(base[n], tensors.get(n), equal_nan=True)]
                     note = "bit for bit with tpu-per-program" if not differ else f"differs on {differ}"
                 made[leg] = tensors
-                row = dict(op=op_name, shape=shape, leg=leg, token_heads=token_heads, first_s=round(first, 2),
+                row = dict(op=op_name, shape=shape, leg=leg, mode=mode(leg), input_sha256=inputs.sha256,
+                           token_heads=token_heads, first_s=round(first, 2),
                            second_s=round(second, 3), cost_us=round(1e6 * second / token_heads, 2),
                            limit_us=round(1e6 * limit / token_heads, 2), x_limit=round(second / limit, 2),
                            gflops_CKxKV=round(rates["CKxKV"] / 1e9, 1), gflops_CKxKC=round(rates["CKxKC"] / 1e9, 1),

@@ -87,7 +87,7 @@ def main() -> int:
         if refusal:
             continue
         inputs = make_inputs(case, op.inputs(case))
-        row = dict(case=case.id)
+        row = dict(case=case.id, mode="emulated (Pallas TPU interpret mode on the CPU)", input_sha256=inputs.sha256)
         try:
             t0 = time.perf_counter()
             a = plain.run(op, case, inputs)
