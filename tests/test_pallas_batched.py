@@ -124,12 +124,85 @@ def test_arbitrary_axis_accumulates_in_order(interpret):
     want = jax.jit(f, compiler_options=OPTS)(x)
     got = jax.jit(b, compiler_options=OPTS)(x)
     assert _bits(want) == _bits(got)
-    assert plan_rows(b.plans) == [("accumulate", "batched over axes (0,) of grid (3, 5)")]
+    [(name, how)] = plan_rows(b.plans)
+    assert name == "accumulate" and how.startswith("batched over axes (0,) of grid (3, 5); ")
+    assert how.endswith(" kernel equations before the sequential walk")
     # and the order is the sequential one
     ref = np.zeros((3, 8, 128), np.float32)
     for t in range(5):
         ref = ref * np.float32(1.1) + np.asarray(x[:, t])
     np.testing.assert_array_equal(np.asarray(got), ref + np.arange(3, dtype=np.float32)[:, None, None])
+
+
+# ------------------------------------------------------------------ the walk split, aliased outputs
+def _in_place_kernel(x_ref, o_ref, acc_ref):
+    """o (aliased to x, bf16) = exp(x) * 1.1 + acc, acc = acc * 0.9 + x: exp(x) needs no carried value, acc does."""
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x = x_ref[...].astype(jnp.float32)
+    y = jnp.exp(x) * 1.1 + acc_ref[...]
+    acc_ref[...] = acc_ref[...] * 0.9 + x
+    o_ref[...] = y.astype(o_ref.dtype)
+
+
+def _in_place(x, interpret, index_map):
+    n, steps = x.shape[0], x.shape[1]
+    spec = pl.BlockSpec((None, None, 8, 128), index_map)
+    return pl.pallas_call(
+        _in_place_kernel, grid=(n, steps), in_specs=[spec], out_specs=spec,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), input_output_aliases={0: 0},
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        interpret=interpret, name="in_place")(x)
+
+
+@pytest.mark.parametrize("interpret", [pltpu.InterpretParams(uninitialized_memory="nan"), True],
+                         ids=["tpu-interpret", "hlo-interpret"])
+@pytest.mark.parametrize("visits", ["each block once", "one block per program"])
+def test_aliased_output_written_in_place(interpret, visits):
+    """A bf16 output written over its input: each step's block read once (the carry-free part, exp(x), runs before
+    the walk) or one block revisited by every step (then the walk carries the input block, which holds what the
+    previous step wrote, as in TPU interpret mode; the HLO interpreter reads the input's own array throughout).
+    Bit for bit either way, and the plan says how much ran before the walk."""
+    index_map = (lambda i, t: (i, t, 0, 0)) if visits == "each block once" else (lambda i, t: (i, 0, 0, 0))
+    x = jax.random.normal(jax.random.key(5), (3, 4, 8, 128), jnp.float32).astype(jnp.bfloat16)
+    f = functools.partial(_in_place, interpret=interpret, index_map=index_map)
+    b = batched_interpret(f)
+    want = jax.jit(f, compiler_options=OPTS)(x)
+    got = jax.jit(b, compiler_options=OPTS)(x)
+    assert _bits(want) == _bits(got)
+    [plan] = b.plans
+    before, total = plan.before_walk
+    assert 0 < before < total
+    if visits == "each block once" and interpret is not True:  # exp(x) and its scaling need nothing carried
+        x_small = jax.random.normal(jax.random.key(5), (3, 4, 8, 128), jnp.float32).astype(jnp.bfloat16)
+        other = batched_interpret(functools.partial(_in_place, interpret=interpret,
+                                                    index_map=lambda i, t: (i, 0, 0, 0)))
+        jax.jit(other, compiler_options=OPTS)(x_small)
+        assert before > other.plans[0].before_walk[0]
+
+
+def _stores_into_input_kernel(x_ref, o_ref):
+    x_ref[...] = x_ref[...] + 1.0
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def test_a_kernel_storing_into_an_input_falls_back():
+    def f(x):
+        return pl.pallas_call(
+            _stores_into_input_kernel, grid=(2, 3),
+            in_specs=[pl.BlockSpec((None, 8, 128), lambda i, t: (i, 0, 0))],
+            out_specs=pl.BlockSpec((None, 8, 128), lambda i, t: (i, 0, 0)),
+            out_shape=jax.ShapeDtypeStruct((2, 8, 128), jnp.float32),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+            interpret=pltpu.InterpretParams(uninitialized_memory="nan"), name="stores_into_input")(x)
+
+    x = jax.random.normal(jax.random.key(6), (2, 8, 128), jnp.float32)
+    b = batched_interpret(f)
+    assert _bits(jax.jit(f, compiler_options=OPTS)(x)) == _bits(jax.jit(b, compiler_options=OPTS)(x))
+    assert plan_rows(b.plans) == [("stores_into_input", "per program: the kernel stores into input 0")]
 
 
 def test_vjp_through_a_custom_vjp_kernel():

@@ -7,6 +7,14 @@ program ids: slice each program's blocks by its index maps, evaluate the state-d
 blocks back) while the "arbitrary" axes stay a sequential loop, in order. Scratch buffers, and the VMEM
 buffers of the blocks, are per parallel program and persist along the sequential axes, as on a TPU core.
 
+The kernel body is split in two before the walk (:func:`_split`). What the walk carries is the output blocks,
+the scratch buffers, and an input block that may hold what an earlier step wrote (one the kernel stores into;
+an aliased input whose index map may visit a block twice, :func:`_read_once`). Every equation that depends on
+none of them, such as a chunk kernel's intra-chunk products and its triangular inverse, is evaluated for every
+program and step at once, in passes of about :data:`_PROGRAMS_PER_PASS`; only the rest (the state
+recurrence) runs in the sequential loop. Each equation still runs once per (program, step), on the same
+values.
+
 What it reproduces, bit for bit, is the per-program interpreter of the same mode, for a kernel that reads
 only what it wrote (``jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py`` for TPU mode,
 ``jax/_src/pallas/hlo_interpreter.py`` for ``interpret=True``):
@@ -19,6 +27,9 @@ only what it wrote (``jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py`
   uninitialised memory is ``InterpretParams.uninitialized_memory`` (NaN; integer max; True);
 - HLO mode: every block is sliced and written back every step (outputs initialised with
   ``pallas.primitives.uninitialized_value``), as the HLO interpreter does;
+- output arrays are updated through their bits (a 16-bit float array as uint16, which XLA:CPU updates in
+  place), and, in TPU mode, an output block is written every step unless an aliased input reads that array back
+  (the same array results: a block kept for the next step is written again by the same program later);
 - every ``dot_general`` of the kernel runs per program at the program's own shape (a batched dot whose
   operands both carry the program axis: an operand the programs share is broadcast), so XLA:CPU's matrix
   library sums in the same order as for one program;
@@ -73,7 +84,8 @@ from jax.extend import linear_util  # imported by name: `jax.extend` is not load
 
 # ------------------------------------------------------------------ what it reads of jax
 _READS = {
-    jax_core: ("ClosedJaxpr", "Jaxpr", "Literal", "ShapedArray", "Var", "eval_jaxpr"),
+    jax_core: ("ClosedJaxpr", "DebugInfo", "Jaxpr", "Literal", "ShapedArray", "Var", "eval_jaxpr", "join_effects",
+               "no_effects"),
     batching: ("moveaxis",),
     pe: ("trace_to_jaxpr_dynamic",),
     hlo_interpreter: ("_dynamic_slice", "_dynamic_update_slice", "_eval_jaxpr_hop_rules", "_pad_to_block_dimension",
@@ -123,6 +135,7 @@ class KernelPlan:
     grid: tuple
     axes: tuple[int, ...] | None
     reason: str = ""
+    before_walk: tuple[int, int] | None = None  # (equations, of all the kernel's) evaluated before the sequential walk
 
     @property
     def batched(self) -> bool:
@@ -130,7 +143,10 @@ class KernelPlan:
 
     def describe(self) -> str:
         if self.batched:
-            return f"batched over axes {self.axes} of grid {self.grid}"
+            how = f"batched over axes {self.axes} of grid {self.grid}"
+            if self.before_walk and len(self.grid) > len(self.axes):
+                how += f"; {self.before_walk[0]} of {self.before_walk[1]} kernel equations before the sequential walk"
+            return how
         return f"per program: {self.reason}"
 
 
@@ -434,6 +450,18 @@ def _pad(x, block_shape, interpret):
     return hlo_interpreter._pad_to_block_dimension(x, block_shape)
 
 
+def _as_bits(x):
+    """A 16-bit float array as its bits (uint16); any other unchanged."""
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize == 2:
+        return lax.bitcast_convert_type(x, jnp.uint16)
+    return x
+
+
+def _from_bits(x, dtype):
+    """The inverse of :func:`_as_bits` for an array of ``dtype``."""
+    return lax.bitcast_convert_type(x, dtype) if x.dtype != dtype else x
+
+
 def _unravel(i, dims):
     out = []
     for d in reversed(dims):
@@ -442,12 +470,87 @@ def _unravel(i, dims):
     return tuple(reversed(out))
 
 
-def _batched_call(args, *, jaxpr, input_output_aliases, grid_mapping, interpret, n_par, **_):
+def _read_once(bm, grid, n_idx) -> bool:
+    """Whether every grid point of the call reads a block of its own through ``bm`` (an index map of the grid
+    indices alone, injective over the grid): then no program reads a block another step has written."""
+    closed = bm.index_map_jaxpr
+    used = {v for e in closed.jaxpr.eqns for v in e.invars if isinstance(v, jax_core.Var)}
+    used |= {v for v in closed.jaxpr.outvars if isinstance(v, jax_core.Var)}
+    if any(v in used for v in closed.jaxpr.invars[len(grid):]):
+        return False  # the blocks depend on scalar-prefetched tables: not decidable when traced
+    points = np.stack(np.meshgrid(*[np.arange(d) for d in grid], indexing="ij"), -1).reshape(-1, len(grid))
+    with jax.ensure_compile_time_eval():
+        blocks = jax.vmap(lambda idx: jax_core.eval_jaxpr(closed.jaxpr, closed.consts,
+                                                          *[idx[i] for i in range(len(grid))],
+                                                          *[jnp.zeros(v.aval.shape, v.aval.dtype)
+                                                            for v in closed.jaxpr.invars[len(grid):]]))(
+            jnp.asarray(points, jnp.int32))
+    blocks = np.stack([np.broadcast_to(np.asarray(b), (len(points),)) for b in blocks], -1)
+    return len(np.unique(blocks, axis=0)) == len(points)
+
+
+@dataclasses.dataclass
+class _Split:
+    """A discharged kernel in two parts: ``pre``, every equation that depends on no carried value (the output
+    blocks and scratch, which persist along the sequential axes, and an input block that may hold what an earlier
+    step wrote), evaluated for every program and step at once; ``rest``, the equations that do, in the loop.
+    ``pre`` maps the free inputs to ``crossing``, the values ``rest`` reads (or returns) besides the carried ones."""
+
+    pre: jax_core.Jaxpr
+    rest: jax_core.Jaxpr
+    free: list[int]  # kernel invar positions read by pre
+    carried: list[int]  # kernel invar positions (and their outvars) carried by the loop
+
+
+def _split(kernel: jax_core.Jaxpr, carried: list[int]) -> _Split:
+    dependent = {kernel.invars[i] for i in carried}
+    pre_eqns, rest_eqns = [], []
+    for eqn in kernel.eqns:
+        if any(isinstance(v, jax_core.Var) and v in dependent for v in eqn.invars):
+            rest_eqns.append(eqn)
+            dependent.update(eqn.outvars)
+        else:
+            pre_eqns.append(eqn)
+    free = [i for i in range(len(kernel.invars)) if i not in set(carried)]
+    outs = [kernel.outvars[i] for i in carried]
+    needed = {v for e in rest_eqns for v in e.invars if isinstance(v, jax_core.Var)}
+    needed |= {v for v in outs if isinstance(v, jax_core.Var)}
+    crossing = [v for v in dict.fromkeys([kernel.invars[i] for i in free]
+                                         + [o for e in pre_eqns for o in e.outvars])
+                if v in needed and v not in kernel.constvars]
+
+    def part(invars, eqns, outvars):
+        effects = jax_core.join_effects(*(e.effects for e in eqns)) if eqns else jax_core.no_effects
+        info = jax_core.DebugInfo("pallas_batched", getattr(kernel.debug_info, "func_src_info", "kernel"),
+                                  tuple(str(v) for v in invars), None)
+        return jax_core.Jaxpr(kernel.constvars, invars, outvars, eqns, effects, debug_info=info)
+
+    return _Split(pre=part([kernel.invars[i] for i in free], pre_eqns, crossing),
+                  rest=part(crossing + [kernel.invars[i] for i in carried], rest_eqns, outs),
+                  free=free, carried=list(carried))
+
+
+_PROGRAMS_PER_PASS = 256
+"""How many (program, step) points the carry-free part evaluates in one vmapped pass: enough to amortise each op's
+dispatch over the batch, few enough to keep every intermediate of the pass in memory."""
+
+
+def _stores_into_an_input(kernel, grid_mapping) -> str | None:
+    """Why the discharged ``kernel`` cannot be batched: it stores into an input block (which the two per-program
+    interpreters keep differently), or None."""
+    n_idx = grid_mapping.num_index_operands
+    for k in range(grid_mapping.num_inputs):
+        if kernel.outvars[n_idx + k] is not kernel.invars[n_idx + k]:
+            return f"the kernel stores into input {k}"
+    return None
+
+
+def _batched_call(args, kernel, kernel_consts, scratch_avals, *, input_output_aliases, grid_mapping, interpret,
+                  n_par, **_):
     tpu_mode = isinstance(interpret, pltpu.InterpretParams)
     grid = tuple(grid_mapping.grid)
     par, seq = grid[:n_par], grid[n_par:]
     P, S = math.prod(par), math.prod(seq)
-    kernel, kernel_consts, scratch_avals = _kernel_to_hlo_jaxpr(jaxpr, grid_mapping)
     kernel = _rewrite(kernel)
     n_idx = grid_mapping.num_index_operands
     scalars, ins = list(args[:n_idx]), list(args[n_idx:])
@@ -467,7 +570,21 @@ def _batched_call(args, *, jaxpr, input_output_aliases, grid_mapping, interpret,
         else:
             out_arrays.append(_pad(_uninitialized(bm.array_aval.shape, bm.array_aval.dtype, interpret),
                                    block_shapes[n_in + o], interpret))
-    read_from = {alias[o]: o for o in alias}  # an aliased input reads its output's (shared) array
+    # TPU mode: an aliased input reads its output's (shared) array. The HLO interpreter starts the output as a copy of
+    # its input and reads the input's own array throughout.
+    read_from = {alias[o]: o for o in alias} if tpu_mode else {}
+    # The output arrays are carried as their bits: XLA:CPU updates a bf16 or fp16 array by converting the whole of
+    # it to f32 and back, once per block written, where an update of the same bits in an unsigned integer array
+    # is done in place. Exact either way.
+    out_arrays = [_as_bits(a) for a in out_arrays]
+
+    # What the loop carries: the output blocks and scratch, and an aliased input block that a step may read after
+    # another step wrote it (the kernel stores into no input block: _stores_into_an_input). Every other input block is the same slice of
+    # the input array whenever it is read, so the kernel's work on it alone is done for all steps before the loop.
+    free_inputs = [k for k in range(n_in) if k not in read_from or _read_once(bms[k], grid, n_idx)]
+    carried_inputs = [k for k in range(n_in) if k not in free_inputs]
+    split = _split(kernel, [n_idx + k for k in carried_inputs] + list(range(n_idx + n_in, len(kernel.invars))))
+    before_walk = (len(split.pre.eqns), len(kernel.eqns))
 
     def local_env(loop_idx):
         return tuple(pallas_core.GridAxis(idx, b) for idx, b in zip(loop_idx, grid))
@@ -483,21 +600,44 @@ def _batched_call(args, *, jaxpr, input_output_aliases, grid_mapping, interpret,
     par_ids = [jnp.asarray(a.reshape(-1), jnp.int32)
                for a in np.meshgrid(*[np.arange(d) for d in par], indexing="ij")]
 
-    def program_step(pid, s, in_bufs, out_bufs, scratch, in_arrays, out_arrays):
-        """One program's step s (vmapped over pid): its blocks' start indices, loaded blocks, the kernel."""
+    def evaluate(part, loop_idx, operands):
+        # each part of the kernel body as its own island, as in the per-program interpreter (whose blocks arrive
+        # from and leave to callbacks): XLA:CPU fuses nothing across its edge, so it compiles the body as it
+        # compiles one program's
+        operands = lax.optimization_barrier(list(operands))
+        with pallas_core.grid_env(local_env(loop_idx)), _replaying():
+            return lax.optimization_barrier(list(jax_core.eval_jaxpr(part, kernel_consts, *operands)))
+
+    def pre_program(point):
+        """The carry-free part of one program's step (vmapped over every program and step)."""
+        pid, s = point
+        loop_idx = (*pid, *_unravel(s, seq))
+        cur = starts(loop_idx)
+        blocks = {n_idx + k: slice_block(in_arrays[k], cur[k], k) for k in free_inputs}
+        return evaluate(split.pre, loop_idx, [scalars[i] if i < n_idx else blocks[i] for i in split.free])
+
+    points = ([jnp.tile(p, S) for p in par_ids], jnp.repeat(jnp.arange(S, dtype=jnp.int32), P))
+    steps_per_pass = max(d for d in range(1, S + 1) if S % d == 0 and d * P <= max(P, _PROGRAMS_PER_PASS))
+    crossing = lax.map(pre_program, points, batch_size=steps_per_pass * P)
+    crossing = [c.reshape(S, P, *c.shape[1:]) for c in crossing]
+
+    def program_step(pid, s, crossing, in_bufs, out_bufs, scratch, out_arrays):
+        """The carried part of one program's step s (vmapped over pid)."""
         seq_idx = _unravel(s, seq)
         loop_idx = (*pid, *seq_idx)
         cur = starts(loop_idx)
         nxt = starts((*pid, *_unravel(jnp.minimum(s + 1, S - 1), seq)))
         prv = starts((*pid, *_unravel(jnp.maximum(s - 1, 0), seq)))
         blocks_in = []
-        for k in range(n_in):
-            src = out_arrays[read_from[k]] if k in read_from else in_arrays[k]
-            fresh = slice_block(src, cur[k], k)
+        for j, k in enumerate(carried_inputs):
+            if k in read_from:
+                fresh = _from_bits(slice_block(out_arrays[read_from[k]], cur[k], k), in_arrays[k].dtype)
+            else:
+                fresh = slice_block(in_arrays[k], cur[k], k)
             if tpu_mode:
                 changed = (s == 0) | functools.reduce(jnp.logical_or, [a != b for a, b in zip(cur[k], prv[k])],
                                                       jnp.bool_(False))
-                fresh = lax.select(jnp.broadcast_to(changed, fresh.shape), fresh, in_bufs[k])
+                fresh = lax.select(jnp.broadcast_to(changed, fresh.shape), fresh, in_bufs[j])
             blocks_in.append(fresh)
         blocks_out = []
         for o in range(n_out):
@@ -505,15 +645,10 @@ def _batched_call(args, *, jaxpr, input_output_aliases, grid_mapping, interpret,
             if tpu_mode:
                 blocks_out.append(out_bufs[o])
             else:
-                blocks_out.append(slice_block(out_arrays[o], cur[k], k))
-        # the kernel body as its own island, as in the per-program interpreter (whose blocks arrive from and leave
-        # to callbacks): XLA:CPU fuses nothing across its edge, so it compiles the body as it compiles one program's
-        operands = lax.optimization_barrier((blocks_in, blocks_out, list(scratch)))
-        with pallas_core.grid_env(local_env(loop_idx)), _replaying():
-            res = jax_core.eval_jaxpr(kernel, kernel_consts, *scalars, *operands[0], *operands[1], *operands[2])
-        res = lax.optimization_barrier(list(res))
-        _, res_in, res_out, res_scratch = (res[:n_idx], res[n_idx:n_idx + n_in],
-                                           res[n_idx + n_in:n_idx + n_in + n_out], res[n_idx + n_in + n_out:])
+                blocks_out.append(_from_bits(slice_block(out_arrays[o], cur[k], k), kernel_block_avals[k].dtype))
+        res = evaluate(split.rest, loop_idx, [*crossing, *blocks_in, *blocks_out, *scratch])
+        n_c = len(carried_inputs)
+        res_in, res_out, res_scratch = res[:n_c], res[n_c:n_c + n_out], res[n_c + n_out:]
         if tpu_mode:
             writes = [(s == S - 1) | functools.reduce(jnp.logical_or,
                                                        [a != b for a, b in zip(cur[n_in + o], nxt[n_in + o])],
@@ -523,11 +658,17 @@ def _batched_call(args, *, jaxpr, input_output_aliases, grid_mapping, interpret,
         return (list(res_in), list(res_out), list(res_scratch),
                 [cur[n_in + o] for o in range(n_out)], writes)
 
+    # TPU mode writes an output block back when the program's next step moves to another block (or at its last
+    # step). Writing it every step leaves the same array: a block kept for the next step is written again later by
+    # the same program, and no other program writes it. Only an output that an input reads back (aliased) must see
+    # the array exactly as it stands between steps; the others are written unconditionally, in place.
+    read_back = set(read_from.values())
+
     def step(s, carry):
         in_bufs, out_bufs, scratch, out_arrays_c = carry
         res_in, res_out, res_scratch, out_starts, writes = jax.vmap(
-            program_step, in_axes=(0, None, 0, 0, 0, None, None))(
-            par_ids, s, in_bufs, out_bufs, scratch, in_arrays, out_arrays_c)
+            program_step, in_axes=(0, None, 0, 0, 0, 0, None))(
+            par_ids, s, [c[s] for c in crossing], in_bufs, out_bufs, scratch, out_arrays_c)
         new_arrays = []
         for o in range(n_out):
             k = n_in + o
@@ -535,8 +676,8 @@ def _batched_call(args, *, jaxpr, input_output_aliases, grid_mapping, interpret,
 
             def put(p, arr, o=o, k=k):
                 start = tuple(st[p] for st in out_starts[o])
-                block = res_out[o][p]
-                if tpu_mode:
+                block = _as_bits(res_out[o][p])
+                if tpu_mode and o in read_back:
                     old = hlo_interpreter._dynamic_slice(start, block_shapes[k], arr, squeeze[k])
                     block = lax.select(jnp.broadcast_to(writes[o][p], block.shape), block, old)
                 return hlo_interpreter._dynamic_update_slice(start, block_shapes[k], arr, block, squeeze[k])
@@ -544,8 +685,8 @@ def _batched_call(args, *, jaxpr, input_output_aliases, grid_mapping, interpret,
             new_arrays.append(lax.fori_loop(0, P, put, arr))
         return res_in, res_out, res_scratch, new_arrays
 
-    in_bufs = [jnp.broadcast_to(_uninitialized(a.shape, a.dtype, interpret), (P, *a.shape))
-               for a in kernel_block_avals[:n_in]]
+    in_bufs = [jnp.broadcast_to(_uninitialized(kernel_block_avals[k].shape, kernel_block_avals[k].dtype, interpret),
+                                (P, *kernel_block_avals[k].shape)) for k in carried_inputs]
     out_bufs = [jnp.broadcast_to(_uninitialized(a.shape, a.dtype, interpret), (P, *a.shape))
                 for a in kernel_block_avals[n_in:]]
     scratch = [jnp.broadcast_to(_uninitialized(a.shape, a.dtype, interpret), (P, *a.shape))
@@ -553,10 +694,11 @@ def _batched_call(args, *, jaxpr, input_output_aliases, grid_mapping, interpret,
     *_, final = lax.fori_loop(0, S, step, (in_bufs, out_bufs, scratch, out_arrays))
     outs = []
     for arr, bm in zip(final, grid_mapping.block_mappings_output):
+        arr = _from_bits(arr, bm.array_aval.dtype)
         if arr.shape != bm.array_aval.shape:
             arr = lax.slice(arr, (0,) * arr.ndim, bm.array_aval.shape)
         outs.append(arr)
-    return outs
+    return outs, before_walk
 
 
 def _pallas_call(plans, *args, **params):
@@ -565,14 +707,21 @@ def _pallas_call(plans, *args, **params):
     name = params.get("name") or getattr(params["jaxpr"].debug_info, "func_name", "kernel")
     n_par, why = _plan(gm, params.get("compiler_params"), interpret, params.get("mesh"),
                        params["input_output_aliases"], params["jaxpr"])
-    plans.append(KernelPlan(str(name), tuple(gm.grid), None if n_par is None else tuple(range(n_par)), why or ""))
+    plan = KernelPlan(str(name), tuple(gm.grid), None if n_par is None else tuple(range(n_par)), why or "")
     if n_par is None:
+        plans.append(plan)
+        return pallas_call_p.bind(*args, **params)
+    kernel, kernel_consts, scratch_avals = _kernel_to_hlo_jaxpr(params["jaxpr"], gm)
+    if (why := _stores_into_an_input(kernel, gm)):
+        plans.append(dataclasses.replace(plan, axes=None, reason=why))
         return pallas_call_p.bind(*args, **params)
     # the call's operands and results cross a barrier, as they cross callbacks in the per-program interpreter:
     # XLA:CPU fuses nothing of the program around the call into the call's slicing (or the reverse), so the
     # arithmetic around it compiles as it does around the per-program interpreter
     args = lax.optimization_barrier(list(args))
-    return lax.optimization_barrier(list(_batched_call(args, n_par=n_par, **params)))
+    outs, before_walk = _batched_call(args, kernel, kernel_consts, scratch_avals, n_par=n_par, **params)
+    plans.append(dataclasses.replace(plan, before_walk=before_walk))
+    return lax.optimization_barrier(list(outs))
 
 
 # ------------------------------------------------------------------ the outer evaluator
