@@ -12,9 +12,10 @@ How it is computed, so that the work is matrix products and not C * C * K expone
 
 - **One decay per head** (``G[..., 1]``): ``exp(G_r - G_s)`` does not depend on d, so
   ``scores = (a b^T) * exp(G_r - G_s)``, one GEMM and C * C exponentials.
-- **Per key channel**: the chunk is cut into sub-blocks of ``block`` rows. Within a diagonal sub-block the
-  scores are the direct sum above (block * block * K exponentials per sub-block). For r in a later sub-block
-  than s, the decay splits at the last row ``e`` of s's sub-block::
+- **Per key channel**: the chunk is cut into sub-blocks of ``block`` rows. A diagonal sub-block is a chunk of
+  its own, cut the same way into halves (recursively, down to :data:`DIRECT` rows, where the scores are the
+  direct sum above). For r in a later sub-block than s, the decay splits at the last row ``e`` of s's
+  sub-block::
 
       exp(G_r - G_s) = exp(G_r - G_e) * exp(G_e - G_s)         both exponents <= 0 (s <= e < r)
 
@@ -34,6 +35,8 @@ from jax import lax
 _HI = lax.Precision.HIGHEST
 BLOCK = 16
 """Rows per sub-block of the per-channel form (fla's intra-chunk sub-block)."""
+DIRECT = 4
+"""The fewest rows a sub-block is cut into: a diagonal sub-block of fewer is summed directly."""
 
 
 def causal_mask(C: int, inclusive: bool):
@@ -53,15 +56,18 @@ def decayed_scores(a, b, G, *, inclusive: bool, block: int = BLOCK):
     if G.shape[-1] == 1:  # one decay per head
         diff = G[..., :, None, 0] - G[..., None, :, 0]
         return jnp.matmul(a, jnp.swapaxes(b, -1, -2), precision=_HI) * _masked_exp(diff, mask)
-    if C % block or C <= block:
+    if C % block or C <= block or block < DIRECT:
         return _direct(a, b, G, mask)
+    lead = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2], G.shape[:-2])
+    if len(lead) != 1:  # one leading dim: the sub-blocks below add two per level, and XLA:CPU's matrix library
+        # refuses (aborts on) a tensor of rank 8
+        flat = [jnp.broadcast_to(x, (*lead, *x.shape[-2:])).reshape(-1, *x.shape[-2:]) for x in (a, b, G)]
+        return decayed_scores(*flat, inclusive=inclusive, block=block).reshape(*lead, C, C)
     n = C // block
     blocks = lambda x: x.reshape(*x.shape[:-2], n, block, x.shape[-1])  # noqa: E731  [..., n, block, K]
-    # diagonal sub-blocks, directly
+    # diagonal sub-blocks: each one chunk of `block` rows, cut in halves the same way down to DIRECT rows
     Gb = blocks(G)
-    local = causal_mask(block, inclusive)[..., None]
-    e = _masked_exp(Gb[..., :, :, None, :] - Gb[..., :, None, :, :], local)  # [..., n, r, s, K]
-    diag = jnp.sum(blocks(a)[..., :, :, None, :] * blocks(b)[..., :, None, :, :] * e, axis=-1)  # [..., n, r, s]
+    diag = decayed_scores(blocks(a), blocks(b), Gb, inclusive=inclusive, block=block // 2)  # [..., n, r, s]
     # later rows against each sub-block j, split at its last row e_j
     G_end = Gb[..., -1, :]  # [..., n, K]
     later = jnp.arange(C)[None, :] // block > jnp.arange(n)[:, None]  # [n, C]: row r after sub-block j

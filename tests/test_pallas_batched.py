@@ -89,6 +89,24 @@ def test_the_row_and_the_settings_say_the_grid_was_batched():
     assert "pallas_grid" not in tpu.TpuLeg(force_interpret=True, compile_targets=()).environment().settings
 
 
+def test_the_user_asks_for_the_batched_grid(monkeypatch):
+    """PARITY_TPU_GRID=batched: the batched grid under the fusion emitters, said in the settings (which key the
+    cache); unset or per-program: jax's per-program interpret mode under the leg's options; anything else refused."""
+    monkeypatch.setenv(tpu.TPU_GRID_ENV, "batched")
+    leg = tpu.TpuLeg(force_interpret=True, compile_targets=())
+    ctx = leg.context()
+    assert ctx.batched_grid and ctx.compiler_options == tpu.INTERPRET_COMPILER_OPTIONS
+    settings = leg.environment().settings
+    assert settings["pallas_grid"].startswith("parallel axes batched")
+    assert settings["xla_compiler_options"] == dict(tpu.INTERPRET_COMPILER_OPTIONS)
+    monkeypatch.setenv(tpu.TPU_GRID_ENV, "per-program")
+    ctx = tpu.TpuLeg(force_interpret=True, compile_targets=()).context()
+    assert not ctx.batched_grid and ctx.compiler_options == tpu.interpret_compiler_options()
+    monkeypatch.setenv(tpu.TPU_GRID_ENV, "fast")
+    with pytest.raises(ValueError, match="PARITY_TPU_GRID='fast': must be one of per-program, batched"):
+        tpu.TpuLeg(force_interpret=True, compile_targets=())
+
+
 # ------------------------------------------------------------------ synthetic kernels
 def _accumulate_kernel(x_ref, o_ref, acc_ref):
     """o[i] = ((x[i, 0] * 1.1 + x[i, 1]) * 1.1 + x[i, 2]) ...: the order of the arbitrary axis matters."""

@@ -40,9 +40,8 @@ class TpuContext:
     interpret: Any  # None natively, a pltpu.InterpretParams in interpret mode
     mxu_model: bool
     compiler_options: tuple[tuple[str, Any], ...] = ()  # XLA options of the eager run's two programs
-    # interpret mode: the parallel grid axes of each pallas_call in one pass (harness.legs.pallas_batched); not yet
-    # the leg's default: it is not bit for bit with the per-program interpreter on every kernel
-    # (reports/bench/2026-11-27-cpu-legs)
+    # interpret mode: the parallel grid axes of each pallas_call in one pass (harness.legs.pallas_batched); opt-in
+    # (TPU_GRID_ENV): not bit for bit with the leg's default run (reports/bench/2026-11-27-cpu-legs)
     batched_grid: bool = False
 
 
@@ -77,6 +76,26 @@ def interpret_compiler_options() -> tuple[tuple[str, Any], ...]:
     except Exception:  # noqa: BLE001 - jaxlib's INVALID_ARGUMENT "No such compile option"
         return INTERPRET_COMPILER_OPTIONS
     return options
+
+
+TPU_GRID_ENV = "PARITY_TPU_GRID"
+"""How the emulated TPU leg walks each interpret-mode pallas_call's grid. ``per-program`` (the default): jax's own
+TPU interpret mode, one program after another, compiled with :func:`interpret_compiler_options`. ``batched``: the
+batched grid interpreter (:mod:`harness.legs.pallas_batched`: the parallel programs together, each kernel's
+carry-free part before the sequential walk), compiled with :data:`INTERPRET_COMPILER_OPTIONS` (the fusion
+emitters), 3-6x faster on long sequences. The two differ in the last bits of some elementwise transcendentals
+(the loop emitters round them differently at a batched shape), and in gla's fp32/fp16 chunk output kernel: the
+rows record which ran (settings ``pallas_grid`` and ``xla_compiler_options``) and are cached apart
+(reports/bench/2026-11-27-cpu-legs)."""
+TPU_GRIDS = ("per-program", "batched")
+
+
+def tpu_grid_default() -> bool:
+    """Whether :data:`TPU_GRID_ENV` asks for the batched grid (a value outside :data:`TPU_GRIDS` is refused)."""
+    value = os.environ.get(TPU_GRID_ENV, "").strip().lower() or TPU_GRIDS[0]
+    if value not in TPU_GRIDS:
+        raise ValueError(f"{TPU_GRID_ENV}={value!r}: must be one of {', '.join(TPU_GRIDS)}")
+    return value == "batched"
 
 
 CLEAR_ABOVE = 0.25
@@ -225,8 +244,13 @@ class TpuLeg(Leg):
 
     source_closure = True  # the kernels are this repository's: a cached output is keyed by all they import
 
-    def __init__(self, force_interpret: bool = False, compile_targets: tuple[str, ...] | None = None):
+    def __init__(self, force_interpret: bool = False, compile_targets: tuple[str, ...] | None = None,
+                 batched_grid: bool | None = None):
+        """``batched_grid`` (emulated runs): the batched grid interpreter (True) or jax's per-program interpret
+        mode (False); None reads :data:`TPU_GRID_ENV`."""
         from harness.compile.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
+
+        self.batched_grid = tpu_grid_default() if batched_grid is None else bool(batched_grid)
 
         self.native = tpu_available() and not force_interpret
         targets = LEG_DEFAULT_TARGETS if compile_targets is None else tuple(compile_targets)
@@ -260,8 +284,11 @@ class TpuLeg(Leg):
             return NATIVE
         from jax.experimental.pallas import tpu as pltpu
 
-        return TpuContext(interpret=pltpu.InterpretParams(uninitialized_memory="nan"), mxu_model=True,
-                          compiler_options=interpret_compiler_options())
+        interpret = pltpu.InterpretParams(uninitialized_memory="nan")
+        if self.batched_grid:
+            return TpuContext(interpret=interpret, mxu_model=True, compiler_options=INTERPRET_COMPILER_OPTIONS,
+                              batched_grid=True)
+        return TpuContext(interpret=interpret, mxu_model=True, compiler_options=interpret_compiler_options())
 
     def environment(self) -> Environment:
         import jax
