@@ -278,7 +278,40 @@ def test_parallel_programs_writing_one_block_fall_back():
     assert _bits(jax.jit(f, compiler_options=OPTS)(x)) == _bits(jax.jit(b, compiler_options=OPTS)(x))
     [(name, how)] = plan_rows(b.plans)
     assert name == "shared_block"
-    assert how.startswith("per program: output") and "parallel axis 0" in how
+    assert how.startswith("per program: output") and "written by several parallel programs" in how
+
+
+def _slot_kernel(slot_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def _by_table(slots, x):
+    """Program i writes block slots[i] (a scalar-prefetched table): disjoint only when the table has no repeat."""
+    return pl.pallas_call(
+        _slot_kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(4,),
+            in_specs=[pl.BlockSpec((None, 8, 128), lambda i, slot: (i, 0, 0))],
+            out_specs=pl.BlockSpec((None, 8, 128), lambda i, slot: (slot[i], 0, 0))),
+        out_shape=jax.ShapeDtypeStruct((4, 8, 128), jnp.float32),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        interpret=pltpu.InterpretParams(uninitialized_memory="nan"), name="by_table")(slots, x)
+
+
+@pytest.mark.parametrize("table", [(2, 0, 3, 1), (0, 0, 1, 2)], ids=["permutation", "repeat"])
+def test_output_blocks_chosen_by_a_table(table):
+    """An output index map that reads a scalar-prefetched table, known when traced: evaluated over the grid, the
+    blocks are disjoint for a permutation (batched) and shared for a repeat (per program, saying so)."""
+    x = jax.random.normal(jax.random.key(7), (4, 8, 128), jnp.float32)
+    f = functools.partial(_by_table, jnp.asarray(table, jnp.int32))
+    b = batched_interpret(f)
+    jax.jit(b, compiler_options=OPTS).lower(x)  # traced: the plan is made (jax's own interpreter refuses a repeat)
+    [(name, how)] = plan_rows(b.plans)
+    if len(set(table)) == 4:
+        assert how == "batched over axes (0,) of grid (4,)"
+        assert _bits(jax.jit(f, compiler_options=OPTS)(x)) == _bits(jax.jit(b, compiler_options=OPTS)(x))
+    else:
+        assert how.startswith("per program: output") and "written by several parallel programs" in how
 
 
 def test_no_parallel_axis_falls_back():

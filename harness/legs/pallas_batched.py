@@ -11,8 +11,8 @@ The kernel body is split in two before the walk (:func:`_split`). What the walk 
 the scratch buffers, and an input block that may hold what an earlier step wrote (one the kernel stores into;
 an aliased input whose index map may visit a block twice, :func:`_read_once`). Every equation that depends on
 none of them, such as a chunk kernel's intra-chunk products and its triangular inverse, is evaluated for every
-program and step at once, in passes of about :data:`_PROGRAMS_PER_PASS`; only the rest (the state
-recurrence) runs in the sequential loop. Each equation still runs once per (program, step), on the same
+program and several steps at once (a group of about :data:`_PROGRAMS_PER_PASS` points), then the rest (the state
+recurrence) runs through the group's steps in order, and so on group by group. Each equation still runs once per (program, step), on the same
 values.
 
 What it reproduces, bit for bit, is the per-program interpreter of the same mode, for a kernel that reads
@@ -363,8 +363,26 @@ def _memory_space_refusal(space) -> str | None:
     return None
 
 
-def _blocks_disjoint(bm, grid, n_par) -> str | None:
-    """None when parallel programs provably write disjoint blocks of this output, else why not."""
+def _blocks_disjoint(bm, grid, n_par, scalars) -> str | None:
+    """None when parallel programs provably write disjoint blocks of this output, else why not: proved from the
+    index map's form (it returns each parallel program id for a blocked dimension), or else by evaluating it over
+    the whole grid (:func:`_grid_starts`: two points of different parallel programs never share a block)."""
+    why = _blocks_disjoint_by_form(bm, grid, n_par)
+    if why is None:
+        return None
+    starts = _grid_starts(bm, grid, scalars)
+    if starts is None:
+        return why + "; its blocks depend on scalar-prefetched tables not known when traced"
+    program = np.ravel_multi_index(np.stack(np.meshgrid(*[np.arange(d) for d in grid], indexing="ij"), -1)
+                                   .reshape(-1, len(grid))[:, :n_par].T, grid[:n_par])
+    order = np.lexsort(starts.T[::-1])
+    same_block = np.all(starts[order][1:] == starts[order][:-1], axis=1)
+    if np.any(same_block & (program[order][1:] != program[order][:-1])):
+        return f"output {bm.origin} is written by several parallel programs (its blocks evaluated over the grid)"
+    return None
+
+
+def _blocks_disjoint_by_form(bm, grid, n_par) -> str | None:
     jaxpr = bm.index_map_jaxpr.jaxpr
     outs = jaxpr.outvars
     for axis in range(n_par):
@@ -386,7 +404,7 @@ def _same_map(a, b) -> bool:
             and str(a.index_map_jaxpr) == str(b.index_map_jaxpr))
 
 
-def _plan(grid_mapping, compiler_params, interpret, mesh, input_output_aliases, kernel_jaxpr):
+def _plan(grid_mapping, compiler_params, interpret, mesh, input_output_aliases, kernel_jaxpr, scalars):
     """(number of leading parallel axes batched, None) or (None, reason)."""
     if mesh is not None:
         return None, "a mesh (core_map)"
@@ -426,7 +444,7 @@ def _plan(grid_mapping, compiler_params, interpret, mesh, input_output_aliases, 
     for bm in outputs:
         if any(isinstance(bd, pallas_core.Element) for bd in bm.block_shape):
             return None, f"output {bm.origin} has Element block dims"
-        if (why := _blocks_disjoint(bm, grid, n_par)):
+        if (why := _blocks_disjoint(bm, grid, n_par, scalars)):
             return None, why
     n_scalars = grid_mapping.num_index_operands
     for i, o in input_output_aliases:
@@ -470,23 +488,31 @@ def _unravel(i, dims):
     return tuple(reversed(out))
 
 
-def _read_once(bm, grid, n_idx) -> bool:
-    """Whether every grid point of the call reads a block of its own through ``bm`` (an index map of the grid
-    indices alone, injective over the grid): then no program reads a block another step has written."""
+def _grid_starts(bm, grid, scalars):
+    """The start indices of ``bm``'s block at every grid point, [points, dims] in row-major grid order, computed
+    when the call is traced; None where they depend on scalar-prefetched tables whose values are not known then
+    (traced, not constants of the program)."""
     closed = bm.index_map_jaxpr
     used = {v for e in closed.jaxpr.eqns for v in e.invars if isinstance(v, jax_core.Var)}
     used |= {v for v in closed.jaxpr.outvars if isinstance(v, jax_core.Var)}
-    if any(v in used for v in closed.jaxpr.invars[len(grid):]):
-        return False  # the blocks depend on scalar-prefetched tables: not decidable when traced
+    if (any(v in used for v in closed.jaxpr.invars[len(grid):])
+            and any(isinstance(x, jax_core.Tracer) for x in scalars)):
+        return None
     points = np.stack(np.meshgrid(*[np.arange(d) for d in grid], indexing="ij"), -1).reshape(-1, len(grid))
     with jax.ensure_compile_time_eval():
-        blocks = jax.vmap(lambda idx: jax_core.eval_jaxpr(closed.jaxpr, closed.consts,
-                                                          *[idx[i] for i in range(len(grid))],
-                                                          *[jnp.zeros(v.aval.shape, v.aval.dtype)
-                                                            for v in closed.jaxpr.invars[len(grid):]]))(
-            jnp.asarray(points, jnp.int32))
-    blocks = np.stack([np.broadcast_to(np.asarray(b), (len(points),)) for b in blocks], -1)
-    return len(np.unique(blocks, axis=0)) == len(points)
+        def one(idx):
+            loop_idx = tuple(idx[i] for i in range(len(grid)))
+            with pallas_core.grid_env(tuple(pallas_core.GridAxis(i, b) for i, b in zip(loop_idx, grid))):
+                return jnp.stack([jnp.asarray(x, jnp.int32)
+                                  for x in bm.compute_start_indices_interpret(loop_idx, *scalars)])
+        return np.asarray(jax.vmap(one)(jnp.asarray(points, jnp.int32)))
+
+
+def _read_once(bm, grid, scalars) -> bool:
+    """Whether every grid point of the call reads a block of its own through ``bm`` (its index map injective over
+    the grid): then no program reads a block another step has written."""
+    starts = _grid_starts(bm, grid, scalars)
+    return starts is not None and len(np.unique(starts, axis=0)) == len(starts)
 
 
 @dataclasses.dataclass
@@ -581,7 +607,7 @@ def _batched_call(args, kernel, kernel_consts, scratch_avals, *, input_output_al
     # What the loop carries: the output blocks and scratch, and an aliased input block that a step may read after
     # another step wrote it (the kernel stores into no input block: _stores_into_an_input). Every other input block is the same slice of
     # the input array whenever it is read, so the kernel's work on it alone is done for all steps before the loop.
-    free_inputs = [k for k in range(n_in) if k not in read_from or _read_once(bms[k], grid, n_idx)]
+    free_inputs = [k for k in range(n_in) if k not in read_from or _read_once(bms[k], grid, scalars)]
     carried_inputs = [k for k in range(n_in) if k not in free_inputs]
     split = _split(kernel, [n_idx + k for k in carried_inputs] + list(range(n_idx + n_in, len(kernel.invars))))
     before_walk = (len(split.pre.eqns), len(kernel.eqns))
@@ -616,10 +642,14 @@ def _batched_call(args, kernel, kernel_consts, scratch_avals, *, input_output_al
         blocks = {n_idx + k: slice_block(in_arrays[k], cur[k], k) for k in free_inputs}
         return evaluate(split.pre, loop_idx, [scalars[i] if i < n_idx else blocks[i] for i in split.free])
 
-    points = ([jnp.tile(p, S) for p in par_ids], jnp.repeat(jnp.arange(S, dtype=jnp.int32), P))
+    # the walk in groups of steps: the carry-free part of a group's steps in one pass, then its steps in order (the
+    # values crossing from one part to the other are kept for one group only)
     steps_per_pass = max(d for d in range(1, S + 1) if S % d == 0 and d * P <= max(P, _PROGRAMS_PER_PASS))
-    crossing = lax.map(pre_program, points, batch_size=steps_per_pass * P)
-    crossing = [c.reshape(S, P, *c.shape[1:]) for c in crossing]
+
+    def group_terms(s0):
+        steps = s0 + jnp.repeat(jnp.arange(steps_per_pass, dtype=jnp.int32), P)
+        crossing = jax.vmap(pre_program)(([jnp.tile(p, steps_per_pass) for p in par_ids], steps))
+        return [c.reshape(steps_per_pass, P, *c.shape[1:]) for c in crossing]
 
     def program_step(pid, s, crossing, in_bufs, out_bufs, scratch, out_arrays):
         """The carried part of one program's step s (vmapped over pid)."""
@@ -664,11 +694,11 @@ def _batched_call(args, kernel, kernel_consts, scratch_avals, *, input_output_al
     # the array exactly as it stands between steps; the others are written unconditionally, in place.
     read_back = set(read_from.values())
 
-    def step(s, carry):
+    def step(s, crossing, carry):
         in_bufs, out_bufs, scratch, out_arrays_c = carry
         res_in, res_out, res_scratch, out_starts, writes = jax.vmap(
             program_step, in_axes=(0, None, 0, 0, 0, 0, None))(
-            par_ids, s, [c[s] for c in crossing], in_bufs, out_bufs, scratch, out_arrays_c)
+            par_ids, s, crossing, in_bufs, out_bufs, scratch, out_arrays_c)
         new_arrays = []
         for o in range(n_out):
             k = n_in + o
@@ -691,7 +721,12 @@ def _batched_call(args, kernel, kernel_consts, scratch_avals, *, input_output_al
                 for a in kernel_block_avals[n_in:]]
     scratch = [jnp.broadcast_to(_uninitialized(a.shape, a.dtype, interpret), (P, *a.shape))
                for a in scratch_avals]
-    *_, final = lax.fori_loop(0, S, step, (in_bufs, out_bufs, scratch, out_arrays))
+    def group(j, carry):
+        s0 = j * steps_per_pass
+        crossing = group_terms(s0)
+        return lax.fori_loop(0, steps_per_pass, lambda i, c: step(s0 + i, [x[i] for x in crossing], c), carry)
+
+    *_, final = lax.fori_loop(0, S // steps_per_pass, group, (in_bufs, out_bufs, scratch, out_arrays))
     outs = []
     for arr, bm in zip(final, grid_mapping.block_mappings_output):
         arr = _from_bits(arr, bm.array_aval.dtype)
@@ -706,7 +741,7 @@ def _pallas_call(plans, *args, **params):
     gm = params["grid_mapping"]
     name = params.get("name") or getattr(params["jaxpr"].debug_info, "func_name", "kernel")
     n_par, why = _plan(gm, params.get("compiler_params"), interpret, params.get("mesh"),
-                       params["input_output_aliases"], params["jaxpr"])
+                       params["input_output_aliases"], params["jaxpr"], args[:gm.num_index_operands])
     plan = KernelPlan(str(name), tuple(gm.grid), None if n_par is None else tuple(range(n_par)), why or "")
     if n_par is None:
         plans.append(plan)
