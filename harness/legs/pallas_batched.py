@@ -561,14 +561,21 @@ _PROGRAMS_PER_PASS = 256
 dispatch over the batch, few enough to keep every intermediate of the pass in memory."""
 
 
-def _stores_into_an_input(kernel, grid_mapping) -> str | None:
-    """Why the discharged ``kernel`` cannot be batched: it stores into an input block (which the two per-program
-    interpreters keep differently), or None."""
-    n_idx = grid_mapping.num_index_operands
-    for k in range(grid_mapping.num_inputs):
-        if kernel.outvars[n_idx + k] is not kernel.invars[n_idx + k]:
-            return f"the kernel stores into input {k}"
-    return None
+def _stores_into_an_input(jaxpr, grid_mapping) -> str | None:
+    """Why the kernel (``jaxpr`` before state discharge) cannot be batched: it stores into an input block (which the
+    two per-program interpreters keep differently), read from its write effects; or None."""
+    from jax._src.state import types as state_types
+
+    n_idx, n_in = grid_mapping.num_index_operands, grid_mapping.num_inputs
+    refs = [v for v in jaxpr.invars]
+    written = set()
+    for e in jaxpr.effects:
+        if isinstance(e, (state_types.WriteEffect, state_types.AccumEffect)):
+            i = e.input if isinstance(e.input, int) else next((j for j, v in enumerate(refs) if v is e.input), -1)
+            if n_idx <= i < n_idx + n_in:
+                written.add(i - n_idx)
+    written = sorted(written)
+    return f"the kernel stores into input {written[0]}" if written else None
 
 
 def _batched_call(args, kernel, kernel_consts, scratch_avals, *, input_output_aliases, grid_mapping, interpret,
@@ -746,10 +753,10 @@ def _pallas_call(plans, *args, **params):
     if n_par is None:
         plans.append(plan)
         return pallas_call_p.bind(*args, **params)
-    kernel, kernel_consts, scratch_avals = _kernel_to_hlo_jaxpr(params["jaxpr"], gm)
-    if (why := _stores_into_an_input(kernel, gm)):
+    if (why := _stores_into_an_input(params["jaxpr"], gm)):
         plans.append(dataclasses.replace(plan, axes=None, reason=why))
         return pallas_call_p.bind(*args, **params)
+    kernel, kernel_consts, scratch_avals = _kernel_to_hlo_jaxpr(params["jaxpr"], gm)
     # the call's operands and results cross a barrier, as they cross callbacks in the per-program interpreter:
     # XLA:CPU fuses nothing of the program around the call into the call's slicing (or the reverse), so the
     # arithmetic around it compiles as it does around the per-program interpreter
