@@ -55,6 +55,27 @@ def dump(out: Path, suites: str) -> None:
             print(f"[{i + 1}/{len(cases)}] {method:9s} {time.perf_counter() - t0:6.1f}s {case.id}", flush=True)
 
 
+MODE = "native (float64 JAX reference on the CPU)"
+
+
+def with_provenance(table):
+    """``table`` with each row's execution mode and its case's draw-0 inputs' sha256 (``Inputs.sha256``, a
+    function of the case id alone), after the ``case`` column."""
+    from cases.inputs import make_inputs
+    from harness.app.selection import case_from_id
+    from harness.ops import get_op
+
+    def sha(case_id):
+        case = case_from_id(case_id)
+        return make_inputs(case, get_op(case.op).inputs(case)).sha256
+
+    hashes = {c: sha(c) for c in table["case"].unique()}
+    table = table.drop(columns=[c for c in ("mode", "input_sha256") if c in table])
+    table.insert(1, "mode", MODE)
+    table.insert(2, "input_sha256", table["case"].map(hashes))
+    return table
+
+
 def compare(old: Path, new: Path, tol: float, out: Path | None) -> int:
     import pandas as pd
 
@@ -80,7 +101,7 @@ def compare(old: Path, new: Path, tol: float, out: Path | None) -> int:
             diff = np.max(np.abs(y - x)) if x.size else 0.0
             rel = 0.0 if diff == 0 else (diff / scale if scale > 0 else np.inf)
             rows.append(dict(case=case, method=method, tensor=name, rel=float(rel), note=""))
-    table = pd.DataFrame(rows)
+    table = with_provenance(pd.DataFrame(rows))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(out, index=False)
