@@ -2,9 +2,10 @@
 (:mod:`harness.app.settings`) and runs the stages of a run (:class:`harness.app.session.Run`); the options
 themselves are declared in :mod:`harness.parser`.
 
-Exit codes: 0 pass; 1 a parity or bound violation (or an error row); 2 usage
-or input error (bad arguments, unwritable paths, unreadable, malformed or stale
-result files); 3 inconclusive (never a pass); 130 interrupted (the finished cases are kept: see --resume).
+Exit codes (docs/faults.md): 0 pass; 1 a parity or bound violation (or an error row); 2 usage or input error
+(bad arguments, unwritable paths, unreadable, malformed or stale result files); 3 inconclusive (never a pass); 4
+a case's process exited, crashed or ran past --case-timeout (its rows say how; the other cases ran); 130
+interrupted by Ctrl-C or SIGTERM (the finished cases are kept: see --resume).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pandas as pd
 
 from harness.app.selection import Selection
 from harness.app.session import Interrupted, Run, causality_failing, failing, report_gate
-from harness.app.settings import GateSettings, LegOptions, RunSettings
+from harness.app.settings import GateSettings, LegOptions, RunSettings, parse_case_timeout
 from harness.app.workers import default_jobs, parse_jobs
 from harness.core.status import Status
 from harness.legs.registry import (BUILTIN, check_implementation, default_leg, leg_spec, parse_impl,
@@ -26,13 +27,25 @@ from harness.parser import DEFAULT_OUT, build_parser  # noqa: F401  (build_parse
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INCONCLUSIVE = 3  # the gate's draws did not decide a comparison: never a pass
-EXIT_INTERRUPTED = 130  # Ctrl-C, as the shell reports it
-_SEVERITY = (EXIT_PASS, EXIT_INCONCLUSIVE, EXIT_FAIL)
+EXIT_LOST = 4  # a case's process exited, crashed or ran past --case-timeout: the run is not whole
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM, as the shell reports Ctrl-C
+_SEVERITY = (EXIT_PASS, EXIT_INCONCLUSIVE, EXIT_FAIL, EXIT_LOST)
 
 
 def _worse(a: int, b: int) -> int:
-    """The exit status of two outcomes together: a failure outranks an inconclusive gate, which outranks a pass."""
+    """The exit status of two outcomes together: lost cases outrank a failure (the verdicts lack them), which
+    outranks an inconclusive gate, which outranks a pass."""
     return max(a, b, key=_SEVERITY.index)
+
+
+def _lost(run: Run, status: int) -> int:
+    """``status``, or :data:`EXIT_LOST` with a line naming the cases whose process ended without their rows."""
+    lost = run.workers.lost
+    if not lost:
+        return status
+    print(f"parity: {len(lost)} case(s) lost, their process exited, crashed or ran past its time limit (first: "
+          f"{lost[0]}); their error rows say how; exit {EXIT_LOST}", file=sys.stderr)
+    return _worse(status, EXIT_LOST)
 
 
 class UsageError(Exception):
@@ -62,7 +75,7 @@ def _run_settings(args) -> RunSettings:
     return RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, force=args.force,
                        resume=getattr(args, "resume", False), jobs=_jobs(args),
                        reference_cache=not args.no_ref_cache, read_leg_cache=not args.no_baseline_cache, legs=legs,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, case_timeout=parse_case_timeout(args.case_timeout))
 
 
 def _policy(args):
@@ -209,7 +222,7 @@ def cmd_run(args) -> int:
         run.cases  # a bad selection: before the output directory is made
         _out_dir(settings.out)
         df = run.leg(args.backend)
-    return EXIT_FAIL if failing(df) else EXIT_PASS
+    return _lost(run, EXIT_FAIL if failing(df) else EXIT_PASS)
 
 
 def cmd_causality(args) -> int:
@@ -218,7 +231,7 @@ def cmd_causality(args) -> int:
         run.cases
         _out_dir(settings.out)
         df = run.causality(args.backend)
-    return EXIT_FAIL if causality_failing(df) else EXIT_PASS
+    return _lost(run, EXIT_FAIL if causality_failing(df) else EXIT_PASS)
 
 
 def cmd_gate(args) -> int:
@@ -230,7 +243,8 @@ def cmd_gate(args) -> int:
     _step_summary()
     baseline = result_in(args.gpu_csv, gate.baseline_leg)
     candidate = result_in(args.tpu_csv, gate.candidate_leg)
-    return _report_gate(gate_files(baseline, candidate, gate.policy, **gate.options()), out, gate)
+    result = gate_files(baseline, candidate, gate.policy, allow_partial=args.allow_partial, **gate.options())
+    return _report_gate(result, out, gate)
 
 
 def cmd_compile(args) -> int:
@@ -240,7 +254,8 @@ def cmd_compile(args) -> int:
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
     run = Run(RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, jobs=_jobs(args),
-                          progress=not args.no_progress, reference_cache=False))
+                          progress=not args.no_progress, reference_cache=False,
+                          case_timeout=parse_case_timeout(args.case_timeout)))
     cases = run.cases
     _out_dir(args.out)
     reuse = [Path(p) for text in args.reuse or () for p in text.split(",") if p.strip()]
@@ -286,7 +301,7 @@ def cmd_compile(args) -> int:
         print(f"  ERROR {r['case_id']} [{r['target']}]: {r['reason']}\n       repro: {r['repro']}")
     if len(bad) > 20:
         print(f"  ... and {len(bad) - 20} more in {path}")
-    return EXIT_FAIL if len(bad) else EXIT_PASS
+    return _lost(run, EXIT_FAIL if len(bad) else EXIT_PASS)
 
 
 def _compile_seconds(part) -> str:
@@ -432,7 +447,7 @@ def cmd_all(args) -> int:
             status = _worse(status, _report_gate(run.gate(base, name, gate, redraw), _out_dir(out / name)))  # no JUnit
         if gated:
             _peer_tables(run, base, [ours, *gated], gate, out)
-    return status
+    return _lost(run, status)
 
 
 def _legs_stage(run: Run, legs, causality: bool) -> int:
@@ -466,7 +481,18 @@ VERBS = {"cases": cmd_cases, "run": cmd_run, "causality": cmd_causality, "gate":
          "mxu_probe": cmd_mxu_probe}
 
 
+def _terminated(signum, frame):
+    """SIGTERM (what CI sends a cancelled job) ends a run as Ctrl-C does: the finished cases kept, the hint to
+    resume printed, exit 130."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():  # a handler can be set only there
+        signal.signal(signal.SIGTERM, _terminated)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.core.noise import LOOKS
 from harness.legs.registry import default_leg, legs
-from harness.app.workers import GIB_PER_JOB
+from harness.app.workers import CANDIDATE_CASE_TIMEOUT, GIB_PER_JOB
 
 DEFAULT_OUT = Path("reports") / "runs"
 DESCRIPTION = """parity: list cases, run legs, gate result files, or do it all.
@@ -45,6 +45,14 @@ def _add_impl(p):
                         "a binding of its forward, refusals and packed sequences); repeatable")
 
 
+def _add_case_timeout(p):
+    p.add_argument("--case-timeout", metavar="SECONDS",
+                   help="run every case in a worker process of its own and stop one that runs longer (0: no limit); "
+                        "a case that exits, crashes or is stopped becomes error rows that say how, the run goes on, "
+                        f"and the command exits 4 (default: outside implementations {CANDIDATE_CASE_TIMEOUT:g} s, "
+                        "this project's legs in the command's own process at --jobs 1)")
+
+
 def _add_run_options(p, resume: bool = True):
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--tag", help="insert a tag in result file names, e.g. gpu.<tag>.csv")
@@ -59,6 +67,7 @@ def _add_run_options(p, resume: bool = True):
                         "emulated TPU leg, else 1) cases at once, each in a worker process (default: $PARITY_JOBS, "
                         f"else one per CPU and per {GIB_PER_JOB} GiB of memory; 1: no workers); cases the caches "
                         "serve never start one, and the rows come out in case order at any N")
+    _add_case_timeout(p)
     p.add_argument("--no-ref-cache", action="store_true", help="do not read or write the on-disk reference cache")
     p.add_argument("--no-baseline-cache", "--no-gpu-cache", dest="no_baseline_cache", action="store_true",
                    help="run the GPU, reference and TPU legs (and their causality runs) again instead of reusing "
@@ -78,6 +87,10 @@ def _add_run_options(p, resume: bool = True):
 def _add_gate_options(p):
     p.add_argument("--allow-missing", action="store_true",
                    help="a (case, tensor) in one file only is counted and shown, not failed (a deliberate subset)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="judge the partial file of a run that did not finish (<leg>...partial.csv); the verdict is "
+                        "then UNFINISHED RUN, never a pass (without it such a file is refused: finish the run with "
+                        "--resume)")
     p.add_argument("--baseline-leg", default=default_leg("baseline"),
                    help=f"the leg the baseline file must come from (default {default_leg('baseline')})")
     p.add_argument("--candidate-leg", default=default_leg("candidate"),
@@ -157,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile N cases at once, each in a worker process (libtpu compiles on one core; default: "
                         f"$PARITY_JOBS, else one per CPU and per {GIB_PER_JOB} GiB of memory; 1: no workers); the "
                         "rows come out in case order at any N")
+    _add_case_timeout(p)
     p.set_defaults(verb_fn="compile")
 
     p = sub.add_parser("peers", help="one table for every peer: README.md and index.html from the rows of every "

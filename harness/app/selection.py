@@ -18,6 +18,7 @@ from pathlib import Path
 from cases import case_file, suites
 from cases.case import Case
 
+from harness.core.results import unfinished
 from harness.ops import get_op
 from harness.run.result_file import result_name
 from harness.run.runner import parse_shard, shard
@@ -106,7 +107,7 @@ def result_in(path, leg: str) -> Path:
     if not path.is_dir():
         return path
     found = sorted(p for p in path.glob(f"{leg}*.csv") if (p.name == f"{leg}.csv" or p.name.startswith(f"{leg}."))
-                   and not p.name.endswith(".partial.csv"))
+                   and not unfinished(p))
     if len(found) != 1:
         what = ", ".join(p.name for p in found) if found else "none"
         raise ValueError(f"{path} is a directory: it must hold exactly one result file of the {leg} leg, it holds "

@@ -63,7 +63,7 @@ class Run:
         self.settings = settings
         self.say = say
         self.reference_cache = ReferenceCache("default" if settings.reference_cache else None)
-        self.workers = Workers(settings.jobs)
+        self.workers = Workers(settings.jobs, settings.case_timeout)
         self.frames: dict[str, pd.DataFrame] = {}  # each leg's rows so far, every draw
         self.paths: dict[str, Path] = {}  # each leg's result file
         self._cases: list[Case] | None = None

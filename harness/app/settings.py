@@ -73,11 +73,28 @@ class RunSettings:
     read_leg_cache: bool = True  # serve legs' outputs from their caches (False: recompute, rewrite the entries)
     legs: LegOptions = LegOptions()
     progress: bool = True  # a progress bar per leg (shown only on a terminal)
+    case_timeout: float | None = None  # seconds a case may run, in a worker of its own (0: no limit); None: the legs'
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
         if not isinstance(self.jobs, int) or self.jobs < 1:
             raise ValueError(f"jobs={self.jobs!r} must be a whole number of cores, at least 1 (1: no workers)")
+        if self.case_timeout is not None and not self.case_timeout >= 0:
+            raise ValueError(f"case_timeout={self.case_timeout!r} must be a number of seconds, at least 0 (0: none)")
+
+
+def parse_case_timeout(text: str | None) -> float | None:
+    """``--case-timeout SECONDS``: a number of seconds, at least 0 (0: no limit); None when not given; anything
+    else is a ValueError that says the form."""
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"--case-timeout {text!r} must be a number of seconds, at least 0 (0: no limit)")
+    return seconds
 
 
 @dataclasses.dataclass(frozen=True)

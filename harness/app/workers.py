@@ -17,20 +17,31 @@ N // 2 (:meth:`harness.legs.base.Leg.cores_per_case`). Rows stay the only interf
 compile keeps one core busy whatever the leg, and there is no cache to settle anything in the parent.
 
 The pool starts on the first case that needs a run (a re-run that the caches serve whole starts no process) and
-serves every leg of one command. At most N cases are in flight, so a worker that dies (killed for memory) costs
-the cases it held, as error rows that say so, and the next case starts a fresh pool.
+serves every leg of one command. Each worker holds one case at a time, so **a case's death is its own**: a worker
+that exits, is killed by a signal (a segfault or an abort in a library's C++, the kernel's out-of-memory killer) or
+runs past the case's time limit is stopped, its case becomes error rows that say how it ended (the exit code or
+the signal, the last lines of its stderr), a fresh worker takes the next case, and the other workers' cases go on.
+
+An outside implementation (``--impl``, an entry point) runs each case in a worker even at ``--jobs 1``, with a
+time limit (:data:`CANDIDATE_CASE_TIMEOUT`); ``--case-timeout`` sets the limit for every leg of a command, and
+with it every leg's cases run in workers. A command whose cases were lost so exits 4, not 1
+(:data:`LOST`; docs/faults.md).
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import copy
 import dataclasses
 import itertools
 import multiprocessing
+import multiprocessing.connection
 import os
-from concurrent.futures.process import BrokenProcessPool
+import signal
+import tempfile
+import time
 from typing import Any, Callable, Iterable
 
 from cases.case import Case
@@ -42,6 +53,11 @@ from harness.legs.registry import implementations, make_leg, register_implementa
 from harness.run.reference_cache import ReferenceCache
 from harness.run.runner import NotServed, Runner
 from harness.core.status import Status
+
+CANDIDATE_CASE_TIMEOUT = 3600.0
+"""An outside implementation's case time limit (seconds), when ``--case-timeout`` does not set one: about ten times
+an interpret-mode case of the production suite here (this project's TPU leg, per program: 1813 s for its 5
+cases, reports/production)."""
 
 GIB_PER_JOB = 4
 """Memory a job may want: the float64 reference at the stress shape peaks at 3.75 GiB (reports/bench)."""
@@ -147,41 +163,216 @@ def _work(job: LegJob, case: Case) -> tuple[list[dict], int, int]:
     return rows, after[0] - before[0], after[1] - before[1]
 
 
+STDERR_LINES = (3, 5)
+"""How much of a lost case's stderr its error rows quote: its first lines (what the case printed before it ended)
+and its last (how it ended; a crash handler, such as libtpu's, writes a dozen lines of its own there)."""
+
+
+class CaseLost(Exception):
+    """A case whose worker process ended without its rows (an exit, a signal, a time limit); the message says how."""
+
+
+class _WorkerFailed(Exception):
+    """A case that raised in its worker outside the runner's own handling (the message: the exception, in a line)."""
+
+
+def _serve(conn, log_path: str) -> None:
+    """A worker's life: take (job, case), send back ("rows", result) or ("failed", text), until told None. Its
+    stderr (fd 2: Python's and every library's) goes to ``log_path``, emptied before each case, so that the
+    parent can quote the last lines of a case that killed it. Ctrl-C is the parent's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    log = open(log_path, "wb", buffering=0)
+    os.dup2(log.fileno(), 2)
+    while (message := conn.recv()) is not None:
+        os.ftruncate(2, 0)
+        os.lseek(2, 0, os.SEEK_SET)
+        try:
+            answer = ("rows", _work(*message))
+        except Exception as exc:  # noqa: BLE001 - a case that raised is rows in the parent, never a dead worker
+            answer = ("failed", f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(answer)
+        except Exception as exc:  # noqa: BLE001 - rows that do not pickle
+            conn.send(("failed", f"its rows could not be sent back ({type(exc).__name__}: {exc})"))
+
+
+def _ended(exitcode: int | None) -> str:
+    """How a process ended, in words: ``exit code 3``, ``signal SIGSEGV``."""
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        try:
+            return f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def _stderr_excerpt(path: str, lines: tuple[int, int] = STDERR_LINES) -> str:
+    """The first and last non-empty lines of a worker's stderr for its case, joined by " | " (" | ... | " where
+    lines are left out; each line cut at 300 characters; empty when it wrote nothing)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    kept = [line.strip()[:300] for line in text.splitlines() if line.strip()]
+    head, tail = lines
+    if len(kept) > head + tail:
+        kept = kept[:head] + ["..."] + kept[-tail:]
+    return " | ".join(kept)
+
+
+class _Worker:
+    """One spawned process (never forked: the parent has jax's and torch's threads running) and the case it holds."""
+
+    def __init__(self, context, log_dir: str):
+        fd, self.log = tempfile.mkstemp(prefix="worker-", suffix=".stderr", dir=log_dir)
+        os.close(fd)
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, self.log), daemon=True)
+        self.process.start()
+        child.close()
+        self.future: concurrent.futures.Future | None = None
+        self.deadline = float("inf")
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log)
+
+
+class _Pool:
+    """Up to ``size`` workers, each running one case at a time; a case past ``timeout`` seconds (None: no limit)
+    is stopped with its worker. :meth:`submit` gives a future that :meth:`poll` settles: the case's result, or a
+    :class:`CaseLost` that says how its worker ended."""
+
+    def __init__(self, size: int, timeout: float | None):
+        self.size, self.timeout = size, timeout
+        self._context = multiprocessing.get_context("spawn")
+        self._log_dir = tempfile.mkdtemp(prefix="parity-workers-")
+        self._workers: list[_Worker] = []
+
+    def submit(self, job: LegJob, case: Case) -> concurrent.futures.Future:
+        idle = next((w for w in self._workers if w.future is None), None)
+        if idle is None:
+            if len(self._workers) >= self.size:
+                raise RuntimeError("every worker holds a case")  # the caller keeps at most `size` in flight
+            idle = _Worker(self._context, self._log_dir)
+            self._workers.append(idle)
+        try:
+            idle.conn.send((job, case))
+        except OSError:  # it died while idle: a fresh one takes the case
+            idle.stop()
+            self._workers.remove(idle)
+            return self.submit(job, case)
+        idle.future = concurrent.futures.Future()
+        idle.deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
+        return idle.future
+
+    def poll(self, wait: float | None) -> None:
+        """Settle every case whose worker answered, ended or ran out of time, waiting up to ``wait`` seconds
+        (None: until one does) for the first."""
+        busy = [w for w in self._workers if w.future is not None]
+        if not busy:
+            return
+        until = min(w.deadline for w in busy)
+        limit = None if until == float("inf") else max(0.0, until - time.monotonic())
+        if wait is not None:
+            limit = wait if limit is None else min(limit, wait)
+        ready = set(multiprocessing.connection.wait([w.conn for w in busy] + [w.process.sentinel for w in busy],
+                                                    timeout=limit))
+        now = time.monotonic()
+        for w in busy:
+            if w.conn in ready:
+                try:
+                    kind, value = w.conn.recv()
+                except (EOFError, OSError):  # it died as it answered
+                    ready.add(w.process.sentinel)
+                else:
+                    future, w.future = w.future, None
+                    if kind == "rows":
+                        future.set_result(value)
+                    else:
+                        future.set_exception(_WorkerFailed(value))
+                    continue
+            if w.process.sentinel in ready:
+                w.process.join()
+                self._lose(w, f"its process ended ({_ended(w.process.exitcode)}) before the case's rows came back")
+            elif now >= w.deadline:
+                self._lose(w, f"it ran past --case-timeout {self.timeout:g} s and was stopped")
+
+    def _lose(self, worker: _Worker, how: str) -> None:
+        excerpt = _stderr_excerpt(worker.log)
+        worker.stop()
+        self._workers.remove(worker)
+        future, worker.future = worker.future, None
+        future.set_exception(CaseLost(how + (f"; its stderr: {excerpt}" if excerpt else "; no stderr")))
+
+    def close(self, wait: bool = True) -> None:
+        """Tell idle workers to finish (``wait``), or stop every worker at once; cases still held are lost."""
+        for w in self._workers:
+            if wait and w.future is None:
+                with contextlib.suppress(OSError, BrokenPipeError):
+                    w.conn.send(None)
+                w.process.join(timeout=10)
+            w.stop()
+        self._workers = []
+        with contextlib.suppress(OSError):
+            os.rmdir(self._log_dir)
+
+
 class Workers:
     """A pool of up to ``jobs`` spawned processes, started on first need and shared by every leg of a command.
-    ``jobs == 1`` runs everything in this process, as a run without workers always has."""
+    ``jobs == 1`` runs a leg's cases in this process, as a run without workers always has, unless the leg's cases
+    have a time limit (``case_timeout``, else the leg spec's): then each runs in a worker of its own."""
 
-    def __init__(self, jobs: int):
+    def __init__(self, jobs: int, case_timeout: float | None = None):
         self.jobs = jobs
+        self.case_timeout = case_timeout  # seconds, for every leg (0: no limit, but in workers); None: the legs'
         self.sent = 0  # cases sent to a worker so far
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.lost: list[str] = []  # the cases whose worker ended without their rows
+        self._pool: _Pool | None = None
 
     def __enter__(self) -> "Workers":
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
-        self.close(wait=exc_type is None)  # interrupted: leave the workers' cases behind, do not wait on them
+        self.close(wait=exc_type is None)  # interrupted: stop the workers, their cases are left behind
 
     def close(self, wait: bool = True) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=wait, cancel_futures=True)
+            self._pool.close(wait=wait)
             self._pool = None
 
-    def _submit(self, job: LegJob, case: Case) -> concurrent.futures.Future:
+    def limit(self, leg_name: str) -> float | None:
+        """The time limit of one case of ``leg_name`` in seconds (0: none), or None when its cases may run in
+        this process: ``--case-timeout``, else :data:`CANDIDATE_CASE_TIMEOUT` for an outside implementation (a
+        leg registered from ``--impl`` or an entry point, whose library this project does not control), else None
+        (this project's legs)."""
+        if self.case_timeout is not None:
+            return self.case_timeout
+        return CANDIDATE_CASE_TIMEOUT if leg_name in implementations() else None
+
+    def _submit(self, job: LegJob, case: Case, size: int, timeout: float | None) -> concurrent.futures.Future:
+        if self._pool is not None and (self._pool.size, self._pool.timeout) != (size, timeout or None):
+            self._pool.close()  # another leg's pool: at most `jobs` processes alive at once
+            self._pool = None
         if self._pool is None:
-            # spawned, never forked: the parent has jax's and torch's threads running
-            self._pool = concurrent.futures.ProcessPoolExecutor(self.jobs,
-                                                                mp_context=multiprocessing.get_context("spawn"))
+            self._pool = _Pool(size, timeout or None)
         self.sent += 1
-        return self._pool.submit(_work, job, case)
+        return self._pool.submit(job, case)
 
     def run(self, runner: Runner, options: dict, cases: Iterable[Case], on_case: Callable[[Case, list[dict]], None],
             task: str = "run", targets: tuple[str, ...] = (), progress: str | None = None) -> None:
         """Every case's rows for ``task`` (one of :data:`TASKS`; a compile's for ``targets``), handed to
         ``on_case`` in case order. ``runner`` is the parent's, its leg built with ``options``: it settles what
         needs no leg run, and its leg cache's counters take the workers' too. ``jobs // leg.cores_per_case()``
-        cases run at once (``jobs`` compiles); at one, all run here. ``progress``: a progress bar's label (None:
-        no bar)."""
+        cases run at once (``jobs`` compiles); at one, all run here unless the leg's cases have a time limit.
+        ``progress``: a progress bar's label (None: no bar)."""
         job = LegJob.of(runner, options, task, targets)
         cases = list(cases)
         bar = None
@@ -197,19 +388,21 @@ class Workers:
                 bar.update(1)
 
         at_once = max(1, self.jobs // (1 if task == "compile" else runner.leg.cores_per_case()))
+        timeout = self.limit(runner.leg.name)
         try:
-            if at_once <= 1:
+            if at_once <= 1 and timeout is None:
                 for case in cases:
                     if bar is not None:
                         bar.set_postfix_str(case.id[-60:], refresh=True)
                     hand_on(case, settle(runner, case, task, targets))
             else:
-                self._run_pooled(runner, job, cases, hand_on, at_once)
+                self._run_pooled(runner, job, cases, hand_on, at_once, timeout)
         finally:
             if bar is not None:
                 bar.close()
 
-    def _run_pooled(self, runner: Runner, job: LegJob, cases: list[Case], hand_on, at_once: int) -> None:
+    def _run_pooled(self, runner: Runner, job: LegJob, cases: list[Case], hand_on, at_once: int,
+                    timeout: float | None) -> None:
         probe = copy.copy(runner)  # the same leg, caches and counters; it raises NotServed where a run is needed
         probe.run_leg = False
         cache = runner.leg_cache
@@ -222,15 +415,18 @@ class Workers:
             while queue:
                 case, result = queue[0]
                 if isinstance(result, concurrent.futures.Future):
-                    if not (block or result.done()):
+                    while block and not result.done():
+                        self._pool.poll(wait=None)
+                    if not result.done():
                         return
                     result = self._collect(runner, job, case, result)
                 queue.popleft()
                 hand_on(case, result)
 
         def settled_here(case: Case) -> list[dict] | None:
-            """The case's rows when it needs no leg run (nothing does for a compile), else None."""
-            if job.task == "compile":
+            """The case's rows when it needs no leg run (nothing does for a compile; nothing is settled here for a
+            leg whose cases are isolated: asking whether it supports a case may trace its kernels), else None."""
+            if job.task == "compile" or timeout is not None:
                 return None
             counts = (cache.hits, cache.misses) if cache is not None else None
             try:
@@ -243,10 +439,10 @@ class Workers:
         for case in cases:
             rows = settled_here(case)
             if rows is None:
-                while len(in_flight := running()) >= at_once:
-                    concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+                while len(running()) >= at_once:
+                    self._pool.poll(wait=None)
                     flush()
-                queue.append((case, self._submit(job, case)))
+                queue.append((case, self._submit(job, case, at_once, timeout)))
             else:
                 queue.append((case, rows))
             flush()
@@ -254,13 +450,14 @@ class Workers:
             flush(block=True)
 
     def _collect(self, runner: Runner, job: LegJob, case: Case, future: concurrent.futures.Future) -> list[dict]:
-        """A finished case's rows; a worker that died or failed makes error rows that say so."""
+        """A finished case's rows; a worker that ended without them, or failed, makes error rows that say so."""
         try:
             rows, hits, misses = future.result()
-        except BrokenProcessPool as exc:
-            self.close()  # the next case that needs a run starts a fresh pool
-            return _failed(runner, job, case, f"its worker process died ({exc}); run it again with --jobs 1 "
-                                              f"to see why")
+        except CaseLost as exc:
+            self.lost.append(case.id)
+            return _failed(runner, job, case, f"lost: {exc}")
+        except _WorkerFailed as exc:
+            return _failed(runner, job, case, f"its worker failed: {' '.join(str(exc).split())[:500]}")
         except Exception as exc:  # noqa: BLE001 - a case that could not be sent or returned is rows, never an abort
             return _failed(runner, job, case,
                            f"its worker failed: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:500]}")

@@ -29,6 +29,16 @@ from harness.core.status import Status
 
 
 
+PARTIAL_SUFFIX = ".partial.csv"
+"""The end of the name of a leg's result file while its run has not finished (harness.run.result_file): the gate
+refuses such a file unless told ``--allow-partial``."""
+
+
+def unfinished(path) -> bool:
+    """Whether ``path`` names the partial file of a run that did not finish."""
+    return str(path).endswith(PARTIAL_SUFFIX)
+
+
 class ReportError(ValueError):
     """A result file is missing, malformed or inconsistent (exit code 2)."""
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +70,7 @@ from harness.legs.registry import default_leg, version_key
 from harness.core.metrics import METRICS, parse_blocks
 from harness.core.noise import BOOTSTRAP_MIN_ELEMENTS, next_look, sequential_decision
 from harness.core.policy import Policy
-from harness.core.results import KEY, ReportError, check_results, read_table
+from harness.core.results import KEY, ReportError, check_results, read_table, unfinished
 from harness.core.status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
 
 PARITY_COLUMNS = ["case_id", "tensor", "metric", "eps_gpu", "eps_tpu", "ratio", "ratio_lower", "allowed", "verdict",
@@ -89,6 +90,7 @@ class GateResult:
     candidate: pd.DataFrame  # the candidate file's rows (checked)
     baseline_leg: str
     candidate_leg: str
+    unfinished: tuple[str, ...] = ()  # the partial files of unfinished runs judged (--allow-partial)
 
     @property
     def failures(self) -> pd.DataFrame:
@@ -109,8 +111,8 @@ class GateResult:
 
     @property
     def passed(self) -> bool:
-        """No failure and nothing inconclusive: an inconclusive comparison never reads as a pass."""
-        return self.failures.empty and self.inconclusive.empty
+        """No failure, nothing inconclusive, no unfinished run: neither of the last two ever reads as a pass."""
+        return self.failures.empty and self.inconclusive.empty and not self.unfinished
 
     @property
     def forward_only(self) -> int:
@@ -128,6 +130,9 @@ class GateResult:
         those declared absent by design): never a plain PASS then."""
         if not self.failures.empty:
             return "FAIL"
+        if self.unfinished:
+            return (f"UNFINISHED RUN, not a pass ({', '.join(self.unfinished)}: the partial file of a run that did "
+                    f"not finish; judged with --allow-partial)")
         if not self.inconclusive.empty:
             more = f"run with --draws {self.draws_needed}" if self.draws_needed else "at the cap of draws"
             return f"INCONCLUSIVE ({len(self.inconclusive)} comparison(s) not decided by the draws: {more})"
@@ -378,12 +383,18 @@ def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_mi
     return GateResult(parity[PARITY_COLUMNS], policy, gpu, tpu, baseline_leg, candidate_leg)
 
 
-def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, **options) -> GateResult:
-    """Read and check both files (one file is never compared with itself), then :func:`apply_gate`."""
+def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool = False, **options) -> GateResult:
+    """Read and check both files (one file is never compared with itself; the partial file of an unfinished run
+    only with ``allow_partial``, and then the verdict says so), then :func:`apply_gate`."""
     gpu_csv, tpu_csv = Path(gpu_csv), Path(tpu_csv)
     if gpu_csv.exists() and tpu_csv.exists() and gpu_csv.samefile(tpu_csv):
         raise GateInputError(f"{gpu_csv} is given as both the baseline and the candidate")
+    partial = tuple(str(p) for p in (gpu_csv, tpu_csv) if unfinished(p))
+    if partial and not allow_partial:
+        raise GateInputError(f"{partial[0]} is the partial file of a run that did not finish: finish it (the same "
+                             f"command with --resume), or judge what it has with --allow-partial (never a pass)")
     # apply_gate checks both files (check_results), naming them
-    return apply_gate(read_table(gpu_csv), read_table(tpu_csv), policy, names=(str(gpu_csv), str(tpu_csv)),
-                      **options)
+    result = apply_gate(read_table(gpu_csv), read_table(tpu_csv), policy, names=(str(gpu_csv), str(tpu_csv)),
+                        **options)
+    return dataclasses.replace(result, unfinished=partial)
 

@@ -15,14 +15,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
+import json
 import os
 from pathlib import Path
 
 import pandas as pd
 
-from harness.core.results import ReportError, column_values, read_results, rows_to_frame, write_csv
+from harness.core.results import PARTIAL_SUFFIX, ReportError, column_values, read_results, rows_to_frame, write_csv
 
 
 class OutDirError(ValueError):
@@ -44,7 +46,9 @@ def writable_dir(path) -> Path:
         raise OutDirError(f"--out {path} is not a writable directory ({exc.strerror or exc})") from None
     return path
 
-_RESUME_MUST_MATCH = ("leg", "mode", "suite", "git_commit")
+_RESUME_MUST_MATCH = ("leg", "mode", "suite", "git_commit", "versions", "settings")
+"""The provenance a resumed run must share with its partial file: every column that keys a row (the leg's versions
+and its settings: dot precision, reference method, the implementation, compiler options, ...)."""
 
 
 def result_name(leg: str, *, tag: str | None = None, case_ids=(), ops=(), draws: int = 1,
@@ -87,7 +91,7 @@ class ResultFile:
 
     def __init__(self, path: Path, provenance: dict, *, force: bool = False, resume: bool = False):
         self.path = Path(path)
-        self.partial = self.path.with_name(f"{self.path.stem}.partial.csv")
+        self.partial = self.path.with_name(self.path.stem + PARTIAL_SUFFIX)
         self.provenance, self.force, self.resume = provenance, force, resume
         self.done: set[str] = set()
         self._lock = None
@@ -145,22 +149,33 @@ class ResultFile:
         self.done = set(rows["case_id"])
 
     def _clash(self, rows: pd.DataFrame, columns) -> tuple[str, str, str] | None:
-        """The first of ``columns`` whose values in ``rows`` are not this run's: (column, theirs, ours)."""
+        """The first of ``columns`` whose values in ``rows`` are not this run's: (column, theirs, ours); for a JSON
+        column (versions, settings) the first key whose values differ, as ``column.key``."""
         for column in columns:
             theirs, ours = column_values(rows, column), str(self.provenance.get(column) or "")
             if theirs and theirs != [ours]:
-                return column, ", ".join(theirs), ours or "(none)"
+                return _first_difference(column, theirs, ours) or (column, ", ".join(theirs), ours or "(none)")
         return None
 
     # ------------------------------------------------------------ writing
     def append(self, rows: list[dict]) -> None:
-        """One case's rows, appended and flushed to disk before the next case starts."""
+        """One case's rows, appended whole and flushed to disk before the next case starts. A write that fails (a
+        full disk, a file size limit) is cut back to the cases before it and raised as an OSError that names the
+        file and says how to go on."""
         new = not self.partial.exists()
-        text = rows_to_frame(rows).to_csv(index=False, header=new)
-        with open(self.partial, "a", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        text = rows_to_frame(rows).to_csv(index=False, header=new).encode()
+        with open(self.partial, "ab") as f:
+            whole = f.tell()
+            try:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    f.truncate(whole)  # no torn case: the file ends where the last whole case did
+                raise OSError(exc.errno, f"{exc.strerror or exc}; the cases written before it are kept whole there: "
+                                         "make room, then run the same command with --resume",
+                              str(self.partial)) from None
 
     def finish(self) -> pd.DataFrame:
         """All rows (resumed ones included) as the result file, written atomically; the partial file goes."""
@@ -170,6 +185,21 @@ class ResultFile:
         write_csv(df, self.path)
         self.partial.unlink()
         return df
+
+
+def _first_difference(column: str, theirs: list[str], ours: str) -> tuple[str, str, str] | None:
+    """For JSON provenance (one value in the file): (``column.key``, their value, ours) of the first key whose
+    values differ; None when either side is not a JSON object."""
+    try:
+        a, b = json.loads(theirs[0]), json.loads(ours)
+    except (ValueError, IndexError):
+        return None
+    if len(theirs) != 1 or not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            return f"{column}.{key}", json.dumps(a.get(key)), json.dumps(b.get(key))
+    return None
 
 
 def write_check_file(df: pd.DataFrame, path: Path, leg: str, *, force: bool = False) -> Path:

@@ -1,0 +1,221 @@
+"""A run survives its faults (docs/faults.md): each fault is made here, from the test side, and the run must keep
+every other case, name what happened, and exit with the code the fault table gives.
+
+The candidates are written into a temporary module and registered with ``--impl``, as a team binds its own
+library: an outside implementation's cases each run in a worker process of their own even at ``--jobs 1``
+(harness.app.workers), so a binding that exits, crashes or hangs on one case costs that case alone."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from harness.cli import EXIT_INTERRUPTED, EXIT_LOST, EXIT_USAGE, main
+
+CASES = ["simple_gla.chunk/B1-T64-H1-K64-V64/bf16/g=logsigmoid/16/C64",  # the one the binding breaks on
+         "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64"]
+
+FAULTY = '''
+"""A binding of this project's simple_gla kernel that breaks on bf16 cases in a way the environment picks."""
+import os
+import signal
+import sys
+import time
+
+from harness.ops.base import LegBinding
+from kernels_tpu.simple_gla import chunk_simple_gla
+
+FAULT = os.environ["FAULT"]
+
+
+def forward(case, a, ctx):
+    if case.dtype == "bfloat16":
+        print("faulty: about to break on", case.dtype, file=sys.stderr, flush=True)
+        if FAULT == "exit":
+            os._exit(7)  # a library that calls exit() on an input it dislikes
+        if FAULT == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)  # a crash in a library's C++
+        if FAULT == "hang":
+            time.sleep(600)
+    o, ht = chunk_simple_gla(a["q"], a["k"], a["v"], g=a.get("g"), scale=case.resolved_scale,
+                             initial_state=a.get("h0"), output_final_state=case.final_state,
+                             chunk_size=case.chunk_size)
+    return {"o": o, "ht": ht}
+
+
+class Impl:
+    bindings = {"simple_gla": LegBinding(forward, differentiable=False)}
+    version = "faulty 1.0"
+
+
+IMPLEMENTATION = Impl()
+'''
+
+
+@pytest.fixture
+def faulty(tmp_path, monkeypatch):
+    """Registers nothing yet: returns the --impl arguments of the faulty binding, its module on the path of this
+    process and of the workers it spawns."""
+    from harness.legs import registry
+
+    (tmp_path / "faulty_impl.py").write_text(FAULTY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(registry, "_LEGS", {spec.name: spec for spec in registry.BUILTIN})
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    return ["--backend", "faulty", "--impl", "faulty=faulty_impl:IMPLEMENTATION"]
+
+
+def _run(tmp_path, monkeypatch, faulty, fault: str, *extra) -> tuple[int, pd.DataFrame]:
+    monkeypatch.setenv("FAULT", fault)
+    out = tmp_path / f"out-{fault}"
+    code = main(["run", *faulty, *[a for c in CASES for a in ("--case", c)], "--out", str(out), "--no-progress",
+                 "--jobs", "1", "--tpu-targets", "v6e", *extra])
+    [path] = out.glob("faulty.cases-*.csv")
+    return code, pd.read_csv(path, keep_default_na=False)
+
+
+def _by_case(rows: pd.DataFrame) -> dict[str, set[str]]:
+    """Each case's statuses, but ``not_provided`` (the forward-only binding's gradient rows)."""
+    rows = rows[rows["status"] != "not_provided"]
+    return rows.groupby("case_id")["status"].agg(set).to_dict()
+
+
+@pytest.mark.needs_leg("tpu")
+@pytest.mark.parametrize("fault, how", [("exit", r"its process ended \(exit code 7\)"),
+                                        ("segfault", r"its process ended \(signal SIGSEGV\)")])
+def test_a_case_that_kills_its_process_is_its_own_error_rows(tmp_path, monkeypatch, faulty, fault, how):
+    code, rows = _run(tmp_path, monkeypatch, faulty, fault)
+    assert code == EXIT_LOST  # not 1: nothing was judged on that case
+    assert _by_case(rows) == {CASES[0]: {"error"}, CASES[1]: {"ok"}}  # the case after it ran, in a fresh worker
+    reasons = rows.loc[rows["case_id"] == CASES[0], "reason"]
+    assert reasons.str.contains(how).all(), reasons.tolist()
+    assert reasons.str.contains("its stderr: faulty: about to break on bfloat16").all()  # what it printed
+
+
+@pytest.mark.needs_leg("tpu")
+def test_a_case_past_its_time_limit_is_stopped_and_the_run_goes_on(tmp_path, monkeypatch, faulty):
+    t0 = time.monotonic()
+    code, rows = _run(tmp_path, monkeypatch, faulty, "hang", "--case-timeout", "20")
+    assert time.monotonic() - t0 < 300  # the hang is 600 s: it was stopped, not waited for
+    assert code == EXIT_LOST
+    assert _by_case(rows) == {CASES[0]: {"error"}, CASES[1]: {"ok"}}
+    reasons = rows.loc[rows["case_id"] == CASES[0], "reason"]
+    assert reasons.str.contains("ran past --case-timeout 20 s and was stopped").all(), reasons.tolist()
+
+
+@pytest.mark.parametrize("bad", ["-1", "soon", "inf", "nan"])
+def test_a_bad_case_timeout_is_one_line_and_exit_2(tmp_path, capsys, bad):
+    code = main(["run", "--backend", "ref", "--case", CASES[1], "--out", str(tmp_path), "--case-timeout", bad])
+    assert code == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"parity: error: --case-timeout {bad!r} must be a number of seconds, at least 0 (0: no limit)"]
+
+
+@pytest.mark.needs_leg("ref")
+def test_sigterm_ends_a_run_as_ctrl_c_does(tmp_path):
+    """What CI sends a cancelled job: the finished cases are kept, the resume hint printed, exit 130; and the
+    same command with --resume finishes the run."""
+    env = dict(os.environ, PARITY_CACHE_DIR=str(tmp_path / "cache"))
+    command = [sys.executable, "-m", "harness.cli", "run", "--backend", "ref", "--suite", "smoke", "--op", "kda",
+               "--out", str(tmp_path / "out"), "--no-progress", "--jobs", "1"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = tmp_path / "out" / "ref.op-kda.partial.csv"
+    deadline = time.monotonic() + 240
+    while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before a case was kept: choose a longer selection"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-2000:]
+    assert "--resume" in err and str(partial) in err, err[-2000:]
+    assert "Traceback" not in err and "*** SIGTERM" not in err, err[-2000:]
+    assert partial.exists()
+    done = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming" in done.stdout
+
+
+# ------------------------------------------------------------------ files: torn writes, resumes, unfinished runs
+SMALL = ["simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64",
+         "simple_gla.chunk/B1-T64-H2-K64-V64/fp32/g=logsigmoid/16/C64"]
+
+
+@pytest.fixture
+def ref_rows(tmp_path, monkeypatch):
+    """A finished ref-leg result file of two small cases, and its rows."""
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "made"
+    assert main(["run", "--backend", "ref", *[a for c in SMALL for a in ("--case", c)], "--out", str(out),
+                 "--no-progress", "--jobs", "1"]) == 0
+    [path] = out.glob("ref.cases-*.csv")
+    return path, pd.read_csv(path, keep_default_na=False)
+
+
+def _provenance(rows: pd.DataFrame) -> dict:
+    return {c: rows[c].iloc[0] for c in ("leg", "mode", "suite", "git_commit", "versions", "settings")}
+
+
+@pytest.mark.needs_leg("ref")
+def test_a_failed_write_keeps_every_whole_case_and_names_the_file(tmp_path, monkeypatch, ref_rows):
+    """A full disk while a case is appended: the file is cut back to the cases before it, the error names the
+    file and the way on, and --resume takes every whole case."""
+    import errno
+
+    import harness.run.result_file as result_file
+
+    _, rows = ref_rows
+    first, second = (rows[rows["case_id"] == c].to_dict("records") for c in SMALL)
+    path = tmp_path / "run" / "ref.csv"
+    path.parent.mkdir()
+    with result_file.ResultFile(path, _provenance(rows)) as out:
+        out.append(first)
+        kept = out.partial.read_bytes()
+
+        def full(fd):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(result_file.os, "fsync", full)  # the disk fills as the second case is written
+        with pytest.raises(OSError) as caught:
+            out.append(second)
+        assert caught.value.filename == str(out.partial)
+        assert "No space left on device" in caught.value.strerror and "--resume" in caught.value.strerror
+        assert out.partial.read_bytes() == kept  # no torn case
+    monkeypatch.undo()
+    with result_file.ResultFile(path, _provenance(rows), resume=True) as out:
+        assert out.done == {SMALL[0]}
+
+
+@pytest.mark.needs_leg("ref")
+def test_resume_refuses_a_changed_setting_and_names_it(tmp_path, ref_rows, capsys):
+    path, _ = ref_rows
+    partial = path.with_name(path.stem + ".partial.csv")
+    path.rename(partial)  # as a run cut after its cases would leave it
+    code = main(["run", "--backend", "ref", *[a for c in SMALL for a in ("--case", c)], "--out", str(path.parent),
+                 "--no-progress", "--jobs", "1", "--resume", "--ref-dtype", "float32"])
+    assert code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"cannot resume {partial}: it was made with settings." in err and "--force" in err, err
+    assert partial.exists()  # nothing the user made is touched
+
+
+@pytest.mark.needs_leg("ref")
+def test_the_gate_refuses_an_unfinished_run_unless_told(tmp_path, ref_rows, capsys):
+    path, rows = ref_rows
+    other = tmp_path / "other" / path.name
+    other.parent.mkdir()
+    rows.to_csv(other, index=False)
+    partial = path.with_name(path.stem + ".partial.csv")
+    path.rename(partial)
+    gate = ["gate", str(other), str(partial), "--baseline-leg", "ref", "--candidate-leg", "ref",
+            "--out", str(tmp_path / "gate")]
+    assert main(gate) == EXIT_USAGE
+    assert "is the partial file of a run that did not finish" in capsys.readouterr().err
+    code = main(gate + ["--allow-partial"])
+    out = capsys.readouterr().out
+    assert code == 1 and "gate: UNFINISHED RUN, not a pass" in out, out
+    assert "UNFINISHED RUN" in (tmp_path / "gate" / "parity.md").read_text()
