@@ -219,3 +219,93 @@ def test_the_gate_refuses_an_unfinished_run_unless_told(tmp_path, ref_rows, caps
     out = capsys.readouterr().out
     assert code == 1 and "gate: UNFINISHED RUN, not a pass" in out, out
     assert "UNFINISHED RUN" in (tmp_path / "gate" / "parity.md").read_text()
+
+
+# ------------------------------------------------------------------ rows edited by hand: what the gate re-derives
+@pytest.mark.needs_leg("ref")
+def test_an_edited_max_abs_is_refused_naming_the_column(tmp_path, monkeypatch, capsys):
+    """Halving a row's max_abs (its error ~1e-7 in float32; the check resolves 1e-13 of the values' size)."""
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["run", "--backend", "ref", "--case", SMALL[0], "--ref-dtype", "float32", "--out",
+                 str(tmp_path / "made"), "--no-progress", "--jobs", "1"]) == 0
+    [path] = (tmp_path / "made").glob("ref.cases-*.csv")
+    rows = pd.read_csv(path, keep_default_na=False)
+    edited = rows.copy()
+    i = edited.index[edited["status"] == "ok"][0]
+    edited.at[i, "max_abs"] = float(edited.at[i, "max_abs"]) / 2  # a smaller error than the row's own worst element
+    candidate = tmp_path / "edited" / path.name
+    candidate.parent.mkdir()
+    edited.to_csv(candidate, index=False)
+    code = main(["gate", str(path), str(candidate), "--baseline-leg", "ref", "--candidate-leg", "ref",
+                 "--out", str(tmp_path / "gate")])
+    assert code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{candidate}:{i + 2}: column 'max_abs'" in err and "the row was edited" in err, err
+
+
+@pytest.mark.needs_leg("ref")
+def test_a_native_mode_on_an_interpreter_is_refused(ref_rows):
+    from harness.core.results import ReportError, check_results
+
+    _, rows = ref_rows
+    emulated = rows.assign(mode="emulated", device="cpu (Pallas TPU interpret mode)")
+    check_results(emulated, "tpu.csv")  # as the emulated TPU leg writes it
+    with pytest.raises(ReportError, match=r"tpu.csv:2: column 'mode': 'native', but its device is 'cpu \(Pallas "
+                                          r"TPU interpret mode\)'"):
+        check_results(emulated.assign(mode="native"), "tpu.csv")
+
+
+@pytest.mark.needs_leg("ref")
+def test_sides_made_apart_are_a_line_of_the_verdict(tmp_path, ref_rows, capsys):
+    """Another commit, or another version of a package both sides record, is said with the verdict (terminal,
+    parity.md), not only on the provenance lines."""
+    import json
+
+    path, rows = ref_rows
+    versions = json.loads(rows["versions"].iloc[0])
+    package = sorted(versions)[0]
+    other = rows.assign(git_commit="0" * 40, versions=json.dumps({**versions, package: "0.0.1"}, sort_keys=True))
+    candidate = tmp_path / "apart" / path.name
+    candidate.parent.mkdir()
+    other.to_csv(candidate, index=False)
+    assert main(["gate", str(path), str(candidate), "--baseline-leg", "ref", "--candidate-leg", "ref",
+                 "--out", str(tmp_path / "gate")]) == 0
+    out = capsys.readouterr().out
+    assert f"gate: made apart: the baseline's rows come from commit {rows['git_commit'].iloc[0]}" in out, out
+    assert f"gate: made apart: {package} {versions[package]} on the baseline's side, 0.0.1 on the candidate's" in out
+    assert "**The two sides were made apart**" in (tmp_path / "gate" / "parity.md").read_text()
+
+
+# ------------------------------------------------------------------ a case larger than the machine
+def test_a_case_larger_than_the_machine_is_refused_before_it_allocates(tmp_path, capsys):
+    from cases.case import Case
+    from harness.app.selection import check_memory, input_bytes
+
+    case = Case.from_id("simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64/h0,dht")
+    assert input_bytes(case) == 8 * (4 * 64 * 64 + 64 + 2 * 64 * 64)  # q, k, v, do; g; h0, dht: float64 draws
+    check_memory(case, memory=197120)  # exactly enough
+    with pytest.raises(ValueError, match=r"needs at least 0\.0 GiB .* more than this machine's 0\.0 GiB"):
+        check_memory(case, memory=197119)
+    huge = "simple_gla.chunk/B1-T1000000000-H4-K128-V128/bf16/g=logsigmoid/16/C64"
+    assert main(["run", "--backend", "ref", "--case", huge, "--out", str(tmp_path)]) == EXIT_USAGE
+    [line] = capsys.readouterr().err.strip().splitlines()  # 8 (4 x 10^9 x 4 x 128 + 4 x 10^9) bytes
+    assert line.startswith(f"parity: error: case {huge} needs at least 15,288.6 GiB for its inputs alone"), line
+    assert not list(tmp_path.iterdir())  # refused before anything was made
+
+
+@pytest.mark.needs_leg("ref")
+def test_resume_runs_again_a_case_cut_inside_its_write(tmp_path, ref_rows, capsys):
+    """A machine that stopped in the middle of a case's write leaves a torn last line: --resume drops that case's
+    rows and runs it again, and the finished file holds every row of both cases once."""
+    path, rows = ref_rows
+    partial = path.with_name(path.stem + ".partial.csv")
+    data = path.read_bytes()
+    partial.write_bytes(data[:-40])  # cut inside the last row of the second case
+    path.unlink()
+    capsys.readouterr()
+    assert main(["run", "--backend", "ref", *[a for c in SMALL for a in ("--case", c)], "--out", str(path.parent),
+                 "--no-progress", "--jobs", "1", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"the rows of {SMALL[1]} were cut inside their write" in out and "1 of 2 cases already done" in out, out
+    again = pd.read_csv(path, keep_default_na=False)
+    assert sorted(map(tuple, again[["case_id", "tensor"]].values)) == sorted(map(tuple, rows[["case_id", "tensor"]].values))

@@ -13,6 +13,8 @@ Every error is a ValueError with one line; each front end turns it into its own 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from pathlib import Path
 
 from cases import case_file, suites
@@ -86,6 +88,8 @@ class Selection:
         cases = suites.with_draws(cases, self.draws)
         if self.shard:
             cases = shard(cases, *parse_shard(self.shard))
+        for case in cases:
+            check_memory(case)
         if not cases:
             what = "the cases by id and file" if self.by_id else f"suite {self.suite!r}"
             raise ValueError(f"the selection is empty: {what} with ops {list(self.ops) or 'all'}"
@@ -113,3 +117,33 @@ def result_in(path, leg: str) -> Path:
         raise ValueError(f"{path} is a directory: it must hold exactly one result file of the {leg} leg, it holds "
                          f"{what}; name the file")
     return found[0]
+
+
+def input_bytes(case: Case) -> int | None:
+    """The bytes of a case's inputs as every leg first holds them (each drawn in float64, 8 bytes an element): a
+    lower bound of what running it needs. None for a case its op cannot lay out (the runner makes its error rows)."""
+    try:
+        specs = get_op(case.op).inputs(case)
+        return 8 * sum(math.prod(int(n) for n in spec.shape(case)) for spec in specs)
+    except Exception:  # noqa: BLE001 - an invalid case is the runner's to report, row by row
+        return None
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(case: Case, memory: int | None = None) -> None:
+    """A ValueError (one line) for a case whose inputs alone need more memory than the machine has (``memory``
+    bytes, default :func:`physical_memory`): refused before anything is allocated."""
+    memory = physical_memory() if memory is None else memory
+    need = input_bytes(case)
+    if memory and need is not None and need > memory:
+        raise ValueError(f"case {case.id} needs at least {need / 2**30:,.1f} GiB for its inputs alone (drawn in "
+                         f"float64), more than this machine's {memory / 2**30:,.1f} GiB: refused before anything "
+                         f"is allocated; make it smaller")
+

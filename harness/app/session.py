@@ -114,6 +114,9 @@ class Run:
         t0 = time.perf_counter()
         with ResultFile(target, runner.provenance, force=self.settings.force, resume=resume) as out:
             todo = [c for c in cases if c.id not in out.done]
+            if out.cut:
+                self.say(f"{name}: resuming {out.partial}: the rows of {out.cut} were cut inside their write; "
+                         f"they are dropped and the case runs again")
             if out.done:
                 self.say(f"{name}: resuming {out.partial}: {len(cases) - len(todo)} of {len(cases)} cases already "
                          f"done")
@@ -279,6 +282,10 @@ def report_gate(result: GateResult, out: Path, junit: Path | None = None, force:
     counts = result.parity.groupby("verdict").size().to_dict()
     say(f"gate: {result.headline} ({', '.join(f'{n} {v}' for v, n in sorted(counts.items()))})"
         f" -> {csv_path}, {md_path}, {md_path.with_suffix('.html')} (heatmap: {md_path.with_suffix('.png')})")
+    from harness.report.reports import provenance_mismatch
+
+    for clause in provenance_mismatch(result):
+        say(f"gate: made apart: {clause}")
     if junit is not None:
         from harness.report.junit import write_junit
 

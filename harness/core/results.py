@@ -140,6 +140,8 @@ def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
                               f"got {float(values[i])!r}")
         df[metric] = values.astype(float)
     _check_blocks(df, path)
+    _check_worst(df, path)
+    _check_native(df, path)
     hashes = df["input_sha256"].astype("string")
     needs = df["status"] != Status.ERROR  # an invalid case errors before its inputs exist
     bad = (hashes.notna() | needs) & ~hashes.fillna("").str.fullmatch(_HASH)
@@ -161,6 +163,39 @@ def check_results(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     if len(legs) > 1:
         raise ReportError(f"{path}: rows from several legs {legs}; a result file holds one leg")
     return df
+
+
+WORST_RTOL = 1e-13
+"""How far ``max_abs`` may sit from ``|ref_at_worst - got_at_worst|``, relative to the larger of the three: the
+columns as a file keeps them (16 significant digits in the oldest committed rows, reports/h100-native)."""
+
+
+def _check_worst(df: pd.DataFrame, path: Path) -> None:
+    """``max_abs`` is the error at the worst element, whose reference and result the row also keeps: a row whose
+    three columns disagree was edited (or made by something else than this harness)."""
+    if not {"ref_at_worst", "got_at_worst"} <= set(df.columns):
+        return
+    ref, got = (pd.to_numeric(df[c], errors="coerce").astype(float) for c in ("ref_at_worst", "got_at_worst"))
+    claimed = df["max_abs"]
+    known = np.isfinite(ref) & np.isfinite(got) & np.isfinite(claimed)
+    scale = np.maximum(np.maximum(ref.abs(), got.abs()), claimed.abs())
+    off = known & ((ref - got).abs() - claimed).abs().gt(WORST_RTOL * scale)
+    if off.any():
+        i = off[off].index[0]
+        raise ReportError(f"{_where(path, i, 'max_abs')}: {claimed[i]!r} is not |ref_at_worst - got_at_worst| = "
+                          f"|{ref[i]!r} - {got[i]!r}| = {abs(ref[i] - got[i])!r}: the row was edited")
+
+
+def _check_native(df: pd.DataFrame, path: Path) -> None:
+    """A ``native`` row ran on the device its ``device`` column names; an interpreter there (the emulated legs
+    write ``cpu (Triton interpreter)``, ``cpu (Pallas TPU interpret mode)``) means its mode was edited."""
+    if "device" not in df.columns:
+        return
+    off = (df["mode"] == "native") & df["device"].astype("string").str.contains("interpret", case=False, na=False)
+    if off.any():
+        i = off[off].index[0]
+        raise ReportError(f"{_where(path, i, 'mode')}: 'native', but its device is {df.at[i, 'device']!r}: an "
+                          f"emulated run's row whose mode was edited")
 
 
 BLOCKS_RTOL = 1e-5

@@ -11,7 +11,7 @@ import pandas as pd
 from harness.judge.gate import GateResult, side_labels
 from harness.legs import default_leg
 from harness.legs.external import GPU_ONLY
-from harness.core.results import provenance_line, settings_values
+from harness.core.results import column_values, provenance_line, settings_values
 from harness.core.status import NO_GRADIENT
 
 
@@ -90,6 +90,9 @@ def gate_notes(result: GateResult) -> list[list[str]]:
     if missing:
         notes.append([f"**{missing} (case, tensor) row(s) are in one file only** and were allowed "
                       f"(--allow-missing): this gate covers a subset."])
+    made_apart = provenance_mismatch(result)
+    if made_apart:
+        notes.append([f"**The two sides were made apart**: {'; '.join(made_apart)}."])
     gpu_candidate = gpu_platform_note(result)
     if gpu_candidate:
         notes.append([gpu_candidate])
@@ -100,6 +103,34 @@ def gate_notes(result: GateResult) -> list[list[str]]:
             note.append(compiled_note(result.candidate))
         notes.append(note)
     return notes
+
+
+def provenance_mismatch(result: GateResult) -> list[str]:
+    """Where the baseline's and the candidate's rows were made apart, one clause each: another commit of this
+    harness, or another version of a package both sides record (jax, say)."""
+    clauses = []
+    ours, theirs = column_values(result.baseline, "git_commit"), column_values(result.candidate, "git_commit")
+    if ours and theirs and ours != theirs:
+        clauses.append(f"the baseline's rows come from commit {', '.join(ours)}, the candidate's from "
+                       f"{', '.join(theirs)}")
+    a, b = _versions(result.baseline), _versions(result.candidate)
+    for package in sorted(set(a) & set(b)):
+        if a[package] != b[package]:
+            clauses.append(f"{package} {a[package]} on the baseline's side, {b[package]} on the candidate's")
+    return clauses
+
+
+def _versions(rows) -> dict[str, str]:
+    """Every package a file's ``versions`` column names, with its version(s), joined when rows disagree."""
+    found: dict[str, set[str]] = {}
+    for text in column_values(rows, "versions"):
+        try:
+            versions = json.loads(text)
+        except ValueError:
+            continue
+        for package, version in (versions.items() if isinstance(versions, dict) else ()):
+            found.setdefault(package, set()).add(str(version))
+    return {package: ", ".join(sorted(v)) for package, v in found.items()}
 
 
 def gpu_platform_note(result: GateResult) -> str:

@@ -94,6 +94,7 @@ class ResultFile:
         self.partial = self.path.with_name(self.path.stem + PARTIAL_SUFFIX)
         self.provenance, self.force, self.resume = provenance, force, resume
         self.done: set[str] = set()
+        self.cut: str | None = None  # a resumed file's case whose write was cut inside: dropped, run again
         self._lock = None
 
     # ------------------------------------------------------------ checks
@@ -140,6 +141,7 @@ class ResultFile:
         if not self.resume:
             raise ReportError(f"{self.partial} holds the rows of an interrupted run: pass --resume to continue it, "
                               f"or --force to discard it")
+        self.cut = _drop_a_cut_case(self.partial)
         rows = read_results(self.partial)
         clash = self._clash(rows, _RESUME_MUST_MATCH)
         if clash:
@@ -185,6 +187,30 @@ class ResultFile:
         write_csv(df, self.path)
         self.partial.unlink()
         return df
+
+
+def _drop_a_cut_case(partial: Path) -> str | None:
+    """A partial file that does not end with a whole line had a case's write cut inside it (each case is one write;
+    a failed write is cut back by :meth:`ResultFile.append`, so this is a machine that stopped mid-write). The
+    torn line and every row of the last whole line's case go, so that case runs again (when the tear fell at a
+    case's first line, that is the case before it, finished: it runs again too, nothing is lost). Returns the
+    dropped case's id, or None when the file ends whole."""
+    import csv
+
+    data = partial.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return None
+    lines = data[:data.rfind(b"\n") + 1].splitlines(keepends=True)
+
+    def case_of(line: bytes) -> str:
+        return next(csv.reader([line.decode("utf-8", "replace")]), [""])[0]
+
+    last = case_of(lines[-1]) if len(lines) > 1 else None
+    while len(lines) > 1 and case_of(lines[-1]) == last:
+        lines.pop()
+    with open(partial, "r+b") as f:
+        f.truncate(sum(map(len, lines)))
+    return last
 
 
 def _first_difference(column: str, theirs: list[str], ours: str) -> tuple[str, str, str] | None:
