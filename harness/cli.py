@@ -243,8 +243,28 @@ def cmd_gate(args) -> int:
     _step_summary()
     baseline = result_in(args.gpu_csv, gate.baseline_leg)
     candidate = result_in(args.tpu_csv, gate.candidate_leg)
+    _reask_refusals(((baseline, gate.baseline_leg), (candidate, gate.candidate_leg)))
     result = gate_files(baseline, candidate, gate.policy, allow_partial=args.allow_partial, **gate.options())
     return _report_gate(result, out, gate)
+
+
+def _reask_refusals(files) -> None:
+    """Each file's ``unsupported`` rows re-asked of its leg where the leg here made them
+    (:mod:`harness.app.refusals`): a refusal the leg does not give is an edited row (exit 2); a leg that cannot be
+    asked is said in a line."""
+    from harness.app.refusals import refusals_not_the_legs
+    from harness.core.results import ReportError, read_table
+
+    for path, leg in files:
+        try:
+            rows = read_table(path)
+        except (ReportError, OSError):
+            continue  # the gate names what is wrong with the file
+        edited, note = refusals_not_the_legs(rows, leg, path)
+        if edited:
+            raise UsageError(edited[0] + (f" ({len(edited) - 1} more such case(s))" if len(edited) > 1 else ""))
+        if note:
+            print(f"gate: {note}")
 
 
 def cmd_compile(args) -> int:

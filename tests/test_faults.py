@@ -309,3 +309,28 @@ def test_resume_runs_again_a_case_cut_inside_its_write(tmp_path, ref_rows, capsy
     assert f"the rows of {SMALL[1]} were cut inside their write" in out and "1 of 2 cases already done" in out, out
     again = pd.read_csv(path, keep_default_na=False)
     assert sorted(map(tuple, again[["case_id", "tensor"]].values)) == sorted(map(tuple, rows[["case_id", "tensor"]].values))
+
+
+@pytest.mark.needs_leg("ref")
+def test_a_refusal_the_leg_does_not_give_is_an_edited_row(tmp_path, ref_rows, capsys):
+    """A row edited from ok to unsupported would take its comparison out of the gate: parity gate asks the leg
+    again (same commit, same versions) and refuses the file; rows of another commit are said not re-asked."""
+    path, rows = ref_rows
+    edited = rows.copy()
+    i = edited.index[edited["case_id"] == SMALL[1]][0]
+    edited.loc[i, ["status", "reason", "max_abs", "rel_l2"]] = ["unsupported", "no kernel for this shape", None, None]
+    for column in ("ulp_max", "ulp_mean", "ulp_p99", "rel_l2_blocks"):
+        edited.loc[i, column] = None
+    candidate = tmp_path / "edited" / path.name
+    candidate.parent.mkdir()
+    edited.to_csv(candidate, index=False)
+    gate = ["gate", str(path), str(candidate), "--baseline-leg", "ref", "--candidate-leg", "ref",
+            "--out", str(tmp_path / "gate")]
+    assert main(gate) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert (f"{candidate}: {SMALL[1]} is unsupported there ('no kernel for this shape'), but the ref leg here runs "
+            f"it: the row was edited") in err, err
+    edited.assign(git_commit="0" * 12).to_csv(candidate, index=False)  # made elsewhere: not asked, and said
+    main(gate)
+    out = capsys.readouterr().out
+    assert f"gate: the refusals in {candidate} were not re-asked of the ref leg: its rows come from commit " in out
