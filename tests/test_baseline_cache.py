@@ -273,9 +273,21 @@ def _restamp(path):
     np.savez(path, **arrays)
 
 
+def _recolumn(path):
+    """What an entry's hit serves besides its arrays edited: the row columns (the TPU targets it says it compiled
+    for, the MXU tallies), its arrays untouched."""
+    with np.load(path) as data:
+        arrays = {n: data[n].copy() for n in data.files}
+    meta = json.loads(arrays["__meta__"].tobytes())
+    meta["columns"] = {**meta["columns"], "compiled_for": "v7x"}
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(path, **arrays)
+
+
 @pytest.mark.needs_leg("gpu")
 @pytest.mark.parametrize("damage, problem", [(_truncate, "unreadable"), (_tamper, "checksum"),
-                                             (_restamp, "cache format 0")])
+                                             (_restamp, "cache format 0"),
+                                             (_recolumn, r"metadata does not match its checksum \(edited\)")])
 def test_a_damaged_entry_is_recomputed_and_replaced(leg, real, tmp_path, monkeypatch, damage, problem):
     calls = _serve(monkeypatch, leg, real)
     fresh = _runner(leg, tmp_path).run_case(CASE)

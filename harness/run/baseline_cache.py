@@ -326,13 +326,14 @@ class BaselineCache:
             return False
         # C-contiguous, a 0-d array staying 0-d (np.ascontiguousarray would make it 1-d: a scalar g_gamma's gradient)
         arrays = {name: np.require(a, requirements="C") for name, a in out.tensors.items() if a is not None}
-        meta = {"format": FORMAT, "key": key, "case_id": case.id, "input_sha256": inputs.sha256,
+        served = {"case_id": case.id, "input_sha256": inputs.sha256,
+                  "absent": sorted(n for n, a in out.tensors.items() if a is None),
+                  "details": details, "columns": columns, "wall_s": float(wall_s),
+                  "computed": {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                               "git_commit": git_commit}}
+        meta = {"format": FORMAT, "key": key, **served,
                 "tensors": {n: {"dtype": str(a.dtype), "shape": list(a.shape)} for n, a in arrays.items()},
-                "absent": sorted(n for n, a in out.tensors.items() if a is None),
-                "details": details, "columns": columns, "wall_s": float(wall_s),
-                "computed": {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                             "git_commit": git_commit},
-                "sha256": _checksum(arrays)}
+                "sha256": _checksum(arrays), "meta_sha256": _meta_checksum(served)}
         raw = {n: a.view(f"u{a.dtype.itemsize}") for n, a in arrays.items()}  # bf16 has no npz dtype: its bits
         raw[_META] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
         path, tmp = self._path(key), None
@@ -358,6 +359,16 @@ class BaselineCache:
         return f"{hits}/{runs} {what} from the {self.label} ({self.directory})"
 
 
+_SERVED = ("case_id", "input_sha256", "absent", "details", "columns", "wall_s", "computed")
+"""The metadata a hit serves besides the arrays: checked whole by ``meta_sha256`` (an edit to the TPU targets an
+entry says it compiled for, or to its provenance, is a damaged entry like a flipped bit). An entry written before
+it has none: unreadable, recomputed once (the format number stays, as it keys the committed compile records)."""
+
+
+def _meta_checksum(served: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps({k: served[k] for k in _SERVED}, sort_keys=True).encode()).hexdigest()
+
+
 def _decode(arrays: dict[str, np.ndarray], key: str, label: str = LABEL) -> tuple[LegOutput, float] | str:
     """The entry's output and wall time, or what is wrong with it."""
     meta = entry_metadata(arrays, key, FORMAT)
@@ -367,6 +378,8 @@ def _decode(arrays: dict[str, np.ndarray], key: str, label: str = LABEL) -> tupl
     try:
         absent, details, columns = meta["absent"], meta["details"], meta["columns"]
         wall, computed = float(meta["wall_s"]), dict(meta["computed"])
+        if _meta_checksum(meta) != meta["meta_sha256"]:
+            return "its metadata does not match its checksum (edited)"
     except (ValueError, KeyError, TypeError) as exc:
         return f"its metadata is unreadable ({type(exc).__name__})"
     out: dict[str, Any] = {}
