@@ -198,3 +198,45 @@ def unsettled(result):
     ones (harness.core.noise's sequential test). A fault is caught when it leaves one; more draws then decide it."""
     parity = result.parity
     return parity[parity["verdict"].isin(["fail", "inconclusive"])]
+
+
+# ------------------------------------------------------------------ a binding that breaks its process
+FAULTY = '''
+"""A binding of this project's simple_gla kernel that breaks on the dtypes $FAULT_DTYPES names (default bfloat16),
+in the way $FAULT picks."""
+import os
+import signal
+import sys
+import time
+
+from harness.ops.base import LegBinding
+from kernels_tpu.simple_gla import chunk_simple_gla
+
+FAULT = os.environ["FAULT"]
+BREAKS_ON = os.environ.get("FAULT_DTYPES", "bfloat16").split(",")
+
+
+def forward(case, a, ctx):
+    if case.dtype in BREAKS_ON:
+        print("faulty: about to break on", case.dtype, file=sys.stderr, flush=True)
+        if FAULT == "exit":
+            os._exit(7)  # a library that calls exit() on an input it dislikes
+        if FAULT == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)  # a crash in a library's C++
+        if FAULT == "hang":
+            time.sleep(600)
+    o, ht = chunk_simple_gla(a["q"], a["k"], a["v"], g=a.get("g"), scale=case.resolved_scale,
+                             initial_state=a.get("h0"), output_final_state=case.final_state,
+                             chunk_size=case.chunk_size)
+    return {"o": o, "ht": ht}
+
+
+class Impl:
+    bindings = {"simple_gla": LegBinding(forward, differentiable=False)}
+    version = "faulty 1.0"
+
+
+IMPLEMENTATION = Impl()
+'''
+"""The text of an outside implementation (written to a module and registered with --impl by the tests) whose
+forward breaks its process on some cases: tests/test_faults.py, tests/test_workers.py."""

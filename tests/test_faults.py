@@ -14,46 +14,11 @@ import time
 import pandas as pd
 import pytest
 
+from faults import FAULTY
 from harness.cli import EXIT_INTERRUPTED, EXIT_LOST, EXIT_USAGE, main
 
 CASES = ["simple_gla.chunk/B1-T64-H1-K64-V64/bf16/g=logsigmoid/16/C64",  # the one the binding breaks on
          "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64"]
-
-FAULTY = '''
-"""A binding of this project's simple_gla kernel that breaks on bf16 cases in a way the environment picks."""
-import os
-import signal
-import sys
-import time
-
-from harness.ops.base import LegBinding
-from kernels_tpu.simple_gla import chunk_simple_gla
-
-FAULT = os.environ["FAULT"]
-
-
-def forward(case, a, ctx):
-    if case.dtype == "bfloat16":
-        print("faulty: about to break on", case.dtype, file=sys.stderr, flush=True)
-        if FAULT == "exit":
-            os._exit(7)  # a library that calls exit() on an input it dislikes
-        if FAULT == "segfault":
-            os.kill(os.getpid(), signal.SIGSEGV)  # a crash in a library's C++
-        if FAULT == "hang":
-            time.sleep(600)
-    o, ht = chunk_simple_gla(a["q"], a["k"], a["v"], g=a.get("g"), scale=case.resolved_scale,
-                             initial_state=a.get("h0"), output_final_state=case.final_state,
-                             chunk_size=case.chunk_size)
-    return {"o": o, "ht": ht}
-
-
-class Impl:
-    bindings = {"simple_gla": LegBinding(forward, differentiable=False)}
-    version = "faulty 1.0"
-
-
-IMPLEMENTATION = Impl()
-'''
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import pytest
 
 from harness.cli import main
 from harness.app.workers import GIB_PER_JOB, default_jobs, parse_jobs
+from faults import FAULTY
 
 SIMPLE_GLA = ["--suite", "smoke", "--op", "simple_gla"]
 VOLATILE = {"timestamp", "wall_s", "details"}  # when a row was made and how long it took; served rows say so
@@ -82,31 +83,7 @@ def test_two_jobs_give_the_rows_of_one_in_case_order(tmp_path, monkeypatch, caps
     pd.testing.assert_frame_equal(_stable(_result(out, "ref")), _stable(two[0]))
 
 
-DYING = '''
-"""A kernel that kills the process it runs in, when that process is a worker (the parent only traces it)."""
-import multiprocessing
-import os
-
-from harness.ops.base import LegBinding
-from kernels_tpu.simple_gla import chunk_simple_gla
-
-
-def forward(case, a, ctx):
-    if multiprocessing.parent_process() is not None:
-        os._exit(3)  # as the kernel would be killed for memory
-    o, ht = chunk_simple_gla(a["q"], a["k"], a["v"], g=a.get("g"), scale=case.resolved_scale,
-                             initial_state=a.get("h0"), output_final_state=case.final_state,
-                             chunk_size=case.chunk_size)
-    return {"o": o, "ht": ht}
-
-
-class Impl:
-    bindings = {"simple_gla": LegBinding(forward, differentiable=False)}
-    version = "dying 1.0"
-
-
-IMPLEMENTATION = Impl()
-'''
+DYING = FAULTY  # every case exits (FAULT=exit, FAULT_DTYPES below): a worker killed for memory looks the same
 
 
 @pytest.mark.needs_leg("tpu")
@@ -114,6 +91,8 @@ def test_a_worker_that_dies_is_error_rows(tmp_path, monkeypatch):
     from harness.legs import registry
 
     (tmp_path / "dying_impl.py").write_text(DYING)
+    monkeypatch.setenv("FAULT", "exit")
+    monkeypatch.setenv("FAULT_DTYPES", "bfloat16,float32")
     monkeypatch.syspath_prepend(str(tmp_path))  # the workers inherit the parent's path
     monkeypatch.setattr(registry, "_LEGS", {spec.name: spec for spec in registry.BUILTIN})
     monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
@@ -129,7 +108,7 @@ def test_a_worker_that_dies_is_error_rows(tmp_path, monkeypatch):
     assert list(rows.drop_duplicates("case_id")["case_id"]) == cases
     assert set(rows["status"]) == {"error"}
     # "ended": the worker registered --impl again and ran the kernel; an unknown leg would have "failed"
-    assert rows["reason"].str.contains(r"lost: its process ended \(exit code 3\)").all(), rows["reason"].tolist()
+    assert rows["reason"].str.contains(r"lost: its process ended \(exit code 7\)").all(), rows["reason"].tolist()
 
 
 @pytest.mark.heavy  # whole commands through real legs, cold and warm, at --jobs 1 and 2: pytest -m heavy (.ci/run)
@@ -172,6 +151,8 @@ def test_compile_workers_give_the_rows_of_one_and_a_dead_one_is_error_rows(tmp_p
     assert sent == [0, len(cases)]
 
     (tmp_path / "dying_impl.py").write_text(DYING)
+    monkeypatch.setenv("FAULT", "exit")
+    monkeypatch.setenv("FAULT_DTYPES", "bfloat16,float32")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(registry, "_LEGS", {spec.name: spec for spec in registry.BUILTIN})
     out = tmp_path / "dying"
@@ -179,4 +160,4 @@ def test_compile_workers_give_the_rows_of_one_and_a_dead_one_is_error_rows(tmp_p
                  "--target", "v6e,v7x", "--out", str(out), "--no-progress", "--jobs", "2"]) == 4
     rows = pd.read_csv(out / "compile.dying.csv", keep_default_na=False)
     assert list(rows["target"]) == ["v6e", "v7x"] and set(rows["status"]) == {"error"}
-    assert rows["reason"].str.contains(r"its process ended \(exit code 3\)").all(), rows["reason"].tolist()
+    assert rows["reason"].str.contains(r"its process ended \(exit code 7\)").all(), rows["reason"].tolist()
