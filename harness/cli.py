@@ -18,7 +18,7 @@ import pandas as pd
 
 from harness.app.selection import Selection
 from harness.app.session import Interrupted, Run, causality_failing, failing, report_gate
-from harness.app.settings import GateSettings, LegOptions, RunSettings, parse_case_timeout
+from harness.app.settings import GateSettings, LegOptions, RunSettings, check_file_size_limit, parse_case_timeout
 from harness.app.workers import default_jobs, parse_jobs
 from harness.core.status import Status
 from harness.legs.registry import (BUILTIN, check_implementation, default_leg, leg_spec, parse_impl,
@@ -273,6 +273,7 @@ def cmd_compile(args) -> int:
     from harness.compile.tpu_compile import COMPILE_DEFAULT_TARGETS, parse_targets, versions
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
+    check_file_size_limit(targets)
     run = Run(RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, jobs=_jobs(args),
                           progress=not args.no_progress, reference_cache=False,
                           case_timeout=parse_case_timeout(args.case_timeout)))

@@ -299,3 +299,28 @@ def test_a_refusal_the_leg_does_not_give_is_an_edited_row(tmp_path, ref_rows, ca
     main(gate)
     out = capsys.readouterr().out
     assert f"gate: the refusals in {candidate} were not re-asked of the ref leg: its rows come from commit " in out
+
+
+# ------------------------------------------------------------------ a file size limit libtpu would die of
+def test_a_file_size_limit_too_small_for_libtpu_is_refused_before_it_compiles(tmp_path):
+    import resource
+
+    from harness.app.settings import DUMP_ROOM, check_file_size_limit
+
+    check_file_size_limit(("v6e",), limit=resource.RLIM_INFINITY)
+    check_file_size_limit(("v6e",), limit=DUMP_ROOM)
+    check_file_size_limit((), limit=1024)  # nothing to compile: nothing libtpu writes
+    with pytest.raises(ValueError, match=r"is 256 KiB: libtpu aborts .* compiling for v5e, v6e does not fit; raise it to "
+                                         r"at least 64 MiB \(ulimit -f 65536\)"):
+        check_file_size_limit(("v5e", "v6e"), limit=256 * 1024)
+
+    def limited():  # in the child: what `ulimit -f 256` does
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, resource.RLIM_INFINITY))
+
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--backend", "tpu", "--case", CASES[1],
+                           "--out", str(tmp_path / "out"), "--tpu-targets", "v6e"], preexec_fn=limited,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == EXIT_USAGE, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "parity: error: the file size limit (ulimit -f) is 256 KiB: libtpu aborts the process when a file it writes "
+        "while compiling for v6e does not fit; raise it to at least 64 MiB (ulimit -f 65536) or to unlimited"]

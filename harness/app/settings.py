@@ -22,9 +22,28 @@ from harness.core.noise import LOOKS
 from harness.core.policy import Policy, default_policy
 from harness.legs.registry import default_leg, leg_spec
 
+DUMP_ROOM = 64 * 2**20
+"""The smallest file size limit (``ulimit -f``) a TPU compile starts under, in bytes: libtpu writes each kernel's
+Mosaic dump, from which the compile verdicts are read (the largest seen here: 220 KB), and aborts the process with
+some 40 lines of C++ (``Check failed ... File too large``) when one does not fit."""
+
 REF_METHODS = ("recurrent", "chunk")
 REF_DTYPES = ("float64", "float32")
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+
+def check_file_size_limit(targets, limit: int | None = None) -> None:
+    """A ValueError (one line) when TPU ``targets`` are to be compiled under a file size limit (``limit`` bytes,
+    default this process's ``RLIMIT_FSIZE``) too small for libtpu's dumps (:data:`DUMP_ROOM`)."""
+    if not targets:
+        return
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if limit is None else limit
+    if soft != resource.RLIM_INFINITY and soft < DUMP_ROOM:
+        raise ValueError(f"the file size limit (ulimit -f) is {soft // 1024} KiB: libtpu aborts the process when a "
+                         f"file it writes while compiling for {', '.join(targets)} does not fit; raise it to at least "
+                         f"{DUMP_ROOM >> 20} MiB (ulimit -f {DUMP_ROOM >> 10}) or to unlimited")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +66,9 @@ class LegOptions:
     @classmethod
     def parse(cls, tpu_targets: str | None = None, **options) -> "LegOptions":
         """The options with the targets as a command line gives them (``"v5e,v6e"``; None: the default)."""
-        return cls(compile_targets=parse_targets(tpu_targets, LEG_DEFAULT_TARGETS), **options)
+        targets = parse_targets(tpu_targets, LEG_DEFAULT_TARGETS)
+        check_file_size_limit(targets)
+        return cls(compile_targets=targets, **options)
 
     def for_leg(self, name: str) -> dict:
         """The keywords ``name``'s leg is built with, by its role."""
