@@ -502,9 +502,14 @@ VERBS = {"cases": cmd_cases, "run": cmd_run, "causality": cmd_causality, "gate":
          "mxu_probe": cmd_mxu_probe}
 
 
-def _terminated(signum, frame):
-    """SIGTERM (what CI sends a cancelled job) ends a run as Ctrl-C does: the finished cases kept, the hint to
-    resume printed, exit 130."""
+def _stop(signum, frame):
+    """Ctrl-C and SIGTERM (what CI sends a cancelled job) end a run alike: the finished cases kept, the hint to
+    resume printed, exit 130. The request is also kept (:data:`harness.app.workers.STOP`) because the
+    KeyboardInterrupt raised here can land where Python swallows it (a garbage-collection callback of jax's,
+    seen with libtpu loaded): the walk of the cases then stops before the next case."""
+    from harness.app.workers import STOP
+
+    STOP.set()
     raise KeyboardInterrupt
 
 
@@ -512,8 +517,28 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import threading
 
+    from harness.app.workers import STOP
+
+    STOP.clear()
+    previous = {}
     if threading.current_thread() is threading.main_thread():  # a handler can be set only there
-        signal.signal(signal.SIGTERM, _terminated)
+        previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    hook = sys.unraisablehook
+
+    def quiet(unraisable):  # the swallowed KeyboardInterrupt of a stop that STOP carries on: no traceback for it
+        if not (STOP.is_set() and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            hook(unraisable)
+
+    sys.unraisablehook = quiet
+    try:
+        return _main(argv)
+    finally:
+        sys.unraisablehook = hook
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

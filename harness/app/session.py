@@ -125,8 +125,8 @@ class Run:
                                  progress=self._progress(f"{name} leg"))
             except KeyboardInterrupt:
                 raise Interrupted(f"{name} leg interrupted; the finished cases are kept in {out.partial}. Continue "
-                                  f"with the same command plus --resume (the gate fails that file as incomplete "
-                                  f"unless given --allow-missing)") from None
+                                  f"with the same command plus --resume (parity gate refuses that file unless "
+                                  f"given --allow-partial, and never passes it)") from None
             df = out.finish()
         self.say(f"{name}: {len(todo)} cases in {time.perf_counter() - t0:.1f} s "
                  f"({runner.provenance['mode']}, {runner.provenance['device']}) -> {target}")

@@ -41,6 +41,7 @@ import multiprocessing.connection
 import os
 import signal
 import tempfile
+import threading
 import time
 from typing import Any, Callable, Iterable
 
@@ -53,6 +54,16 @@ from harness.legs.registry import implementations, make_leg, register_implementa
 from harness.run.reference_cache import ReferenceCache
 from harness.run.runner import NotServed, Runner
 from harness.core.status import Status
+
+STOP = threading.Event()
+"""Set by the command line's Ctrl-C and SIGTERM handler (:func:`harness.cli.main`): the walk of the cases stops
+before its next case even when the handler's KeyboardInterrupt was swallowed where it landed."""
+
+
+def _stop_if_asked() -> None:
+    if STOP.is_set():
+        raise KeyboardInterrupt
+
 
 CANDIDATE_CASE_TIMEOUT = 3600.0
 """An outside implementation's case time limit (seconds), when ``--case-timeout`` does not set one: about ten times
@@ -392,11 +403,13 @@ class Workers:
         try:
             if at_once <= 1 and timeout is None:
                 for case in cases:
+                    _stop_if_asked()
                     if bar is not None:
                         bar.set_postfix_str(case.id[-60:], refresh=True)
                     hand_on(case, settle(runner, case, task, targets))
             else:
                 self._run_pooled(runner, job, cases, hand_on, at_once, timeout)
+            _stop_if_asked()  # asked during the last case: the run stops as it would have before another
         finally:
             if bar is not None:
                 bar.close()
@@ -413,6 +426,7 @@ class Workers:
 
         def flush(block: bool = False) -> None:
             while queue:
+                _stop_if_asked()
                 case, result = queue[0]
                 if isinstance(result, concurrent.futures.Future):
                     while block and not result.done():
