@@ -28,6 +28,8 @@ def refusals_not_the_legs(rows: pd.DataFrame, leg_name: str, path: Path | str) -
     """``rows`` (one leg's result file at ``path``) re-asked: (one line per case the file marks unsupported that
     leg ``leg_name`` runs here, or None when there is nothing to ask) and a note of why the leg was not asked
     (None when it was)."""
+    if not {"status", "case_id", "reason"} <= set(rows.columns):
+        return [], None  # not a result file: the gate says what is wrong with it
     unsupported = rows[rows["status"] == Status.UNSUPPORTED]
     if unsupported.empty:
         return [], None
