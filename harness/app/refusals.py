@@ -10,14 +10,13 @@ library that is not installed), the gate says it did not ask; it never guesses."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from harness.app.selection import case_from_id
 from harness.core.provenance import git_commit
-from harness.core.results import column_values
+from harness.core.results import column_values, package_versions
 from harness.core.status import Status
 from harness.judge.gate import undrawn_id
 from harness.legs.registry import leg_spec, make_leg
@@ -37,7 +36,7 @@ def refusals_not_the_legs(rows: pd.DataFrame, leg_name: str, path: Path | str) -
     if why_not:
         return [], f"the refusals in {path} were not re-asked of the {leg_name} leg: {why_not}"
     leg = make_leg(leg_name, **({"compile_targets": ()} if leg_spec(leg_name).role == "candidate" else {}))
-    if _versions(rows) != {k: str(v) for k, v in dict(leg.environment().versions).items()}:
+    if package_versions(rows) != {k: str(v) for k, v in dict(leg.environment().versions).items()}:
         return [], (f"the refusals in {path} were not re-asked of the {leg_name} leg: its rows were made with other "
                     f"versions than the ones installed here")
     lines = []
@@ -67,13 +66,3 @@ def _cannot_answer(rows: pd.DataFrame, leg_name: str) -> str | None:
     if made != [here]:
         return f"its rows come from commit {', '.join(made) or '(none)'}, this checkout is {here}"
     return None
-
-
-def _versions(rows: pd.DataFrame) -> dict[str, str]:
-    found = {}
-    for text in column_values(rows, "versions"):
-        try:
-            found.update({k: str(v) for k, v in json.loads(text).items()})
-        except (ValueError, AttributeError):
-            continue
-    return found

@@ -248,6 +248,20 @@ def settings_values(df: pd.DataFrame, key: str) -> list:
     return out
 
 
+def package_versions(df: pd.DataFrame) -> dict[str, str]:
+    """Every package the rows' ``versions`` (JSON text) name, with its version, the distinct ones joined by ", "
+    when rows disagree; a row whose versions do not parse gives none."""
+    found: dict[str, set[str]] = {}
+    for text in column_values(df, "versions"):
+        try:
+            versions = json.loads(text)
+        except ValueError:
+            continue
+        for package, version in (versions.items() if isinstance(versions, dict) else ()):
+            found.setdefault(package, set()).add(str(version))
+    return {package: ", ".join(sorted(v)) for package, v in found.items()}
+
+
 def mixed_provenance(df: pd.DataFrame) -> dict[str, list]:
     """Provenance columns whose rows disagree (suite, commit, mode, device), with their values."""
     values = {c: column_values(df, c) for c in ("suite", "git_commit", "mode", "device")}

@@ -11,7 +11,7 @@ import pandas as pd
 from harness.judge.gate import GateResult, side_labels
 from harness.legs import default_leg
 from harness.legs.external import GPU_ONLY
-from harness.core.results import column_values, provenance_line, settings_values
+from harness.core.results import column_values, package_versions, provenance_line, settings_values
 from harness.core.status import NO_GRADIENT
 
 
@@ -113,24 +113,11 @@ def provenance_mismatch(result: GateResult) -> list[str]:
     if ours and theirs and ours != theirs:
         clauses.append(f"the baseline's rows come from commit {', '.join(ours)}, the candidate's from "
                        f"{', '.join(theirs)}")
-    a, b = _versions(result.baseline), _versions(result.candidate)
+    a, b = package_versions(result.baseline), package_versions(result.candidate)
     for package in sorted(set(a) & set(b)):
         if a[package] != b[package]:
             clauses.append(f"{package} {a[package]} on the baseline's side, {b[package]} on the candidate's")
     return clauses
-
-
-def _versions(rows) -> dict[str, str]:
-    """Every package a file's ``versions`` column names, with its version(s), joined when rows disagree."""
-    found: dict[str, set[str]] = {}
-    for text in column_values(rows, "versions"):
-        try:
-            versions = json.loads(text)
-        except ValueError:
-            continue
-        for package, version in (versions.items() if isinstance(versions, dict) else ()):
-            found.setdefault(package, set()).add(str(version))
-    return {package: ", ".join(sorted(v)) for package, v in found.items()}
 
 
 def gpu_platform_note(result: GateResult) -> str:
