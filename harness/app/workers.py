@@ -284,16 +284,13 @@ class _Pool:
         idle.deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
         return idle.future
 
-    def poll(self, wait: float | None) -> None:
-        """Settle every case whose worker answered, ended or ran out of time, waiting up to ``wait`` seconds
-        (None: until one does) for the first."""
+    def poll(self) -> None:
+        """Settle every case whose worker answered, ended or ran out of time, waiting until the first does."""
         busy = [w for w in self._workers if w.future is not None]
         if not busy:
             return
         until = min(w.deadline for w in busy)
         limit = None if until == float("inf") else max(0.0, until - time.monotonic())
-        if wait is not None:
-            limit = wait if limit is None else min(limit, wait)
         ready = set(multiprocessing.connection.wait([w.conn for w in busy] + [w.process.sentinel for w in busy],
                                                     timeout=limit))
         now = time.monotonic()
@@ -430,7 +427,7 @@ class Workers:
                 case, result = queue[0]
                 if isinstance(result, concurrent.futures.Future):
                     while block and not result.done():
-                        self._pool.poll(wait=None)
+                        self._pool.poll()
                     if not result.done():
                         return
                     result = self._collect(runner, job, case, result)
@@ -454,7 +451,7 @@ class Workers:
             rows = settled_here(case)
             if rows is None:
                 while len(running()) >= at_once:
-                    self._pool.poll(wait=None)
+                    self._pool.poll()
                     flush()
                 queue.append((case, self._submit(job, case, at_once, timeout)))
             else:
