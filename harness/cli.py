@@ -195,9 +195,16 @@ def cmd_cases(args) -> int:
     """One line per case: its id and compared tensors; with ``--inputs``, then one indented line per input a
     candidate binding's forward receives (name, shape, dtype). For your own cases (by id or file), a note on
     stderr where a kernel binding already refuses the case, so the refusal is seen when the case is made."""
-    from harness.app import binding_inputs
+    from harness.app import binding_inputs, case_from_id
     from harness.ops import get_op
 
+    if args.explain:
+        from harness.app.explain import explain
+
+        for text in args.explain:
+            case = case_from_id(text)
+            print("\n".join(explain(case, get_op(case.op))))
+        return EXIT_PASS
     selection = _selection(args)
     for case in selection.cases():
         op = get_op(case.op)

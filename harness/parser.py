@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(p)
     p.add_argument("--inputs", action="store_true",
                    help="under each case, every input a candidate binding's forward receives: name, shape, dtype")
+    p.add_argument("--explain", action="append", default=[], metavar="ID",
+                   help="a case id in words, part by part: its shapes, gate (law, '/x' normalizer, lb, mask), "
+                        "packing, flags and each option with its meaning in the op, the tensors it compares and the "
+                        "bindings that refuse it (repeatable; instead of the list)")
     p.set_defaults(verb_fn="cases")
 
     p = sub.add_parser("run", help="run one leg over a suite and write its result CSV")

@@ -212,8 +212,30 @@ import time
 from harness.ops.base import LegBinding
 from kernels_tpu.simple_gla import chunk_simple_gla
 
+import jax
+
 FAULT = os.environ["FAULT"]
 BREAKS_ON = os.environ.get("FAULT_DTYPES", "bfloat16").split(",")
+
+
+def _check_block(n):
+    """A library's own check, a few calls deep (the traceback should show where)."""
+    raise ValueError(f"block size {n} does not divide the sequence")
+
+
+@jax.custom_vjp
+def _interpret_stops_backward(x):
+    return x
+
+
+def _stop_on_cpu(residual, g):
+    # as the Pallas interpreter stops a backward kernel a TPU compiles: the compile for a TPU answers "tpu"
+    if jax.default_backend() == "cpu":
+        raise RuntimeError("the interpreter cannot run this backward kernel")
+    return (g,)
+
+
+_interpret_stops_backward.defvjp(lambda x: (x, None), _stop_on_cpu)
 
 
 def forward(case, a, ctx):
@@ -225,18 +247,26 @@ def forward(case, a, ctx):
             os.kill(os.getpid(), signal.SIGSEGV)  # a crash in a library's C++
         if FAULT == "hang":
             time.sleep(600)
+        if FAULT == "device":
+            raise NotImplementedError("Not supported on cpu.")  # tokamax's Op.__call__ off a TPU
+        if FAULT == "raise":
+            _check_block(case.chunk_size)
     o, ht = chunk_simple_gla(a["q"], a["k"], a["v"], g=a.get("g"), scale=case.resolved_scale,
                              initial_state=a.get("h0"), output_final_state=case.final_state,
                              chunk_size=case.chunk_size)
+    if FAULT == "backward" and case.dtype in BREAKS_ON:
+        o = _interpret_stops_backward(o)
     return {"o": o, "ht": ht}
 
 
 class Impl:
-    bindings = {"simple_gla": LegBinding(forward, differentiable=False)}
+    bindings = {"simple_gla": LegBinding(forward, differentiable=FAULT == "backward")}
     version = "faulty 1.0"
 
 
 IMPLEMENTATION = Impl()
 '''
 """The text of an outside implementation (written to a module and registered with --impl by the tests) whose
-forward breaks its process on some cases: tests/test_faults.py, tests/test_workers.py."""
+forward breaks on some cases: its process (exit, segfault, hang), a raised error (raise), the library's device
+check (device) or the backward alone (backward): tests/test_faults.py, tests/test_workers.py,
+tests/test_frictions.py."""

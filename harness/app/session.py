@@ -37,7 +37,7 @@ from harness.probes.causality import causality_cases, causality_frame
 from harness.report.html_report import write_html_report
 from harness.report.reports import markdown
 from harness.run.reference_cache import ReferenceCache
-from harness.run.result_file import ResultFile, write_check_file
+from harness.run.result_file import ResultFile, fold_tracebacks, write_check_file
 from harness.run.runner import Runner
 
 
@@ -133,9 +133,20 @@ class Run:
         if leg_cache is not None:
             self.say(f"{name}: {leg_cache.summary(leg_cache.hits, len(todo))}")
         self.say(f"  rows: {summarize(df)}")
+        self._say_tracebacks(out.tracebacks, todo)
         if path is None:
             self.frames[name], self.paths[name] = df, target
         return df
+
+    def _say_tracebacks(self, path: Path, ran: list[Case]) -> None:
+        """Where the error rows' full tracebacks are; the traceback itself when the run was one case (a row's
+        repro command), so that running the repro shows what the one-line reason leaves out."""
+        if not path.exists():
+            return
+        text = path.read_text(encoding="utf-8")
+        if len(ran) == 1 and ran[0].id in text:
+            self.say(text.rstrip())
+        self.say(f"  the error rows' full tracebacks, under each case's repro: {path}")
 
     def take(self, name: str, path: Path, rows: pd.DataFrame) -> None:
         """Leg ``name``'s rows made elsewhere (``--baseline-rows``): judged, never run here."""
@@ -213,6 +224,7 @@ class _FoldedDraws:
             with ResultFile(path, {"leg": name, "suite": run.settings.selection.suite_label}, force=True):
                 write_csv(run.frames[name], path)
             extra.unlink()
+            fold_tracebacks(extra, path)
             run.say(f"{name}: {len(rows)} rows of the new draws folded into {path}")
         return True
 
@@ -261,7 +273,7 @@ def write_gate(result: GateResult, out_dir: Path) -> tuple[Path, Path]:
     """parity.csv, parity.md, parity.html and parity.png in ``out_dir``; parity.md is also appended to
     ``$GITHUB_STEP_SUMMARY`` when it is set. Returns (parity.csv, parity.md)."""
     out_dir = Path(out_dir)
-    csv_path = write_csv(result.parity, out_dir / "parity.csv")
+    csv_path = write_csv(result.named_parity(), out_dir / "parity.csv")  # its columns named by the legs compared
     md = markdown(result)
     md_path = out_dir / "parity.md"
     atomic_write_text(md_path, md)

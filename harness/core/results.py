@@ -43,6 +43,45 @@ class ReportError(ValueError):
     """A result file is missing, malformed or inconsistent (exit code 2)."""
 
 
+TRACEBACK = "traceback"
+"""The key under which an ``error`` row carries the full traceback of the exception that made it. It is no column
+of the result file: :func:`tracebacks_text` writes it to the file's traceback file (:func:`tracebacks_path`), one
+entry per case draw, under the case's repro command."""
+
+TRACEBACKS_SUFFIX = ".tracebacks.txt"
+
+
+def tracebacks_path(result_path) -> Path:
+    """The file beside a result file (``tpu.csv``, or its ``tpu.partial.csv``) that keeps its error rows' full
+    tracebacks: ``tpu.tracebacks.txt``."""
+    path = Path(result_path)
+    stem = path.name[:-len(PARTIAL_SUFFIX)] if unfinished(path) else path.stem
+    return path.with_name(stem + TRACEBACKS_SUFFIX)
+
+
+def tracebacks_text(rows: Iterable[dict]) -> str:
+    """The traceback entries of ``rows`` (one case draw's, or several): per case draw whose rows carry a
+    :data:`TRACEBACK`, a header with the case id and the leg, its repro command, then each distinct traceback once
+    with the tensors whose rows it made. '' when no row carries one."""
+    entries: dict[tuple, dict[str, list[str]]] = {}
+    heads: dict[tuple, dict] = {}
+    for row in rows:
+        text = row.get(TRACEBACK)
+        if not text:
+            continue
+        key = (row.get("case_id"), row.get("leg"))
+        heads.setdefault(key, row)
+        entries.setdefault(key, {}).setdefault(text, []).append(str(row.get("tensor")))
+    out = []
+    for key, by_text in entries.items():
+        head = heads[key]
+        out.append(f"=== {head.get('case_id')} [{head.get('leg')} leg]\nrepro: {head.get('repro')}\n")
+        for text, tensors in by_text.items():
+            out.append(f"--- the error rows of {', '.join(tensors)}:\n{text.rstrip()}\n")
+        out.append("\n")
+    return "".join(out)
+
+
 def rows_to_frame(rows: Iterable[dict]) -> pd.DataFrame:
     df = pd.DataFrame(list(rows))
     for col in RESULT_COLUMNS:

@@ -96,6 +96,11 @@ class GateResult:
     def failures(self) -> pd.DataFrame:
         return self.parity[self.parity["verdict"] == "fail"]
 
+    def named_parity(self) -> pd.DataFrame:
+        """:attr:`parity` with each side's columns named by the leg it compared (:func:`side_columns`): what
+        parity.csv holds."""
+        return self.parity.rename(columns=side_columns(self.baseline_leg, self.candidate_leg))
+
     @property
     def inconclusive(self) -> pd.DataFrame:
         """Comparisons the draws in the files do not decide (:func:`_pool_draws`)."""
@@ -185,6 +190,21 @@ def _apart(a: float, b: float, digits: int = 4) -> tuple[str, str]:
         if x != y:
             break
     return x, y
+
+
+SIDE_COLUMNS = {"eps_gpu": ("eps_", 0), "eps_tpu": ("eps_", 1), "gpu_status": ("_status", 0),
+                "tpu_status": ("_status", 1), "gpu_mode": ("_mode", 0), "tpu_mode": ("_mode", 1),
+                "tpu_mxu_cost": ("_mxu_cost", 1)}
+"""The gate's columns of one side: its ε and its rows' status and mode (and the candidate's modeled MXU cost),
+by the side (0 baseline, 1 candidate) and the prefix or suffix its leg's name takes in parity.csv."""
+
+
+def side_columns(baseline_leg: str, candidate_leg: str) -> dict[str, str]:
+    """The gate frame's side columns (:data:`SIDE_COLUMNS`, named for the built-in gpu and tpu legs) renamed for
+    the legs it compared: ``eps_tokamax``, ``tokamax_status``. For the built-in pair every name stays."""
+    legs = (baseline_leg, candidate_leg)
+    return {column: (affix + legs[side] if affix.startswith("eps") else legs[side] + affix)
+            for column, (affix, side) in SIDE_COLUMNS.items()}
 
 
 def side_labels(baseline_leg: str, candidate_leg: str) -> tuple[str, str]:

@@ -28,6 +28,18 @@ class LegOutput:
     details: Mapping[str, Any] = field(default_factory=dict)  # per-case provenance: configs, dispatch
     columns: Mapping[str, Any] = field(default_factory=dict)  # per-case values with columns of their own
     forward_only: bool = False  # a forward-only implementation: its missing gradients are not_provided as such
+    # the backward raised after the forward ran: the forward's tensors are compared, every gradient row is an
+    # error with this exception (its traceback kept beside the rows)
+    backward_error: BaseException | None = None
+
+
+class BackwardFailed(Exception):
+    """A case's backward raised after its forward had run: ``outputs`` holds the forward's tensors, so their rows
+    keep their numbers (a leg returns them in a :class:`LegOutput` with ``backward_error``)."""
+
+    def __init__(self, outputs: Mapping[str, Any], cause: BaseException):
+        super().__init__(f"the backward failed after the forward ran: {type(cause).__name__}: {cause}")
+        self.outputs, self.cause = outputs, cause
 
 
 @dataclass(frozen=True)

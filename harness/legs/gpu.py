@@ -146,8 +146,12 @@ class GpuLeg(Leg):
                 cot = tensors.get(cot_name) if cot_name else None
                 outs.append(value)
                 cots.append(torch.zeros_like(value) if cot is None else cot.to(value.dtype))
-            grads = (torch.autograd.grad(outs, [tensors[n] for n in diff_names], cots, allow_unused=True)
-                     if diff_names else ())  # a forward-only case (a decode variant) differentiates nothing
+            backward_error = None
+            try:
+                grads = (torch.autograd.grad(outs, [tensors[n] for n in diff_names], cots, allow_unused=True)
+                         if diff_names else ())  # a forward-only case (a decode variant) differentiates nothing
+            except Exception as exc:  # noqa: BLE001 - the forward's numbers are real: keep them, the gradients err
+                grads, backward_error = (), exc
         result = {name: to_numpy(value) for name, value in outputs.items()}
         for n, g in zip(diff_names, grads):
             result[grad_name(n)] = None if g is None else to_numpy(g)
@@ -156,4 +160,4 @@ class GpuLeg(Leg):
             details["cu_seqlens"] = list(case.cu_seqlens)  # passed to fla as a torch.long tensor on the device
         details["triton_configs"] = scope.configs_summary()
         details["emulation"] = scope.settings
-        return LegOutput(tensors=result, details=details)
+        return LegOutput(tensors=result, details=details, backward_error=backward_error)

@@ -30,7 +30,7 @@ from cases.inputs import Inputs
 from harness.ops.base import OpDescriptor, call_k_first, grad_name
 from harness.core.status import Status
 
-from .base import Environment, Leg, LegOutput, cotangent_pairs
+from .base import BackwardFailed, Environment, Leg, LegOutput, cotangent_pairs
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,10 @@ def program(op: OpDescriptor, case: Case, ctx: TpuContext, tally=None, binding=N
             value = outputs[out_name]
             cot = arrays.get(cot_name) if cot_name else None
             cotangents[out_name] = jnp.zeros_like(value) if cot is None else cot.astype(value.dtype)
-        (grads,) = backward(vjp, cotangents)
+        try:
+            (grads,) = backward(vjp, cotangents)
+        except Exception as exc:  # the forward's numbers are real: the leg keeps them, the gradients are errors
+            raise BackwardFailed(outputs, exc) from exc
         return outputs, grads
 
     return fn
@@ -349,8 +352,12 @@ class TpuLeg(Leg):
         tally = MxuTally()
         binding = self.binding(op)
         with tally_mxu_work(tally):
-            outputs, grads = program(op, case, ctx, tally if ctx.mxu_model else None,
-                                     binding)(device_arrays(inputs))
+            try:
+                outputs, grads = program(op, case, ctx, tally if ctx.mxu_model else None,
+                                         binding)(device_arrays(inputs))
+                backward_error = None
+            except BackwardFailed as exc:
+                outputs, grads, backward_error = exc.outputs, {}, exc.cause
             tensors = {name: np.asarray(value) for name, value in outputs.items()}
             for n in op.differentiable(case):
                 g = grads.get(n)
@@ -366,4 +373,5 @@ class TpuLeg(Leg):
             details["pallas_grid"] = kernel_grids(binding, case, ctx, _diff_names(op, case, binding))
         if case.cu_seqlens is not None:
             details["cu_seqlens"] = list(case.cu_seqlens)  # passed to the kernels as a static tuple
-        return LegOutput(tensors=tensors, details=details, columns=columns, forward_only=not binding.differentiable)
+        return LegOutput(tensors=tensors, details=details, columns=columns, forward_only=not binding.differentiable,
+                         backward_error=backward_error)

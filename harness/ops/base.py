@@ -113,6 +113,9 @@ class OpDescriptor:
     # the variant that runs one-token decode steps (fla's fused_recurrent kernels), for serving cases' decode
     # chains (harness.ops.serving); None: the op has none
     decode_variant: str | None = None
+    # the case options the op takes, each with what it means in the op (``parity cases --explain``); the op's
+    # ``validate`` refuses any other
+    options: Mapping[str, str] = field(default_factory=dict)
 
     def tensor_names(self, case: Case) -> list[str]:
         return [t.name for t in self.tensors(case)]

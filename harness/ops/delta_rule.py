@@ -26,6 +26,18 @@ CONV_OPTIONS = ("conv1d", "conv1d_bias")
 KDA layers apply it): ``conv1d=W`` convolves q, k and v per channel with a kernel of width W, then SiLU;
 ``conv1d_bias`` adds a bias. Both ops take them; neither is an option of fla's op function, whose inputs the
 convolution makes (:func:`conv_inputs`)."""
+CONV_OPTION_DOCS = {
+    "conv1d": "the layer's short causal convolution in front of the op (fla's ShortConvolution): q, k and v are "
+              "convolved per channel with a kernel of this width (2 to 8), then SiLU; it adds the inputs "
+              "conv_weight and conv_h0 and the output conv_ht (not a keyword of fla's op function)",
+    "conv1d_bias": "that convolution with a bias (the input conv_bias); needs conv1d",
+}
+"""What each of :data:`CONV_OPTIONS` means (the descriptors' ``options``)."""
+QK_NORM_DOC = ("q and k are drawn N(0,1) and L2-normalised inside the op (fla's keyword of the same name); "
+               "without it they are drawn already normalised")
+BETA_SIGMOID_DOC = ("beta is drawn as logits N(0,1) and squashed by a sigmoid inside the op; without it beta is "
+                    "drawn as sigmoid(N(0,1))")
+NEG_EIGVAL_DOC = "beta doubled, in (0, 2): the layer's negative eigenvalues (fla needs the in-kernel sigmoid with it)"
 CONV_WIDTHS = range(2, 9)
 VARIANTS = ("chunk", DECODE)
 """``chunk``: fla's chunk kernels, forward and backward. ``fused_recurrent``: the decode path, forward only (fla's

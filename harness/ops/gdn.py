@@ -34,6 +34,15 @@ from .base import LegBinding, OpDescriptor, fla_state_layout, fla_varlen
 
 VARIANTS = delta_rule.VARIANTS
 OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
+OPTION_DOCS = {
+    "use_qk_l2norm_in_kernel": delta_rule.QK_NORM_DOC,
+    "use_gate_in_kernel": "g is the raw gate input ~ N(0,1); the op's log decay is -exp(A_log) * softplus(g + "
+                          "dt_bias), with A_log [HV] and dt_bias [HV] (float32 inputs, their gradients compared)",
+    "use_beta_sigmoid_in_kernel": delta_rule.BETA_SIGMOID_DOC,
+    "allow_neg_eigval": delta_rule.NEG_EIGVAL_DOC,
+    **delta_rule.CONV_OPTION_DOCS,
+}
+"""Each gdn option and what it means in the op (the descriptor's ``options``)."""
 FLA_CHUNK_SIZES = (16, 32, 64)
 
 
@@ -114,6 +123,7 @@ GDN = OpDescriptor(
     name="gdn",
     variants=VARIANTS,
     decode_variant=delta_rule.DECODE,
+    options=OPTION_DOCS,
     doc=__doc__,
     inputs=inputs,
     tensors=delta_rule.tensors,

@@ -46,6 +46,17 @@ BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "safe_gate")
 FLA_OPTIONS = BOOL_OPTIONS + ("lower_bound",)
 DRAW_OPTIONS = ("allow_neg_eigval",)
 OPTIONS = FLA_OPTIONS + DRAW_OPTIONS
+OPTION_DOCS = {
+    "use_qk_l2norm_in_kernel": delta_rule.QK_NORM_DOC,
+    "use_gate_in_kernel": "g is the raw gate input ~ N(0,1), made a log decay inside the op as kda's is, with "
+                          "A_log [HV] and dt_bias [HV*K] (float32 inputs, their gradients compared)",
+    "lower_bound": "the in-kernel gate's floor, as kda's; only with use_gate_in_kernel",
+    "safe_gate": "fla's bounded-gate fast path, as kda's (chunk only)",
+    "allow_neg_eigval": "the erase gate b drawn in [0, 2] (2 sigmoid(N(0,1))): the layer's range; not a keyword of "
+                        "fla's op",
+    **delta_rule.CONV_OPTION_DOCS,
+}
+"""Each gdn2 option and what it means in the op (the descriptor's ``options``)."""
 FLA_CHUNK_SIZE = 64  # fla's chunk_gdn2 raises for any other
 
 
@@ -165,6 +176,7 @@ GDN2 = OpDescriptor(
     name="gdn2",
     variants=VARIANTS,
     decode_variant=delta_rule.DECODE,
+    options=OPTION_DOCS,
     doc=__doc__,
     inputs=inputs,
     tensors=functools.partial(delta_rule.tensors, gates=GATES),

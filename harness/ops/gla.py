@@ -42,6 +42,9 @@ from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, 
 
 VARIANTS = ("chunk", gated.RECURRENT)
 OPTIONS = {"tpu_path": ("auto", "fused", "chunk")}
+OPTION_DOCS = {"tpu_path": "which of this project's TPU kernels run it, their path keyword: auto (the default), "
+                           "fused (the single-pallas_call g_gamma kernels) or chunk (the per-channel kernels)"}
+"""Each gla option and what it means in the op (the descriptor's ``options``)."""
 
 
 def inputs(case: Case) -> list[InputSpec]:
@@ -191,6 +194,7 @@ GLA = OpDescriptor(
     name="gla",
     variants=VARIANTS,
     decode_variant=gated.RECURRENT,
+    options=OPTION_DOCS,
     doc=__doc__,
     inputs=inputs,
     tensors=gated.tensors,

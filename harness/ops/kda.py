@@ -43,6 +43,19 @@ VARIANTS = delta_rule.VARIANTS
 BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
                 "allow_neg_eigval", "safe_gate")
 OPTIONS = BOOL_OPTIONS + ("lower_bound",)
+OPTION_DOCS = {
+    "use_qk_l2norm_in_kernel": delta_rule.QK_NORM_DOC,
+    "use_gate_in_kernel": "g is the raw gate input ~ N(0,1), made a log decay inside the op with A_log [HV] and "
+                          "dt_bias [HV*K] (float32 inputs, their gradients compared)",
+    "lower_bound": "the in-kernel gate's floor: lower_bound * sigmoid(exp(A_log) (g + dt_bias)); only with "
+                   "use_gate_in_kernel",
+    "safe_gate": "fla's bounded-gate fast path (the same function, other numerics); with use_gate_in_kernel fla "
+                 "needs lower_bound in [-5, 0)",
+    "use_beta_sigmoid_in_kernel": delta_rule.BETA_SIGMOID_DOC,
+    "allow_neg_eigval": delta_rule.NEG_EIGVAL_DOC,
+    **delta_rule.CONV_OPTION_DOCS,
+}
+"""Each kda option and what it means in the op (the descriptor's ``options``)."""
 FLA_DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
 
 
@@ -144,6 +157,7 @@ KDA = OpDescriptor(
     name="kda",
     variants=VARIANTS,
     decode_variant=delta_rule.DECODE,
+    options=OPTION_DOCS,
     doc=__doc__,
     inputs=inputs,
     tensors=delta_rule.tensors,

@@ -49,6 +49,14 @@ from .base import LegBinding, OpDescriptor, TensorSpec, per_token
 
 OPTIONS = ("pool", "decode")
 """The serving options: any op's case takes them (:func:`split`)."""
+OPTION_DOCS = {
+    "pool": "the recurrent state lives in a pool of this many slots: h0 and ht are the pool before and after the "
+            "call; request i writes slot 2i+1 and reads it (even i) or slot 2i (odd i), and every third request is "
+            "new (no initial state)",
+    "decode": "each request's last n tokens are one-token decode steps through the op's decode variant, each from "
+              "the state the previous step returned; the tokens before them are its prefill",
+}
+"""What each serving option means, in every op (:func:`served` adds them to each descriptor's ``options``)."""
 
 
 @dataclass(frozen=True)
@@ -345,6 +353,6 @@ def served(op: OpDescriptor) -> OpDescriptor:
         op, inputs=inputs, tensors=tensors, differentiable=differentiable, reference=reference,
         validate=functools.partial(validate, op),
         fla=served_binding(op, op.fla), pallas=served_binding(op, op.pallas),
-        kernel_path=lambda case: op.kernel_path(inner(case)),
+        kernel_path=lambda case: op.kernel_path(inner(case)), options={**op.options, **OPTION_DOCS},
         per_sequence=lambda case: op.per_sequence(inner(case)),
         gradient_lookahead=lambda case: op.gradient_lookahead(inner(case)))

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from harness.core.results import ReportError, atomic_write_text, column_values
-
+from harness.judge.gate import side_columns
 from harness.report.reports import compiled_note
+
 if TYPE_CHECKING:
     from harness.judge.gate import GateResult
 
@@ -50,11 +51,12 @@ def _num(x) -> str:
     return f"{float(x):.4g}" if text and isinstance(x, (int, float)) else text
 
 
-def _metric_line(r: dict) -> str:
+def _metric_line(r: dict, names: dict[str, str]) -> str:
+    """One comparison's line; ``names``: the side columns' names for the legs compared (``side_columns``)."""
     if r["metric"] == "status" or r["metric"] == "coverage":
         return f"{r['metric']}: {r['verdict']}" + (f" ({_text(r['reason'])})" if _text(r["reason"]) else "")
-    line = (f"{r['metric']}: {r['verdict']}, eps_gpu {_num(r['eps_gpu'])}, eps_tpu {_num(r['eps_tpu'])}, "
-            f"ratio {_num(r['ratio'])}")
+    line = (f"{r['metric']}: {r['verdict']}, {names['eps_gpu']} {_num(r['eps_gpu'])}, "
+            f"{names['eps_tpu']} {_num(r['eps_tpu'])}, ratio {_num(r['ratio'])}")
     if r["verdict"] != "info":
         line += f", allowed {_num(r['allowed'])}"
     if _text(r["ratio_lower"]):
@@ -70,6 +72,7 @@ def junit_tree(result: GateResult, timestamp: datetime | None = None) -> ET.Elem
     """The gate's verdicts as a JUnit ``<testsuites>`` tree (see the module docstring)."""
     stamp = (timestamp or datetime.now(timezone.utc)).isoformat(timespec="seconds")
     suite_name = f"parity {result.candidate_leg} vs {result.baseline_leg}"
+    names = side_columns(result.baseline_leg, result.candidate_leg)
     root = ET.Element("testsuites", name=ROOT_NAME)
     suite = ET.SubElement(root, "testsuite", name=suite_name, timestamp=stamp)
     props = ET.SubElement(suite, "properties")
@@ -99,12 +102,12 @@ def junit_tree(result: GateResult, timestamp: datetime | None = None) -> ET.Elem
             kind = "parity" if any(r["verdict"] == "fail" for r in fails) else "inconclusive"
             failure = ET.SubElement(case, "failure", type=kind,
                                     message="; ".join(f"{r['metric']}: {_text(r['reason'])}" for r in fails))
-            failure.text = "\n".join([_metric_line(r) for r in fails] + ([f"repro: {repro}"] if repro else []))
+            failure.text = "\n".join([_metric_line(r, names) for r in fails] + ([f"repro: {repro}"] if repro else []))
         elif not compared:
             counts["skipped"] += 1
             ET.SubElement(case, "skipped",
                           message="; ".join(f"{r['verdict']}: {_text(r['reason'])}" for r in rows))
-        ET.SubElement(case, "system-out").text = "\n".join(_metric_line(r) for r in rows)
+        ET.SubElement(case, "system-out").text = "\n".join(_metric_line(r, names) for r in rows)
     for el in (root, suite):
         el.set("tests", str(counts["tests"]))
         el.set("failures", str(counts["failures"]))

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.core.results import PARTIAL_SUFFIX, ReportError, column_values, read_results, rows_to_frame, write_csv
+from harness.core.results import (PARTIAL_SUFFIX, ReportError, column_values, read_results, rows_to_frame,
+                                   tracebacks_path, tracebacks_text, write_csv)
 
 
 class OutDirError(ValueError):
@@ -92,6 +93,7 @@ class ResultFile:
     def __init__(self, path: Path, provenance: dict, *, force: bool = False, resume: bool = False):
         self.path = Path(path)
         self.partial = self.path.with_name(self.path.stem + PARTIAL_SUFFIX)
+        self.tracebacks = tracebacks_path(self.path)  # the error rows' full tracebacks, appended with their case
         self.provenance, self.force, self.resume = provenance, force, resume
         self.done: set[str] = set()
         self.cut: str | None = None  # a resumed file's case whose write was cut inside: dropped, run again
@@ -106,6 +108,8 @@ class ResultFile:
         except BaseException:
             self._release()
             raise
+        if not self.resume:  # a new result: the tracebacks of the one it replaces go with it
+            self.tracebacks.unlink(missing_ok=True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -178,6 +182,10 @@ class ResultFile:
                 raise OSError(exc.errno, f"{exc.strerror or exc}; the cases written before it are kept whole there: "
                                          "make room, then run the same command with --resume",
                               str(self.partial)) from None
+        kept = tracebacks_text(rows)
+        if kept:  # after the rows: a traceback never names a case the result file lacks
+            with open(self.tracebacks, "a", encoding="utf-8") as f:
+                f.write(kept)
 
     def finish(self) -> pd.DataFrame:
         """All rows (resumed ones included) as the result file, written atomically; the partial file goes."""
@@ -187,6 +195,16 @@ class ResultFile:
         write_csv(df, self.path)
         self.partial.unlink()
         return df
+
+
+def fold_tracebacks(scratch: Path, path: Path) -> None:
+    """The tracebacks of a scratch result file (the draws a gate asked for) appended to those of the result file
+    its rows were folded into; the scratch one goes."""
+    source = tracebacks_path(scratch)
+    if source.exists():
+        with open(tracebacks_path(path), "a", encoding="utf-8") as f:
+            f.write(source.read_text(encoding="utf-8"))
+        source.unlink()
 
 
 def _drop_a_cut_case(partial: Path) -> str | None:

@@ -25,6 +25,7 @@ import datetime as _dt
 import importlib.metadata
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -43,6 +44,7 @@ from harness.legs.registry import ENTRY_POINT_GROUP, legs, role_of
 from harness.core.provenance import git_commit
 from harness.core.policy import CONTRIBUTIONS, REFERENCE, bound_for
 from harness.run.reference_cache import ReferenceCache
+from harness.core.results import TRACEBACK
 from harness.core.status import FAILING, FORWARD_ONLY, NO_GRADIENT, Status
 
 FAILING_STATUSES = FAILING  # the name tests and plugins import
@@ -88,6 +90,30 @@ def _short_error(exc: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
     where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return (msg[:500] + ("..." if len(msg) > 500 else "")) + where
+
+
+PLATFORM_CHECK = re.compile(r"not (supported|available|implemented) (on|for) (the |this )?(cpu|host)\b|"
+                            r"(requires?|only (supported|runs?|available) on) (an? )?tpu", re.IGNORECASE)
+"""A library's own refusal of the CPU it found in an emulated run (tokamax's ``Not supported on cpu``, ``requires a
+TPU``)."""
+
+PLATFORM_NOTE = ("; this is the library's own device check, not the case: it asked jax which device it runs on and "
+                 "found this machine's, where the harness interprets its Pallas kernels (and compiles them for real "
+                 "TPUs apart). A binding reaches the kernel past the check, calling the implementation beneath it "
+                 "(e.g. an op object's own forward, or the kernel function the check guards), never the library's "
+                 "reference in its place: docs/legs.md#a-library-that-checks-its-device")
+
+
+def _platform_refusal(message: str, mode: str) -> str:
+    """``message``, with :data:`PLATFORM_NOTE` after it when it is a library's refusal of the CPU an emulated
+    (``mode``) run found; on a real device such a refusal is the library's word on that device, kept as it is."""
+    return message + PLATFORM_NOTE if mode == "emulated" and PLATFORM_CHECK.search(message) else message
+
+
+def _traceback(exc: BaseException) -> str:
+    """The exception's whole traceback, its causes and contexts included, as Python prints it: what an error
+    row's one-line reason leaves out (kept beside the rows, :data:`harness.core.results.TRACEBACK`)."""
+    return "".join(traceback.format_exception(exc))
 
 
 def _raised_through(exc: BaseException, fn) -> bool:
@@ -200,7 +226,8 @@ class Runner:
             op.validate(case)
             inputs = make_inputs(case, op.inputs(case))
         except Exception as exc:  # noqa: BLE001 - an invalid case is rows, never an abort
-            raise Refusal(op, Status.ERROR, f"invalid case: {_short_error(exc)}") from None
+            raise Refusal(op, Status.ERROR, f"invalid case: {_short_error(exc)}",
+                          **{TRACEBACK: _traceback(exc)}) from None
         try:
             reason = self.leg.supports(op, case)
         except Exception as exc:  # noqa: BLE001 - e.g. kernels that raise on a valid case while asked (TPU leg)
@@ -208,9 +235,11 @@ class Runner:
             # the TPU-side legs ask the kernels by tracing the binding's forward: say so when that is what raised
             what = ("forward failed while tracing for the refusal check"
                     if binding is not None and _raised_through(exc, binding.forward) else "supports failed")
-            raise Refusal(op, Status.ERROR, f"{what}: {_short_error(exc)}", input_sha256=inputs.sha256) from None
+            raise Refusal(op, Status.ERROR, f"{what}: {_short_error(exc)}", input_sha256=inputs.sha256,
+                          **{TRACEBACK: _traceback(exc)}) from None
         if reason:
-            raise Refusal(op, Status.UNSUPPORTED, reason, input_sha256=inputs.sha256)
+            raise Refusal(op, Status.UNSUPPORTED, _platform_refusal(reason, self.provenance["mode"]),
+                          input_sha256=inputs.sha256)
         try:
             self.no_gradient(op, case)
         except ValueError as exc:
@@ -270,7 +299,7 @@ class Runner:
         if refused is not None:
             raise Refusal(op, refused.status, refused.reason, **{**common, **refused.columns})
         common["wall_s"] = wall_s
-        if self.leg_cache is not None:
+        if self.leg_cache is not None and out.backward_error is None:  # a failed backward is run again, never served
             self.leg_cache.store(op, case, inputs, out, wall_s, self.provenance["git_commit"], facts=facts)
         return out, common
 
@@ -287,10 +316,12 @@ class Runner:
             out = self.leg.run(op, case, inputs)
         except NotImplementedError as exc:
             # the kernel's own validation: a valid case this leg does not implement
-            raise Refusal(op, Status.UNSUPPORTED, _short_error(exc), input_sha256=inputs.sha256) from None
+            raise Refusal(op, Status.UNSUPPORTED, _platform_refusal(_short_error(exc), self.provenance["mode"]),
+                          input_sha256=inputs.sha256) from None
         except Exception as exc:  # noqa: BLE001 - a failing case is rows, never an abort
-            raise Refusal(op, Status.ERROR, _short_error(exc), input_sha256=inputs.sha256,
-                          wall_s=time.perf_counter() - t0) from None
+            raise Refusal(op, Status.ERROR, _platform_refusal(_short_error(exc), self.provenance["mode"]),
+                          input_sha256=inputs.sha256,
+                          wall_s=time.perf_counter() - t0, **{TRACEBACK: _traceback(exc)}) from None
         return out, time.perf_counter() - t0
 
     def _keep_compiles_for(self, case: Case) -> None:
@@ -317,7 +348,7 @@ class Runner:
                 golden = self.cache.get(op, case, inputs)
             except Exception as exc:  # noqa: BLE001
                 raise Refusal(op, Status.ERROR, f"reference failed: {_short_error(exc)}",
-                              **{**common, "input_sha256": inputs.sha256}) from None
+                              **{**common, "input_sha256": inputs.sha256, TRACEBACK: _traceback(exc)}) from None
         except Refusal as r:
             return self._rows_for_all(r.op, case, r.status, r.reason, **r.columns)
         problem = common.pop(PREFLIGHT_PROBLEM, None)
@@ -326,6 +357,9 @@ class Runner:
         no_gradient = {} if out.forward_only else self.no_gradient(op, case)  # checked by prepare
         rows = [self._compare_row(op, case, spec, out.tensors.get(spec.name), golden, common, out.forward_only,
                                   no_gradient.get(spec.name)) for spec in op.tensors(case)]
+        if out.backward_error is not None:
+            rows = [_backward_error(row, out.backward_error) if spec.kind == "grad" else row
+                    for spec, row in zip(op.tensors(case), rows)]
         return rows if problem is None else [_preflight_error(row, problem) for row in rows]
 
     def _compare_row(self, op, case, spec, y, golden, common, forward_only=False, no_gradient=None) -> dict:
@@ -361,6 +395,15 @@ class Runner:
 
 PREFLIGHT_PROBLEM = "_preflight_problem"
 """The key :meth:`Runner.execute` hands a failed preflight's reason under when the run itself gave numbers."""
+
+
+def _backward_error(row: dict, exc: BaseException) -> dict:
+    """A gradient row of a case whose backward raised after its forward ran: an ``error`` with the exception (the
+    forward's rows are compared as usual)."""
+    if row["status"] in (Status.NOT_PROVIDED,) and row["reason"].startswith(NO_GRADIENT):
+        return row  # declared absent by design: nothing was asked of the backward for it
+    return {**row, "status": Status.ERROR, "reason": f"the backward failed after the forward ran: "
+                                                     f"{_short_error(exc)}", TRACEBACK: _traceback(exc)}
 
 
 def _preflight_error(row: dict, problem: str) -> dict:
