@@ -419,22 +419,31 @@ def available_legs() -> dict[str, str | None]:
     return {spec.name: spec.missing() for spec in BUILTIN}
 
 
-def _baseline_rows(path: Path, base: str, cases) -> pd.DataFrame:
-    """The baseline leg's rows of the selected cases, from a result file made on another machine (exit 2 when
-    the file is not the baseline's or lacks a selected case)."""
+def _baseline_rows(paths: list[Path], base: str, cases) -> pd.DataFrame:
+    """The baseline leg's rows of the selected cases and of their further draws, pooled from result files made on
+    another machine (exit 2 when a file is not the baseline's or the files lack a selected case). A (case draw,
+    tensor) in several files is taken from the first."""
     from harness.core.results import read_results
+    from harness.judge.gate import undrawn_id
 
-    rows = read_results(path)
-    legs = sorted(rows["leg"].dropna().unique())
-    if legs != [base]:
-        raise UsageError(f"--baseline-rows {path} holds rows of {', '.join(legs) or 'no leg'}, not of the {base} leg")
+    frames = []
+    for path in paths:
+        rows = read_results(path)
+        legs = sorted(rows["leg"].dropna().unique())
+        if legs != [base]:
+            raise UsageError(f"--baseline-rows {path} holds rows of {', '.join(legs) or 'no leg'}, not of the {base} "
+                             f"leg")
+        frames.append(rows)
+    rows = pd.concat(frames, ignore_index=True).drop_duplicates(["case_id", "tensor"])
     wanted = [c.id for c in cases]
     missing = [i for i in wanted if i not in set(rows["case_id"])]
     if missing:
-        raise UsageError(f"--baseline-rows {path} lacks {len(missing)} of the {len(wanted)} selected cases (first: "
+        named = " ".join(map(str, paths))
+        raise UsageError(f"--baseline-rows {named} lacks {len(missing)} of the {len(wanted)} selected cases (first: "
                          f"{missing[0]}); make them where fla runs: parity run --backend {base} with the same "
                          "selection")
-    return rows[rows["case_id"].isin(wanted)].reset_index(drop=True)
+    drawn = rows["case_id"].map(undrawn_id).isin({undrawn_id(i) for i in wanted})  # the cases and their draws
+    return rows[drawn].reset_index(drop=True)
 
 
 def _candidates(args) -> list[str]:
@@ -450,6 +459,8 @@ def cmd_all(args) -> int:
     """legs -> causality -> gate -> draws -> report: every leg this machine can run, each leg's causality check,
     then the gate of this project's candidate and of each ``--candidate`` against the baseline, with the draws
     that decide their inconclusive comparisons, and the peer table of the candidates."""
+    from harness.judge.gate import undrawn_id
+
     gate = _gate_settings(args)
     extra = _candidates(args)
     settings = _run_settings(args)
@@ -458,12 +469,18 @@ def cmd_all(args) -> int:
         cases = run.cases
         out = _out_dir(settings.out)
         _step_summary()
+        if args.baseline_python and not args.baseline_rows:
+            raise UsageError("--baseline-python makes the baseline's missing draws for --baseline-rows: give the "
+                             "baseline's rows too")
         if args.baseline_rows:  # made where fla runs: the baseline is not run here
-            run.take(base, args.baseline_rows, _baseline_rows(args.baseline_rows, base, cases))
-            print(f"{base}: {run.frames[base]['case_id'].nunique()} cases' rows from {args.baseline_rows}")
+            rows = _baseline_rows(args.baseline_rows, base, cases)
+            run.take(base, args.baseline_rows[0], rows, python=args.baseline_python)
+            count, draws = rows["case_id"].map(undrawn_id).nunique(), rows["case_id"].nunique()
+            print(f"{base}: {count} cases' rows from {', '.join(map(str, args.baseline_rows))}"
+                  + (f" ({draws} draws)" if draws != count else ""))
         status = _legs_stage(run, [*available_legs().items(), *((n, leg_spec(n).missing()) for n in extra)],
                              causality=not args.no_causality)
-        redraw = not args.baseline_rows  # more draws need the baseline run here too
+        redraw = True  # a leg whose rows were taken makes its draws where it runs (run.draws_elsewhere)
         if base in run.frames and ours in run.frames:
             status = _worse(status, _report_gate(run.gate(base, ours, gate, redraw, gate.options()), out, gate))
         else:
@@ -475,6 +492,8 @@ def cmd_all(args) -> int:
             status = _worse(status, _report_gate(run.gate(base, name, gate, redraw), _out_dir(out / name)))  # no JUnit
         if gated:
             _peer_tables(run, base, [ours, *gated], gate, out)
+        for line in run.undrawn_lines():
+            print(line)
     return _lost(run, status)
 
 

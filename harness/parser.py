@@ -214,10 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-causality", action="store_true",
                    help="skip the causality and isolation check (one case per op and variant) of every leg, "
                         "the candidates' included")
-    p.add_argument("--baseline-rows", type=Path, metavar="GPU.csv",
+    p.add_argument("--baseline-rows", type=Path, action="append", default=[], metavar="GPU.csv",
                    help="the baseline leg's rows, made where fla runs (parity run --backend gpu, same selection): "
-                        "not run here (a TPU-side stack has no torch); inconclusive comparisons then stay so "
-                        "(exit 3) rather than drawing more")
+                        "not run here (a TPU-side stack has no torch); repeatable: the files' rows are pooled (the "
+                        "first run's and the draws made later). The draws that decide an inconclusive comparison "
+                        "and that these rows lack are made by --baseline-python, or printed as that stack's command "
+                        "(and the comparison stays inconclusive, exit 3)")
+    p.add_argument("--baseline-python", metavar="PYTHON",
+                   help="with --baseline-rows: the Python of the stack where the baseline runs (this project "
+                        "installed there, e.g. .venv/bin/python); the draws an inconclusive comparison needs and the "
+                        "baseline rows lack are made there, kept in OUT/<leg>.draws.csv and pooled")
     p.add_argument("--candidate", action="append", default=[], metavar="LEG",
                    help="also run this candidate (a registered implementation, e.g. tpu-inference, or --impl) and "
                         "gate it against the gpu leg in OUT/LEG/; OUT/peers.md then compares the candidates "

@@ -58,3 +58,18 @@ def inject(monkeypatch):
     yield swap
     monkeypatch.undo()
     jax.clear_caches()
+
+
+@pytest.fixture
+def faulty(tmp_path, monkeypatch):
+    """Registers nothing yet: returns the --impl arguments of the faulty binding, its module on the path of this
+    process and of the workers it spawns."""
+    from faults import FAULTY
+    from harness.legs import registry
+
+    (tmp_path / "faulty_impl.py").write_text(FAULTY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(registry, "_LEGS", {spec.name: spec for spec in registry.BUILTIN})
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    return ["--backend", "faulty", "--impl", "faulty=faulty_impl:IMPLEMENTATION"]

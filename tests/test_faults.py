@@ -15,25 +15,10 @@ import time
 import pandas as pd
 import pytest
 
-from faults import FAULTY
 from harness.cli import EXIT_INTERRUPTED, EXIT_LOST, EXIT_USAGE, main
 
 CASES = ["simple_gla.chunk/B1-T64-H1-K64-V64/bf16/g=logsigmoid/16/C64",  # the one the binding breaks on
          "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64"]
-
-
-@pytest.fixture
-def faulty(tmp_path, monkeypatch):
-    """Registers nothing yet: returns the --impl arguments of the faulty binding, its module on the path of this
-    process and of the workers it spawns."""
-    from harness.legs import registry
-
-    (tmp_path / "faulty_impl.py").write_text(FAULTY)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setattr(registry, "_LEGS", {spec.name: spec for spec in registry.BUILTIN})
-    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
-    return ["--backend", "faulty", "--impl", "faulty=faulty_impl:IMPLEMENTATION"]
 
 
 def _run(tmp_path, monkeypatch, faulty, fault: str, *extra) -> tuple[int, pd.DataFrame]:

@@ -66,6 +66,8 @@ class Run:
         self.workers = Workers(settings.jobs, settings.case_timeout)
         self.frames: dict[str, pd.DataFrame] = {}  # each leg's rows so far, every draw
         self.paths: dict[str, Path] = {}  # each leg's result file
+        self.taken: dict[str, str | None] = {}  # legs whose rows were made elsewhere: the Python that runs each
+        self.undrawn: dict[str, dict[str, Case]] = {}  # per taken leg, the draws a gate needed that it lacks
         self._cases: list[Case] | None = None
 
     def __enter__(self) -> "Run":
@@ -148,9 +150,54 @@ class Run:
             self.say(text.rstrip())
         self.say(f"  the error rows' full tracebacks, under each case's repro: {path}")
 
-    def take(self, name: str, path: Path, rows: pd.DataFrame) -> None:
-        """Leg ``name``'s rows made elsewhere (``--baseline-rows``): judged, never run here."""
+    def take(self, name: str, path: Path, rows: pd.DataFrame, python: str | None = None) -> None:
+        """Leg ``name``'s rows made elsewhere (``--baseline-rows``): judged, never run in this process. The draws a
+        gate needs that they lack are made by ``python``, that stack's interpreter (:meth:`draw_elsewhere`), or,
+        without one, said as the command to run there (:meth:`undrawn_lines`)."""
         self.frames[name], self.paths[name] = rows, path
+        self.taken[name] = python
+
+    def draw_elsewhere(self, name: str, cases: list[Case]) -> pd.DataFrame:
+        """Leg ``name``'s rows of ``cases`` (draws a gate needs), made by its stack's Python (:meth:`take`) with
+        this project's ``parity run`` there, kept in ``OUT/<leg>.draws.csv`` (pooled with earlier draws) and
+        returned. A run that fails there is a ValueError with its last lines."""
+        import subprocess
+        import sys
+        import tempfile
+
+        from harness.core.results import read_results
+
+        with tempfile.TemporaryDirectory(dir=self.settings.out, prefix=f".{name}-draws-") as scratch:
+            command = [self.taken[name], "-m", "harness.cli", "run", "--backend", name, "--out", scratch,
+                       "--no-progress", "--jobs", str(self.settings.jobs), *[a for c in cases for a in ("--case", c.id)]]
+            self.say(f"{name}: {len(cases)} draws made by {self.taken[name]} (the {name} leg's stack)")
+            done = subprocess.run(command, capture_output=True, text=True)
+            made = sorted(Path(scratch).glob("*.csv"))
+            if done.returncode not in (0, 1) or len(made) != 1:  # 1: rows made, some failing: judged as any
+                tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+                raise ValueError(f"the {name} leg's draws did not run with {self.taken[name]} (exit "
+                                 f"{done.returncode}): {tail}")
+            rows = read_results(made[0])
+        kept = self.settings.out / f"{name}.draws.csv"
+        pooled = pd.concat([read_results(kept), rows], ignore_index=True) if kept.exists() else rows
+        write_csv(pooled, kept)
+        self.say(f"{name}: {len(rows)} rows of the new draws kept in {kept} (give it as a further --baseline-rows "
+                 f"to pool them in a later run)")
+        return rows
+
+    def undrawn_lines(self) -> list[str]:
+        """For each leg whose rows were taken and lack draws a gate needed: the command that makes them on that
+        leg's stack (the ids in ``OUT/<leg>.undrawn.txt``) and how to pool them."""
+        lines = []
+        for name, cases in self.undrawn.items():
+            listed = self.settings.out / f"{name}.undrawn.txt"
+            atomic_write_text(listed, "".join(f"{case_id}\n" for case_id in cases))
+            lines += [f"gate: {len(cases)} draws would decide comparisons that stay inconclusive, and the {name} "
+                      f"rows given lack them. On the {name} leg's stack:",
+                      f"  parity run --backend {name} $(sed 's/^/--case /' {listed}) --out DIR",
+                      f"then this command again with one more --baseline-rows DIR/<its {name} file> (the rows are "
+                      f"pooled), or with --baseline-python <that stack's python> to have them made there"]
+        return lines
 
     def causality(self, name: str, cases: list[Case] | None = None) -> pd.DataFrame:
         """The causality and isolation check of leg ``name`` (one short case per op and variant of ``cases``)
@@ -210,7 +257,17 @@ class _FoldedDraws:
 
     def draw(self, cases: list[Case]) -> bool:
         run = self.run
+        for name in self.legs:  # first the legs whose rows were made elsewhere: without their draws, none is run
+            missing = [c for c in cases if c.id not in set(run.frames[name]["case_id"])]
+            if name not in run.taken or not missing:
+                continue
+            if run.taken[name] is None:
+                run.undrawn.setdefault(name, {}).update({c.id: c for c in missing})
+                return False
+            run.frames[name] = pd.concat([run.frames[name], run.draw_elsewhere(name, missing)], ignore_index=True)
         for name in self.legs:
+            if name in run.taken:
+                continue
             have = set(run.frames[name]["case_id"])
             missing = [c for c in cases if c.id not in have]
             if not missing:
