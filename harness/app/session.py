@@ -162,7 +162,6 @@ class Run:
         this project's ``parity run`` there, kept in ``OUT/<leg>.draws.csv`` (pooled with earlier draws) and
         returned. A run that fails there is a ValueError with its last lines."""
         import subprocess
-        import sys
         import tempfile
 
         from harness.core.results import read_results
