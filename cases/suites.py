@@ -559,6 +559,49 @@ def _kda_decode_regressions() -> list[Case]:
                  options=(("use_qk_l2norm_in_kernel", True),), **base)]
 
 
+def _gated_decode_smoke() -> list[Case]:
+    """simple_gla's and gla's decode (fla's fused_recurrent_simple_gla / fused_recurrent_gla, forward and backward;
+    kernels_tpu.gated_recurrent on the TPU), small: a decode batch packed with a prefill, both gates at once, and
+    gla's constant per-channel gate g_gamma[H,K]."""
+    base = dict(variant=DECODE, B=1, H=1, K=64, V=64, chunk_size=64, h0=True, dht=True)
+    packed = dict(T=sum(DECODE_LENS), lens=DECODE_LENS)
+    return [
+        Case("simple_gla", dtype="bfloat16", gate=G, **packed, **base),
+        # both gates at once: only fla's fused_recurrent_simple_gla takes them
+        Case("simple_gla", dtype="float32", gate=G, gamma=Gate("g_gamma", "halfnormal", normalizer=10), T=32,
+             **base),
+        Case("gla", dtype="bfloat16", gate=G, **packed, **base),
+        Case("gla", dtype="float16", gate=Gate("g_gamma", "halfnormal", normalizer=10, gamma_shape="H,K"), T=32,
+             **base),
+    ]
+
+
+def _gated_decode_regressions() -> list[Case]:
+    """simple_gla's and gla's decode: every gate form (g; g_gamma [], [H], [H,K]; both at once) with empty
+    sequences in a state pool (fla's ``cu_seqlens = [0, 0, 16]``, request 1 carrying the state it reads from
+    another slot), fla's strong decay with its lower bound, fp16 and fp32."""
+    empty = dict(variant=DECODE, B=1, T=sum(EMPTY_LENS), K=128, V=128, chunk_size=64, lens=EMPTY_LENS, h0=True,
+                 dht=True, H=2, options=(("pool", 7),))
+    const = Gate("g_gamma", "const", value=-0.5, gamma_shape="")
+    per_channel = Gate("g_gamma", "halfnormal", normalizer=10, gamma_shape="H,K")
+    strong = gate_strength(0.1, -5.0)
+    dense = dict(variant=DECODE, B=1, T=64, H=1, K=128, V=128, chunk_size=64, h0=True, dht=True)
+    return [
+        Case("simple_gla", dtype="bfloat16", gate=G, **empty),
+        Case("simple_gla", dtype="float16", gate=const, **empty),
+        Case("simple_gla", dtype="float32", gate=alibi(8, 0), **empty),
+        Case("simple_gla", dtype="bfloat16", gate=G, gamma=alibi(8, 0), **empty),
+        Case("gla", dtype="float32", gate=G, **empty),
+        Case("gla", dtype="bfloat16", gate=const, **empty),
+        Case("gla", dtype="float16", gate=alibi(8, 0), **empty),
+        Case("gla", dtype="bfloat16", gate=per_channel, **empty),
+        Case("gla", dtype="float32", gate=G, gamma=per_channel, **empty),
+        # fla's strong decay (logsigmoid / 0.1, lower bound -5): a state is little more than its last outer product
+        *(Case(op, dtype=dtype, gate=strong, **dense) for op in ("simple_gla", "gla")
+          for dtype in ("bfloat16", "float16", "float32")),
+    ]
+
+
 GDN2_GATE = (("use_gate_in_kernel", True), ("lower_bound", -5.0))
 """gdn2's gate computed in the op (kda's, fla's bounded form at its safe-gate floor), with A_log and dt_bias."""
 
@@ -648,10 +691,11 @@ def production_cases() -> list[Case]:
 # suite name -> the per-op case lists it is made of (adding an op adds its lists here)
 SUITES = {
     "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke, _gdn_serving_smoke,
-              _gdn2_smoke),
+              _gdn2_smoke, _gated_decode_smoke),
     "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _kda_decode_regressions,
                     _gdn_regressions, packing_edge_cases, state_layout_cases, gate_masking_cases,
-                    empty_sequence_cases, serving_cases, empty_state_cases, _gdn2_regressions),
+                    empty_sequence_cases, serving_cases, empty_state_cases, _gdn2_regressions,
+                    _gated_decode_regressions),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),
     "production": (production_cases,),

@@ -23,8 +23,11 @@ Legs:
   pallas_call g_gamma kernels, or the ``"chunk"`` kernels) is recorded per row.
   A scalar g_gamma is broadcast to [H], an [H,K] one to a per-channel ``g``
   [B,T,H,K] (both exact; autodiff sums the kernels' gradient back to
-  g_gamma's shape), which the chunk kernels take. The kernels refuse both
-  gates at once themselves; they have no fused_recurrent kernel.
+  g_gamma's shape), which the chunk kernels take. The chunk kernels refuse
+  both gates at once themselves. ``fused_recurrent``:
+  ``kernels_tpu.gated_recurrent.fused_recurrent_gla``, the decode kernel,
+  forward and backward, every gate form as given (g, g_gamma [], [H], [H,K],
+  both at once), h0/ht, packed sequences.
 
 Case options: ``tpu_path`` in ``auto | fused | chunk`` (default ``auto``), the
 TPU kernels' ``path`` keyword (e.g. ``chunk`` runs a g_gamma case through the
@@ -138,6 +141,13 @@ def _tpu_gates(case: Case, a: dict) -> tuple:
 def pallas_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu.gla import chunk_gla
 
+    if case.variant == gated.RECURRENT:
+        from kernels_tpu.gated_recurrent import fused_recurrent_gla
+
+        o, ht = call_tpu_kernel(fused_recurrent_gla, case, a["q"], a["k"], a["v"], g=a.get("g"),
+                                g_gamma=a.get("g_gamma"), scale=case.resolved_scale, initial_state=a.get("h0"),
+                                output_final_state=case.final_state, interpret=ctx.interpret)
+        return {"o": o, "ht": ht}
     g, g_gamma = _tpu_gates(case, a)
     o, ht = call_tpu_kernel(chunk_gla, case, a["q"], a["k"], a["v"], g=g, g_gamma=g_gamma,
                             scale=case.resolved_scale, initial_state=a.get("h0"), output_final_state=case.final_state,
@@ -147,9 +157,9 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
 
 
 def pallas_supports(case: Case) -> str | None:
-    if case.variant == gated.RECURRENT:
-        return ("kernels_tpu.gla has no fused_recurrent kernel (its chunk and fused kernels compute the same "
-                "function: run gla.chunk)")
+    if case.variant == gated.RECURRENT and tpu_path(case) != "auto":
+        return (f"tpu_path={tpu_path(case)} picks among the chunk variant's kernels; fused_recurrent has one kernel "
+                f"(kernels_tpu.gated_recurrent)")
     return None
 
 
@@ -178,6 +188,9 @@ def kernel_path(case: Case) -> str:
 
 
 def pallas_describe(case: Case) -> dict:
+    if case.variant == gated.RECURRENT:
+        return {"entry": "kernels_tpu.gated_recurrent.fused_recurrent_gla", "path": gated.RECURRENT,
+                "gate_mapping": "g plus g_gamma as given, summed in float32 before the kernel"}
     try:
         path = _dispatch(case)
     except (ValueError, NotImplementedError) as e:
@@ -208,5 +221,5 @@ GLA = OpDescriptor(
     notes={"g_gamma on GPU": "fla's gla has no g_gamma: broadcast to a per-channel g, dg_gamma not provided",
            "tpu dispatch": "auto: g_gamma [] or [H] -> fused single-pallas_call kernels, g (or g_gamma [H,K] "
                            "broadcast to g) -> chunk kernels",
-           "both gates": "no fla form; the TPU kernels take one"},
+           "both gates": "no fla form; the TPU fused_recurrent kernel takes them, the chunk kernels one"},
 )

@@ -13,8 +13,9 @@ Legs:
   ``not_provided``). Both gates at once run on ``fused_recurrent_simple_gla`` only: fla's chunk entry points take
   one (see :func:`fla_supports`).
 - TPU: ``kernels_tpu.simple_gla`` chunk and fused_chunk, a scalar ``g_gamma`` broadcast to [H] (exact, its gradient
-  the sum of the kernels' per-head one). The kernels refuse both gates at once themselves; they have no
-  fused_recurrent kernel.
+  the sum of the kernels' per-head one); the chunk kernels refuse both gates at once themselves.
+  ``fused_recurrent``: ``kernels_tpu.gated_recurrent.fused_recurrent_simple_gla``, the decode kernel, forward and
+  backward, every gate form (g, g_gamma [] or [H], both at once), h0/ht, packed sequences.
 """
 
 from __future__ import annotations
@@ -97,6 +98,13 @@ def fla_describe(case: Case) -> dict:
 def pallas_forward(case: Case, a: dict, ctx) -> dict:
     from kernels_tpu import simple_gla as kernels
 
+    if case.variant == gated.RECURRENT:
+        from kernels_tpu.gated_recurrent import fused_recurrent_simple_gla
+
+        o, ht = call_tpu_kernel(fused_recurrent_simple_gla, case, a["q"], a["k"], a["v"], g=a.get("g"),
+                                g_gamma=a.get("g_gamma"), scale=case.resolved_scale, initial_state=a.get("h0"),
+                                output_final_state=case.final_state, interpret=ctx.interpret)
+        return {"o": o, "ht": ht}
     fn = kernels.chunk_simple_gla if case.variant == "chunk" else kernels.fused_chunk_simple_gla
     o, ht = call_tpu_kernel(fn, case, a["q"], a["k"], a["v"], g=a.get("g"),
                             g_gamma=gated.per_head_gamma(a.get("g_gamma"), case.H), scale=case.resolved_scale,
@@ -106,13 +114,13 @@ def pallas_forward(case: Case, a: dict, ctx) -> dict:
 
 
 def pallas_supports(case: Case) -> str | None:
-    if case.variant == gated.RECURRENT:
-        return ("kernels_tpu.simple_gla has no fused_recurrent kernel (its chunk and fused_chunk kernels compute "
-                "the same function: run simple_gla.chunk)")
     return None
 
 
 def pallas_describe(case: Case) -> dict:
+    if case.variant == gated.RECURRENT:
+        return {"entry": "kernels_tpu.gated_recurrent.fused_recurrent_simple_gla",
+                "gate_mapping": "g (broadcast over K) plus g_gamma as given, summed in float32 before the kernel"}
     out = {"entry": f"kernels_tpu.simple_gla.{case.variant}_simple_gla"}
     if gated.gamma_shape(case) == "":
         out["gate_mapping"] = "g_gamma [] broadcast to [H] (exact); dg_gamma the sum of the kernels' per-head one"
@@ -133,6 +141,6 @@ SIMPLE_GLA = OpDescriptor(
     fla=LegBinding(fla_forward, fla_supports, describe=fla_describe),
     pallas=LegBinding(pallas_forward, pallas_supports, describe=pallas_describe),
     notes={"g_gamma[]": "broadcast to [H] for fla and the TPU kernels (exact)",
-           "both gates": "fla's fused_recurrent_simple_gla takes them; its chunk entry points and the TPU kernels "
-                         "take one"},
+           "both gates": "fla's fused_recurrent_simple_gla and the TPU fused_recurrent kernel take them; the chunk "
+                         "entry points (fla's and the TPU's) take one"},
 )
