@@ -133,6 +133,8 @@ def _tpu_gates(case: Case, a: dict) -> tuple:
     """(g, g_gamma) as the TPU kernels take them: a g_gamma [] broadcast to [H], an [H,K] one to a per-channel g
     [B,T,H,K] (exact); both gates passed as they are (the kernels refuse them)."""
     g, g_gamma = a.get("g"), a.get("g_gamma")
+    if g is not None and g_gamma is not None:
+        return g, g_gamma  # as given, for the kernels to refuse (an [H,K] g_gamma has no [H] form to map to)
     if g is None and gated.gamma_shape(case) == "H,K":
         return gated.per_channel_gamma(g_gamma, a["q"]), None
     return g, gated.per_head_gamma(g_gamma, case.H)
