@@ -138,15 +138,15 @@ def test_the_fused_recurrent_reference_is_the_chunk_one(text):
     (SCALAR, None, None),
     (PER_HEAD_K, None, None),
     (PER_HEAD_K.replace("/C32/h0", "/C32/h0,tpu_path=fused"), None, "needs a per-head g_gamma [H]"),
-    (BOTH, None, "has no fused_recurrent kernel"),
+    (BOTH, None, None),  # the decode kernel (kernels_tpu.gated_recurrent) takes both gates
     (BOTH.replace("fused_recurrent", "chunk"), "returns a wrong result", "not both at once"),
     (BOTH.replace("fused_recurrent", "fused_chunk").replace("C16", "C64"), "'Only one of `g` or `g_gamma` should",
      "not both at once"),
     (GLA_BOTH, "has no fla form", "not both at once"),
-    (GLA_BOTH.replace("chunk", "fused_recurrent"), "has no fla form", "has no fused_recurrent kernel"),
-    (GLA_RECURRENT, None, "has no fused_recurrent kernel"),
-    ("simple_gla.fused_recurrent/B1-T64-H2-K8-V8/bf16/g=logsigmoid/16/C64/h0,dht,state_v_first", None,
-     "has no fused_recurrent kernel"),
+    (GLA_BOTH.replace("chunk", "fused_recurrent"), "has no fla form", None),
+    (GLA_RECURRENT, None, None),
+    (GLA_RECURRENT.replace("/h0", "/h0,tpu_path=chunk"), None, "fused_recurrent has one kernel"),
+    ("simple_gla.fused_recurrent/B1-T64-H2-K8-V8/bf16/g=logsigmoid/16/C64/h0,dht,state_v_first", None, None),
 ])
 def test_each_leg_runs_a_form_or_says_why_not(text, fla, pallas):
     """None: the leg runs the case; else a fragment of the unsupported row's reason (the fla binding's, or the TPU
