@@ -600,16 +600,20 @@ def _gated_decode_regressions() -> list[Case]:
         Case("gla", dtype="bfloat16", gate=G, gamma=const, **empty),
         Case("gla", dtype="float16", gate=G, gamma=alibi(8, 0), **empty),
         # fla's strong decay (logsigmoid / 0.1, lower bound -5): a state is little more than its last outer product;
-        # in fp16 and fp32 a constant gate beside it (both at once: the log decays add)
-        *(Case(op, dtype=dtype, gate=strong, gamma=gamma, **dense) for op in ("simple_gla", "gla")
+        # simple_gla's in fp16 and fp32 with a constant gate beside it (both at once: the log decays add; fla's
+        # fused_recurrent_simple_gla takes both, fla's gla does not, so gla's stay compared against fla with g alone)
+        *(Case("simple_gla", dtype=dtype, gate=strong, gamma=gamma, **dense)
           for dtype, gamma in (("bfloat16", None), ("float16", const), ("float32", alibi(8, 0)))),
-        Case("gla", dtype="float32", gate=strong, gamma=per_channel, **dense),
+        *(Case("gla", dtype=dtype, gate=strong, **dense) for dtype in ("bfloat16", "float16", "float32")),
+        # gla's both gates at once, unpacked, from h0 (no fla form: judged against the float64 reference's bounds)
+        *(Case("gla", dtype="float32", gate=G, gamma=gamma, **{**dense, "T": 32})
+          for gamma in (const, alibi(8, 0), per_channel)),
         # each constant gate alone, unpacked, from h0
         *(Case(op, dtype="bfloat16", gate=gamma, **{**dense, "T": 32}) for op in ("simple_gla", "gla")
           for gamma in (const, alibi(8, 0))),
         # the packing edges (one token, C - 1, C, C + 1 at C = 64) per gate kind: the decode steps take no chunks,
         # but the kernel walks 8-token steps, and every sequence's last step is filled with identity tokens
-        *(Case(op, DECODE, B=1, T=sum(EDGE_LENS), H=1, K=64, V=64, dtype=dtype, gate=gate, chunk_size=64, h0=True,
+        *(Case(op, DECODE, B=1, T=sum(EDGE_LENS), H=1, K=128, V=128, dtype=dtype, gate=gate, chunk_size=64, h0=True,
                dht=True, lens=EDGE_LENS)
           for op, dtype, gate in (("simple_gla", "float32", G), ("simple_gla", "bfloat16", alibi(8, 0)),
                                   ("gla", "bfloat16", G), ("gla", "float16", per_channel))),
