@@ -123,3 +123,37 @@ def test_one_token_rounds_the_state_once():
     products = k[0, 0, 0][:, None] * v[0, 0, 0][None, :]
     separate = (decay[:, None] * h0[0, 0]) + products  # three float32 roundings, as a plain multiply and add
     assert (separate != once).any()  # the check can tell one rounding from several
+
+
+def fla_arithmetic(q, k, v, g, h0, scale):
+    """float32 numpy, token by token, rounding where fla's compiled ``fused_recurrent_gla`` rounds: ``h *= exp(g)``,
+    the write ``h += k v^T`` as one fused multiply-add (exact product and sum in float64, rounded once), o the sum
+    of rounded products."""
+    f32 = np.float32
+    h = h0[0].astype(f32).copy()  # [H, K, V]
+    o = np.zeros(v.shape, f32)
+    for t in range(q.shape[1]):
+        for i in range(q.shape[2]):
+            kt, qt = k[0, t, i].astype(f32), (q[0, t, i].astype(f32) * f32(scale)).astype(f32)
+            h[i] = h[i] * np.exp(g[0, t, i])[:, None]
+            h[i] = (kt[:, None].astype(np.float64) * v[0, t, i].astype(np.float64)[None, :] + h[i]).astype(f32)
+            o[0, t, i] = np.sum(h[i] * qt[:, None], axis=0, dtype=f32)
+    return o, h[None]
+
+
+@pytest.mark.parametrize("T", [64, 1])
+def test_no_more_rounding_than_fla_arithmetic(T):
+    """fp32, against the float64 reference: the kernel's ht error is at most that of fla's arithmetic on the same
+    inputs (T = 1: a state one update from h0, where fla rounds each element twice and the kernel once)."""
+    rng = np.random.default_rng(7)
+    n = lambda *s: rng.standard_normal(s).astype(np.float32)
+    q, k, v, h0 = n(1, T, H, K), n(1, T, H, K), n(1, T, H, V), n(1, H, K, V)
+    g = (-np.logaddexp(0.0, -n(1, T, H, K)) / 16).astype(np.float32)
+    o, ht = leg_jit(lambda *a: fused_recurrent_gla(*a[:3], g=a[3], initial_state=a[4], output_final_state=True,
+                                                   interpret=True))(q, k, v, g, h0)
+    o_r, ht_r = ref_gla.chunk_gla(q, k, v, g=g, initial_state=h0, output_final_state=True, chunk_size=16)
+    o_f, ht_f = fla_arithmetic(q, k, v, g, h0, K ** -0.5)
+    errs, fla_errs = (rel_l2(ht, ht_r), rel_l2(o, o_r)), (rel_l2(ht_f, ht_r), rel_l2(o_f, o_r))
+    print(f"\nT={T} kernel ht, o {errs}; fla's arithmetic {fla_errs}")
+    assert errs[0] <= fla_errs[0]
+    assert errs[1] <= fla_errs[1]  # o: one sum over K in each, of exact products in the kernel
