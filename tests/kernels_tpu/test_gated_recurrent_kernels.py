@@ -105,7 +105,7 @@ def round_f32(e: Fraction) -> np.float32:
 
 def test_one_token_rounds_the_state_once():
     """h0 plus one token: ``exp(g) h0 + k v^T`` correctly rounded to float32 (exact value by fractions), with
-    ``exp(g)`` the float32 the kernel takes; a multiply then an add (two roundings) misses it on many elements."""
+    ``exp(g)`` the float32 the kernel takes; plain multiplies and an add (three roundings) miss it on some elements."""
     rng = np.random.default_rng(3)
     Kd, Vd = 16, 16
     q, k = (rng.standard_normal((1, 1, 1, Kd)).astype(np.float32) for _ in range(2))
