@@ -251,8 +251,31 @@ def cmd_gate(args) -> int:
     baseline = result_in(args.gpu_csv, gate.baseline_leg)
     candidate = result_in(args.tpu_csv, gate.candidate_leg)
     _reask_refusals(((baseline, gate.baseline_leg), (candidate, gate.candidate_leg)))
-    result = gate_files(baseline, candidate, gate.policy, allow_partial=args.allow_partial, **gate.options())
+    result = gate_files(baseline, candidate, gate.policy, allow_partial=args.allow_partial, select=_gated(args),
+                        **gate.options())
     return _report_gate(result, out, gate)
+
+
+def _gated(args):
+    """``parity gate``'s selection (``--suite``, ``--case``, ``--cases-file``, ``--op``) as a filter of a file's rows
+    (the selected cases and their draws), or None: every row is judged."""
+    from harness.judge.gate import undrawn_id
+
+    ops = {o.strip() for text in args.op for o in text.split(",") if o.strip()}
+    if not (args.suite or args.case or args.cases_file or ops):
+        return None
+    chosen = args.suite or args.case or args.cases_file
+    ids = ({c.id for c in Selection(suite=args.suite or "", case_ids=tuple(args.case),
+                                    cases_files=tuple(args.cases_file)).cases()} if chosen else None)
+
+    def select(rows: pd.DataFrame) -> pd.DataFrame:
+        keep = pd.Series(True, index=rows.index)
+        if ids is not None:
+            keep &= rows["case_id"].map(undrawn_id).isin(ids)
+        if ops:
+            keep &= rows["op"].isin(ops)
+        return rows[keep].reset_index(drop=True)
+    return select
 
 
 def _reask_refusals(files) -> None:

@@ -403,9 +403,11 @@ def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_mi
     return GateResult(parity[PARITY_COLUMNS], policy, gpu, tpu, baseline_leg, candidate_leg)
 
 
-def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool = False, **options) -> GateResult:
+def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool = False, select=None,
+               **options) -> GateResult:
     """Read and check both files (one file is never compared with itself; the partial file of an unfinished run
-    only with ``allow_partial``, and then the verdict says so), then :func:`apply_gate`."""
+    only with ``allow_partial``, and then the verdict says so), then :func:`apply_gate`; ``select``: the rows of each
+    file to judge (a function of its rows; a selection of cases), else all."""
     gpu_csv, tpu_csv = Path(gpu_csv), Path(tpu_csv)
     if gpu_csv.exists() and tpu_csv.exists() and gpu_csv.samefile(tpu_csv):
         raise GateInputError(f"{gpu_csv} is given as both the baseline and the candidate")
@@ -414,7 +416,15 @@ def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool
         raise GateInputError(f"{partial[0]} is the partial file of a run that did not finish: finish it (the same "
                              f"command with --resume), or judge what it has with --allow-partial (never a pass)")
     # apply_gate checks both files (check_results), naming them
-    result = apply_gate(read_table(gpu_csv), read_table(tpu_csv), policy, names=(str(gpu_csv), str(tpu_csv)),
-                        **options)
+    frames = []
+    for path in (gpu_csv, tpu_csv):
+        rows = read_table(path)
+        if select is not None:
+            rows = select(rows) if len(rows) else rows
+            if rows.empty:
+                raise GateInputError(f"{path} holds no row of the selected cases: name cases it holds (--case, "
+                                     f"--cases-file, --suite, --op), or gate the whole file")
+        frames.append(rows)
+    result = apply_gate(*frames, policy, names=(str(gpu_csv), str(tpu_csv)), **options)
     return dataclasses.replace(result, unfinished=partial)
 
