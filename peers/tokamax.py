@@ -210,13 +210,8 @@ def conv1d_gdn(case, a, op) -> dict:
     W = delta_rule.conv_width(case)
     s = slot_arguments(case)
     N = len(s["state_indices"])
-    rows = -(-(B * T) // tpu_inference.TOKEN_ALIGN) * tpu_inference.TOKEN_ALIGN
     dtype = a["q"].dtype
-
-    def tokens(x):
-        x = jnp.asarray(x).reshape((B * T,) + x.shape[2:]).astype(dtype)
-        return jnp.pad(x, [(0, rows - B * T)] + [(0, 0)] * (x.ndim - 1))
-
+    tokens, rows = tpu_inference.token_rows(case, dtype)
     qkv = tokens(delta_rule.pack_qkv(case, a, jnp.concatenate))
     D = qkv.shape[1]
     conv_h0 = (jnp.asarray(a["conv_h0"], jnp.float32).swapaxes(1, 2) if case.h0
