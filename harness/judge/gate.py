@@ -192,19 +192,18 @@ def _apart(a: float, b: float, digits: int = 4) -> tuple[str, str]:
     return x, y
 
 
-SIDE_COLUMNS = {"eps_gpu": ("eps_", 0), "eps_tpu": ("eps_", 1), "gpu_status": ("_status", 0),
-                "tpu_status": ("_status", 1), "gpu_mode": ("_mode", 0), "tpu_mode": ("_mode", 1),
-                "tpu_mxu_cost": ("_mxu_cost", 1)}
+SIDE_COLUMNS = {"eps_gpu": ("eps_{}", 0), "eps_tpu": ("eps_{}", 1), "gpu_status": ("{}_status", 0),
+                "tpu_status": ("{}_status", 1), "gpu_mode": ("{}_mode", 0), "tpu_mode": ("{}_mode", 1),
+                "tpu_mxu_cost": ("{}_mxu_cost", 1)}
 """The gate's columns of one side: its ε and its rows' status and mode (and the candidate's modeled MXU cost),
-by the side (0 baseline, 1 candidate) and the prefix or suffix its leg's name takes in parity.csv."""
+by the name its leg's name makes in parity.csv and the side (0 baseline, 1 candidate)."""
 
 
 def side_columns(baseline_leg: str, candidate_leg: str) -> dict[str, str]:
     """The gate frame's side columns (:data:`SIDE_COLUMNS`, named for the built-in gpu and tpu legs) renamed for
     the legs it compared: ``eps_tokamax``, ``tokamax_status``. For the built-in pair every name stays."""
     legs = (baseline_leg, candidate_leg)
-    return {column: (affix + legs[side] if affix.startswith("eps") else legs[side] + affix)
-            for column, (affix, side) in SIDE_COLUMNS.items()}
+    return {column: name.format(legs[side]) for column, (name, side) in SIDE_COLUMNS.items()}
 
 
 def side_labels(baseline_leg: str, candidate_leg: str) -> tuple[str, str]:
@@ -300,6 +299,11 @@ def undrawn_id(case_id: str) -> str:
         return Case.from_id(case_id).replace(seed=0).id
     except ValueError:
         return case_id
+
+
+def of_cases(rows: pd.DataFrame, case_ids) -> pd.Series:
+    """Which of ``rows`` are of the cases ``case_ids`` (ids at draw 0) or of their further draws."""
+    return rows["case_id"].map(undrawn_id).isin({undrawn_id(i) for i in case_ids})
 
 
 def _draw_of(row: dict) -> int:
@@ -419,8 +423,8 @@ def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool
     frames = []
     for path in (gpu_csv, tpu_csv):
         rows = read_table(path)
-        if select is not None:
-            rows = select(rows) if len(rows) else rows
+        if select is not None and {"case_id", "op"} <= set(rows.columns):  # else the gate's check names the file
+            rows = select(rows)
             if rows.empty:
                 raise GateInputError(f"{path} holds no row of the selected cases: name cases it holds (--case, "
                                      f"--cases-file, --suite, --op), or gate the whole file")
