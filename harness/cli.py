@@ -251,8 +251,31 @@ def cmd_gate(args) -> int:
     baseline = result_in(args.gpu_csv, gate.baseline_leg)
     candidate = result_in(args.tpu_csv, gate.candidate_leg)
     _reask_refusals(((baseline, gate.baseline_leg), (candidate, gate.candidate_leg)))
-    result = gate_files(baseline, candidate, gate.policy, allow_partial=args.allow_partial, **gate.options())
+    result = gate_files(baseline, candidate, gate.policy, allow_partial=args.allow_partial, select=_gated(args),
+                        **gate.options())
     return _report_gate(result, out, gate)
+
+
+def _gated(args):
+    """``parity gate``'s selection (``--suite``, ``--case``, ``--cases-file``, ``--op``) as a filter of a file's rows
+    (the selected cases and their draws), or None: every row is judged."""
+    from harness.judge.gate import of_cases
+
+    ops = {o.strip() for text in args.op for o in text.split(",") if o.strip()}
+    ids = ({c.id for c in Selection(suite=args.suite or "", case_ids=tuple(args.case),
+                                    cases_files=tuple(args.cases_file)).cases()}
+           if args.suite or args.case or args.cases_file else None)
+    if ids is None and not ops:
+        return None
+
+    def select(rows: pd.DataFrame) -> pd.DataFrame:
+        keep = pd.Series(True, index=rows.index)
+        if ids is not None:
+            keep &= of_cases(rows, ids)
+        if ops:
+            keep &= rows["op"].isin(ops)
+        return rows[keep].reset_index(drop=True)
+    return select
 
 
 def _reask_refusals(files) -> None:
@@ -424,7 +447,7 @@ def _baseline_rows(paths: list[Path], base: str, cases) -> pd.DataFrame:
     another machine (exit 2 when a file is not the baseline's or the files lack a selected case). A (case draw,
     tensor) in several files is taken from the first."""
     from harness.core.results import read_results
-    from harness.judge.gate import undrawn_id
+    from harness.judge.gate import of_cases
 
     frames = []
     for path in paths:
@@ -442,8 +465,7 @@ def _baseline_rows(paths: list[Path], base: str, cases) -> pd.DataFrame:
         raise UsageError(f"--baseline-rows {named} lacks {len(missing)} of the {len(wanted)} selected cases (first: "
                          f"{missing[0]}); make them where fla runs: parity run --backend {base} with the same "
                          "selection")
-    drawn = rows["case_id"].map(undrawn_id).isin({undrawn_id(i) for i in wanted})  # the cases and their draws
-    return rows[drawn].reset_index(drop=True)
+    return rows[of_cases(rows, wanted)].reset_index(drop=True)
 
 
 def _candidates(args) -> list[str]:
@@ -480,16 +502,15 @@ def cmd_all(args) -> int:
                   + (f" ({draws} draws)" if draws != count else ""))
         status = _legs_stage(run, [*available_legs().items(), *((n, leg_spec(n).missing()) for n in extra)],
                              causality=not args.no_causality)
-        redraw = True  # a leg whose rows were taken makes its draws where it runs (run.draws_elsewhere)
         if base in run.frames and ours in run.frames:
-            status = _worse(status, _report_gate(run.gate(base, ours, gate, redraw, gate.options()), out, gate))
+            status = _worse(status, _report_gate(run.gate(base, ours, gate, gate.options()), out, gate))
         else:
             print(f"gate: skipped, it needs both the {base} and the {ours} legs"
                   + (f"; no {gate.junit} written" if gate.junit else ""))
         gated = [name for name in extra if name in run.frames and base in run.frames]
         for name in gated:
             print(f"gate of {name} (in {out / name}):")
-            status = _worse(status, _report_gate(run.gate(base, name, gate, redraw), _out_dir(out / name)))  # no JUnit
+            status = _worse(status, _report_gate(run.gate(base, name, gate), _out_dir(out / name)))  # no JUnit
         if gated:
             _peer_tables(run, base, [ours, *gated], gate, out)
         for line in run.undrawn_lines():

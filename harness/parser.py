@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("gpu_csv", help="baseline result file (the GPU leg), or a directory holding exactly one")
     p.add_argument("tpu_csv", help="candidate result file (the TPU leg), or a directory holding exactly one")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="where parity.csv and parity.md go")
+    p.add_argument("--suite", metavar="S", help="judge only this suite's cases (and their draws) of the two files")
+    p.add_argument("--case", action="append", default=[], metavar="ID",
+                   help="judge only this case (and its draws) of the two files (repeatable); a selected case "
+                        "either file lacks still fails, the files' other cases are not judged")
+    p.add_argument("--cases-file", action="append", default=[], metavar="TOML",
+                   help="judge only the cases of this TOML file (repeatable)")
+    p.add_argument("--op", action="append", default=[], help="judge only the cases of this op (repeatable)")
     _add_policy(p)
     _add_gate_options(p)
     p.add_argument("--force", action="store_true", help="overwrite a --junit FILE that the gate did not write")

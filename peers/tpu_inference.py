@@ -147,6 +147,21 @@ TOKEN_ALIGN = 16
 the packed tokens with rows that belong to no request."""
 
 
+def token_rows(case, dtype, align: int = TOKEN_ALIGN):
+    """How the v3-family kernels take a per-token array: ``(tokens, rows)``, ``tokens(x)`` the array [B,T,...] as
+    [B·T, ...] in ``dtype``, padded with zero rows to ``rows``, the next multiple of ``align``."""
+    import jax.numpy as jnp
+
+    n = case.B * case.T
+    rows = -(-n // align) * align
+
+    def tokens(x):
+        x = jnp.asarray(x).reshape((n,) + x.shape[2:]).astype(dtype)
+        return jnp.pad(x, [(0, rows - n)] + [(0, 0)] * (x.ndim - 1))
+
+    return tokens, rows
+
+
 def serving_refusal(case, generation: str) -> str | None:
     """What neither v2 nor v3 can take: a missing install, kda, an option off, a second gate form, another scale."""
     if importlib.util.find_spec("tpu_inference") is None:
@@ -217,12 +232,7 @@ def conv1d_gdn(case, a, fused_conv1d_gdn, *, read_slots_apart: bool, batched: bo
     write = [1 + sum(group[:i]) for i in range(N)]
     read = [1 + sum(group) + i for i in range(N)] if read_slots_apart else write
     slots = 1 + sum(group) + (N if read_slots_apart else 0)
-    rows = -(-(B * T) // TOKEN_ALIGN) * TOKEN_ALIGN
-
-    def tokens(x):
-        x = jnp.asarray(x).reshape((B * T,) + x.shape[2:]).astype(jnp.float32)
-        return jnp.pad(x, [(0, rows - B * T)] + [(0, 0)] * (x.ndim - 1))
-
+    tokens, rows = token_rows(case, jnp.float32)
     qkv = tokens(delta_rule.pack_qkv(case, a, jnp.concatenate))
     D = qkv.shape[1]
     # what the read slots hold: the carried states, or zeros (a fresh request reads none, and they stay zero)
@@ -286,11 +296,7 @@ def forward_v2(case, a, ctx):
     B, T, H, K = a["q"].shape
     HV, V = a["v"].shape[2:]
     N = B * T
-    rows = -(-N // 8) * 8
-
-    def tokens(x):
-        x = jnp.asarray(x).reshape((N,) + x.shape[2:]).astype(jnp.float32)
-        return jnp.pad(x, [(0, rows - N)] + [(0, 0)] * (x.ndim - 1))
+    tokens, rows = token_rows(case, jnp.float32, align=8)
 
     rec = jnp.zeros((N + 1, HV, K, V), jnp.float32).at[1:].set(jnp.asarray(a["h0"], jnp.float32))
     slots = jnp.asarray(list(range(1, N + 1)) + [0] * (rows - N), jnp.int32)

@@ -223,3 +223,24 @@ def test_the_baselines_stack_makes_its_draws_and_they_are_pooled(tmp_path, made_
 def test_baseline_python_without_baseline_rows_is_one_line_and_exit_2(capsys):
     assert main(["all", "--case", CASE, "--baseline-python", sys.executable]) == EXIT_USAGE
     assert "give the baseline's rows too" in capsys.readouterr().err
+
+
+@pytest.mark.needs_leg("gpu")
+@pytest.mark.needs_leg("tpu")
+def test_the_gate_judges_a_subset_without_allow_missing(tmp_path, made_apart, capsys):
+    """fla's rows of more cases than the candidate ran: the gate is asked for the candidate's cases, and still fails
+    a selected case the candidate lacks."""
+    files, _ = made_apart
+    other = CASE.replace("/fp32/", "/bf16/")
+    assert main(["run", "--backend", "gpu", "--case", CASE, "--case", other, "--out", str(tmp_path / "both"),
+                 "--no-progress"]) == EXIT_PASS
+    [both] = (tmp_path / "both").glob("gpu.cases-*.csv")
+    assert main(["gate", str(both), str(files["tpu"]), "--out", str(tmp_path / "g0")]) == EXIT_FAIL  # other: missing
+    assert main(["gate", str(both), str(files["tpu"]), "--case", CASE, "--out", str(tmp_path / "g1")]) == EXIT_PASS
+    assert set(pd.read_csv(tmp_path / "g1" / "parity.csv")["case_id"]) == {CASE}
+    assert main(["gate", str(both), str(files["tpu"]), "--case", CASE, "--case", other, "--out",
+                 str(tmp_path / "g2")]) == EXIT_FAIL  # a selected case the candidate lacks
+    assert main(["gate", str(both), str(files["tpu"]), "--case", other, "--out", str(tmp_path / "g3")]) == EXIT_USAGE
+    assert f"{files['tpu']} holds no row of the selected cases" in capsys.readouterr().err
+    assert main(["gate", str(both), str(files["tpu"]), "--op", "gla", "--out", str(tmp_path / "g4")]) == EXIT_USAGE
+    assert f"{both} holds no row of the selected cases" in capsys.readouterr().err

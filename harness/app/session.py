@@ -227,15 +227,14 @@ class Run:
             self.say(f"  {r['status'].upper()} {r['case_id']} {r['tensor']}: {r['reason']}")
         return df
 
-    def gate(self, base: str, candidate: str, gate: GateSettings, redraw: bool = True,
-             options: dict | None = None) -> GateResult:
+    def gate(self, base: str, candidate: str, gate: GateSettings, options: dict | None = None) -> GateResult:
         """The gate of ``candidate``'s rows against ``base``'s under ``gate`` (``options``: the gate's keywords,
-        default ``gate.options(candidate)``); while ``redraw``, the draws that decide its inconclusive
-        comparisons are run on both legs and folded into their result files (so ``parity gate`` on the files
-        gives the same verdict)."""
+        default ``gate.options(candidate)``), and the draws that decide its inconclusive comparisons: run on both
+        legs and folded into their result files (so ``parity gate`` on the files gives the same verdict), a leg
+        whose rows were taken (:meth:`take`) making its own where it runs, or saying how."""
         options = gate.options(candidate) if options is None else options
         return sequential_gate(_FoldedDraws(self, (base, candidate)), self.cases, gate.policy, options,
-                               max_draws=gate.max_draws, redraw=redraw, say=self.say)
+                               max_draws=gate.max_draws, say=self.say)
 
     def compile(self, runner: Runner, options: dict, cases: list[Case], targets: tuple[str, ...],
                 on_case: Callable[[Case, list[dict]], None]) -> None:
@@ -257,8 +256,11 @@ class _FoldedDraws:
     def draw(self, cases: list[Case]) -> bool:
         run = self.run
         for name in self.legs:  # first the legs whose rows were made elsewhere: without their draws, none is run
-            missing = [c for c in cases if c.id not in set(run.frames[name]["case_id"])]
-            if name not in run.taken or not missing:
+            if name not in run.taken:
+                continue
+            have = set(run.frames[name]["case_id"])
+            missing = [c for c in cases if c.id not in have]
+            if not missing:
                 continue
             if run.taken[name] is None:
                 run.undrawn.setdefault(name, {}).update({c.id: c for c in missing})

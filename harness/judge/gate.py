@@ -192,19 +192,18 @@ def _apart(a: float, b: float, digits: int = 4) -> tuple[str, str]:
     return x, y
 
 
-SIDE_COLUMNS = {"eps_gpu": ("eps_", 0), "eps_tpu": ("eps_", 1), "gpu_status": ("_status", 0),
-                "tpu_status": ("_status", 1), "gpu_mode": ("_mode", 0), "tpu_mode": ("_mode", 1),
-                "tpu_mxu_cost": ("_mxu_cost", 1)}
+SIDE_COLUMNS = {"eps_gpu": ("eps_{}", 0), "eps_tpu": ("eps_{}", 1), "gpu_status": ("{}_status", 0),
+                "tpu_status": ("{}_status", 1), "gpu_mode": ("{}_mode", 0), "tpu_mode": ("{}_mode", 1),
+                "tpu_mxu_cost": ("{}_mxu_cost", 1)}
 """The gate's columns of one side: its ε and its rows' status and mode (and the candidate's modeled MXU cost),
-by the side (0 baseline, 1 candidate) and the prefix or suffix its leg's name takes in parity.csv."""
+by the name its leg's name makes in parity.csv and the side (0 baseline, 1 candidate)."""
 
 
 def side_columns(baseline_leg: str, candidate_leg: str) -> dict[str, str]:
     """The gate frame's side columns (:data:`SIDE_COLUMNS`, named for the built-in gpu and tpu legs) renamed for
     the legs it compared: ``eps_tokamax``, ``tokamax_status``. For the built-in pair every name stays."""
     legs = (baseline_leg, candidate_leg)
-    return {column: (affix + legs[side] if affix.startswith("eps") else legs[side] + affix)
-            for column, (affix, side) in SIDE_COLUMNS.items()}
+    return {column: name.format(legs[side]) for column, (name, side) in SIDE_COLUMNS.items()}
 
 
 def side_labels(baseline_leg: str, candidate_leg: str) -> tuple[str, str]:
@@ -300,6 +299,11 @@ def undrawn_id(case_id: str) -> str:
         return Case.from_id(case_id).replace(seed=0).id
     except ValueError:
         return case_id
+
+
+def of_cases(rows: pd.DataFrame, case_ids) -> pd.Series:
+    """Which of ``rows`` are of the cases ``case_ids`` (ids at draw 0) or of their further draws."""
+    return rows["case_id"].map(undrawn_id).isin({undrawn_id(i) for i in case_ids})
 
 
 def _draw_of(row: dict) -> int:
@@ -403,9 +407,11 @@ def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_mi
     return GateResult(parity[PARITY_COLUMNS], policy, gpu, tpu, baseline_leg, candidate_leg)
 
 
-def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool = False, **options) -> GateResult:
+def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool = False, select=None,
+               **options) -> GateResult:
     """Read and check both files (one file is never compared with itself; the partial file of an unfinished run
-    only with ``allow_partial``, and then the verdict says so), then :func:`apply_gate`."""
+    only with ``allow_partial``, and then the verdict says so), then :func:`apply_gate`; ``select``: the rows of each
+    file to judge (a function of its rows; a selection of cases), else all."""
     gpu_csv, tpu_csv = Path(gpu_csv), Path(tpu_csv)
     if gpu_csv.exists() and tpu_csv.exists() and gpu_csv.samefile(tpu_csv):
         raise GateInputError(f"{gpu_csv} is given as both the baseline and the candidate")
@@ -414,7 +420,15 @@ def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool
         raise GateInputError(f"{partial[0]} is the partial file of a run that did not finish: finish it (the same "
                              f"command with --resume), or judge what it has with --allow-partial (never a pass)")
     # apply_gate checks both files (check_results), naming them
-    result = apply_gate(read_table(gpu_csv), read_table(tpu_csv), policy, names=(str(gpu_csv), str(tpu_csv)),
-                        **options)
+    frames = []
+    for path in (gpu_csv, tpu_csv):
+        rows = read_table(path)
+        if select is not None and {"case_id", "op"} <= set(rows.columns):  # else the gate's check names the file
+            rows = select(rows)
+            if rows.empty:
+                raise GateInputError(f"{path} holds no row of the selected cases: name cases it holds (--case, "
+                                     f"--cases-file, --suite, --op), or gate the whole file")
+        frames.append(rows)
+    result = apply_gate(*frames, policy, names=(str(gpu_csv), str(tpu_csv)), **options)
     return dataclasses.replace(result, unfinished=partial)
 

@@ -1,0 +1,152 @@
+"""openxla/tokamax through its binding (``peers/tokamax.py``): the fused conv1d + gated delta rule serving kernel of
+its main branch (``tokamax``, @ 783ea95) and the KDA XLA reference of an unmerged commit (``tokamax-kda-xla``,
+@ 8fcb8ff); report: reports/peers/tokamax.
+
+No PyPI release holds either op and CI has no network at run time, so CI cannot install tokamax: the mapping logic
+(requests, slots, segments, refusals) is tested here on hand-made cases without it; the tests that run tokamax's
+code (its refusal of a v5e, the finding's out-of-bounds metadata read, the KDA reference at fla's level) skip with
+that reason where it is absent. Install as the binding's doc says (one commit per environment)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.app import case_from_id
+
+HAVE = importlib.util.find_spec("tokamax") is not None
+WHY = ("tokamax is not installed: no PyPI release has these ops; install it from a checkout of openxla/tokamax "
+       "(peers/tokamax.py: 783ea95 for the serving kernel, 8fcb8ff for the KDA reference)")
+
+
+def _has(module: str) -> bool:
+    try:
+        return HAVE and importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+SERVING = _has("tokamax._src.ops.causal_conv1d_gated_delta_rule")
+KDA = _has("tokamax._src.ops.kda")
+WHY_SERVING = WHY if not HAVE else "the installed tokamax has no causal_conv1d_gated_delta_rule (it is on main, 783ea95)"
+WHY_KDA = WHY if not HAVE else "the installed tokamax has no kda op (it is on the unmerged commit 8fcb8ff)"
+
+QWEN3_NEXT = "conv1d=4,use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1,use_qk_l2norm_in_kernel=1"
+DECODE_VERIFY_PREFILL = f"gdn.fused_recurrent/B1-T24-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens=1+3+20,h0,{QWEN3_NEXT}"
+POOL = ("gdn.chunk/B1-T128-H1-HV2-K128-V128/bf16/g=logsigmoid/16/C64/lens=0+70+0+37+21,h0,dht,pool=11,"
+        f"{QWEN3_NEXT}")
+FRESH = f"gdn.chunk/B2-T64-H2-HV4-K128-V128/fp32/g=logsigmoid/16/C64/{QWEN3_NEXT}"
+THIRTEEN_DECODES = ("gdn.fused_recurrent/B1-T37-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/"
+                    f"lens=1+1+1+1+1+1+1+1+1+1+1+1+1+9+15,h0,{QWEN3_NEXT}")
+KDA_DENSE = "kda.chunk/B1-T128-H1-K128-V128/bf16/g=logsigmoid/10/C64/h0,dht"
+
+
+def _without_tokamax(monkeypatch):
+    """peers/tokamax.py imported afresh as if tokamax were not installed."""
+    monkeypatch.setitem(sys.modules, "tokamax", None)  # find_spec answers None
+    path = Path(__file__).resolve().parents[1] / "peers" / "tokamax.py"
+    spec = importlib.util.spec_from_file_location("peers.tokamax_without_it", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_binding_imports_without_tokamax_and_refuses_with_the_install_command(monkeypatch):
+    module = _without_tokamax(monkeypatch)
+    serving = module.IMPLEMENTATION.bindings["gdn"].supports(case_from_id(DECODE_VERIFY_PREFILL))
+    kda = module.KDA_XLA.bindings["kda"].supports(case_from_id(KDA_DENSE))
+    assert serving.startswith("tokamax is not installed (") and "archive 783ea95" in serving, serving
+    assert kda.startswith("tokamax is not installed (") and "archive 8fcb8ff" in kda, kda
+    assert module.IMPLEMENTATION.version == "tokamax (not installed)"
+
+
+@pytest.mark.parametrize("case, decode_end, seq_lens, starts", [
+    # a decode (one token from a carried state) goes to the batched segment; the 3-token verify window does not
+    # (no spec decode at this commit): it is a prefill of the per-sequence segment
+    (DECODE_VERIFY_PREFILL, 1, [2, 4, 21], [0, 1, 4, 24]),
+    # empty requests: seq_lens counts the carried state's earlier token, so its slot is read (and, with no tile,
+    # never written: it keeps the carried state); the leading empty request ends the batched segment
+    (POOL, 0, [1, 71, 1, 38, 22], [0, 0, 70, 70, 107, 128]),
+    # fresh requests (no h0): all prefill, seq_lens = query_lens (the kernel reads no state)
+    (FRESH, 0, [64, 64], [0, 64, 128]),
+    (THIRTEEN_DECODES, 13, [2] * 13 + [10, 16], [*range(14), 22, 37]),
+])
+def test_requests_slots_and_segments(monkeypatch, case, decode_end, seq_lens, starts):
+    module = _without_tokamax(monkeypatch)
+    s = module.slot_arguments(case_from_id(case))
+    n = len(seq_lens)
+    assert s["distribution"] == [decode_end, n, n]
+    assert s["seq_lens"] == seq_lens and s["query_start_loc"] == starts
+    assert s["state_indices"] == list(range(1, n + 1)) and s["slots"] == n + 1  # slot 0: its null slot
+
+
+@pytest.mark.parametrize("case, reason", [
+    (DECODE_VERIFY_PREFILL.replace("conv1d=4,", ""), "always convolves q, k, v first"),
+    (DECODE_VERIFY_PREFILL.replace("use_gate_in_kernel=1,", ""), "this case has use_gate_in_kernel=0"),
+    (KDA_DENSE, "kda does not map (no kda kernel at 783ea95)"),
+    (DECODE_VERIFY_PREFILL.replace("h0,", "h0,scale=0.5,"), "scales q by K**-0.5 itself"),
+])
+def test_what_the_serving_kernel_cannot_take_is_refused_with_its_reason(monkeypatch, case, reason):
+    why = _without_tokamax(monkeypatch).serving_refusal(case_from_id(case))
+    assert why and reason in why, why
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("kda.chunk/B1-T128-H1-K128-V128/bf16/g=logsigmoid/16/C64/lens=37+91,h0", "no packed sequences"),
+    ("kda.chunk/B1-T64-H1-HV2-K128-V128/bf16/g=logsigmoid/16/C64/h0", "no grouped value heads (HV=2, H=1)"),
+    ("kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,state_v_first", "no state_v_first"),
+    ("kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,use_qk_l2norm_in_kernel=1", "no q/k L2 norm"),
+    ("kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,lower_bound=-5,use_gate_in_kernel=1",
+     "no in-kernel gate"),
+    ("kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,use_beta_sigmoid_in_kernel=1", "no sigmoid on beta"),
+])
+def test_what_the_kda_reference_cannot_take_is_refused_with_its_reason(monkeypatch, case, reason):
+    why = _without_tokamax(monkeypatch).kda_refusal(case_from_id(case))
+    assert why and reason in why, why
+
+
+def test_dense_kda_cases_map(monkeypatch):
+    module = _without_tokamax(monkeypatch)
+    for case in (KDA_DENSE, "kda.fused_recurrent/B2-T1-H2-K128-V128/fp32/g=logsigmoid/16/C64/h0"):
+        assert module.kda_refusal(case_from_id(case)) is None
+
+
+@pytest.mark.skipif(not SERVING, reason=WHY_SERVING)
+@pytest.mark.parametrize("target, supported", [("v5e", False), ("v6e", True), ("v7x", True)])
+def test_supported_on_keeps_tokamax_generation_test_off_a_tpu(target, supported):
+    import jax
+
+    import peers.tokamax as tk
+    from harness.legs.external import tpu_info_for
+
+    with tpu_info_for(target):
+        assert tk._OP.supported_on(jax.devices("cpu")[0]) is supported
+
+
+@pytest.mark.skipif(not SERVING, reason=WHY_SERVING)
+@pytest.mark.heavy  # tokamax's kernel through the candidate leg
+def test_finding_batched_metadata_is_read_past_its_end(tmp_path):
+    """Finding 1: a decode segment whose last tile of 4 runs past the request arrays reads their metadata out of
+    bounds (interpret mode raises; memory_ref.MetadataRef.create pads nothing, tpu-inference v3 pads)."""
+    import pandas as pd
+
+    from harness.cli import main
+
+    assert main(["run", "--backend", "tokamax", "--case", DECODE_VERIFY_PREFILL, "--out", str(tmp_path),
+                 "--no-progress", "--tpu-targets", "v6e"]) != 0
+    rows = pd.read_csv(next(tmp_path.glob("tokamax.cases-*.csv")))
+    assert (rows.status == "error").all() and rows.reason.str.contains("Out-of-bounds read").all(), rows.reason
+
+
+@pytest.mark.skipif(not KDA, reason=WHY_KDA)
+@pytest.mark.heavy
+def test_kda_reference_at_bf16_level(tmp_path):
+    import pandas as pd
+
+    from harness.cli import main
+
+    assert main(["run", "--backend", "tokamax-kda-xla", "--case", KDA_DENSE, "--out", str(tmp_path),
+                 "--no-progress", "--tpu-targets", "v6e"]) == 0
+    rows = pd.read_csv(next(tmp_path.glob("tokamax-kda-xla.cases-*.csv"))).set_index("tensor")
+    assert (rows.status == "ok").all() and (rows.rel_l2 < 1e-2).all(), rows[["status", "rel_l2"]]
