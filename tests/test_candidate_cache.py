@@ -54,8 +54,9 @@ def test_each_ops_key_covers_its_own_kernels_and_the_shared_ones_and_no_other_op
     own = {"simple_gla": "kernels_tpu/simple_gla/", "gla": "kernels_tpu/gla/", "kda": "kernels_tpu/kda/",
            "gdn": "kernels_tpu/gdn/", "gdn2": "kernels_tpu/gdn2/"}
     assert set(own) == set(OPS)
-    # gdn runs on kda's kernels with its scalar decay broadcast over K; gdn2's are kda's with two operands changed
-    uses = {"gdn": {"kda"}, "gdn2": {"kda"}}
+    # gdn runs on kda's kernels with its scalar decay broadcast over K; gdn2's are kda's with two operands changed;
+    # simple_gla's and gla's decode kernel (kernels_tpu.gated_recurrent) takes kda's Config and head-major layout
+    uses = {"gdn": {"kda"}, "gdn2": {"kda"}, "simple_gla": {"kda"}, "gla": {"kda"}}
     for name in OPS:
         closure = _closure(name)
         assert shared <= closure, name
@@ -86,7 +87,8 @@ def _keys(tmp_path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("edited, moved", [
-    ("kernels_tpu/kda/chunk.py", {"kda", "gdn", "gdn2"}),
+    ("kernels_tpu/kda/chunk.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
+    ("kernels_tpu/gated_recurrent.py", {"simple_gla", "gla"}),
     ("kernels_tpu/gdn2/chunk.py", {"gdn2"}),
     ("kernels_tpu/simple_gla/fused_chunk.py", {"simple_gla"}),
     ("kernels_tpu/gla/fused.py", {"gla"}),
