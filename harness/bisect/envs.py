@@ -95,7 +95,8 @@ class LegInProcess:
         root = Path(__file__).resolve().parents[2]  # this project, ahead of any installed copy of it
         paths = [str(site)] if site else []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [str(root), os.environ.get("PYTHONPATH", "")]))
-        command = [self.python, "-m", "harness.cli", "run", "--backend", self.leg, "--out", str(scratch), "--resume",
+        resume = ["--resume"] if any(scratch.glob("*.partial.csv")) else []  # a run cut short: continue it
+        command = [self.python, "-m", "harness.cli", "run", "--backend", self.leg, "--out", str(scratch), *resume,
                    "--no-progress", "--jobs", "1", *[a for i in self.impl for a in ("--impl", i)], *self.options,
                    *[a for c in case_ids for a in ("--case", c)]]
         before = {p: p.stat().st_mtime_ns for p in scratch.glob("*.csv")}

@@ -32,7 +32,13 @@ from .versions import Version
 JUDGED = ("pass", "fail", "inconclusive")
 """The verdicts a crossing is made of; any other (unsupported, install_failed, not measured) is not judged."""
 
+BY_DESIGN = ("forward_only", "no_gradient", "not_provided")
+"""Gate verdicts of tensors never compared, whatever the version: no bisection looks for their crossing."""
+
 INSTALL_FAILED = "install_failed"
+RUN_FAILED = "run_failed"
+NOT_JUDGED = {INSTALL_FAILED: "install failed", RUN_FAILED: "its run ended without rows"}
+"""Version states whose rows say nothing of the kernels: their comparisons take the state as verdict."""
 _ORDER = ("fail", "inconclusive", "pass")  # a comparison's verdict: its worst gated row
 
 
@@ -174,7 +180,7 @@ class History:
                     made = self.measure(site, todo, folder / "run")
                 except RunFailed as exc:  # not stored: the next bisection runs these cases again
                     self.say(f"bisect: {version.name}: {exc}")
-                    self.states[version.name] = state
+                    self.states[version.name] = {"state": RUN_FAILED, "reason": str(exc)}
                     failed = self._stand_in_rows(version, todo, Status.ERROR, str(exc))
                     return pd.concat([x for x in (stored, failed) if x is not None], ignore_index=True)
         self._write_state(version, state)
@@ -211,8 +217,9 @@ class History:
                         "reason": str(reason_rows["reason"].iloc[0] or "")})
         frame = pd.DataFrame(out, columns=["version", "case_id", "tensor", "verdict", "ratio", "eps_baseline",
                                            "eps_candidate", "reason"])
-        if self.states.get(version.name, {}).get("state") == INSTALL_FAILED:
-            frame["verdict"] = INSTALL_FAILED  # an install failure is no verdict on the kernels
+        state = self.states.get(version.name, {}).get("state")
+        if state in NOT_JUDGED:
+            frame["verdict"] = state  # an install or a run that failed is no verdict on the kernels
         self.verdicts[version.name] = frame
         self._log(f"# {version.name}: " + ", ".join(f"{n} {v}" for v, n in
                                                   frame["verdict"].value_counts().sort_index().items()))
@@ -262,7 +269,9 @@ class History:
         lo = names.index(self.settings.good) if self.settings.good else 0
         hi = names.index(self.settings.bad) if self.settings.bad else len(versions) - 1
         ends = pd.concat([self.judge(versions[lo]), self.judge(versions[hi])], ignore_index=True)
-        return [self._bisect_one(key, versions, lo, hi) for key in self.comparisons(ends)]
+        by_design = ends[ends["verdict"].isin(BY_DESIGN)]  # never compared (a forward-only candidate's gradients)
+        keys = [k for k in self.comparisons(ends) if k not in set(zip(by_design["case_id"], by_design["tensor"]))]
+        return [self._bisect_one(key, versions, lo, hi) for key in keys]
 
     def _judged(self, versions, i, key, unjudged: set[int]) -> tuple[str, float] | None:
         if i in unjudged:

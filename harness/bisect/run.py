@@ -11,7 +11,7 @@ import pandas as pd
 from harness.core.results import atomic_write_text
 from harness.report import bisect_report
 
-from .history import BisectSettings, History, crossings, repro
+from .history import JUDGED, History, crossings, repro
 
 
 def bisect(history: History, repro_extra: tuple[str, ...] = ()) -> dict:
@@ -28,6 +28,9 @@ def bisect(history: History, repro_extra: tuple[str, ...] = ()) -> dict:
         found = history.bisect()
         table = pd.concat(list(history.verdicts.values()), ignore_index=True)
         mode = "bisect"
+    judged = table[table["verdict"].isin(JUDGED)][["case_id", "tensor"]].drop_duplicates()
+    if len(judged):  # comparisons no version judged (a forward-only candidate's gradients) are left out
+        table = table.merge(judged, on=["case_id", "tensor"])
     for c in found:
         c.repro = repro(s, c, repro_extra) if c.after else ""
     history.write_log()
@@ -37,7 +40,8 @@ def bisect(history: History, repro_extra: tuple[str, ...] = ()) -> dict:
         if v.name in s.skip:
             state = {"state": "skipped", "reason": "--skip"}
         versions.append({**v.record(), **{k: state[k] for k in ("state", "reason") if k in state}})
-    unjudged = [v["version"] for v in versions if v.get("state") in ("refused", "install_failed", "skipped")]
+    unjudged = [v["version"] for v in versions if v.get("state") in ("refused", "install_failed", "run_failed",
+                                                                     "skipped")]
     records = [dict(c.record(), repro=c.repro) for c in found]
     what = (f"{'Every version' if mode == 'all' else 'Bisection over'} {order[0]} .. {order[-1]} "
             f"({len(order)} versions, {table['version'].nunique()} measured) of {s.leg}, "
