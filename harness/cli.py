@@ -568,8 +568,9 @@ def cmd_bisect(args) -> int:
         for text in again.impl:
             register_implementation(*parse_impl(text))
         return cmd_bisect(again)
-    if leg_spec(args.candidate).role != "candidate":
-        raise UsageError(f"--candidate {args.candidate} is the {leg_spec(args.candidate).role} leg, not a candidate")
+    if leg_spec(args.candidate).role not in ("candidate", "baseline"):  # the baseline: its own history, against
+        raise UsageError(f"--candidate {args.candidate} is the {leg_spec(args.candidate).role} leg: bisect a "
+                         f"candidate, or the baseline leg against its own rows")
     if bool(args.versions) == bool(args.git):
         raise UsageError("give the versions: --versions SPEC (PyPI releases) or --git DIR --commits A..B")
     if bool(args.git) != bool(args.commits):

@@ -174,7 +174,7 @@ def test_versions_parsing_and_refusals():
     (["bisect", "--candidate", "tpu-inference"], "give the versions"),
     (["bisect", "--candidate", "tpu-inference", "--git", "."], "go together"),
     (["bisect", "--candidate", "tpu-inference", "--versions", "tpu-inference==1.0,x.y"], "not a version"),
-    (["bisect", "--candidate", "gpu", "--versions", "a==1,2"], "not a candidate"),
+    (["bisect", "--candidate", "ref", "--versions", "a==1,2"], "is the reference leg"),
     (["bisect", "--candidate", "tpu-inference", "--git", ".", "--commits", "HEAD"], "must be A..B"),
     (["bisect", "--replay", "/nonexistent/log", "--candidate", "tpu-inference"], "No such file"),
 ])
