@@ -189,3 +189,15 @@ def test_settings_refuse_marks_outside_the_versions(tmp_path):
         history(tmp_path, {"1.0": 1, "1.1": 1}, good="9.9")
     with pytest.raises(ValueError, match="must come before"):
         history(tmp_path, {"1.0": 1, "1.1": 1}, good="1.1", bad="1.0")
+
+
+def test_tpu_inference_bindings_refuse_the_releases_they_cannot_map():
+    """What each generation's binding declares (read from the wheels: docs/bisect.md, reports/bisect/tpu-inference)."""
+    from peers.tpu_inference import IMPLEMENTATION, V2, V3
+
+    v1, v2, v3 = (declared_refusal(i.version_refusals) for i in (IMPLEMENTATION, V2, V3))
+    assert "PR #2157" in v1("0.19.0") and v1("0.18.0") and v1("0.13.3")
+    assert v1("0.20.0") is None and v1("0.32.0") is None and v1("0.18.0.dev20260505") is None
+    assert "has_initial_state" in v1("0.18.0.dev20260427")
+    assert v2("0.21.0") and v2("0.22.1") is None
+    assert v3("0.23.0") and "read_state_indices" in v3("0.28.0") and v3("0.29.0") is None
