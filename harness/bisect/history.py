@@ -375,6 +375,14 @@ def crossings(table: pd.DataFrame, order: list[str]) -> list[Crossing]:
         for c in changes:
             c.changes_seen = len(changes)
             c.note = "one crossing" if len(changes) == 1 else f"{len(changes)} crossings (not monotone)"
+        judged = [by[n] for n in order if n in by and by[n]["verdict"] in JUDGED]
+        if judged and not changes:  # the same verdict wherever judged: said, with the span of its ratio
+            ratios = [r["ratio"] for r in judged]
+            changes.append(Crossing(case_id, tensor, judged[0]["version"], None, judged[0]["verdict"],
+                                    ratio_before=min(ratios), ratio_after=max(ratios), note=(
+                                        f"{judged[0]['verdict']} at every version judged ({len(judged)}: "
+                                        f"{judged[0]['version']} .. {judged[-1]['version']}), ratio "
+                                        f"{min(ratios):.4g} to {max(ratios):.4g}")))
         found.extend(changes)
     return found
 

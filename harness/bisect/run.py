@@ -43,8 +43,9 @@ def bisect(history: History, repro_extra: tuple[str, ...] = ()) -> dict:
     unjudged = [v["version"] for v in versions if v.get("state") in ("refused", "install_failed", "run_failed",
                                                                      "skipped")]
     records = [dict(c.record(), repro=c.repro) for c in found]
+    ran = sum(v.get("state") in ("installed", "run_failed") for v in versions)
     what = (f"{'Every version' if mode == 'all' else 'Bisection over'} {order[0]} .. {order[-1]} "
-            f"({len(order)} versions, {table['version'].nunique()} measured) of {s.leg}, "
+            f"({len(order)} versions, {ran} installed and run) of {s.leg}, "
             f"{table[['case_id', 'tensor']].drop_duplicates().shape[0]} comparisons (case × tensor) judged by the "
             f"gate against one set of {s.baseline_leg} rows. Versions not judged: {', '.join(unjudged) or 'none'}.")
     meta = {"leg": s.leg, "baseline_leg": s.baseline_leg, "mode": mode, "what": what,
