@@ -203,6 +203,11 @@ class History:
         parity = result.parity[result.parity["case_id"] != "*"]
         metrics = list(self.settings.policy.metrics)
         main = "rel_l2" if "rel_l2" in metrics else metrics[0]
+        def eps(frame):  # a status row (a bound, a non-finite value) carries no ratio: the rows' own ε give it
+            first = frame[frame["draw"] == 0] if "draw" in frame.columns else frame
+            return {(c, t): e for c, t, e in zip(first["case_id"], first["tensor"], first[main])}
+
+        base_eps, cand_eps = eps(self.baseline), eps(rows)
         out = []
         for (case_id, tensor), group in parity.groupby(["case_id", "tensor"], sort=False):
             verdicts = list(group["verdict"])
@@ -210,10 +215,13 @@ class History:
             on_main = group[group["metric"] == main]
             pick = on_main.iloc[0] if len(on_main) else group.iloc[0]
             reason_rows = group[group["verdict"] == verdict]
+            b, c = base_eps.get((case_id, tensor), float("nan")), cand_eps.get((case_id, tensor), float("nan"))
+            if len(on_main):
+                b, c, ratio = pick["eps_gpu"], pick["eps_tpu"], pick["ratio"]
+            else:
+                ratio = c / b if b and b == b and c == c else float("nan")
             out.append({"version": version.name, "case_id": case_id, "tensor": tensor, "verdict": verdict,
-                        "ratio": pick["ratio"] if len(on_main) else float("nan"),
-                        "eps_baseline": pick["eps_gpu"] if len(on_main) else float("nan"),
-                        "eps_candidate": pick["eps_tpu"] if len(on_main) else float("nan"),
+                        "ratio": ratio, "eps_baseline": b, "eps_candidate": c,
                         "reason": str(reason_rows["reason"].iloc[0] or "")})
         frame = pd.DataFrame(out, columns=["version", "case_id", "tensor", "verdict", "ratio", "eps_baseline",
                                            "eps_candidate", "reason"])
