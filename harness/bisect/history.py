@@ -23,7 +23,7 @@ import pandas as pd
 
 from harness.core.results import atomic_write_text, read_results, write_csv
 from harness.core.status import Status
-from harness.judge.gate import apply_gate, of_cases
+from harness.judge.gate import apply_gate
 from harness.legs.registry import version_key
 
 from .envs import InstallFailed, RunFailed
@@ -111,7 +111,8 @@ class History:
                  measure: Measure, refusal: Callable[[str], str | None] = lambda v: None,
                  say: Callable[[str], None] = print):
         self.settings, self.case_ids, self.say = settings, list(case_ids), say
-        self.baseline = baseline[of_cases(baseline, self.case_ids)].reset_index(drop=True)
+        # exactly the (case, draw) ids measured: further draws of the baseline have no candidate rows to pair with
+        self.baseline = baseline[baseline["case_id"].isin(self.case_ids)].reset_index(drop=True)
         self.installer, self.measure, self.refusal = installer, measure, refusal
         self.index = {v.name: i for i, v in enumerate(settings.versions)}
         self.verdicts: dict[str, pd.DataFrame] = {}  # version -> its comparisons (measured this run)
@@ -133,7 +134,7 @@ class History:
     def _stand_in_rows(self, version: Version, case_ids: list[str], status: str, reason: str) -> pd.DataFrame:
         """The candidate's rows of ``case_ids`` at a version that did not run: one per (case, tensor) of the
         baseline, ``status`` with ``reason``, no numbers."""
-        rows = self.baseline[of_cases(self.baseline, case_ids)].copy()
+        rows = self.baseline[self.baseline["case_id"].isin(case_ids)].copy()
         for column in ("max_abs", "rel_l2", "ulp_max", "ulp_mean", "ulp_p99", "rel_l2_blocks", "worst_index",
                        "ref_at_worst", "got_at_worst", "bound_rel_l2", "nan", "inf", "wall_s", "details",
                        "compiled_for", "mxu_cost", "mxu_macs_fwd", "mxu_macs_bwd", "mxu_pass_macs_fwd",
@@ -155,7 +156,7 @@ class History:
         todo = [c for c in self.case_ids if c not in done]
         if not todo:
             self.states[version.name] = self._state(version) or {"state": "installed"}
-            return stored[of_cases(stored, self.case_ids)].reset_index(drop=True)
+            return stored[stored["case_id"].isin(self.case_ids)].reset_index(drop=True)
         folder.mkdir(parents=True, exist_ok=True)
         state = self._state(version)
         why = self.refusal(version.name)
@@ -188,7 +189,7 @@ class History:
         rows = made if stored is None else pd.concat([stored, made], ignore_index=True)
         write_csv(rows, path)
         rows = read_results(path)
-        return rows[of_cases(rows, self.case_ids)].reset_index(drop=True)
+        return rows[rows["case_id"].isin(self.case_ids)].reset_index(drop=True)
 
     # ------------------------------------------------------------------ judge
     def judge(self, version: Version) -> pd.DataFrame:
