@@ -201,3 +201,24 @@ def test_tpu_inference_bindings_refuse_the_releases_they_cannot_map():
     assert "has_initial_state" in v1("0.18.0.dev20260427")
     assert v2("0.21.0") and v2("0.22.1") is None
     assert v3("0.23.0") and "read_state_indices" in v3("0.28.0") and v3("0.29.0") is None
+
+
+def test_a_version_whose_binding_errors_is_not_judged(tmp_path):
+    """A case that raises at a version (an API the binding does not fit) fails the gate closed; the history shows
+    ``error`` with the reason and steps over it: no crossing is made of it."""
+
+    class Errors(FakeMeasure):
+        def __call__(self, site, case_ids, scratch):
+            rows = super().__call__(site, case_ids, scratch)
+            if site.name == "1.1":
+                for column in METRICS + ("rel_l2_blocks", "worst_index", "ref_at_worst", "got_at_worst"):
+                    rows[column] = None
+                rows["status"], rows["reason"] = "error", "TypeError: f() got an unexpected keyword argument 'x'"
+            return rows
+
+    factors = {"1.0": 0.5, "1.1": 0.5, "1.2": 0.5}
+    found = bisect(history(tmp_path, factors, sweep=True, measure=Errors(factors))[0])
+    table = found["table"]
+    mine = table[(table.case_id == CASES[0]) & (table.tensor == "o")].set_index("version")
+    assert list(mine.verdict) == ["pass", "error", "pass"] and "unexpected keyword" in mine.reason["1.1"]
+    assert all(c.after is None for c in found["crossings"])  # no change of verdict: 1.1 is not judged

@@ -35,6 +35,11 @@ JUDGED = ("pass", "fail", "inconclusive")
 BY_DESIGN = ("forward_only", "no_gradient", "not_provided")
 """Gate verdicts of tensors never compared, whatever the version: no bisection looks for their crossing."""
 
+ERROR = "error"
+"""A comparison whose candidate row is an ``error`` (the binding or the kernel raised at that version: an API the
+binding does not fit, a crash). The gate fails it closed; a history marks it not judged, as ``git bisect skip``
+does a commit that does not build, and keeps the reason."""
+
 INSTALL_FAILED = "install_failed"
 RUN_FAILED = "run_failed"
 NOT_JUDGED = {INSTALL_FAILED: "install failed", RUN_FAILED: "its run ended without rows"}
@@ -209,13 +214,19 @@ class History:
             return {(c, t): e for c, t, e in zip(first["case_id"], first["tensor"], first[main])}
 
         base_eps, cand_eps = eps(self.baseline), eps(rows)
+        first = rows[rows["draw"] == 0] if "draw" in rows.columns else rows
+        errored = set(zip(first.loc[first["status"] == Status.ERROR, "case_id"],
+                          first.loc[first["status"] == Status.ERROR, "tensor"]))
         out = []
         for (case_id, tensor), group in parity.groupby(["case_id", "tensor"], sort=False):
             verdicts = list(group["verdict"])
             verdict = next((v for v in _ORDER if v in verdicts), verdicts[0])
+            if (case_id, tensor) in errored:  # the gate fails it closed; the history says it did not run
+                verdict = ERROR
             on_main = group[group["metric"] == main]
             pick = on_main.iloc[0] if len(on_main) else group.iloc[0]
             reason_rows = group[group["verdict"] == verdict]
+            reason_rows = reason_rows if len(reason_rows) else group
             b, c = base_eps.get((case_id, tensor), float("nan")), cand_eps.get((case_id, tensor), float("nan"))
             if len(on_main):
                 b, c, ratio = pick["eps_gpu"], pick["eps_tpu"], pick["ratio"]
