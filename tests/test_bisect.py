@@ -222,3 +222,26 @@ def test_a_version_whose_binding_errors_is_not_judged(tmp_path):
     mine = table[(table.case_id == CASES[0]) & (table.tensor == "o")].set_index("version")
     assert list(mine.verdict) == ["pass", "error", "pass"] and "unexpected keyword" in mine.reason["1.1"]
     assert all(c.after is None for c in found["crossings"])  # no change of verdict: 1.1 is not judged
+
+
+def test_a_run_that_ends_without_rows_is_not_judged_nor_stored(tmp_path):
+    """A version whose ``parity run`` makes no rows (its package does not import on this stack): ``run_failed``,
+    error rows that say how, not stored, so the next bisection runs it again."""
+    from harness.bisect.envs import RunFailed
+
+    class Fails(FakeMeasure):
+        def __call__(self, site, case_ids, scratch):
+            if site.name == "1.1":
+                self.calls += [(site.name, c) for c in case_ids]
+                raise RunFailed("parity run exited 2 without rows: parity: error: key contains names that are not "
+                                "kernel arguments")
+            return super().__call__(site, case_ids, scratch)
+
+    factors = {"1.0": 0.5, "1.1": 4.0, "1.2": 0.5}
+    found = bisect(history(tmp_path, factors, sweep=True, measure=Fails(factors))[0])
+    assert "1.1" in found["unjudged"] and not (tmp_path / "versions/1.1/rows.csv").exists()
+    assert set(found["table"][found["table"].version == "1.1"].verdict) == {"run_failed"}
+    assert all(c.after is None for c in found["crossings"])
+    again, measure = history(tmp_path, factors, sweep=True, measure=Fails(factors))
+    bisect(again)
+    assert {v for v, _ in measure.calls} == {"1.1"}  # tried again; 1.0 and 1.2 served from their rows

@@ -211,7 +211,8 @@ class History:
         main = "rel_l2" if "rel_l2" in metrics else metrics[0]
         def eps(frame):  # a status row (a bound, a non-finite value) carries no ratio: the rows' own ε give it
             first = frame[frame["draw"] == 0] if "draw" in frame.columns else frame
-            return {(c, t): e for c, t, e in zip(first["case_id"], first["tensor"], first[main])}
+            values = pd.to_numeric(first[main], errors="coerce").astype(float)
+            return {(c, t): e for c, t, e in zip(first["case_id"], first["tensor"], values)}
 
         base_eps, cand_eps = eps(self.baseline), eps(rows)
         first = rows[rows["draw"] == 0] if "draw" in rows.columns else rows
