@@ -568,6 +568,8 @@ def cmd_bisect(args) -> int:
         for text in again.impl:
             register_implementation(*parse_impl(text))
         return cmd_bisect(again)
+    if not args.candidate:
+        raise UsageError("give the leg to bisect: --candidate LEG (or --replay LOG)")
     if leg_spec(args.candidate).role not in ("candidate", "baseline"):  # the baseline: its own history, against
         raise UsageError(f"--candidate {args.candidate} is the {leg_spec(args.candidate).role} leg: bisect a "
                          f"candidate, or the baseline leg against its own rows")

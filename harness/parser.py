@@ -253,7 +253,8 @@ def _add_bisect(sub) -> None:
                     "version where each comparison (case, tensor) changes verdict (or, with --all, the whole "
                     "history). Writes history.csv/.md/.png/.html, crossings.csv, bisect-log.txt and versions/ "
                     "(every version's rows, reused: a measured (version, case, draw) is never run again).")
-    p.add_argument("--candidate", required=True, metavar="LEG", help="the candidate leg (a registered implementation)")
+    p.add_argument("--candidate", metavar="LEG", help="the candidate leg (a registered implementation), or the baseline "
+                                                       "leg for its own history (required unless --replay)")
     p.add_argument("--versions", metavar="SPEC",
                    help="PyPI releases: a requirement ('tpu-inference>=0.20,<=0.32', pre-releases and yanked "
                         "releases left out) or a list in order ('tpu-inference==0.20.0,0.21.0')")

@@ -176,7 +176,8 @@ def test_versions_parsing_and_refusals():
     (["bisect", "--candidate", "tpu-inference", "--versions", "tpu-inference==1.0,x.y"], "not a version"),
     (["bisect", "--candidate", "ref", "--versions", "a==1,2"], "is the reference leg"),
     (["bisect", "--candidate", "tpu-inference", "--git", ".", "--commits", "HEAD"], "must be A..B"),
-    (["bisect", "--replay", "/nonexistent/log", "--candidate", "tpu-inference"], "No such file"),
+    (["bisect", "--replay", "/nonexistent/log"], "No such file"),
+    (["bisect", "--versions", "a==1,2"], "--candidate LEG"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, says, capsys):
     assert main(argv) == 2
