@@ -624,7 +624,11 @@ def cmd_bisect(args) -> int:
                  or Path.home() / ".cache" / "linear-attn-parity" / "bisect")
     history = History(settings, ids, baseline, UvInstaller(cache, args.uv),
                       LegInProcess(args.candidate, options, impl=tuple(args.impl)), refusal)
-    bisect(history, repro_extra=extra)
+    try:
+        bisect(history, repro_extra=extra)
+    except KeyboardInterrupt:
+        raise Interrupted(f"bisect interrupted; every version's finished cases are kept under {out / 'versions'}: "
+                          f"the same command continues without measuring them again") from None
     return 0
 
 
