@@ -544,7 +544,95 @@ def _peer_tables(run: Run, base: str, candidates: list[str], gate: GateSettings,
     print(f"peers: {len(table)} rows (case x forward tensor x candidate) -> {out / 'peers.csv'}, {out / 'peers.md'}")
 
 
-VERBS = {"cases": cmd_cases, "run": cmd_run, "causality": cmd_causality, "gate": cmd_gate, "compile": cmd_compile,
+def cmd_bisect(args) -> int:
+    """``parity bisect``: the versions resolved (PyPI's dates read now and stored), the baseline's rows made or
+    taken once, then :func:`harness.bisect.run.bisect` (docs/bisect.md)."""
+    import json
+    import os
+
+    from harness.bisect.envs import LegInProcess, UvInstaller
+    from harness.bisect.history import BisectSettings, History
+    from harness.bisect.run import bisect, read_log
+    from harness.bisect.versions import declared_refusal, git_versions, pypi_versions
+    from harness.core.results import read_results, write_csv
+    from harness.judge.gate import of_cases
+    from harness.legs.registry import load_implementation
+
+    argv = getattr(args, "argv", None)
+    if args.replay:
+        logged, marks = read_log(Path(args.replay).read_text(encoding="utf-8"))
+        again = build_parser().parse_args(["bisect", *logged])
+        again.replay, again.argv = None, logged
+        again.good, again.bad = marks["good"] or again.good, marks["bad"] or again.bad
+        again.skip = list(dict.fromkeys([*again.skip, *marks["skip"]]))
+        for text in again.impl:
+            register_implementation(*parse_impl(text))
+        return cmd_bisect(again)
+    if not args.candidate:
+        raise UsageError("give the leg to bisect: --candidate LEG (or --replay LOG)")
+    if leg_spec(args.candidate).role not in ("candidate", "baseline"):  # the baseline: its own history, against
+        raise UsageError(f"--candidate {args.candidate} is the {leg_spec(args.candidate).role} leg: bisect a "
+                         f"candidate, or the baseline leg against its own rows")
+    if bool(args.versions) == bool(args.git):
+        raise UsageError("give the versions: --versions SPEC (PyPI releases) or --git DIR --commits A..B")
+    if bool(args.git) != bool(args.commits):
+        raise UsageError("--git DIR and --commits A..B go together")
+    target = getattr(leg_spec(args.candidate).build, "target", None)
+    impl = load_implementation(args.candidate, target) if target else None
+    notes = []
+    if args.versions:
+        package, versions, notes = pypi_versions(args.versions)
+        refusal = declared_refusal(getattr(impl, "version_refusals", ()))
+    else:
+        versions = git_versions(Path(args.git), args.commits)
+        package, refusal = Path(args.git).resolve().name, declared_refusal(())
+    out = _out_dir(args.out or Path("reports/bisect") / args.candidate)
+    record = out / "bisect.json"
+    if record.exists() and not args.force:
+        earlier = json.loads(record.read_text())
+        if (earlier.get("leg"), earlier.get("package")) != (args.candidate, package):
+            raise UsageError(f"{out} holds the bisection of {earlier.get('leg')} ({earlier.get('package')}); give "
+                             f"another --out, or --force to write beside it")
+    elif not record.exists() and any(out.glob("history.*")) and not args.force:
+        raise UsageError(f"{out} holds history files no parity bisect wrote there: give another --out, or --force")
+    if argv is None:
+        argv = sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bisect" else []
+    settings = BisectSettings(leg=args.candidate, package=package, versions=tuple(versions), out=out,
+                              policy=_policy(args), baseline_leg=default_leg("baseline"), sweep=args.sweep,
+                              good=args.good, bad=args.bad, skip=tuple(args.skip), argv=tuple(argv),
+                              notes=tuple(notes))
+    cases = _select_cases(args)
+    ids = [c.id for c in cases]
+    options = (*(("--tpu-targets", args.tpu_targets) if args.tpu_targets else ()),
+               *(("--case-timeout", args.case_timeout) if args.case_timeout else ()))
+    base = default_leg("baseline")
+    if args.baseline_rows:
+        baseline = _baseline_rows([Path(p) for p in args.baseline_rows], base, cases)
+        extra = tuple(a for p in args.baseline_rows for a in ("--baseline-rows", p))
+    else:  # made once, here, and kept
+        kept = out / "baseline" / "rows.csv"
+        have = read_results(kept) if kept.exists() else None
+        todo = ids if have is None else [i for i in ids if i not in set(have["case_id"])]
+        if todo:
+            print(f"bisect: the {base} leg over {len(todo)} cases, once -> {kept}")
+            made = LegInProcess(base, options)(None, todo, out / "baseline" / "run")
+            have = made if have is None else pd.concat([have, made], ignore_index=True)
+            write_csv(have, kept)
+        baseline = have[of_cases(have, ids)].reset_index(drop=True)
+        extra = ("--baseline-rows", str(kept))
+    cache = Path(args.cache or os.environ.get("PARITY_BISECT_CACHE")
+                 or Path.home() / ".cache" / "linear-attn-parity" / "bisect")
+    history = History(settings, ids, baseline, UvInstaller(cache, args.uv),
+                      LegInProcess(args.candidate, options, impl=tuple(args.impl)), refusal)
+    try:
+        bisect(history, repro_extra=extra)
+    except KeyboardInterrupt:
+        raise Interrupted(f"bisect interrupted; every version's finished cases are kept under {out / 'versions'}: "
+                          f"the same command continues without measuring them again") from None
+    return 0
+
+
+VERBS = {"bisect": cmd_bisect, "cases": cmd_cases, "run": cmd_run, "causality": cmd_causality, "gate": cmd_gate, "compile": cmd_compile,
          "peers": cmd_peers, "merge": cmd_merge, "calibrate": cmd_calibrate, "all": cmd_all, "ptx": cmd_ptx,
          "mxu_probe": cmd_mxu_probe}
 

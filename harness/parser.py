@@ -240,7 +240,46 @@ def build_parser() -> argparse.ArgumentParser:
                         f"test's cap; the looks are at {', '.join(map(str, LOOKS))} draws): a comparison still "
                         "undecided stays inconclusive (exit 3) and names the draws that would decide it")
     p.set_defaults(verb_fn="all")
+    _add_bisect(sub)
     return parser
+
+
+def _add_bisect(sub) -> None:
+    p = sub.add_parser(
+        "bisect", help="which version of a candidate changed a verdict: its rows over PyPI releases or commits, "
+                       "each judged by the gate against one set of baseline rows (docs/bisect.md)",
+        description="Install each version of a candidate once (uv, --no-deps, a cached folder layered on this "
+                    "stack), run its cases, gate each version against one set of baseline rows, and find the first "
+                    "version where each comparison (case, tensor) changes verdict (or, with --all, the whole "
+                    "history). Writes history.csv/.md/.png/.html, crossings.csv, bisect-log.txt and versions/ "
+                    "(every version's rows, reused: a measured (version, case, draw) is never run again).")
+    p.add_argument("--candidate", metavar="LEG", help="the candidate leg (a registered implementation), or the baseline "
+                                                       "leg for its own history (required unless --replay)")
+    p.add_argument("--versions", metavar="SPEC",
+                   help="PyPI releases: a requirement ('tpu-inference>=0.20,<=0.32', pre-releases and yanked "
+                        "releases left out) or a list in order ('tpu-inference==0.20.0,0.21.0')")
+    p.add_argument("--git", metavar="DIR", help="a local git checkout of the candidate's package (with --commits)")
+    p.add_argument("--commits", metavar="A..B", help="with --git: commit A, then each first-parent commit up to B")
+    p.add_argument("--all", dest="sweep", action="store_true", help="measure every version: the whole history")
+    p.add_argument("--good", metavar="V", help="bisect from this version (default the first)")
+    p.add_argument("--bad", metavar="V", help="bisect up to this version (default the last)")
+    p.add_argument("--skip", action="append", default=[], metavar="V", help="never measure this version (repeatable)")
+    p.add_argument("--replay", metavar="LOG", help="run a bisect-log.txt again: its arguments and its good/bad/skip "
+                                                    "lines (edit them first, as with git bisect replay)")
+    _add_selection(p, shard=False)
+    p.add_argument("--baseline-rows", action="append", default=[], metavar="CSV",
+                   help="the baseline's rows of the selected cases, made once (else the baseline leg runs once here, "
+                        "into OUT/baseline/)")
+    p.add_argument("--out", help="output directory (default reports/bisect/<candidate>)")
+    p.add_argument("--cache", metavar="DIR", help="where each version is installed (default $PARITY_BISECT_CACHE, "
+                                                   "else ~/.cache/linear-attn-parity/bisect)")
+    p.add_argument("--uv", metavar="PATH", help="the uv to install with (default: on PATH, or beside this Python)")
+    p.add_argument("--tpu-targets", metavar="T,..", help="passed to each version's parity run")
+    _add_case_timeout(p)
+    p.add_argument("--force", action="store_true", help="write into an --out that holds another bisection")
+    _add_impl(p)
+    _add_policy(p)
+    p.set_defaults(verb_fn="bisect")
 
 
 def _add_ptx(sub) -> None:

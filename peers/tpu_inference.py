@@ -38,6 +38,9 @@ from harness.ops.base import LegBinding
 from . import mapping
 
 KERNEL = "tpu_inference.kernels.gdn.v1.fused_gdn_kernel_wrapper"
+FLAT_KERNEL = "tpu_inference.kernels.gdn.fused_gdn_kernel_wrapper"
+"""Where ``fused_gdn`` lived before the kernels moved under ``v1/`` (releases 0.20.0 and 0.21.0, and the nightlies
+before it): the same signature, so the binding takes whichever module the installed release has."""
 V2_KERNEL = "tpu_inference.kernels.gdn.v2.gdn_decode_kernel"
 V3_KERNEL = "tpu_inference.kernels.gdn.v3.wrapper"
 INSTALL = "pip install --no-deps tpu-inference"
@@ -55,7 +58,21 @@ def _module(name: str):
 
 
 def _kernel():
-    return _module(KERNEL).fused_gdn
+    """``fused_gdn`` of the installed release: under ``v1/`` from 0.22.0, flat before (:data:`FLAT_KERNEL`)."""
+    _module("tpu_inference")
+    moved = importlib.util.find_spec("tpu_inference.kernels.gdn.v1") is not None
+    return _module(KERNEL if moved else FLAT_KERNEL).fused_gdn
+
+
+_NO_GDN = ("no GDN kernel in this release: fused_gdn came with PR #2157 (merged 2026-04-22, first in the nightly "
+           "0.18.0.dev20260423 and the release 0.20.0; 0.19.0 was branched from main on 2026-04-19)")
+VERSION_REFUSALS = (
+    ("<0.18.0.dev20260423", _NO_GDN), ("==0.18.0rc1", _NO_GDN), ("==0.18.0", _NO_GDN), ("==0.19.0", _NO_GDN),
+    (">=0.18.0.dev20260423,<0.18.0.dev20260429",
+     "fused_gdn takes no has_initial_state before PR #2431 (merged 2026-04-28), and the binding passes it"),
+)
+"""The releases ``parity bisect`` refuses for v1's binding, with the reason (:mod:`harness.bisect.versions`): read
+from each release's wheel (docs/bisect.md)."""
 
 
 def _refusal(case) -> str | None:
@@ -125,6 +142,8 @@ class TpuInference:
     tests_rule = {"summary": "allclose(atol = rtol = 1e-2)", "relative_to": "reference",
                   "default": {"atol": 1e-2, "rtol": 1e-2},
                   "source": "tpu-inference's kernel tests: allclose(atol=1e-2, rtol=1e-2)"}
+
+    version_refusals = VERSION_REFUSALS  # parity bisect: releases this binding cannot map, and why
 
     bindings = {"kda": LegBinding(forward, supports_kda, describe=describe, differentiable=False),
                 "gdn": LegBinding(forward, _refusal, describe=describe, differentiable=False)}
@@ -314,11 +333,18 @@ def forward_v2(case, a, ctx):
 class _Generation(TpuInference):
     """One more kernel generation of tpu-inference, its own candidate (rows and reports apart from v1's)."""
 
-    def __init__(self, gdn: LegBinding):
+    def __init__(self, gdn: LegBinding, version_refusals: tuple = ()):
         self.bindings = {"gdn": gdn}
+        self.version_refusals = version_refusals
 
 
-V3 = _Generation(LegBinding(forward_v3, supports_v3, describe=describe_v3, differentiable=False))
+V3 = _Generation(LegBinding(forward_v3, supports_v3, describe=describe_v3, differentiable=False), (
+    ("<0.24.0", "no fused_conv1d_gdn (kernels/gdn/v3) before 0.24.0"),
+    (">=0.24.0,<0.29.0", "fused_conv1d_gdn takes no read_state_indices before 0.29.0 (0.24.0 and 0.25.0 no "
+                         "read_offsets nor num_spec_tokens either): the binding reads each request's state from a "
+                         "slot apart from its write slots (vLLM's prefix caching), which these releases cannot "
+                         "be called with")))
 V2 = _Generation(LegBinding(forward_v2, supports_v2,
                             describe=lambda c: {"entry": f"{V2_KERNEL}.ragged_gated_delta_rule_decode_only"},
-                            differentiable=False))
+                            differentiable=False), (
+    ("<0.22.0", "no ragged_gated_delta_rule_decode_only (kernels/gdn/v2) in a release before 0.22.0"),))
