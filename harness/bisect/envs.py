@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -62,11 +63,13 @@ class UvInstaller:
             source = version.install
             if version.checkout:  # a commit: its tree, exported, installed as a local project
                 source = str(Path(scratch) / "src")
-                os.makedirs(source)
-                archive = subprocess.run(f"git -C '{version.checkout}' archive {version.install} | tar -x -C "
-                                         f"'{source}'", shell=True, capture_output=True, text=True)
+                tar = Path(scratch) / "src.tar"
+                archive = subprocess.run(["git", "-C", str(version.checkout), "archive", "--format=tar", "-o",
+                                          str(tar), version.install], capture_output=True, text=True)
                 if archive.returncode:
                     raise InstallFailed(_last_line(archive.stderr))
+                with tarfile.open(tar) as exported:  # no shell: paths and revisions are arguments, not words
+                    exported.extractall(source, filter="data")
             staged = Path(scratch) / "site"
             env = dict(os.environ, UV_CACHE_DIR=str(self.cache / ".uv-cache"))
             done = subprocess.run([self.uv, "pip", "install", "--no-deps", "--python", self.python, "--target",
