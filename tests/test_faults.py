@@ -5,6 +5,7 @@ The candidates are written into a temporary module and registered with ``--impl`
 library: an outside implementation's cases each run in a worker process of their own even at ``--jobs 1``
 (harness.app.workers), so a binding that exits, crashes or hangs on one case costs that case alone."""
 
+import math
 import os
 import re
 import signal
@@ -197,6 +198,46 @@ def test_an_edited_max_abs_is_refused_naming_the_column(tmp_path, monkeypatch, c
     assert code == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"{candidate}:{i + 2}: column 'max_abs'" in err and "the row was edited" in err, err
+
+
+@pytest.mark.needs_leg("ref")
+def test_a_row_reads_back_as_written_under_a_lossy_csv_parser(tmp_path, monkeypatch, request, ref_rows):
+    """A native H200 run wrote max_abs 0.00034456638728446663; pandas 3.0.6's read_csv returned
+    0.0003445663872844 (pandas-dev/pandas#39514, 16 significant digits behind leading zeros) and --resume refused
+    the row as edited. Such a parser is put in pandas' place here, from the test side: the rows must still read
+    back bit for bit and pass the check."""
+    from harness.core import results
+
+    path, rows = ref_rows
+    ref, got = -3.289981155834498e-05, 0.00031166657572612166  # that row's worst element
+    i = rows.index[rows["status"] == "ok"][0]
+    rows.loc[i, ["ref_at_worst", "got_at_worst", "max_abs"]] = [ref, got, abs(ref - got)]
+    rows.to_csv(path, index=False)
+    assert "0.00034456638728446663" in path.read_text()  # written as its repr
+
+    read_csv = pd.read_csv
+
+    def first_17_digits(x: float) -> float:  # what pandas 3.0.6 made of those two fields written in positional form
+        text = repr(abs(x))
+        return x if "e" in text else math.copysign(float(text[:18]), x)
+
+    def lossy(*args, **kwargs):  # pandas' "high" parser before 3.1, as far as these fields show it
+        df = read_csv(*args, **kwargs)
+        if kwargs.get("float_precision") != "round_trip":
+            for c in df.columns[df.dtypes == float]:
+                df[c] = df[c].map(first_17_digits)
+        return df
+
+    request.addfinalizer(results.exact_float_keywords.cache_clear)
+    results.exact_float_keywords.cache_clear()
+    monkeypatch.setattr(pd, "read_csv", lossy)
+    assert results.exact_float_keywords() == {"float_precision": "round_trip"}
+    back = results.read_results(path)
+    assert back.loc[i, ["ref_at_worst", "got_at_worst", "max_abs"]].tolist() == [ref, got, abs(ref - got)]
+    results.exact_float_keywords.cache_clear()
+    monkeypatch.setattr(results, "exact_float_keywords", lambda: {})  # the parser taken as it is: the fault shows
+    with pytest.raises(results.ReportError, match=rf":{i + 2}: column 'max_abs'.*the row was edited"):
+        results.read_results(path)
 
 
 @pytest.mark.needs_leg("ref")

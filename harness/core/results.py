@@ -10,6 +10,8 @@ only interface between running and judging. The gate reads files through this mo
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import math
 import os
@@ -127,6 +129,22 @@ def _where(path: Path, index, column: str) -> str:
     return f"{path}:{int(index) + 2}: column {column!r}"
 
 
+_LEADING_ZEROS = "0.00034456638728446663"
+"""A max_abs a native run wrote (17 significant digits behind three zeros): the value read_csv's default parser
+returns 6.7e-17 away, 1.9e-13 relative, under pandas 3.0.6."""
+
+
+@functools.cache
+def exact_float_keywords() -> dict:
+    """``read_csv``'s keywords that make each field read back as the double whose repr it is. pandas' default C
+    parser ("high") loses up to about 1e-13 relative on fields with leading zeros (pandas-dev/pandas#39514: pandas
+    2.x and 3.0.x; 3.1 reads them exactly and deprecates the keyword); Python's own parser ("round_trip") is exact.
+    Asked of the installed parser, not of its version: a row must read back as it was written, or the three
+    columns of its worst element disagree and the row is refused as edited."""
+    default = pd.read_csv(io.StringIO(f"x\n{_LEADING_ZEROS}\n"))["x"].iloc[0]
+    return {} if default == float(_LEADING_ZEROS) else {"float_precision": "round_trip"}
+
+
 def read_table(path: Path) -> pd.DataFrame:
     """A CSV as pandas reads it, unchecked (ReportError if it is not a readable CSV); see :func:`read_results`."""
     path = Path(path)
@@ -135,7 +153,8 @@ def read_table(path: Path) -> pd.DataFrame:
     if not path.exists():
         raise ReportError(f"result file {str(path)!r} does not exist")
     try:
-        return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"input_sha256": str})
+        return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"input_sha256": str},
+                           **exact_float_keywords())
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
         raise ReportError(f"{path}: not a result CSV ({str(exc).splitlines()[0]})") from None
 
