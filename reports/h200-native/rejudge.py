@@ -37,6 +37,10 @@ def gate(baseline: Path, candidate: Path, leg: str, out: Path) -> pd.DataFrame:
     return pd.read_csv(out / "parity.csv")[KEY + ["verdict", "ratio", "eps_gpu"]]
 
 
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def candidates(folder: Path):
     for path in sorted(folder.glob("*.csv*")):
         if path.name.startswith(SKIP) or path.name.endswith(".md"):
@@ -50,6 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="", help="only case ids holding this substring")
     parser.add_argument("--flips", type=Path, help="also write the differing verdicts to this CSV")
+    parser.add_argument("--only-extra", action="store_true", help="judge only the files named, not the peer folders")
     parser.add_argument("extra", nargs="*", type=Path)
     args = parser.parse_args()
     native = native_rows()
@@ -59,7 +64,8 @@ def main() -> None:
         tmp = Path(tmp)
         jobs = [(folder / ("gpu.csv.gz" if (folder / "gpu.csv.gz").exists() else "gpu.csv"), path, leg)
                 for folder in sorted(p for p in PEERS.iterdir() if p.is_dir()) for path, leg in candidates(folder)]
-        jobs += [(None, path, pd.read_csv(path, nrows=1)["leg"].iloc[0]) for path in args.extra]
+        jobs = [] if args.only_extra else jobs
+        jobs += [(None, path.resolve(), pd.read_csv(path, nrows=1)["leg"].iloc[0]) for path in args.extra]
         print("| candidate | file | vs emulated fla | vs native fla (H200) |\n|---|---|---|---|")
         for n, (emulated, path, leg) in enumerate(jobs):
             cand = pd.read_csv(path, dtype={"input_sha256": str})
@@ -85,10 +91,10 @@ def main() -> None:
                 v_e = v_n.assign(verdict="")
             both = v_e.merge(v_n, on=KEY, suffixes=("_emulated", "_native"))
             count = lambda s: ", ".join(f"{k} {v}" for k, v in s.value_counts().sort_index().items() if k)
-            print(f"| {leg} | {path.relative_to(ROOT)} | {count(both.verdict_emulated) or '-'} | "
+            print(f"| {leg} | {shown(path)} | {count(both.verdict_emulated) or '-'} | "
                   f"{count(both.verdict_native)} |")
             diff = both[(both.verdict_emulated != both.verdict_native) & (both.verdict_emulated != "")]
-            flips.append(diff.assign(candidate=leg, file=str(path.relative_to(ROOT))))
+            flips.append(diff.assign(candidate=leg, file=shown(path)))
     flips = pd.concat(flips) if flips else pd.DataFrame()
     print(f"\n{len(flips)} verdicts differ")
     if len(flips):
