@@ -67,8 +67,25 @@ def fma(a, b, c, a_parts=None, b_parts=None, c_err=None):
     return s + (t + (e if c_err is None else e + c_err))
 
 
+def halving_sum(x, axis: int):
+    """``sum(x, axis)`` (kept as a length-1 axis) in one fixed order: the axis padded with zeros to a power of two,
+    then its halves added elementwise, ``x[:n/2] + x[n/2:]``, until one element is left. That is the shape of a
+    TPU's reduction across lanes or sublanes (rotate by half, add, repeat). ``jnp.sum`` would leave the order to
+    the compiler: in interpret mode XLA:CPU picks it, and its pick changed between jax 0.9.2 (near-sequential) and
+    0.10.2, which moved the decode kernels' dq and dk by 1.5x (docs/precision.md)."""
+    n = x.shape[axis]
+    width = 1 << (n - 1).bit_length()
+    if width != n:
+        x = jnp.pad(x, [(0, width - n) if a == axis else (0, 0) for a in range(x.ndim)])
+    while x.shape[axis] > 1:
+        half = x.shape[axis] // 2
+        x = lax.slice_in_dim(x, 0, half, axis=axis) + lax.slice_in_dim(x, half, 2 * half, axis=axis)
+    return x
+
+
 def dot_rows(x, y, axis: int, y_parts=None):
     """``sum(x * y, axis)`` with every product exact: the rounded products summed, plus their exact errors
-    summed. The sum's own roundings remain (one pairwise sum, as a GPU's ``tl.sum``); the products' do not."""
+    summed, each sum in :func:`halving_sum`'s order. The sums' own roundings remain (a tree's, as a GPU's
+    ``tl.sum`` and a TPU's lane reduction round); the products' do not."""
     p, e = two_product(x, y, None, y_parts)
-    return jnp.sum(p, axis=axis, keepdims=True) + jnp.sum(e, axis=axis, keepdims=True)
+    return halving_sum(p, axis) + halving_sum(e, axis)

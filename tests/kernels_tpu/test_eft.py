@@ -80,6 +80,28 @@ def test_dot_rows_products_exact():
     assert got.shape == (4, 1) and np.all(got == F32(128 * (1 + 2.0 ** -11 + 2.0 ** -24)))
 
 
+def test_halving_sum_has_one_order():
+    # [2^24, 1, -2^24, 1] in float32: left to right, 2^24 + 1 rounds back to 2^24 and the sum is 1; in halves,
+    # (2^24 - 2^24) + (1 + 1) = 2, which is also the exact sum
+    x = jnp.asarray(np.array([[2.0 ** 24, 1, -(2.0 ** 24), 1]], F32))
+    assert F32(F32(F32(F32(2.0 ** 24) + F32(1)) - F32(2.0 ** 24)) + F32(1)) == 1  # the sequential order's answer
+    got = np.asarray(eft.halving_sum(x, axis=1))
+    assert got.shape == (1, 1) and got[0, 0] == 2
+    got = np.asarray(eft.halving_sum(x.T, axis=0))  # the same along the other axis
+    assert got.shape == (1, 1) and got[0, 0] == 2
+    # length 3 is padded to 4: (a + c) + (b + 0) with a = 2^24, b = 1, c = -2^24 gives exactly 1
+    assert np.asarray(eft.halving_sum(jnp.asarray(np.array([2.0 ** 24, 1, -(2.0 ** 24)], F32)), axis=0))[0] == 1
+    # and with b, c swapped the halves are (2^24 + 1) + (-2^24 + 0): 2^24 + 1 rounds to 2^24, so 0
+    assert np.asarray(eft.halving_sum(jnp.asarray(np.array([2.0 ** 24, -(2.0 ** 24), 1], F32)), axis=0))[0] == 0
+
+
+def test_dot_rows_sums_in_halves():
+    # the same cancellation through dot_rows: exact products (y = 1), summed in halves
+    x = jnp.asarray(np.array([[2.0 ** 24], [1], [-(2.0 ** 24)], [1]], F32))
+    got = np.asarray(eft.dot_rows(x, jnp.ones_like(x), axis=0))
+    assert got.shape == (1, 1) and got[0, 0] == 2
+
+
 def test_in_a_pallas_kernel():
     a = np.full((8, 128), 1 + 2.0 ** -12, F32)
     c = np.full((8, 128), -(1 + 2.0 ** -11), F32)
