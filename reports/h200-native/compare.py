@@ -53,22 +53,12 @@ def main() -> None:
     print(table(m, ["path", "dtype"]))
     fr = m[m.path.str.endswith("fused_recurrent") & (m.dtype == "float32")]
     print("\n## fused_recurrent, float32: median emulated / native per tensor\n")
-    print(fr.pivot_table(index="path", columns="tensor", values="ratio", aggfunc="median").round(2).to_markdown()
-          if hasattr(pd.DataFrame, "to_markdown") and _has_tabulate() else
-          fr.pivot_table(index="path", columns="tensor", values="ratio", aggfunc="median").round(2).to_string())
+    print(fr.pivot_table(index="path", columns="tensor", values="ratio", aggfunc="median").round(2).to_string())
     h100 = pd.concat([read(ROOT / "reports" / "h100-native" / f) for f in ("gpu-smoke.csv", "gpu-regressions.csv")])
     h = paired(read(HERE / "gpu-smoke-regressions.csv.gz"), h100)
     print(f"\n## H100 (2026-11-23) / H200 (2026-11-28), both native, triton 3.7.1: {len(h)} rows\n")
     print(f"rel_l2 ratio {h.ratio.min():.13f} – {h.ratio.max():.13f}; rel_l2 equal on {(h.ratio == 1).sum()}; worst "
           f"element bit-equal on {h.bit_equal.sum()}")
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":
