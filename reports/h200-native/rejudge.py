@@ -18,13 +18,19 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+from harness.core.results import exact_float_keywords  # noqa: E402  (rows read back exactly, as the gate reads them)
 PEERS = ROOT / "reports" / "peers"
 SKIP = ("gpu.", "causality", "compile", "errors.", "deltanet.csv")  # not a candidate's gated rows
 KEY = ["case_id", "tensor", "metric"]
 
 
+def read(path, **kwargs) -> pd.DataFrame:
+    return pd.read_csv(path, dtype={"input_sha256": str}, **exact_float_keywords(), **kwargs)
+
+
 def native_rows() -> pd.DataFrame:
-    return pd.concat([pd.read_csv(HERE / f, dtype={"input_sha256": str})
+    return pd.concat([read(HERE / f)
                       for f in ("gpu-smoke-regressions.csv.gz", "gpu-peers.csv.gz")], ignore_index=True)
 
 
@@ -68,7 +74,7 @@ def main() -> None:
         jobs += [(None, path.resolve(), pd.read_csv(path, nrows=1)["leg"].iloc[0]) for path in args.extra]
         print("| candidate | file | vs emulated fla | vs native fla (H200) |\n|---|---|---|---|")
         for n, (emulated, path, leg) in enumerate(jobs):
-            cand = pd.read_csv(path, dtype={"input_sha256": str})
+            cand = read(path)
             cand = cand[cand.case_id.str.contains(args.cases, regex=False)]
             cases = set(cand.case_id)
             if emulated is not None and emulated.exists():
@@ -83,7 +89,7 @@ def main() -> None:
             cand[cand.case_id.isin(cases)].to_csv(cut / f"{leg}.csv", index=False)
             v_n = gate(tmp / f"n{n}" / "gpu.csv", cut / f"{leg}.csv", leg, tmp / f"gn{n}")
             if emulated is not None and emulated.exists():
-                em = pd.read_csv(emulated, dtype={"input_sha256": str})
+                em = read(emulated)
                 (tmp / f"e{n}").mkdir()
                 em[em.case_id.isin(cases)].to_csv(tmp / f"e{n}" / "gpu.csv", index=False)
                 v_e = gate(tmp / f"e{n}" / "gpu.csv", cut / f"{leg}.csv", leg, tmp / f"ge{n}")
