@@ -142,6 +142,7 @@ class EmulationSession:
     def __init__(self, settings: Dict[str, Any]) -> None:
         self.settings = dict(settings)
         self._recorder = _AutotuneRecorder()
+        self.reduce_order = None  # the ReduceOrder of the block (reduce_order), when it sums in the layout's order
 
     def autotune_records(self) -> List[AutotuneRecord]:
         """Every (kernel, tuning key) decision taken in the block, in order."""

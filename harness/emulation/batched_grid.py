@@ -63,6 +63,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .patcher import Patcher
+from .ptx_arith import keep_product
 
 DEFAULT_MAX_PROGRAMS = 512
 
@@ -576,7 +577,8 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
                         flat = []
                         for t in input:
                             d = t.handle.data
-                            flat.append(tl.core.tensor(TensorHandle(d.reshape(_lead(d), -1), t.handle.dtype),
+                            flat.append(tl.core.tensor(keep_product(t.handle, TensorHandle(d.reshape(_lead(d), -1),
+                                                                                           t.handle.dtype)),
                                                        tl.block_type(t.dtype, [int(np.prod(t.shape))])))
                         input = tuple(flat)
                         self.axis = 1

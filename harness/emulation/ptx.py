@@ -44,6 +44,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 from harness.core.provenance import git_commit
 
 from .gpu_model import EmulationFacts, emulation_facts
+from .specialization import Specializer, compile_record, specialization_key  # noqa: F401  (the record key, also for tests)
 
 TARGETS = {"sm80": 80, "sm90": 90}
 ASSUMPTIONS = ("tf32_dot", "ieee_dot", "low_precision_dot", "contraction", "rounding_modes", "f32_div_sqrt",
@@ -427,43 +428,14 @@ def check_kernel(kernel: str, target: str, ttir: str, ptx: str, ptx_nofusion: st
 # step 1: capture launches (run in its own process)
 
 
-def _encode_value(v):
-    import triton.language as tl
-
-    if isinstance(v, tl.constexpr):
-        v = v.value
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return {"t": type(v).__name__, "v": v}
-    if isinstance(v, tl.dtype):
-        return {"t": "dtype", "v": str(v)}
-    raise TypeError(f"cannot record constexpr value {v!r} ({type(v).__name__})")
-
-
-def _decode_value(d):
-    import triton.language as tl
-
-    if d["t"] == "dtype":
-        return tl.dtype(d["v"])
-    return d["v"]
-
-
-def specialization_key(rec: dict) -> str:
-    body = json.dumps({k: rec[k] for k in ("module", "qualname", "signature", "constexprs", "attrs", "options")},
-                      sort_keys=True)
-    return hashlib.sha256(body.encode()).hexdigest()[:10]
-
-
 class LaunchRecorder:
     """Patches ``InterpretedFunction.run`` (restored by :meth:`close`) to record each launch's specialization as
-    Triton's CUDA launcher would compute it."""
+    Triton's CUDA launcher would compute it (:class:`specialization.Specializer`)."""
 
     def __init__(self):
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import make_backend
         from triton.runtime.interpreter import InterpretedFunction
 
-        self._backend = make_backend(GPUTarget("cuda", 90, 32))
-        self._jit: Dict[int, object] = {}
+        self._specializer = Specializer()
         self.records: Dict[str, dict] = {}
         self._cls = InterpretedFunction
         self._orig = InterpretedFunction.run
@@ -479,35 +451,12 @@ class LaunchRecorder:
         self._cls.run = self._orig
 
     def record(self, interp_fn, args, kwargs):
-        from triton import knobs
-        from triton.runtime.jit import JITFunction, create_function_from_signature
-
-        jf = self._jit.get(id(interp_fn))
-        if jf is None:
-            jf = JITFunction(interp_fn.fn, **interp_fn.kwargs)
-            jf._ptx_binder = create_function_from_signature(jf.signature, jf.params, self._backend)
-            self._jit[id(interp_fn)] = jf
-        kw = dict(kwargs)  # as JITFunction.run completes them
-        kw["debug"] = kw.get("debug", jf.debug) or knobs.runtime.debug
-        kw["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-        kw["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
-        bound, spec, opts = jf._ptx_binder(*args, **kw)
-        _options, signature, constexprs, attrs = jf._pack_args(self._backend, kw, bound, spec, opts)
-        names = {p.name for p in jf.params}
-        rec = {
-            "module": interp_fn.fn.__module__,
-            "qualname": interp_fn.fn.__qualname__,
-            "signature": signature,
-            "constexprs": sorted([list(k), _encode_value(v)] for k, v in constexprs.items()),
-            "attrs": sorted([list(k), [list(a) for a in v]] for k, v in attrs.items()),
-            "options": {k: v for k, v in kwargs.items() if k not in names},
-        }
-        key = specialization_key(rec)
+        rec = self._specializer.record(interp_fn, args, kwargs)
+        key = rec["key"]
         if key in self.records:
             self.records[key]["launches"] += 1
         else:
             rec["launches"] = 1
-            rec["key"] = key
             self.records[key] = rec
 
 
@@ -539,23 +488,6 @@ def capture_main(out_json: str, parity_argv: Sequence[str]) -> int:
 # step 2: compile (run in its own process, not in interpreter mode)
 
 
-def _resolve_kernel(module: str, qualname: str):
-    import importlib
-
-    from triton.runtime.jit import JITFunction
-
-    obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    seen = 0
-    while not isinstance(obj, JITFunction) and seen < 8:
-        obj = getattr(obj, "fn")
-        seen += 1
-    if not isinstance(obj, JITFunction):
-        raise RuntimeError(f"{module}.{qualname} is not a Triton JITFunction in this process")
-    return obj
-
-
 def compile_main(launches_json: str, out_dir: str, targets: Sequence[str]) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile needs a process without TRITON_INTERPRET")
@@ -565,7 +497,7 @@ def compile_main(launches_json: str, out_dir: str, targets: Sequence[str]) -> in
     import triton
     from triton._C.libtriton import llvm
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import make_backend
 
     warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
     import fla.ops  # noqa: F401
@@ -583,16 +515,13 @@ def compile_main(launches_json: str, out_dir: str, targets: Sequence[str]) -> in
             stem = out / tname / f"{rec['qualname']}-{rec['key']}"
             t0 = time.time()
             try:
-                fn = _resolve_kernel(rec["module"], rec["qualname"])
-                constexprs = {tuple(k): _decode_value(v) for k, v in rec["constexprs"]}
-                attrs = {tuple(k): [tuple(a) for a in v] for k, v in rec["attrs"]}
-                src = ASTSource(fn, rec["signature"], constexprs, attrs)
-                kernel = triton.compile(src, target=target, options=dict(rec["options"]))
+                kernel = compile_record(rec, cc)
                 opt = backend.parse_options(dict(rec["options"]))
                 llir, ptx = kernel.asm["llir"], kernel.asm["ptx"]
                 llvm.init_targets()  # a kernel served from Triton's cache has not initialised LLVM's targets
                 nofusion = backend.make_ptx(llir, {}, dataclasses.replace(opt, enable_fp_fusion=False), cc)
                 stem.with_suffix(".ttir").write_text(kernel.asm["ttir"])
+                stem.with_suffix(".ttgir").write_text(kernel.asm["ttgir"])
                 stem.with_suffix(".ptx").write_text(ptx)
                 stem.with_suffix(".nofusion.ptx").write_text(nofusion)
                 entry.update(files=stem.name, enable_fp_fusion=opt.enable_fp_fusion, num_warps=opt.num_warps,

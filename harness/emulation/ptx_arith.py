@@ -85,6 +85,16 @@ def fused_multiply_add(builder, lhs, rhs, subtract: bool):
     return None
 
 
+def keep_product(src, dst):
+    """``dst``, a handle whose data is ``src``'s reshaped without moving a value between threads (``tl.sum``'s
+    flatten of a block), keeps ``src``'s product operands reshaped alike: the sum's first add can still contract
+    the multiply (``reduce_order``)."""
+    operands = getattr(src, "attr", {}).get(PRODUCT)
+    if operands is not None:
+        dst.attr[PRODUCT] = tuple(type(o)(np.asarray(o.data).reshape(dst.data.shape), o.dtype) for o in operands)
+    return dst
+
+
 def _install_ptx_arithmetic(patcher: Patcher) -> None:
     """Patch the interpreter's builder as the module doc says (after ``bf16_arith``, whose patches these call)."""
     import triton.language as tl

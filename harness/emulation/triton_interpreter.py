@@ -115,6 +115,7 @@ from .fla_gather import _install_fla_gather_fallback
 from .loop_vars import _install_induction_vars
 from .patcher import MISSING, Patcher
 from .ptx_arith import _install_ptx_arithmetic
+from .reduce_order import DEFAULT_TARGET as REDUCE_TARGET, ReduceOrder, install as install_reduce_order
 from .setup import (EMULATED_TRITON, emulation_problem, enable_interpreter_mode, interpreter_mode_enabled,  # noqa: F401
                     native_cuda_available, triton_versions)
 
@@ -141,7 +142,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
                      tf32_rounding: str = "truncate", autotune_rule: AutotuneRule = "first", bf16: bool = True,
                      dots: bool = True, loop_tensors: bool = True, autotune: bool = True,
                      ptx_arith: bool = True, batched_grid: bool = True,
-                     batched_grid_max_programs: int = DEFAULT_MAX_PROGRAMS) -> Iterator[EmulationSession]:
+                     batched_grid_max_programs: int = DEFAULT_MAX_PROGRAMS,
+                     reduce_target: Optional[str] = REDUCE_TARGET) -> Iterator[EmulationSession]:
     """Scoped H100-like numerics for the Triton interpreter (see module doc).
 
     dot_precision: default ``input_precision`` for float32 ``tl.dot`` in the
@@ -159,6 +161,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         equal to the sequential loop; False keeps the stock loop (one pass per
         program), the reference the batched executor is compared with.
     batched_grid_max_programs: at most this many programs per pass (memory).
+    reduce_target: float32 ``tl.sum`` adds in the order of the kernel's layout compiled for this target ("sm90",
+        "sm80"; ``reduce_order``); None keeps numpy's order (the stock interpreter's).
 
     ``session.grid_launches`` lists, per launch, how it ran (kernel, grid,
     mode batched/split/sequential, groups, reason); ``settings["grid_launches"]``
@@ -193,6 +197,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         "loop_induction_tensors": bool(loop_tensors),
         "autotune_rule": (autotune_rule if isinstance(autotune_rule, str) else "callable") if autotune else "stock",
         "batched_grid": bool(batched_grid),
+        "reduce_order": f"compiled layout ({reduce_target})" if reduce_target else "stock-interpreter",
     })
     session.grid_launches = []
 
@@ -214,6 +219,10 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
             if dots:
                 _install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
                                       tf32_rounding=tf32_rounding)
+            if reduce_target:  # after bf16: its sums of bf16 stay bf16_arith's
+                order = ReduceOrder(reduce_target)
+                install_reduce_order(patcher, order)
+                session.reduce_order = order
             _install_int1_comparisons(patcher)  # not a numerics choice: the interpreter's own type slip
             session.settings["fla_gather_disabled_in"] = _install_fla_gather_fallback(patcher)
             if dot_precision is not None:

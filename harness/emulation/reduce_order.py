@@ -1,0 +1,569 @@
+"""``tl.sum`` of float32 in the order the compiled kernel adds, read from Triton's own layout for that kernel.
+
+The Triton interpreter sums a block with ``np.sum``, whose order is numpy's: sequential along a strided axis,
+pairwise along a contiguous one. A GPU adds in the order the reduction's *layout* gives, and that layout is chosen
+by the compiler per kernel, specialization, ``num_warps`` and target. So the order is read, never written by hand:
+
+1. **The layout, from the compile.** Each launch's specialization (:class:`specialization.Specializer`) is
+   compiled for the target (``sm_90`` by default) in a separate process that is not in interpreter mode
+   (:func:`compile_sites`, served by ``python -m harness.emulation.reduce_order serve``). Every ``tt.reduce`` of
+   its TTGIR gives a :class:`ReduceSite`: the source location of the ``tl.sum`` (the chain of calls in fla's
+   files), the axis, the shape, and the operand's layout as Triton's own linear layout
+   (``GluonOpBuilder.to_linear_layout``): which element each register, lane and warp bit moves to.
+2. **The order, from Triton's lowering of ``tt.reduce``** (``ReduceOpToLLVM``, triton 3.9; the PTX check in
+   ``parity ptx`` holds it against the PTX, see :func:`sum_levels`): a coordinate along the axis is the XOR of the
+   bases of the register, lane and warp bits that hold it, so the reduction is a sequence of pairwise levels, one
+   per bit of the axis coordinate:
+
+   - **within a thread**, a binary tree over the registers that move along the axis, in register order: first the
+     pairs that differ in the first such register bit, then the next;
+   - **within a warp**, ``shfl.sync.bfly`` over the lane bits that move along the axis, from the highest lane bit
+     to the lowest ("the legacy inverse order" of ``warpReduce``);
+   - **across warps**, through shared memory: the warps' partial sums go to lanes, and the same butterfly runs
+     over them, highest warp bit first.
+
+   Each level is a float32 add, correctly rounded. The first level within a thread adds two of the kernel's
+   products when the summand is a product (``tl.sum(a * b)``): LLVM contracts the multiply of the left (lower
+   register) operand into that add (``fma.rn.f32``), as ``ptx_arith`` contracts any multiply feeding an add.
+3. **The interpreter.** A launch makes its sites current; a float32 ``tl.sum`` finds its site by its call's source
+   location (file, line and column, through the chain of jitted calls) and sums in that order. A sum with no site
+   in the compile (the compiler removed it as dead, or it was folded into another op) keeps numpy's order; the
+   number of such sums is counted per launch (``ReduceOrder.unmatched``) and a test holds it at zero on fla's
+   kernels.
+
+Not modelled, and said so: bf16/fp16 sums (the interpreter's pairwise tree with a rounding after each add, see
+``bf16_arith``; on sm_90 Triton may pack 16-bit pairs into ``add.bf16x2``), a layout whose basis moves the axis and
+another dimension at once (refused: :class:`LayoutNotModelled`), and ``tl.reduce`` with a combine function other
+than the sum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .ptx_arith import PRODUCT, keep_product
+from .specialization import Specializer
+
+TARGETS = {"sm80": 80, "sm90": 90}
+DEFAULT_TARGET = "sm90"
+
+Where = Tuple[Tuple[str, int, int], ...]
+
+
+class LayoutNotModelled(ValueError):
+    """A reduction layout whose order this module does not derive (a basis moving the axis and another dimension)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceSite:
+    """One ``tt.reduce`` of a compiled kernel: where (``(file, line, column)`` per call, outermost first; the file
+    as its last two path components), what (axis, shape, element type) and the operand's linear layout (each
+    register / lane / warp bit's basis: the element coordinates it moves)."""
+
+    where: Where
+    axis: int
+    shape: Tuple[int, ...]
+    element: str
+    registers: Tuple[Tuple[int, ...], ...]
+    lanes: Tuple[Tuple[int, ...], ...]
+    warps: Tuple[Tuple[int, ...], ...]
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ReduceSite":
+        tup = lambda xs: tuple(tuple(x) for x in xs)  # noqa: E731
+        return cls(where=tuple((str(f), int(ln), int(c)) for f, ln, c in d["where"]), axis=int(d["axis"]),
+                   shape=tuple(d["shape"]), element=d["element"], registers=tup(d["registers"]),
+                   lanes=tup(d["lanes"]), warps=tup(d["warps"]))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the order
+
+
+def _axis_bits(bases: Sequence[Sequence[int]], axis: int, what: str) -> List[int]:
+    """For each basis in order: the bit of the axis coordinate it moves, or -1 when it moves none (it moves another
+    dimension, or is a broadcast)."""
+    bits = []
+    for basis in bases:
+        a = int(basis[axis])
+        others = any(int(v) for i, v in enumerate(basis) if i != axis)
+        if a == 0:
+            bits.append(-1)
+            continue
+        if others or a & (a - 1):
+            raise LayoutNotModelled(f"{what} basis {list(basis)} moves axis {axis} by {a} and other dimensions: "
+                                    "its reduction order is not derived here")
+        bits.append(a.bit_length() - 1)
+    return bits
+
+
+def sum_levels(site: ReduceSite) -> Tuple[Tuple[str, int], ...]:
+    """The pairwise levels of the site's reduction, first to last, as ``(where, bit)``: ``where`` is "thread",
+    "lane" or "warp", ``bit`` the bit of the axis coordinate whose two values that level adds. Registers in register
+    order; lanes and warps from their highest bit to their lowest (the module doc). Every bit of the axis appears
+    exactly once, or :class:`LayoutNotModelled` is raised."""
+    axis = site.axis
+    regs = [b for b in _axis_bits(site.registers, axis, "register") if b >= 0]
+    lanes = [b for b in _axis_bits(site.lanes, axis, "lane") if b >= 0]
+    warps = [b for b in _axis_bits(site.warps, axis, "warp") if b >= 0]
+    levels = ([("thread", b) for b in regs] + [("lane", b) for b in reversed(lanes)]
+              + [("warp", b) for b in reversed(warps)])
+    n = int(site.shape[axis])
+    want = set(range(n.bit_length() - 1))
+    got = [b for _, b in levels]
+    if n & (n - 1) or sorted(got) != sorted(want):
+        raise LayoutNotModelled(f"the layout's axis bits {got} do not cover an axis of {n} once each")
+    return tuple(levels)
+
+
+def ordered_sum(x: np.ndarray, axis: int, levels: Sequence[Tuple[str, int]], product=None, fma=None) -> np.ndarray:
+    """Sum ``x`` (float32) along ``axis`` level by level (:func:`sum_levels`), each level a correctly rounded float32
+    add of the elements whose axis coordinates differ only in that level's bit (the lower coordinate on the left).
+
+    ``product``: ``(a, b)`` with ``x = a * b`` elementwise, and ``fma(a, b, c)`` the float32 fused multiply-add;
+    when given and the first level is within a thread, that level is ``fma(a_lo, b_lo, x_hi)`` (the contraction of
+    the module doc). The axis is removed from the result."""
+    x = np.moveaxis(np.asarray(x), axis, -1)
+    n = x.shape[-1]
+    m = n.bit_length() - 1
+    lead = x.shape[:-1]
+    # the axis as m binary digits, most significant first: digit d of the reshaped array is bit (m - 1 - d)
+    bits = list(range(m - 1, -1, -1))
+
+    def digits(v):
+        return np.moveaxis(np.asarray(v), axis, -1).reshape(lead + (2, ) * m)
+
+    x = x.reshape(lead + (2, ) * m)
+    for i, (where, bit) in enumerate(levels):
+        d = len(lead) + bits.index(bit)
+        lo, hi = np.take(x, 0, axis=d), np.take(x, 1, axis=d)
+        if i == 0 and where == "thread" and product is not None:
+            a, b = (digits(p) for p in product)
+            x = fma(np.take(a, 0, axis=d), np.take(b, 0, axis=d), hi)
+        else:
+            x = (lo + hi).astype(np.float32)
+        bits.remove(bit)
+    return x.reshape(lead)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reading the compile (in a process that is not in interpreter mode)
+
+_LOC_DEF = re.compile(r"^(#loc\d*) = loc\((.*)\)\s*$", re.M)
+
+
+def _split_top(text: str, sep: str) -> Tuple[str, str]:
+    """``text`` split at the first ``sep`` outside parentheses and quotes."""
+    depth, quoted = 0, False
+    for i, ch in enumerate(text):
+        if ch == '"':
+            quoted = not quoted
+        elif not quoted and ch == "(":
+            depth += 1
+        elif not quoted and ch == ")":
+            depth -= 1
+        elif not quoted and depth == 0 and text.startswith(sep, i):
+            return text[:i], text[i + len(sep):]
+    raise ValueError(f"no {sep!r} in {text!r}")
+
+
+def _resolve_loc(body: str, defs: Dict[str, str], depth: int = 0) -> List[Tuple[str, int, int]]:
+    """The file locations of an MLIR location, outermost call first (``callsite(callee at caller)``: the caller's,
+    then the callee's)."""
+    body = body.strip()
+    if depth > 64:
+        return []
+    if body.startswith("#loc"):
+        return _resolve_loc(defs.get(body, "unknown"), defs, depth + 1)
+    if body.startswith("loc(") and body.endswith(")"):
+        return _resolve_loc(body[4:-1], defs, depth + 1)
+    if body.startswith("callsite(") and body.endswith(")"):
+        callee, caller = _split_top(body[len("callsite("):-1], " at ")
+        return _resolve_loc(caller, defs, depth + 1) + _resolve_loc(callee, defs, depth + 1)
+    if body.startswith("fused"):
+        inner = body[body.index("[") + 1:body.rindex("]")]
+        return _resolve_loc(_split_top(inner + ",", ",")[0], defs, depth + 1)
+    m = re.fullmatch(r'"([^"]*)":(\d+):(\d+)', body)
+    if m:
+        return [(m.group(1), int(m.group(2)), int(m.group(3)))]
+    m = re.fullmatch(r'"[^"]*"\((.*)\)', body, re.S)  # a named location: the name, then where
+    if m:
+        return _resolve_loc(m.group(1), defs, depth + 1)
+    return []
+
+
+def file_key(path: str) -> str:
+    """A source file as its last two path components (the same on every machine and install)."""
+    parts = Path(path).parts
+    return "/".join(parts[-2:])
+
+
+def _is_triton_source(path: str) -> bool:
+    parts = Path(path).parts
+    return "triton" in parts and ("language" in parts or "runtime" in parts)
+
+
+def reduce_locations(ttgir: str) -> List[Where]:
+    """Each ``tt.reduce`` of the TTGIR text, in textual order: its chain of call locations in files outside Triton."""
+    defs = {m.group(1): m.group(2) for m in _LOC_DEF.finditer(ttgir)}
+    out, inside = [], False
+    for line in ttgir.splitlines():
+        if '"tt.reduce"(' in line:
+            inside = True
+            continue
+        if inside and line.lstrip().startswith("}) :"):
+            inside = False
+            m = re.search(r"loc\((#loc\d*|.*)\)\s*$", line)
+            chain = _resolve_loc(m.group(1), defs) if m else []
+            out.append(tuple((file_key(f), ln, col) for f, ln, col in chain if not _is_triton_source(f)))
+    return out
+
+
+def sites_of_ttgir(ttgir: str) -> List[ReduceSite]:
+    """Every reduction of a compiled kernel's TTGIR, with its operand's layout as Triton's linear layout."""
+    from triton._C.libtriton import gluon_ir, ir
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    try:
+        from triton._C.libtriton import nvidia
+
+        nvidia.load_dialects(ctx)
+    except ImportError:  # pragma: no cover - a Triton build without the NVIDIA backend
+        pass
+    module = ir.parse_mlir_module_from_str(ttgir, ctx) if hasattr(ir, "parse_mlir_module_from_str") else None
+    if module is None:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".ttgir", delete=False) as fh:
+            fh.write(ttgir)
+        try:
+            module = ir.parse_mlir_module(fh.name, ctx)
+        finally:
+            os.unlink(fh.name)
+    ops: list = []
+    reshaped: Dict[int, object] = {}  # a tt.reshape's result -> its source
+
+    def visit(op):
+        if op.get_name() == "tt.reduce":
+            ops.append(op)
+        elif op.get_name() == "tt.reshape":
+            reshaped[op.get_result(0).id()] = op.get_operand(0)
+
+    module.walk(visit)
+    wheres = reduce_locations(ttgir)
+    if len(wheres) != len(ops):
+        raise RuntimeError(f"{len(ops)} tt.reduce ops but {len(wheres)} in the TTGIR text")
+    builder = gluon_ir.GluonOpBuilder(ctx)
+    sites = []
+    def bases(v):
+        shape = list(builder.get_shape_from_tensor(v))
+        ll = builder.to_linear_layout(builder.get_gluon_layout_from_tensor(v)._to_ir(builder), shape)
+        return shape, [ll.reg_bases, ll.lane_bases, ll.warp_bases]
+
+    for op, where in zip(ops, wheres):
+        v = op.get_operand(0)
+        shape, (regs, lanes, warps) = bases(v)
+        source = reshaped.get(v.id())
+        if source is not None and len(shape) == 1:
+            # tl.sum(x) of a block: x reshaped to 1-D with allow_reorder, which moves no value between registers,
+            # lanes or warps: each keeps the source elements it held. The interpreter flattens row-major, so the
+            # order is the source layout's with each basis as a row-major flat offset.
+            src_shape, src_bases = bases(source)
+            strides = [int(np.prod(src_shape[d + 1:])) for d in range(len(src_shape))]
+            regs, lanes, warps = ([[sum(int(c) * st for c, st in zip(b, strides))] for b in group]
+                                  for group in src_bases)
+        sites.append(ReduceSite(where=where, axis=int(op.get_int_attr("axis")), shape=tuple(shape),
+                                element=_element_type(str(v.get_type())),
+                                registers=tuple(tuple(b) for b in regs), lanes=tuple(tuple(b) for b in lanes),
+                                warps=tuple(tuple(b) for b in warps)))
+    return sites
+
+
+def _element_type(ty: str) -> str:
+    m = re.search(r"tensor<(?:\d+x)+([a-z0-9]+)", ty)
+    return m.group(1) if m else ty
+
+
+def compile_sites(rec: dict, target: str) -> List[ReduceSite]:
+    """The reduction sites of a specialization record compiled for ``target``."""
+    from .specialization import compile_record
+
+    kernel = compile_record(rec, TARGETS[target])
+    return sites_of_ttgir(kernel.asm["ttgir"])
+
+
+def serve() -> int:
+    """One request per input line (JSON ``{"record": ..., "target": ...}``), one answer per output line
+    (``{"sites": [...]}`` or ``{"error": "..."}``): the compile side of :class:`ReduceOrder`, in a process that is
+    not in interpreter mode."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print(json.dumps({"error": "the reduction-order server needs a process without TRITON_INTERPRET"}),
+              flush=True)
+        return 2
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # as the GPU leg
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import fla.ops  # noqa: F401  (every kernel importable by module and name)
+
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            sites = compile_sites(req["record"], req["target"])
+            answer = {"sites": [s.as_dict() for s in sites]}
+        except Exception as exc:  # noqa: BLE001 - the caller turns it into the case's error
+            answer = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        print(json.dumps(answer), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# serving the sites to the interpreter
+
+
+def _cache_dir() -> Optional[Path]:
+    from harness.run.reference_cache import default_cache_dir
+
+    root = default_cache_dir()
+    return None if root is None else root / "reduce-layouts"
+
+
+class _Server:
+    """The compile process (started on the first miss, reused for the process's life)."""
+
+    def __init__(self):
+        env = dict(os.environ)
+        env.pop("TRITON_INTERPRET", None)
+        self._proc = subprocess.Popen([sys.executable, "-m", "harness.emulation.reduce_order", "serve"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True, env=env, cwd=str(Path(__file__).resolve().parents[2]))
+
+    def ask(self, rec: dict, target: str) -> dict:
+        self._proc.stdin.write(json.dumps({"record": rec, "target": target}) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the reduction-order compile process ended without an answer")
+        return json.loads(line)
+
+
+class ReduceOrder:
+    """Sites per launch, compiled once per (kernel source, specialization, target, Triton version) and kept on disk
+    under the cache directory (``reduce-layouts/``)."""
+
+    def __init__(self, target: str = DEFAULT_TARGET):
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
+        import triton
+
+        self.target = target
+        self._triton = triton.__version__
+        self._specializer: Optional[Specializer] = None
+        self._memory: Dict[str, Dict[Tuple[Tuple[str, int], ...], List[ReduceSite]]] = {}
+        self._server: Optional[_Server] = None
+        self._lock = threading.Lock()
+        self.unmatched: Dict[str, int] = {}  # kernel -> float32 sums that kept numpy's order
+        self.matched: Dict[str, int] = {}  # kernel -> float32 sums in the compiled layout's order
+        self.failed: Dict[str, str] = {}  # kernel -> why its compile gave no layouts
+
+    def _key(self, rec: dict, source_key: str) -> str:
+        body = json.dumps({"spec": rec["key"], "source": source_key, "target": self.target, "triton": self._triton},
+                          sort_keys=True)
+        return hashlib.sha256(body.encode()).hexdigest()[:20]
+
+    def sites(self, interp_fn, args, kwargs) -> Dict[Tuple[Tuple[str, int], ...], List[ReduceSite]]:
+        """The launch's sites, by their call chain of (file, line)."""
+        with self._lock:
+            if self._specializer is None:
+                self._specializer = Specializer()
+            rec = self._specializer.record(interp_fn, args, kwargs)
+            key = self._key(rec, source_key(interp_fn.fn))
+            if key in self._memory:
+                return self._memory[key]
+            sites = self._load(key)
+            if sites is None:
+                if self._server is None:
+                    self._server = _Server()
+                answer = self._server.ask(rec, self.target)
+                if "error" in answer:
+                    # a kernel the compile process cannot load (one written in a test or a script that needs
+                    # interpreter mode to import) keeps numpy's order; it is said in ``failed`` and its sums count
+                    # as unmatched
+                    self.failed[rec["qualname"]] = answer["error"]
+                    sites = []
+                else:
+                    sites = [ReduceSite.from_dict(d) for d in answer["sites"]]
+                    self._store(key, rec, sites)
+            table: Dict[Tuple[Tuple[str, int], ...], List[ReduceSite]] = {}
+            for s in sites:
+                table.setdefault(tuple((f, ln) for f, ln, _ in s.where), []).append(s)
+            self._memory[key] = table
+            return table
+
+    def _load(self, key: str) -> Optional[List[ReduceSite]]:
+        d = _cache_dir()
+        path = None if d is None else d / f"{key}.json.gz"
+        if path is None or not path.exists():
+            return None
+        try:
+            data = json.loads(gzip.decompress(path.read_bytes()))
+            return [ReduceSite.from_dict(s) for s in data["sites"]]
+        except (OSError, ValueError, KeyError):
+            return None  # a torn or foreign file is compiled again
+
+    def _store(self, key: str, rec: dict, sites: List[ReduceSite]) -> None:
+        d = _cache_dir()
+        if d is None:
+            return
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{key}.{os.getpid()}.tmp"
+        tmp.write_bytes(gzip.compress(json.dumps({"kernel": rec["qualname"], "target": self.target,
+                                                  "sites": [s.as_dict() for s in sites]}).encode()))
+        os.replace(tmp, d / f"{key}.json.gz")
+
+
+_FILE_HASHES: Dict[str, str] = {}
+
+
+def source_key(fn) -> str:
+    """A hash of the files that hold a kernel and the jitted functions it names (one level: fla's helpers), so that
+    an edit of either compiles its layouts again. (Triton's own ``JITFunction.cache_key`` cannot be computed in an
+    interpreter-mode process: the callees are interpreted functions there.)"""
+    files = {fn.__code__.co_filename}
+    for name in fn.__code__.co_names:
+        callee = getattr(fn.__globals__.get(name), "fn", None)
+        code = getattr(callee, "__code__", None)
+        if code is not None:
+            files.add(code.co_filename)
+    h = hashlib.sha256()
+    for path in sorted(files):
+        if path not in _FILE_HASHES:
+            try:
+                _FILE_HASHES[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            except OSError:
+                _FILE_HASHES[path] = "unreadable"
+        h.update(f"{file_key(path)}:{_FILE_HASHES[path]}".encode())
+    return h.hexdigest()
+
+
+_STATE = threading.local()
+
+
+def _call_chain(kernel_code) -> Tuple[Tuple[Tuple[str, int], ...], Optional[int]]:
+    """The chain of (file, line) of the calls from the running kernel down to the ``tl.sum`` being executed (frames
+    in Triton's own files skipped), and the column of the innermost call."""
+    frame = sys._getframe(2)
+    chain: List[Tuple[str, int]] = []
+    col = None
+    while frame is not None:
+        code = frame.f_code
+        path = code.co_filename
+        if not _is_triton_source(path) and "harness" not in Path(path).parts:
+            if col is None:
+                pos = list(code.co_positions())[frame.f_lasti // 2] if hasattr(code, "co_positions") else None
+                col = None if pos is None or pos[2] is None else pos[2] + 1
+            chain.append((file_key(path), frame.f_lineno))
+            if code.co_name == kernel_code[0] and file_key(path) == kernel_code[1]:
+                break
+        frame = frame.f_back
+    return tuple(reversed(chain)), col
+
+
+def install(patcher, order: ReduceOrder) -> None:
+    """Patch the interpreter (see the module doc): launches make their sites current, float32 sums follow them."""
+    import triton.language as tl
+    import triton.runtime.interpreter as interp
+    from triton.runtime.interpreter import InterpretedFunction
+
+    orig_run = InterpretedFunction.run
+
+    def run(fn_self, *args, grid, warmup, **kwargs):
+        stack = getattr(_STATE, "launches", None)
+        if stack is None:
+            stack = _STATE.launches = []
+        stack.append((fn_self, args, kwargs, (fn_self.fn.__name__, file_key(fn_self.fn.__code__.co_filename)), {}))
+        try:
+            return orig_run(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
+        finally:
+            stack.pop()
+
+    base = interp.ReduceOps
+    builder = interp.interpreter_builder
+    TH = interp.TensorHandle
+
+    def fma(a, b, c):
+        return builder.create_fma(TH(a, tl.float32), TH(b, tl.float32), TH(c, tl.float32)).data
+
+    class OrderedReduceOps(base):
+
+        def unravel(self, input, axis):  # the stock flatten of tl.sum(x), keeping x's product operands
+            ret, axis_out = super().unravel(input, axis)
+            if axis is None:
+                ret = tuple(t if t is s else tl.core.tensor(keep_product(s.handle, t.handle), t.type)
+                            for s, t in zip(input, ret))
+            return ret, axis_out
+
+        def sum(self, input):
+            stack = getattr(_STATE, "launches", None)
+            data = input.handle.data
+            if not stack or input.dtype != tl.float32 or not hasattr(data, "ndim"):
+                return super().sum(input)
+            fn_self, args, kwargs, kernel_code, table = stack[-1]
+            if not table:
+                table.update(order.sites(fn_self, args, kwargs) or {None: []})
+            chain, col = _call_chain(kernel_code)
+            candidates = [s for s in table.get(chain, []) if col is None or s.where[-1][2] == col] or \
+                table.get(chain, [])
+            name = kernel_code[0]
+            axis = self.axis
+            site = candidates[0] if len(candidates) == 1 else None
+            product = getattr(input.handle, "attr", {}).get(PRODUCT)
+            if site is not None and axis is None and len(site.shape) == 1:
+                data = data.reshape(-1) if data.size == site.shape[0] else data.reshape(data.shape[0], -1)
+                product = None if product is None else tuple(p.data.reshape(data.shape) for p in product)
+                axis = data.ndim - 1
+            elif product is not None:
+                product = tuple(p.data for p in product)
+            if site is None or axis is None or tuple(data.shape[data.ndim - len(site.shape):]) != site.shape:
+                order.unmatched[name] = order.unmatched.get(name, 0) + 1
+                return super().sum(input)
+            local_axis = axis - (data.ndim - len(site.shape))
+            if local_axis != site.axis:
+                order.unmatched[name] = order.unmatched.get(name, 0) + 1
+                return super().sum(input)
+            if product is not None and any(np.shape(p) != data.shape for p in product):
+                product = None
+            out = ordered_sum(data, axis, sum_levels(site), product=product, fma=fma)
+            order.matched[name] = order.matched.get(name, 0) + 1
+            if self.keep_dims:  # as np.sum(..., keepdims=True) gives it
+                out = (np.expand_dims(out, axis) if self.axis is not None
+                       else np.reshape(out, (1, ) * input.handle.data.ndim))
+            return self.to_tensor(out if np.ndim(out) else np.float32(out).item(), input.dtype)
+
+    patcher.set_attr(InterpretedFunction, "run", run)
+    patcher.set_attr(interp, "ReduceOps", OrderedReduceOps)
+
+
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["serve"]:
+        sys.exit(serve())
+    print("usage: python -m harness.emulation.reduce_order serve", file=sys.stderr)
+    sys.exit(2)

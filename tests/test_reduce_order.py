@@ -1,0 +1,105 @@
+"""The emulated GPU leg's float32 ``tl.sum`` in the compiled layout's order (harness/emulation/reduce_order.py):
+the levels read from a layout, the ordered sum on hand-computed values, the TTGIR reading, and fla's kernels."""
+
+import numpy as np
+import pytest
+
+from harness.emulation.reduce_order import (LayoutNotModelled, ReduceSite, ordered_sum, reduce_locations,
+                                            sum_levels)
+
+# the layout of fla's fused_recurrent_fwd_kernel's b_h [64, 64] on sm_90, num_warps 4 (its TTGIR's #blocked:
+# sizePerThread [1, 4], threadsPerWarp [2, 16], warpsPerCTA [4, 1], order [1, 0]) as Triton's linear layout
+BLOCKED = dict(registers=((0, 1), (0, 2), (8, 0), (16, 0), (32, 0)), lanes=((0, 4), (0, 8), (0, 16), (0, 32), (1, 0)),
+               warps=((2, 0), (4, 0)))
+
+
+def site(axis, shape=(64, 64), **bases):
+    return ReduceSite(where=(("common/fused_recurrent.py", 131, 19), ), axis=axis, shape=shape, element="f32",
+                      **{**BLOCKED, **bases})
+
+
+def test_levels_are_registers_in_order_then_lanes_and_warps_from_their_highest_bit():
+    # axis 0: registers move rows 8, 16, 32 (bits 3, 4, 5); lane bit 4 moves row 1 (bit 0); warps rows 2, 4
+    assert sum_levels(site(0)) == (("thread", 3), ("thread", 4), ("thread", 5), ("lane", 0), ("warp", 2),
+                                   ("warp", 1))
+    # axis 1: registers columns 1, 2; lane bits 0-3 columns 4..32, highest lane bit first (shfl 8, 4, 2, 1)
+    assert sum_levels(site(1)) == (("thread", 0), ("thread", 1), ("lane", 5), ("lane", 4), ("lane", 3),
+                                   ("lane", 2))
+
+
+def test_a_broadcast_basis_is_no_level_and_a_mixed_basis_is_refused():
+    s = ReduceSite(where=(), axis=0, shape=(8, ), element="f32", registers=((4, ), (0, )), lanes=((1, ), (2, )),
+                   warps=((0, ), ))
+    assert sum_levels(s) == (("thread", 2), ("lane", 1), ("lane", 0))
+    with pytest.raises(LayoutNotModelled, match="moves axis 0 by 1 and other dimensions"):
+        sum_levels(ReduceSite(where=(), axis=0, shape=(2, 2), element="f32", registers=((1, 1), ), lanes=((0, 1), ),
+                              warps=()))
+    with pytest.raises(LayoutNotModelled, match="do not cover"):
+        sum_levels(ReduceSite(where=(), axis=0, shape=(8, ), element="f32", registers=((1, ), ), lanes=((2, ), ),
+                              warps=()))
+
+
+def test_the_order_decides_the_float32_sum_on_hand_computed_values():
+    # [2^24, 1, -2^24, 1]: adding bit 0 first pairs 2^24 + 1 (a tie at 2^24's ulp of 2: even, 2^24) and
+    # -2^24 + 1 (exact), so the sum is 1; adding bit 1 first pairs 2^24 - 2^24 and 1 + 1: 2
+    x = np.array([2.0**24, 1, -2.0**24, 1], np.float32)
+    assert ordered_sum(x, 0, (("thread", 0), ("lane", 1))) == 1
+    assert ordered_sum(x, 0, (("thread", 1), ("lane", 0))) == 2
+    # along a second axis the same rule per column
+    xx = np.stack([x, x[::-1]], axis=1)
+    np.testing.assert_array_equal(ordered_sum(xx, 0, (("thread", 1), ("lane", 0))), [2, 2])
+
+
+def test_the_first_level_within_a_thread_contracts_the_left_product():
+    # (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 is no float32 (it rounds to 1 + 2^-11); added to -(1 + 2^-11) it leaves
+    # 2^-24 when the product is fused, 0 when it was rounded first
+    a = np.array([1 + 2.0**-12, 1.0], np.float32)
+    b = np.array([1 + 2.0**-12, -(1 + 2.0**-11)], np.float32)
+    x = (a * b).astype(np.float32)  # [1 + 2^-11 (rounded), -(1 + 2^-11)]
+
+    def fma(p, q, c):
+        return (p.astype(np.float64) * q + c).astype(np.float32)
+
+    assert ordered_sum(x, 0, (("thread", 0), )) == 0  # rounded product: the 2^-24 is lost
+    assert ordered_sum(x, 0, (("thread", 0), ), product=(a, b), fma=fma) == np.float32(2.0**-24)
+    # a first level across lanes (a shuffle) is not contracted
+    assert ordered_sum(x, 0, (("lane", 0), ), product=(a, b), fma=fma) == 0
+
+
+TTGIR = '''#loc = loc("/x/site-packages/fla/ops/common/fused_recurrent.py":32:1)
+#loc1 = loc(unknown)
+#loc47 = loc("/x/site-packages/fla/ops/common/fused_recurrent.py":131:19)
+#loc9 = loc("/x/site-packages/triton/language/standard.py":314:12)
+#loc106 = loc("b_o"(#loc47))
+#loc116 = loc(callsite(#loc9 at #loc106))
+module {
+      %b_o_77 = "tt.reduce"(%b_o_76) <{axis = 0 : i32}> ({
+      ^bb0(%b_o_78: f32 loc(callsite(#loc1 at #loc106)), %b_o_79: f32 loc(callsite(#loc1 at #loc106))):
+        %b_o_85 = arith.addf %b_o_78, %b_o_79 : f32 loc(#loc116)
+        tt.reduce.return %b_o_85 : f32 loc(#loc116)
+      }) : (tensor<64x64xf32, #blocked>) -> tensor<64xf32, #ttg.slice<{dim = 0, parent = #blocked}>> loc(#loc116)
+}
+'''
+
+
+def test_a_reduction_is_located_by_its_call_outside_triton():
+    assert reduce_locations(TTGIR) == [(("common/fused_recurrent.py", 131, 19), )]
+
+
+@pytest.mark.needs_leg("gpu")
+def test_fla_decode_kernels_sum_in_the_compiled_order_with_every_sum_matched(tmp_path, monkeypatch):
+    """fla's fused_recurrent forward and backward (simple_gla fp32) under the emulation: every float32 sum found its
+    site in the sm_90 compile, and the layouts were kept in the cache directory."""
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path))
+    from harness.app import case_from_id
+    from harness.legs import make_leg
+    from harness.run.reference_cache import ReferenceCache
+    from harness.run.runner import Runner
+
+    leg = make_leg("gpu")
+    rows = Runner(leg, ReferenceCache(None)).run_case(case_from_id(
+        "simple_gla.fused_recurrent/B1-T16-H1-K64-V64/fp32/g=logsigmoid/16/C64/h0,dht"))
+    assert all(r["status"] in ("ok", "not_provided") for r in rows), [(r["tensor"], r["reason"]) for r in rows]
+    assert '"reduce_order": "compiled layout (sm90)"' in str(rows[0]["details"]) or \
+        "compiled layout (sm90)" in str(rows[0]["details"])
+    assert list((tmp_path / "reduce-layouts").glob("*.json.gz"))
