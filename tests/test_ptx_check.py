@@ -413,7 +413,7 @@ def test_a_record_made_from_these_inputs_is_reused_without_capture_or_compile(cu
     assert rc == 0 and len(out) == 1
     assert out[0].startswith(f"ptx: verified by content: the record {record} (made at ")
     assert f"was made from exactly these inputs (key {current['key'][:12]}); 1 kernels sm80, 1 kernels sm90; " \
-           f"14 checks, 0 mismatches, 0 errors (0 kernels), 2 not applicable" in out[0]
+           f"{2 * (len(ptx.ASSUMPTIONS) - 1)} checks, 0 mismatches, 0 errors (0 kernels), 2 not applicable" in out[0]
     # the record's files, its rows as plain CSV
     with open(tmp_path / "out" / "ptx.csv") as fh:
         assert list(csv.reader(fh)) == [list(ptx.CSV_COLUMNS)] + [r.as_list() for r in RECORD_ROWS]
@@ -438,7 +438,8 @@ def test_a_record_from_other_inputs_reruns_and_names_what_differs(current, tmp_p
     key = json.loads((tmp_path / "out" / "key.json").read_text())
     assert key["key"] == current["key"] and key["inputs"] == current["inputs"]
     assert key["rows_sha256"] == ptx._sha256((tmp_path / "out" / "ptx.csv").read_bytes())
-    assert key["summary"] == {"kernels": {"sm80": 1, "sm90": 1}, "checks": 14, "match": 14, "mismatch": 0,
+    checks = 2 * (len(ptx.ASSUMPTIONS) - 1)
+    assert key["summary"] == {"kernels": {"sm80": 1, "sm90": 1}, "checks": checks, "match": checks, "mismatch": 0,
                               "n/a": 2, "error": 0}
     assert "launches_from" not in key and key["capture_rc"] == 0
     # other targets, another selection: named too

@@ -4,8 +4,8 @@ the levels read from a layout, the ordered sum on hand-computed values, the TTGI
 import numpy as np
 import pytest
 
-from harness.emulation.reduce_order import (LayoutNotModelled, ReduceSite, ordered_sum, reduce_locations,
-                                            sum_levels)
+from harness.emulation.reduce_order import (LayoutNotModelled, ReduceSite, check_ptx, expected_shuffle_rounds,
+                                            ordered_sum, reduce_locations, sum_levels)
 
 # the layout of fla's fused_recurrent_fwd_kernel's b_h [64, 64] on sm_90, num_warps 4 (its TTGIR's #blocked:
 # sizePerThread [1, 4], threadsPerWarp [2, 16], warpsPerCTA [4, 1], order [1, 0]) as Triton's linear layout
@@ -84,6 +84,34 @@ module {
 
 def test_a_reduction_is_located_by_its_call_outside_triton():
     assert reduce_locations(TTGIR) == [(("common/fused_recurrent.py", 131, 19), )]
+
+
+# fused_recurrent_fwd_kernel's b_o sum as Triton 3.9 writes its PTX for sm_90 (abridged): one lane round (mask 16),
+# bar.sync, the warps' round (2, then 1), the chains of several registers interleaved
+PTX = """	.file	1 "/x/site-packages/fla/ops/common/fused_recurrent.py"
+	.file	3 "/x/site-packages/triton/language/standard.py"
+	.loc	3 314 12, function_name $L__info_string0, inlined_at 1 131 19 // standard.py:314:12
+	shfl.sync.bfly.b32 	%r219, %r218, 16, 31, -1;
+	shfl.sync.bfly.b32 	%r220, %r217, 16, 31, -1;
+	st.shared.v4.b32 	[%r4], {%r223, %r224, %r225, %r226};
+	bar.sync 	0;
+	ld.shared.v4.b32 	{%r227, %r228, %r229, %r230}, [%r5];
+	shfl.sync.bfly.b32 	%r231, %r227, 2, 31, -1;
+	.loc	3 314 12, function_name $L__info_string0, inlined_at 1 131 19 // standard.py:314:12
+	shfl.sync.bfly.b32 	%r233, %r232, 1, 31, -1;
+	shfl.sync.bfly.b32 	%r234, %r228, 2, 31, -1;
+	shfl.sync.bfly.b32 	%r236, %r235, 1, 31, -1;
+"""
+
+
+def test_the_order_read_from_a_layout_is_held_against_the_ptx_shuffles():
+    s = site(0)
+    assert expected_shuffle_rounds(s) == [[16], [2, 1]]
+    assert check_ptx([s], PTX) == ("match", [])
+    # the same layout claimed for axis 1 predicts shuffles 8, 4, 2, 1 in one round: the PTX says otherwise
+    status, bad = check_ptx([site(1)], PTX)
+    assert status == "mismatch" and "layout says [[8, 4, 2, 1]], PTX [[16], [2, 1]]" in bad[0]
+    assert check_ptx([], PTX) == ("n/a", [])
 
 
 @pytest.mark.needs_leg("gpu")

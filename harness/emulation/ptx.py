@@ -48,7 +48,7 @@ from .specialization import Specializer, compile_record, specialization_key  # n
 
 TARGETS = {"sm80": 80, "sm90": 90}
 ASSUMPTIONS = ("tf32_dot", "ieee_dot", "low_precision_dot", "contraction", "rounding_modes", "f32_div_sqrt",
-               "subnormals", "exp_ex2")
+               "subnormals", "exp_ex2", "reduce_order")
 CSV_COLUMNS = ("kernel", "target", "assumption", "expected", "found", "status")
 STATUSES = ("match", "mismatch", "n/a", "error")
 
@@ -414,14 +414,30 @@ CHECKS = {
     "subnormals": check_subnormals,
     "exp_ex2": check_exp_ex2,
 }
-assert tuple(CHECKS) == ASSUMPTIONS
+assert tuple(CHECKS) + ("reduce_order", ) == ASSUMPTIONS
+
+
+def check_reduce_order(kernel: str, target: str, ttgir: Optional[str], ptx: str) -> Row:
+    """The emulation's float32 ``tl.sum`` order (``reduce_order``: read from each reduction's layout in this very
+    compile) held against the PTX's ``shfl.sync.bfly`` rounds of the same source location."""
+    from .reduce_order import check_ptx, sites_of_ttgir
+
+    expected = ("emulation: each float32 tl.sum adds in its layout's order (lanes' shfl.bfly from the highest mask, "
+                "then the warps' round after bar.sync)")
+    if ttgir is None:
+        return Row(kernel, target, "reduce_order", expected, "no TTGIR kept for this kernel", "error")
+    status, bad = check_ptx(sites_of_ttgir(ttgir), ptx)
+    found = {"n/a": "no float32 tt.reduce in the TTGIR", "match": "every float32 reduction's shuffle rounds as "
+             "its layout gives"}.get(status, "; ".join(bad[:3]) + (f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""))
+    return Row(kernel, target, "reduce_order", expected, found, status)
 
 
 def check_kernel(kernel: str, target: str, ttir: str, ptx: str, ptx_nofusion: str,
-                 facts: EmulationFacts) -> List[Row]:
+                 facts: EmulationFacts, ttgir: Optional[str] = None) -> List[Row]:
     """Every assumption for one compiled kernel: one Row each, in :data:`ASSUMPTIONS` order."""
     instr, instr_nf = ptx_instructions(ptx), ptx_instructions(ptx_nofusion)
-    return [CHECKS[a](kernel, target, ttir, instr, instr_nf, facts) for a in ASSUMPTIONS]
+    return ([CHECKS[a](kernel, target, ttir, instr, instr_nf, facts) for a in CHECKS]
+            + [check_reduce_order(kernel, target, ttgir, ptx)])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -587,9 +603,10 @@ def check_compiled(data: dict, index: dict, compiled_dir: Path, facts: Emulation
             rows += [Row(label, entry["target"], a, "compiles to PTX", entry["error"], "error") for a in ASSUMPTIONS]
             continue
         stem = compiled_dir / entry["target"] / entry["files"]
+        ttgir = stem.with_suffix(".ttgir")
         rows += check_kernel(label, entry["target"], stem.with_suffix(".ttir").read_text(),
                              stem.with_suffix(".ptx").read_text(), stem.with_suffix(".nofusion.ptx").read_text(),
-                             facts)
+                             facts, ttgir.read_text() if ttgir.exists() else None)
     return rows
 
 

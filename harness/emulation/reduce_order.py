@@ -334,6 +334,77 @@ def serve() -> int:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# the PTX's evidence
+
+_PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', re.M)
+_PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+(\d+)(?:.*?inlined_at\s+(\d+)\s+(\d+)\s+(\d+))?")
+_PTX_SHFL = re.compile(r"^\s*(?:@!?%\w+\s+)?shfl\.sync\.bfly\.b32\s+[^,]+,\s*[^,]+,\s*(\d+)\s*,")
+
+
+def ptx_shuffle_rounds(ptx: str) -> Dict[Tuple[str, int, int], List[List[int]]]:
+    """The ``shfl.sync.bfly`` masks of each source location (the innermost place outside Triton's files: a sum's
+    ``.loc`` is in Triton's ``standard.py``, ``inlined_at`` the kernel's call), in program order, split into rounds at
+    each ``bar.sync`` (the shared-memory round between the warps), each round's masks in order of first use (the
+    chains of several registers interleave)."""
+    files = {int(n): path for n, path in _PTX_FILE.findall(ptx)}
+    rounds: Dict[Tuple[str, int, int], List[List[int]]] = {}
+    where = None
+    for line in ptx.splitlines():
+        m = _PTX_LOC.match(line)
+        if m:
+            f, ln, col, fi, li, ci = m.groups()
+            path = files.get(int(f), "")
+            if _is_triton_source(path) and fi is not None:
+                path, ln, col = files.get(int(fi), ""), li, ci
+            where = (file_key(path), int(ln), int(col))
+            continue
+        if line.strip().startswith("bar.sync"):
+            for r in rounds.values():
+                if r[-1]:
+                    r.append([])
+            continue
+        m = _PTX_SHFL.match(line)
+        if m and where is not None:
+            r = rounds.setdefault(where, [[]])
+            mask = int(m.group(1))
+            if mask not in r[-1]:
+                r[-1].append(mask)
+    return {k: [x for x in v if x] for k, v in rounds.items()}
+
+
+def expected_shuffle_rounds(site: ReduceSite) -> List[List[int]]:
+    """The ``shfl.sync.bfly`` rounds :func:`sum_levels` says the site's reduction runs: its lanes' masks from the
+    highest lane bit down; then, when warps move the axis, one round over the warps' partial sums placed on the low
+    lanes in warp-bit order, highest first."""
+    axis = site.axis
+    lane_bits = [i for i, b in enumerate(_axis_bits(site.lanes, axis, "lane")) if b >= 0]
+    warp_bits = [b for b in _axis_bits(site.warps, axis, "warp") if b >= 0]
+    out = []
+    if lane_bits:
+        out.append([1 << i for i in reversed(lane_bits)])
+    if warp_bits:
+        out.append([1 << i for i in reversed(range(len(warp_bits)))])
+    return out
+
+
+def check_ptx(sites: Sequence[ReduceSite], ptx: str) -> Tuple[str, List[str]]:
+    """The order :func:`sum_levels` reads from the layouts held against the PTX's shuffles: ("match", []) when every
+    float32 reduction's rounds are the PTX's, ("n/a", []) without one, else ("mismatch", what differs)."""
+    found = ptx_shuffle_rounds(ptx)
+    f32 = [s for s in sites if s.element == "f32" and s.where]
+    if not f32:
+        return "n/a", []
+    bad = []
+    for s in f32:
+        want = expected_shuffle_rounds(s)
+        got = found.get(s.where[-1], [])
+        if got != want:
+            bad.append(f"{s.where[-1][0]}:{s.where[-1][1]}:{s.where[-1][2]} axis {s.axis} of {list(s.shape)}: "
+                       f"layout says {want}, PTX {got}")
+    return ("mismatch" if bad else "match"), bad
+
+
+# --------------------------------------------------------------------------------------------------------------
 # serving the sites to the interpreter
 
 
