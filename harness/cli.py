@@ -191,6 +191,25 @@ def cmd_peers(args) -> int:
     return EXIT_PASS
 
 
+def cmd_fidelity(args) -> int:
+    """``parity fidelity``: :func:`harness.report.fidelity.measure` on the files, printed (and written with
+    ``--out``); exit 1 with ``--check`` when a target is missed."""
+    from harness.report import fidelity
+
+    out = _out_dir(args.out) if args.out else None
+    if out is not None:
+        fidelity.check_out(out, args.force)
+    result = fidelity.measure(args.files, args.candidate, _policy(args))
+    print(fidelity.markdown(result), end="")
+    if out is not None:
+        print(f"fidelity: -> {', '.join(map(str, fidelity.write(result, out)))}")
+    missed = len(result.missed)
+    if args.check and missed:
+        print(f"fidelity: {missed} path x dtype group(s) miss a target", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_PASS
+
+
 def cmd_cases(args) -> int:
     """One line per case: its id and compared tensors; with ``--inputs``, then one indented line per input a
     candidate binding's forward receives (name, shape, dtype). For your own cases (by id or file), a note on
@@ -633,7 +652,7 @@ def cmd_bisect(args) -> int:
 
 
 VERBS = {"bisect": cmd_bisect, "cases": cmd_cases, "run": cmd_run, "causality": cmd_causality, "gate": cmd_gate, "compile": cmd_compile,
-         "peers": cmd_peers, "merge": cmd_merge, "calibrate": cmd_calibrate, "all": cmd_all, "ptx": cmd_ptx,
+         "peers": cmd_peers, "fidelity": cmd_fidelity, "merge": cmd_merge, "calibrate": cmd_calibrate, "all": cmd_all, "ptx": cmd_ptx,
          "mxu_probe": cmd_mxu_probe}
 
 
