@@ -171,7 +171,7 @@ def cmd_peers(args) -> int:
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder of reports (each a folder with gpu.csv[.gz] and candidates' rows)")
     try:
-        t = tables(root, _policy(args))
+        t = tables(root, _policy(args), _native_rows(args))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     pages = {root / "README.md": markdown(t), root / "index.html": html_page(t)}
@@ -208,6 +208,17 @@ def cmd_fidelity(args) -> int:
         print(f"fidelity: {missed} path x dtype group(s) miss a target", file=sys.stderr)
         return EXIT_FAIL
     return EXIT_PASS
+
+
+def _native_rows(args):
+    """``parity peers``' native fla rows (``--native``; none with ``--no-native``): the default folder only where it
+    exists, a folder named that does not exist is an error."""
+    from harness.judge.baseline import DEFAULT_NATIVE_DIRS, native_rows
+
+    if args.no_native:
+        return None
+    folders = [Path(p) for p in args.native] if args.native else [p for p in DEFAULT_NATIVE_DIRS if p.is_dir()]
+    return native_rows(folders)
 
 
 def cmd_cases(args) -> int:

@@ -189,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="reports/peers", help="the folder of reports (default reports/peers)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the pages differ from the rows")
     p.add_argument("--force", action="store_true", help="replace a README.md that parity peers did not write")
+    p.add_argument("--native", action="append", default=[], metavar="DIR",
+                   help="folders of fla's native rows, the baseline of record where they hold a case's inputs "
+                        "(repeatable; default reports/h200-native where it exists; harness/judge/baseline.py)")
+    p.add_argument("--no-native", action="store_true",
+                   help="judge every report against its own fla rows only (emulated, as before the native rows)")
     _add_policy(p)
     p.set_defaults(verb_fn="peers")
 

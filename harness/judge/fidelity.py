@@ -199,6 +199,9 @@ def missed(paths: pd.DataFrame) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------- verdicts that move
+NO_VERDICT = "–"
+"""A (case, tensor, metric) one of the two gates did not judge: e.g. an ``ok`` baseline row's metrics on one side, a
+``bound`` row's single status verdict on the other."""
 MOVE_COLUMNS = ["candidate", "case_id", "tensor", "metric", "verdict_emulated", "verdict_native", "ratio_emulated",
                 "ratio_native", "eps_gpu_emulated", "eps_gpu_native", "gpu_mode_native", "reason_emulated",
                 "reason_native"]
@@ -238,5 +241,7 @@ def verdict_moves(emulated: pd.DataFrame, native: pd.DataFrame, candidate: pd.Da
     both = judged[EMULATED].merge(judged[NATIVE], on=["case_id", "tensor", "metric"], how="outer",
                                   suffixes=("_emulated", "_native"))
     both.insert(0, "candidate", leg)
-    moved = both[both["verdict_emulated"].astype(str) != both["verdict_native"].astype(str)]
+    for side in SIDES:  # a metric judged on one side only (a row ok on one side, out of bounds on the other)
+        both[f"verdict_{side}"] = both[f"verdict_{side}"].fillna(NO_VERDICT)
+    moved = both[both["verdict_emulated"] != both["verdict_native"]]
     return Moves(leg, both, moved.reindex(columns=MOVE_COLUMNS).reset_index(drop=True))
