@@ -110,6 +110,15 @@ def test_targets(path, dtype, ln, bits, medians, expected):
     assert (found["target_ln"], found["target_bits"], found["target_decode"]) == expected
 
 
+def test_a_row_given_twice_on_one_side_is_the_first_files_and_a_different_one_is_counted():
+    first = _rows("emulated", (A, "o", 1e-3, "(0,)", 1.0), (A, "dv", 1e-3, "(0,)", 1.0))
+    again = _rows("emulated", (A, "o", 1e-3 * (1 + 1e-12), "(0,)", 1.0),  # the same measurement (another host)
+                  (A, "dv", 1.01e-3, "(0,)", 1.0))                         # another: counted
+    sides = F.split_by_mode([("a", first), ("b", again), ("n", _rows("native", (A, "o", 1e-3, "(0,)", 1.0)))])
+    assert sides["emulated"]["rel_l2"].tolist() == [1e-3, 1e-3]
+    assert (sides["emulated"].attrs["conflicts"], sides["native"].attrs["conflicts"]) == (1, 0)
+
+
 def test_rows_of_different_inputs_are_refused():
     with pytest.raises(F.FidelityInputError, match="input_sha256 differs"):
         F.pairs(_rows("emulated", (A, "o", 1e-3, "(0,)", 1.0, "ok", H)),

@@ -1,6 +1,6 @@
 """Fidelity: how closely fla's emulated rows (the GPU leg under the Triton interpreter, ``mode`` emulated) reproduce
 its native rows (the same kernels on a GPU, ``mode`` native) of the same cases and inputs, and which verdicts move
-when a candidate is judged against one or the other (``parity fidelity``; definitions: docs/definitions.md#fidelity).
+when a candidate is judged against one or the other (``parity fidelity``; definitions: docs/definitions.md#fidelity-emulated-against-native-rows-parity-fidelity).
 
 - **Pair**: an emulated row and a native row with the same ``case_id``, ``tensor`` and ``input_sha256``. Rows of the
   same (case_id, tensor) whose ``input_sha256`` differ are refused (:class:`FidelityInputError`): they measured
@@ -46,6 +46,9 @@ DECODE_DTYPE = "float32"
 DECODE_TENSORS = ("o", "dv")
 
 MET, MISSED = "met", "MISSED"
+SAME_RTOL = 1e-9
+"""Two rows of the same case, tensor and inputs on one side are the same measurement when their rel_l2 agree this
+closely: the float64 references of runs on different hosts differ in their last bits (1e-16 to 1e-12 measured)."""
 
 
 class FidelityInputError(ReportError):
@@ -55,7 +58,8 @@ class FidelityInputError(ReportError):
 def split_by_mode(frames: list[tuple[str, pd.DataFrame]]) -> dict[str, pd.DataFrame]:
     """Each file's rows (``(name, rows)``, checked result files) by their ``mode``: every row of a file must have
     one mode, and both modes must be given. One row per (case_id, tensor, input_sha256) on each side, the first
-    file's; ``attrs["conflicts"]`` counts the later rows whose rel_l2 differed from the one kept."""
+    file's; ``attrs["conflicts"]`` counts the later rows whose rel_l2 is more than :data:`SAME_RTOL` from the one
+    kept (rows made by another version of the leg)."""
     sides: dict[str, list[pd.DataFrame]] = {EMULATED: [], NATIVE: []}
     for name, rows in frames:
         modes = sorted(rows["mode"].astype(str).unique())
@@ -73,7 +77,9 @@ def split_by_mode(frames: list[tuple[str, pd.DataFrame]]) -> dict[str, pd.DataFr
         again = rows[rows.duplicated(JOIN, keep="first")].merge(kept[JOIN + ["rel_l2"]], on=JOIN,
                                                                 suffixes=("", "_kept"))
         kept = kept.reset_index(drop=True)
-        kept.attrs["conflicts"] = int((again["rel_l2"].fillna(-1) != again["rel_l2_kept"].fillna(-1)).sum())
+        a, b = again["rel_l2"].astype(float), again["rel_l2_kept"].astype(float)
+        apart = ((a - b).abs() > SAME_RTOL * np.maximum(a.abs(), b.abs())) | (a.isna() != b.isna())
+        kept.attrs["conflicts"] = int(apart.sum())
         out[mode] = kept
     return out
 

@@ -1,6 +1,6 @@
 """``parity fidelity``: the emulated GPU leg's rows against fla's native rows of the same cases and inputs, printed
 and written as ``fidelity.csv`` and ``fidelity.md`` (the numbers and their definitions:
-:mod:`harness.judge.fidelity`, docs/definitions.md#fidelity-emulated-against-native-rows).
+:mod:`harness.judge.fidelity`, docs/definitions.md#fidelity-emulated-against-native-rows-parity-fidelity).
 
 ``fidelity.csv`` holds one row per path × dtype × tensor, then one per path × dtype (``tensor`` ``*``, with the
 targets' status), then the overall row (``path``, ``dtype`` and ``tensor`` ``*``). With candidate files, the verdicts
@@ -93,7 +93,8 @@ def markdown(f: Fidelity) -> str:
              "",
              f"{len(f.pairs)} (case, tensor) pairs with the same inputs; {o['rows']} compared (both `ok`); rows "
              f"without a twin: {only.get(F.EMULATED, 0)} emulated, {only.get(F.NATIVE, 0)} native; rows given twice "
-             f"with another rel_l2 (the first file's kept): {f.conflicts[F.EMULATED]} emulated, "
+             f"whose rel_l2 differ by more than {F.SAME_RTOL:g} relative (the first file's kept): "
+             f"{f.conflicts[F.EMULATED]} emulated, "
              f"{f.conflicts[F.NATIVE]} native.", "",
              f"**Overall**: {o['rows']} rows, median ratio emulated/native {_num(o['median'])}, mean |ln ratio| "
              f"{_num(o['mean_abs_ln'], 4)}, worst element bit-equal {_share(o['bit_equal'], o['rows'])}.", "",
