@@ -663,7 +663,8 @@ def cmd_bisect(args) -> int:
 
 
 VERBS = {"bisect": cmd_bisect, "cases": cmd_cases, "run": cmd_run, "causality": cmd_causality, "gate": cmd_gate, "compile": cmd_compile,
-         "peers": cmd_peers, "fidelity": cmd_fidelity, "merge": cmd_merge, "calibrate": cmd_calibrate, "all": cmd_all, "ptx": cmd_ptx,
+         "peers": cmd_peers, "fidelity": cmd_fidelity,
+         "merge": cmd_merge, "calibrate": cmd_calibrate, "all": cmd_all, "ptx": cmd_ptx,
          "mxu_probe": cmd_mxu_probe}
 
 

@@ -205,9 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "dtype x tensor, per path x dtype (with issue 76's targets) and overall: the rows "
                                    "compared (both ok), the median of rel_l2(emulated)/rel_l2(native), the mean "
                                    "|ln ratio| and the rows whose worst element (worst_index, got_at_worst) is "
-                                   "bit-equal (docs/definitions.md#fidelity-emulated-against-native-rows-parity-fidelity). Exit 2 "
-                                   "on files that are not result files, files of mixed modes or of one mode only, "
-                                   "and rows of the same case and tensor made from other inputs.")
+                                   "bit-equal (docs/definitions.md, Fidelity). Exit 2 on files that are not "
+                                   "result files, files of mixed modes or of one mode only, and rows of the same case and "
+                                   "tensor made from other inputs.")
     p.add_argument("files", nargs="+", metavar="CSV",
                    help="result files of the baseline leg, each all emulated or all native (both modes needed); a "
                         "row given twice on one side is taken from the first file")

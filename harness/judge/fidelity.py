@@ -1,6 +1,7 @@
 """Fidelity: how closely fla's emulated rows (the GPU leg under the Triton interpreter, ``mode`` emulated) reproduce
 its native rows (the same kernels on a GPU, ``mode`` native) of the same cases and inputs, and which verdicts move
-when a candidate is judged against one or the other (``parity fidelity``; definitions: docs/definitions.md#fidelity-emulated-against-native-rows-parity-fidelity).
+when a candidate is judged against one or the other (``parity fidelity``; definitions: docs/definitions.md,
+"Fidelity: emulated against native rows").
 
 - **Pair**: an emulated row and a native row with the same ``case_id``, ``tensor`` and ``input_sha256``. Rows of the
   same (case_id, tensor) whose ``input_sha256`` differ are refused (:class:`FidelityInputError`): they measured

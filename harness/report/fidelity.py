@@ -129,8 +129,9 @@ def markdown(f: Fidelity) -> str:
         for m in f.moves:
             for r in m.moved.to_dict("records"):
                 lines.append(f"- {m.candidate} `{r['case_id']}` {r['tensor']} {r['metric']}: "
-                             f"{r['verdict_emulated']} → {r['verdict_native']} (ratio {_num(r['ratio_emulated'])} → "
-                             f"{_num(r['ratio_native'])}); emulated: {r['reason_emulated']}; native "
+                             f"{r['verdict_emulated']} → {r['verdict_native']} (ratio "
+                             f"{_num(r['ratio_emulated'])} → {_num(r['ratio_native'])}); emulated: "
+                             f"{r['reason_emulated']}; native "
                              f"({r['gpu_mode_native']} baseline): {r['reason_native']}")
     return "\n".join(lines) + "\n"
 

@@ -8,8 +8,9 @@ convolution in front (``conv1d=W``) and a server's calls (``pool=S``, ``decode=n
 candidates map differently. Each report is judged with the shipped policy against its baseline of record
 (:func:`harness.judge.baseline.baseline_of_record`: fla's native rows, ``reports/h200-native``, where they hold the
 case, tensor and inputs, else the report's own fla rows) (:func:`harness.report.peer_report.peer_table`: per case
-and forward tensor, ε_candidate / ε_fla on rel-L2, the gate's verdict and the ``baseline`` mode that judged it). A (candidate, case, tensor) that several reports hold is taken from the report made last (its baseline
-rows' newest ``timestamp``).
+and forward tensor, ε_candidate / ε_fla on rel-L2, the gate's verdict and the ``baseline`` mode that judged it). A
+(candidate, case, tensor) that several reports hold is taken from the report made last (its own baseline rows' newest
+``timestamp``).
 
 Per (op, variant, dtype, gate form) and candidate, a cell says:
 
