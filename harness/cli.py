@@ -187,7 +187,8 @@ def cmd_peers(args) -> int:
     for path, text in pages.items():
         atomic_write_text(path, text)
     print(f"peers: {len(t['ops'])} rows (op, variant, dtype, gate form) x {len(t['ops'].columns) - 4} candidates "
-          f"-> {mine}, {root / 'index.html'}")
+          f"-> {mine}, {root / 'index.html'}; judged against fla's "
+          + ", ".join(f"{mode} rows on {n}" for mode, n in sorted(t["judged"].items())))
     return EXIT_PASS
 
 

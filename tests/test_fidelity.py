@@ -237,8 +237,6 @@ TARGETS = [
 def remade(tmp_path_factory):
     """The emulated GPU leg run here on :data:`SUBSET` (no cache), and ``parity fidelity`` of its rows against the
     committed native rows (the whole native file: rows of other cases have no twin and are counted apart)."""
-    import os
-
     from harness.app import case_from_id
     from harness.core.results import rows_to_frame
     from harness.legs import make_leg
@@ -246,16 +244,10 @@ def remade(tmp_path_factory):
     from harness.run.runner import Runner
 
     tmp = tmp_path_factory.mktemp("fidelity")
-    before = os.environ.get("PARITY_CACHE_DIR")
-    os.environ["PARITY_CACHE_DIR"] = str(tmp / "cache")
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PARITY_CACHE_DIR", str(tmp / "cache"))  # nothing read from or left in the user's caches
         runner = Runner(make_leg("gpu"), ReferenceCache(None))
         rows = rows_to_frame([r for case_id in SUBSET for r in runner.run_case(case_from_id(case_id))])
-    finally:
-        if before is None:
-            os.environ.pop("PARITY_CACHE_DIR")
-        else:
-            os.environ["PARITY_CACHE_DIR"] = before
     path = write_csv(rows, tmp / "gpu.csv")
     code = main(["fidelity", str(path), str(NATIVE), "--out", str(tmp / "out")])
     checked = main(["fidelity", str(path), str(NATIVE), "--check"])

@@ -238,7 +238,8 @@ def _candidates(summary: pd.DataFrame) -> list[str]:
 
 def tables(root: Path, policy: Policy, native: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
     """The page's tables: ``ops`` (one row per op, variant, dtype, gate form; one column per candidate),
-    ``compile`` and ``findings``; ``native``: fla's native rows, the baseline of record where they hold a case."""
+    ``compile`` and ``findings``, and ``judged``: how many (candidate, case, forward tensor) rows each mode of fla
+    rows judged; ``native``: fla's native rows, the baseline of record where they hold a case."""
     rows = all_rows(root, policy, native)
     summary = summarize(rows)
     names = _candidates(summary)
@@ -246,7 +247,8 @@ def tables(root: Path, policy: Policy, native: pd.DataFrame | None = None) -> di
     ops = summary.pivot_table(index=GROUP, columns="candidate", values="cell", aggfunc="first").reindex(
         columns=names).fillna("").reset_index()
     found = pd.DataFrame(findings(root), columns=["candidate", "title", "link", "report"])
-    return {"ops": ops, "compile": compile_counts(rows).set_index("candidate").reindex(
+    judged = rows.dropna(subset=["baseline"]).groupby("baseline").size().to_dict()  # which fla rows judged them
+    return {"judged": judged, "ops": ops, "compile": compile_counts(rows).set_index("candidate").reindex(
         names).dropna(how="all").reset_index(), "findings": found}
 
 
