@@ -171,7 +171,7 @@ def cmd_peers(args) -> int:
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder of reports (each a folder with gpu.csv[.gz] and candidates' rows)")
     try:
-        t = tables(root, _policy(args))
+        t = tables(root, _policy(args), _native_rows(args))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     pages = {root / "README.md": markdown(t), root / "index.html": html_page(t)}
@@ -187,8 +187,39 @@ def cmd_peers(args) -> int:
     for path, text in pages.items():
         atomic_write_text(path, text)
     print(f"peers: {len(t['ops'])} rows (op, variant, dtype, gate form) x {len(t['ops'].columns) - 4} candidates "
-          f"-> {mine}, {root / 'index.html'}")
+          f"-> {mine}, {root / 'index.html'}; judged against fla's "
+          + ", ".join(f"{mode} rows on {n}" for mode, n in sorted(t["judged"].items())))
     return EXIT_PASS
+
+
+def cmd_fidelity(args) -> int:
+    """``parity fidelity``: :func:`harness.report.fidelity.measure` on the files, printed (and written with
+    ``--out``); exit 1 with ``--check`` when a target is missed."""
+    from harness.report import fidelity
+
+    out = _out_dir(args.out) if args.out else None
+    if out is not None:
+        fidelity.check_out(out, args.force)
+    result = fidelity.measure(args.files, args.candidate, _policy(args))
+    print(fidelity.markdown(result), end="")
+    if out is not None:
+        print(f"fidelity: -> {', '.join(map(str, fidelity.write(result, out)))}")
+    missed = len(result.missed)
+    if args.check and missed:
+        print(f"fidelity: {missed} path x dtype group(s) miss a target", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_PASS
+
+
+def _native_rows(args):
+    """``parity peers``' native fla rows (``--native``; none with ``--no-native``): the default folder only where it
+    exists, a folder named that does not exist is an error."""
+    from harness.judge.baseline import DEFAULT_NATIVE_DIRS, native_rows
+
+    if args.no_native:
+        return None
+    folders = [Path(p) for p in args.native] if args.native else [p for p in DEFAULT_NATIVE_DIRS if p.is_dir()]
+    return native_rows(folders)
 
 
 def cmd_cases(args) -> int:
@@ -633,7 +664,8 @@ def cmd_bisect(args) -> int:
 
 
 VERBS = {"bisect": cmd_bisect, "cases": cmd_cases, "run": cmd_run, "causality": cmd_causality, "gate": cmd_gate, "compile": cmd_compile,
-         "peers": cmd_peers, "merge": cmd_merge, "calibrate": cmd_calibrate, "all": cmd_all, "ptx": cmd_ptx,
+         "peers": cmd_peers, "fidelity": cmd_fidelity,
+         "merge": cmd_merge, "calibrate": cmd_calibrate, "all": cmd_all, "ptx": cmd_ptx,
          "mxu_probe": cmd_mxu_probe}
 
 

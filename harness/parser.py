@@ -189,8 +189,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="reports/peers", help="the folder of reports (default reports/peers)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the pages differ from the rows")
     p.add_argument("--force", action="store_true", help="replace a README.md that parity peers did not write")
+    p.add_argument("--native", action="append", default=[], metavar="DIR",
+                   help="folders of fla's native rows, the baseline of record where they hold a case's inputs "
+                        "(repeatable; default reports/h200-native where it exists; harness/judge/baseline.py)")
+    p.add_argument("--no-native", action="store_true",
+                   help="judge every report against its own fla rows only (emulated, as before the native rows)")
     _add_policy(p)
     p.set_defaults(verb_fn="peers")
+
+    p = sub.add_parser("fidelity", help="fla's emulated rows against its native rows of the same cases and inputs: "
+                                        "per path x dtype x tensor the median rel_l2 ratio, mean |ln ratio| and "
+                                        "worst element bit-equal, and the verdicts that move between the two",
+                       description="Pair the baseline leg's emulated rows (Triton interpreter) with its native rows "
+                                   "(a GPU) on (case_id, tensor, input_sha256) and print, per path (op.variant) x "
+                                   "dtype x tensor, per path x dtype (with issue 76's targets) and overall: the rows "
+                                   "compared (both ok), the median of rel_l2(emulated)/rel_l2(native), the mean "
+                                   "|ln ratio| and the rows whose worst element (worst_index, got_at_worst) is "
+                                   "bit-equal (docs/definitions.md, Fidelity). Exit 2 on files that are not "
+                                   "result files, files of mixed modes or of one mode only, and rows of the same case and "
+                                   "tensor made from other inputs.")
+    p.add_argument("files", nargs="+", metavar="CSV",
+                   help="result files of the baseline leg, each all emulated or all native (both modes needed); a "
+                        "row given twice on one side is taken from the first file")
+    p.add_argument("--candidate", action="append", default=[], metavar="CSV",
+                   help="a candidate's result file: list the verdicts that change when it is judged against the "
+                        "emulated rows and against native rows where they exist (repeatable)")
+    p.add_argument("--out", metavar="DIR", help="also write fidelity.csv and fidelity.md (and fidelity-verdicts.csv "
+                                                "with --candidate) here")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when a path x dtype misses one of issue 76's targets (else they are only printed)")
+    p.add_argument("--force", action="store_true", help="replace a fidelity.md that parity fidelity did not write")
+    _add_policy(p)
+    p.set_defaults(verb_fn="fidelity")
 
     p = sub.add_parser("merge", help="merge shard result files of one leg into one CSV")
     p.add_argument("-o", "--output", required=True, help="merged CSV to write (never one of the inputs)")

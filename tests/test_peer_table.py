@@ -14,9 +14,10 @@ from harness.report.peer_table import cell, gate_form, summarize, variant_label
 ROOT = Path(__file__).resolve().parents[1] / "reports" / "peers"
 
 
-def _row(case, tensor, status="ok", ratio=1.0, verdict="pass", candidate="peer"):
+def _row(case, tensor, status="ok", ratio=1.0, verdict="pass", candidate="peer", baseline="emulated"):
     return {"op": "gdn", "variant": "chunk", "dtype": "bfloat16", "gate": "g", "candidate": candidate,
-            "case_id": case, "tensor": tensor, "status": status, "ratio": ratio, "verdict": verdict, "report": "r"}
+            "case_id": case, "tensor": tensor, "status": status, "ratio": ratio, "verdict": verdict, "report": "r",
+            "baseline": baseline}
 
 
 def test_a_cell_is_the_geometric_mean_the_worst_and_the_counts():
@@ -29,7 +30,19 @@ def test_a_cell_is_the_geometric_mean_the_worst_and_the_counts():
     (r,) = summarize(rows).itertuples(index=False)
     assert (r.n, r.worst, r.fail, r.inconclusive, r.cases, r.unsupported, r.error) == (3, 8.0, 2, 1, 3, 1, 1)
     assert r.gm == pytest.approx((2.0 * 0.5 * 8.0) ** (1 / 3))  # 2: exp(mean(ln 2, ln 0.5, ln 8))
-    assert cell(r) == "2.00× (max 8×, n 3); 2 fail, 1 inconclusive; 1/3 error; 1/3 unsupported"
+    assert cell(r) == "2.00× (max 8×, n 3); 2 fail, 1 inconclusive; 1/3 error; 1/3 unsupported; fla emulated"
+
+
+def test_a_cell_says_which_fla_rows_judged_its_cases():
+    def one(baselines):
+        rows = pd.DataFrame([_row(f"c{i}", "o", baseline=b) for i, b in enumerate(baselines)])
+        (r,) = summarize(rows).itertuples(index=False)
+        return cell(r)
+
+    assert one(["native", "native"]).endswith("; fla native")
+    assert one(["emulated", "emulated"]).endswith("; fla emulated")
+    assert one(["native", "emulated", "emulated"]).endswith("; fla native 1/3")
+    assert one(["native", None]).endswith("; fla native")  # a case with no fla row: judged by neither
 
 
 def test_gate_forms_name_each_gate_and_the_in_kernel_law():

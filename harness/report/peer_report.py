@@ -121,6 +121,7 @@ def peer_table(baseline: pd.DataFrame, candidates: list[pd.DataFrame], policy: P
                          "max_abs_fla": None if g is None else g["max_abs"], "max_abs": r.get("max_abs"),
                          "ulp_max": r.get("ulp_max"), "ulp_mean": r.get("ulp_mean"),
                          "verdict": verdict.get(key, ""),
+                         "baseline": None if g is None else g.get("mode"),  # native or emulated fla judged it
                          "own_tests_rule": own_rule(r, rule_for(rules.get(leg), *key)),
                          "compiled_for": r.get("compiled_for"), "mxu_cost": r.get("mxu_cost")})
     table = pd.DataFrame(rows)

@@ -5,10 +5,12 @@ A report is a folder holding the baseline's rows (``gpu.csv`` or ``gpu.csv.gz``)
 (``<leg>.csv[.gz]``, the file named after the leg its rows name: ``tpu`` for this project's kernels, ``tops``,
 ``tpu-inference``, ``sglang-jax``, ...; :func:`candidate_frames`). The variant is labelled with the case's
 convolution in front (``conv1d=W``) and a server's calls (``pool=S``, ``decode=n``: :func:`variant_label`), which
-candidates map differently. Each report is judged on its own baseline rows with the shipped policy
-(:func:`harness.report.peer_report.peer_table`: per case and forward tensor, ε_candidate / ε_fla on rel-L2 and the gate's
-verdict). A (candidate, case, tensor) that several reports hold is taken from the report made last (its baseline
-rows' newest ``timestamp``).
+candidates map differently. Each report is judged with the shipped policy against its baseline of record
+(:func:`harness.judge.baseline.baseline_of_record`: fla's native rows, ``reports/h200-native``, where they hold the
+case, tensor and inputs, else the report's own fla rows) (:func:`harness.report.peer_report.peer_table`: per case
+and forward tensor, ε_candidate / ε_fla on rel-L2, the gate's verdict and the ``baseline`` mode that judged it). A
+(candidate, case, tensor) that several reports hold is taken from the report made last (its own baseline rows' newest
+``timestamp``).
 
 Per (op, variant, dtype, gate form) and candidate, a cell says:
 
@@ -16,7 +18,8 @@ Per (op, variant, dtype, gate form) and candidate, a cell says:
   largest, ``n`` how many;
 - how many of them the gate failed (``fail``) or could not decide (``inconclusive``);
 - how many cases the candidate refused (``unsupported``) or broke on (``error``: a crash, a wrong shape, a
-  non-finite output).
+  non-finite output);
+- which fla rows judged its cases: ``fla native``, ``fla emulated``, or ``fla native k/n`` (:func:`baseline_words`).
 
 The compile table counts, per candidate and target, the cases it ran (not refused) whose rows say they were compiled
 for that target (``compiled_for``), the Pallas kernels per case (a case with none ran plain JAX or XLA) and the stack
@@ -42,6 +45,7 @@ from cases.case import Case
 
 from harness.legs.registry import default_leg
 from harness.ops.serving import OPTIONS as SERVING_OPTIONS
+from harness.judge.baseline import NATIVE, baseline_of_record
 from harness.report.peer_report import FORWARD, peer_table
 from harness.core.policy import Policy
 from harness.core.results import read_table
@@ -86,18 +90,21 @@ def gate_form(case: Case) -> str:
     return "+".join(forms) + (" (in kernel)" if case.opt.get("use_gate_in_kernel") else "")
 
 
-def all_rows(root: Path, policy: Policy) -> pd.DataFrame:
+def all_rows(root: Path, policy: Policy, native: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every report's :func:`harness.report.peer_report.peer_table` rows, with its folder, one per (candidate, case,
-    tensor): the newest report's."""
+    tensor): the newest report's. Each report's fla rows are its baseline of record
+    (:func:`harness.judge.baseline.baseline_of_record`): ``native`` rows where they hold the case, tensor and
+    inputs, else its own."""
     tables = []
     for folder in report_folders(root):
-        baseline = read_table(_result_file(folder, default_leg("baseline")))
+        own = read_table(_result_file(folder, default_leg("baseline")))
+        baseline = own if native is None else baseline_of_record(own, native)
         candidates = candidate_frames(folder)
         if not candidates:
             continue
         table = peer_table(baseline, candidates, policy)
         table["report"] = folder.relative_to(root).as_posix() or "."
-        table["made"] = str(baseline["timestamp"].max())
+        table["made"] = str(own["timestamp"].max())  # when the report was made, whichever fla rows judge it
         case_rows = pd.concat(candidates).reindex(columns=["case_id", "leg", *CASE_COLUMNS])
         case_rows = case_rows.drop_duplicates(["case_id", "leg"])
         table = table.drop(columns="compiled_for").merge(
@@ -136,6 +143,7 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
         measured = fwd[(fwd["status"] == "ok") & (fwd["ratio"] > 0)]
         ratios = measured["ratio"].astype(float)
         per_case = fwd.groupby("case_id")["status"].agg(set)
+        judged = fwd.dropna(subset=["baseline"]).drop_duplicates("case_id")
         out.append(dict(zip(GROUP + ["candidate"], key),
                         n=len(ratios),
                         gm=math.exp(ratios.map(math.log).mean()) if len(ratios) else math.nan,
@@ -145,6 +153,7 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
                         cases=len(per_case),
                         unsupported=int(per_case.map(lambda s: s == {"unsupported"}).sum()),
                         error=int(per_case.map(lambda s: "error" in s or "nonfinite" in s).sum()),
+                        fla_native=int((judged["baseline"] == NATIVE).sum()), fla_cases=len(judged),
                         reports=" ".join(sorted(group["report"].unique()))))
     return pd.DataFrame(out)
 
@@ -161,7 +170,17 @@ def cell(r) -> str:
         parts.append(f"{r.error}/{r.cases} error")
     if r.unsupported:
         parts.append(f"{r.unsupported}/{r.cases} unsupported")
+    if parts and r.fla_cases:
+        parts.append(baseline_words(r.fla_native, r.fla_cases))
     return "; ".join(parts) or "–"
+
+
+def baseline_words(native: int, cases: int) -> str:
+    """Which fla rows judged a cell's cases: ``fla native``, ``fla emulated``, or ``fla native k/n`` when only k of
+    its n cases had native rows."""
+    if native == cases:
+        return "fla native"
+    return "fla emulated" if native == 0 else f"fla native {native}/{cases}"
 
 
 def pallas_kernels(group: pd.DataFrame) -> str:
@@ -217,17 +236,19 @@ def _candidates(summary: pd.DataFrame) -> list[str]:
     return ([ours] if ours in names else []) + [n for n in names if n != ours]
 
 
-def tables(root: Path, policy: Policy) -> dict[str, pd.DataFrame]:
+def tables(root: Path, policy: Policy, native: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
     """The page's tables: ``ops`` (one row per op, variant, dtype, gate form; one column per candidate),
-    ``compile`` and ``findings``."""
-    rows = all_rows(root, policy)
+    ``compile`` and ``findings``, and ``judged``: how many (candidate, case, forward tensor) rows each mode of fla
+    rows judged; ``native``: fla's native rows, the baseline of record where they hold a case."""
+    rows = all_rows(root, policy, native)
     summary = summarize(rows)
     names = _candidates(summary)
     summary["cell"] = summary.apply(cell, axis=1)
     ops = summary.pivot_table(index=GROUP, columns="candidate", values="cell", aggfunc="first").reindex(
         columns=names).fillna("").reset_index()
     found = pd.DataFrame(findings(root), columns=["candidate", "title", "link", "report"])
-    return {"ops": ops, "compile": compile_counts(rows).set_index("candidate").reindex(
+    judged = rows.dropna(subset=["baseline"]).groupby("baseline").size().to_dict()  # which fla rows judged them
+    return {"judged": judged, "ops": ops, "compile": compile_counts(rows).set_index("candidate").reindex(
         names).dropna(how="all").reset_index(), "findings": found}
 
 
@@ -245,8 +266,11 @@ Made by `parity peers` from the rows of every report under this folder, never ed
 it differs from them). A cell: ε_candidate / ε_fla on rel-L2 over the forward tensors (o, ht; conv_ht where the
 case convolves) both measured, as a geometric mean (max, n); how many of those the shipped policy's gate failed or
 could not decide; how many cases the candidate broke on (error) or refused (unsupported). `tpu` is this project's
-kernels. An empty cell: no report ran that candidate on such cases. Each report is judged on its own fla rows;
-where reports share a case, the newest one's rows count. Definitions: `harness/report/peer_table.py`.
+kernels. An empty cell: no report ran that candidate on such cases. Each case is judged on fla's native rows
+(`reports/h200-native`, an H200) where they hold its inputs, else on its report's own fla rows (emulated: the Triton
+interpreter); each cell ends with which (`fla native`, `fla emulated`, or `fla native k/n` cases). Where reports
+share a case, the newest one's rows count. Definitions: `harness/report/peer_table.py`,
+`harness/judge/baseline.py`.
 """
 
 

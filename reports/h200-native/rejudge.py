@@ -1,17 +1,17 @@
-"""Every candidate of the peer table judged twice: against fla's emulated rows (its folder's gpu.csv.gz, what the
-peer table reads) and against fla's native H200 rows of the same cases and inputs (this folder). Prints one line per
-candidate with both verdict counts, then every (case, tensor, metric) whose verdict differs.
+"""Every candidate of the peer table judged twice: against its report's own fla rows (emulated: the Triton
+interpreter) and against the baseline of record, fla's native rows of this folder where they hold the case, tensor
+and inputs (harness/judge/baseline.py, the rule `parity peers` judges by). Prints one line per candidate file with
+both verdict counts, then every (case, tensor, metric) whose verdict differs, with both reasons.
 
-    python reports/h200-native/rejudge.py [--cases SUBSTRING] [CANDIDATE_FILE ...]
+    python reports/h200-native/rejudge.py [--cases SUBSTRING] [--flips CSV] [--only-extra] [CANDIDATE_FILE ...]
 
-Each gate is the shipped `parity gate` with its default policy; the native baseline is cut to the cases of the
-emulated one, so both judge the same comparisons. Extra candidate files (e.g. a fresh TPU leg run) are judged against
-the native rows alone and against their own folder's gpu.csv if it has one."""
+The reports and candidate files are the peer table's (harness.report.peer_table: every folder under reports/peers
+with fla rows, nested ones included, and each `<leg>.csv[.gz]` beside them); each gate is the shipped policy's,
+in-process (harness.judge.fidelity.verdict_moves). Extra candidate files (e.g. a fresh TPU leg run) are judged
+against the emulated fla rows of the smoke and regressions suites in this folder and against the native ones."""
 
 import argparse
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -19,41 +19,30 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
-from harness.core.results import exact_float_keywords  # noqa: E402  (rows read back exactly, as the gate reads them)
+from harness.core.policy import policy_from_options  # noqa: E402
+from harness.core.results import read_results, read_table  # noqa: E402
+from harness.judge.baseline import native_rows  # noqa: E402
+from harness.judge.fidelity import MOVE_COLUMNS, verdict_moves  # noqa: E402
+from harness.legs.registry import default_leg  # noqa: E402
+from harness.report.peer_table import _result_file, report_folders  # noqa: E402
+
 PEERS = ROOT / "reports" / "peers"
-SKIP = ("gpu.", "causality", "compile", "errors.", "deltanet.csv")  # not a candidate's gated rows
-KEY = ["case_id", "tensor", "metric"]
-
-
-def read(path, **kwargs) -> pd.DataFrame:
-    return pd.read_csv(path, dtype={"input_sha256": str}, **exact_float_keywords(), **kwargs)
-
-
-def native_rows() -> pd.DataFrame:
-    return pd.concat([read(HERE / f)
-                      for f in ("gpu-smoke-regressions.csv.gz", "gpu-peers.csv.gz")], ignore_index=True)
-
-
-def gate(baseline: Path, candidate: Path, leg: str, out: Path) -> pd.DataFrame:
-    cmd = [sys.executable, "-m", "harness.cli", "gate", str(baseline), str(candidate), "--baseline-leg", "gpu",
-           "--candidate-leg", leg, "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if not (out / "parity.csv").exists():
-        raise SystemExit(f"gate failed on {candidate}: {done.stderr.strip().splitlines()[-1:]}")
-    return pd.read_csv(out / "parity.csv")[KEY + ["verdict", "ratio", "eps_gpu"]]
 
 
 def shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def candidates(folder: Path):
-    for path in sorted(folder.glob("*.csv*")):
-        if path.name.startswith(SKIP) or path.name.endswith(".md"):
+def candidate_files(folder: Path):
+    """The files of a report the peer table reads as candidates' rows (peer_table.candidate_frames' rule)."""
+    for path in sorted(folder.iterdir()):
+        suffix = next((x for x in (".csv", ".csv.gz") if path.name.endswith(x)), None)
+        leg = path.name[:-len(suffix)].rpartition(".")[2] if suffix else ""
+        if not leg or leg in (default_leg("baseline"), default_leg("reference")):
             continue
-        head = pd.read_csv(path, nrows=1)
-        if "leg" in head.columns and head["leg"].iloc[0] != "gpu":
-            yield path, head["leg"].iloc[0]
+        head = read_table(path)
+        if {"leg", "case_id", "tensor", "rel_l2"} <= set(head.columns) and set(head["leg"]) == {leg}:
+            yield path
 
 
 def main() -> None:
@@ -63,52 +52,35 @@ def main() -> None:
     parser.add_argument("--only-extra", action="store_true", help="judge only the files named, not the peer folders")
     parser.add_argument("extra", nargs="*", type=Path)
     args = parser.parse_args()
-    native = native_rows()
-    native = native[native.case_id.str.contains(args.cases, regex=False)]
-    flips = []
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        jobs = [(folder / ("gpu.csv.gz" if (folder / "gpu.csv.gz").exists() else "gpu.csv"), path, leg)
-                for folder in sorted(p for p in PEERS.iterdir() if p.is_dir()) for path, leg in candidates(folder)]
-        jobs = [] if args.only_extra else jobs
-        jobs += [(None, path.resolve(), pd.read_csv(path, nrows=1)["leg"].iloc[0]) for path in args.extra]
-        print("| candidate | file | vs emulated fla | vs native fla (H200) |\n|---|---|---|---|")
-        for n, (emulated, path, leg) in enumerate(jobs):
-            cand = read(path)
-            cand = cand[cand.case_id.str.contains(args.cases, regex=False)]
-            cases = set(cand.case_id)
-            if emulated is not None and emulated.exists():
-                cases &= set(pd.read_csv(emulated, usecols=["case_id"]).case_id)
-            base = native[native.case_id.isin(cases)]
-            if base.empty:
-                continue
-            (tmp / f"n{n}").mkdir()
-            base.to_csv(tmp / f"n{n}" / "gpu.csv", index=False)
-            cut = tmp / f"c{n}"
-            cut.mkdir()
-            cand[cand.case_id.isin(cases)].to_csv(cut / f"{leg}.csv", index=False)
-            v_n = gate(tmp / f"n{n}" / "gpu.csv", cut / f"{leg}.csv", leg, tmp / f"gn{n}")
-            if emulated is not None and emulated.exists():
-                em = read(emulated)
-                (tmp / f"e{n}").mkdir()
-                em[em.case_id.isin(cases)].to_csv(tmp / f"e{n}" / "gpu.csv", index=False)
-                v_e = gate(tmp / f"e{n}" / "gpu.csv", cut / f"{leg}.csv", leg, tmp / f"ge{n}")
-            else:
-                v_e = v_n.assign(verdict="")
-            both = v_e.merge(v_n, on=KEY, suffixes=("_emulated", "_native"))
-            count = lambda s: ", ".join(f"{k} {v}" for k, v in s.value_counts().sort_index().items() if k)
-            print(f"| {leg} | {shown(path)} | {count(both.verdict_emulated) or '-'} | "
-                  f"{count(both.verdict_native)} |")
-            diff = both[(both.verdict_emulated != both.verdict_native) & (both.verdict_emulated != "")]
-            flips.append(diff.assign(candidate=leg, file=shown(path)))
-    flips = pd.concat(flips) if flips else pd.DataFrame()
-    print(f"\n{len(flips)} verdicts differ")
+    policy = policy_from_options(None, None, None, None, None)
+    native = native_rows([HERE])
+    cut = lambda rows: rows[rows["case_id"].str.contains(args.cases, regex=False)]  # noqa: E731
+    jobs = [] if args.only_extra else [(_result_file(folder, default_leg("baseline")), path)
+                                       for folder in report_folders(PEERS) for path in candidate_files(folder)]
+    jobs += [(HERE / "gpu-smoke-regressions.emulated.csv.gz", path.resolve()) for path in args.extra]
+    print("| candidate | file | verdicts | vs emulated fla | vs baseline of record | of which native | changed |\n"
+          "|---|---|---|---|---|---|---|")
+    flips, total = [], 0
+    for emulated, path in jobs:
+        moves = verdict_moves(cut(read_results(emulated)), native, cut(read_results(path)), policy)
+        if moves.both.empty:
+            continue
+        count = lambda side: ", ".join(f"{k} {v}" for k, v in moves.counts(side).items())  # noqa: E731
+        native_share = int((moves.both["gpu_mode_native"] == "native").sum())
+        print(f"| {moves.candidate} | {shown(path)} | {len(moves.both)} | {count('emulated')} | {count('native')} | "
+              f"{native_share} | {len(moves.moved)} |")
+        total += len(moves.both)
+        flips.append(moves.moved.assign(file=shown(path)))
+    flips = pd.concat(flips, ignore_index=True) if flips else pd.DataFrame(columns=MOVE_COLUMNS + ["file"])
+    print(f"\n{len(flips)} of {total} verdicts differ")
     if len(flips):
+        by = flips.groupby(["verdict_emulated", "verdict_native"]).size()
+        print("by move: " + ", ".join(f"{a}→{b} {n}" for (a, b), n in by.items()))
         cols = ["candidate", "case_id", "tensor", "metric", "verdict_emulated", "verdict_native", "ratio_emulated",
-                "ratio_native", "eps_gpu_emulated", "eps_gpu_native"]
+                "ratio_native", "eps_gpu_emulated", "eps_gpu_native", "reason_native"]
         print(flips[cols].to_string(index=False, float_format="{:.4g}".format))
         if args.flips:
-            flips[cols].to_csv(args.flips, index=False)
+            flips.to_csv(args.flips, index=False)
 
 
 if __name__ == "__main__":
