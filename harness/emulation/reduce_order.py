@@ -534,6 +534,7 @@ def source_key(fn) -> str:
 
 
 _STATE = threading.local()
+_POSITIONS: Dict[object, list] = {}  # a code object's instruction positions (line, end line, column, end column)
 
 
 def _call_chain(kernel_code) -> Tuple[Tuple[Tuple[str, int], ...], Optional[int]]:
@@ -546,9 +547,12 @@ def _call_chain(kernel_code) -> Tuple[Tuple[Tuple[str, int], ...], Optional[int]
         code = frame.f_code
         path = code.co_filename
         if not _is_triton_source(path) and "harness" not in Path(path).parts:
-            if col is None:
-                pos = list(code.co_positions())[frame.f_lasti // 2] if hasattr(code, "co_positions") else None
-                col = None if pos is None or pos[2] is None else pos[2] + 1
+            if col is None and hasattr(code, "co_positions"):
+                positions = _POSITIONS.get(code)
+                if positions is None:
+                    positions = _POSITIONS[code] = list(code.co_positions())
+                pos = positions[frame.f_lasti // 2]
+                col = None if pos[2] is None else pos[2] + 1  # MLIR's columns count from 1
             chain.append((file_key(path), frame.f_lineno))
             if code.co_name == kernel_code[0] and file_key(path) == kernel_code[1]:
                 break
