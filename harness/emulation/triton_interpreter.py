@@ -53,6 +53,8 @@ Numerical model (what "H100-like" means here)
   (one rounding), f32 ``/`` is ``div.full.f32`` (a product with the
   reciprocal), ``tl.sqrt`` is ``sqrt.approx.ftz.f32`` and ``tl.math.exp2`` is
   ``ex2.approx.ftz.f32`` (subnormal operands / results flushed to zero).
+* f32 ``tl.sum``: in the order of the kernel's layout compiled for ``reduce_target`` (``reduce_order``: a
+  register tree, then the lanes' and warps' butterflies, read from the TTGIR and held against the PTX).
 * bf16 reductions: pairwise tree with an RNE rounding after every add; bf16
   cumsum/cumprod: sequential with a rounding after every step.  The GPU's exact
   combine order depends on the layout and is not reproduced.
