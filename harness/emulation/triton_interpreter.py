@@ -115,6 +115,7 @@ from .fla_gather import _install_fla_gather_fallback
 from .loop_vars import _install_induction_vars
 from .patcher import MISSING, Patcher
 from .ptx_arith import _install_ptx_arithmetic
+from .tensor_core import DEFAULT_ARCH, EMULATED_ARCHS
 from .setup import (EMULATED_TRITON, emulation_problem, enable_interpreter_mode, interpreter_mode_enabled,  # noqa: F401
                     native_cuda_available, triton_versions)
 
@@ -138,7 +139,7 @@ TF32_ROUNDINGS = ("truncate", "rne", "rna")
 
 @contextlib.contextmanager
 def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision: bool = False,
-                     tf32_rounding: str = "truncate", autotune_rule: AutotuneRule = "first", bf16: bool = True,
+                     tf32_rounding: str = "truncate", tensor_core: str = DEFAULT_ARCH, autotune_rule: AutotuneRule = "first", bf16: bool = True,
                      dots: bool = True, loop_tensors: bool = True, autotune: bool = True,
                      ptx_arith: bool = True, batched_grid: bool = True,
                      batched_grid_max_programs: int = DEFAULT_MAX_PROGRAMS) -> Iterator[EmulationSession]:
@@ -150,6 +151,9 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
     force_dot_precision: apply ``dot_precision`` even to dots that set
         ``input_precision``/``allow_tf32`` explicitly.
     tf32_rounding: "truncate" (H100 tensor core on raw fp32), "rne" or "rna".
+    tensor_core: the GPU generation whose tensor cores compute every dot that
+        runs on them ("sm_90" H100, "sm_80" A100, "sm_100" B200; the
+        ``tensor_core`` module's published model).
     autotune_rule: see :func:`pinned_autotune`.
     bf16 / dots / loop_tensors / autotune / ptx_arith: switch individual fixes
         off (for demonstrating the stock interpreter's behaviour).
@@ -179,6 +183,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         raise ValueError("force_dot_precision=True needs dot_precision")
     if tf32_rounding not in TF32_ROUNDINGS:
         raise ValueError(f"tf32_rounding must be one of {TF32_ROUNDINGS}, got {tf32_rounding!r}")
+    if tensor_core not in EMULATED_ARCHS:
+        raise ValueError(f"tensor_core must be one of {EMULATED_ARCHS}, got {tensor_core!r}")
     import triton
 
     effective = dot_precision or triton.knobs.language.fp32_default or "tf32"
@@ -188,7 +194,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         "dot_precision_forced": bool(force_dot_precision),
         "tf32_rounding": tf32_rounding,
         "bf16_rounding": "rne" if bf16 else "stock-interpreter",
-        "dot_accumulation": "exact-products-f32" if dots else "stock-interpreter",
+        "dot_accumulation": f"tensor-core-{tensor_core}" if dots else "stock-interpreter",
         "scalar_arith": "ptx" if ptx_arith else "stock-interpreter",
         "loop_induction_tensors": bool(loop_tensors),
         "autotune_rule": (autotune_rule if isinstance(autotune_rule, str) else "callable") if autotune else "stock",
@@ -213,7 +219,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
                 _install_ptx_arithmetic(patcher)
             if dots:
                 _install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
-                                      tf32_rounding=tf32_rounding)
+                                      tf32_rounding=tf32_rounding, tensor_core=tensor_core)
             _install_int1_comparisons(patcher)  # not a numerics choice: the interpreter's own type slip
             session.settings["fla_gather_disabled_in"] = _install_fla_gather_fallback(patcher)
             if dot_precision is not None:
