@@ -15,7 +15,9 @@ natively on CUDA when a GPU is present, otherwise on CPU with
    with a=-3, b=4 gives -5.5e19).  Casts f32->bf16 truncate instead of rounding
    to nearest even, and the interpreter's own RTNE path rounds ties up.
 4. ``tl.dot`` ignores ``input_precision``: float32 dots are computed with full
-   float32 inputs, while an H100 feeds TF32 to the tensor cores by default.
+   float32 inputs, while an H100 feeds TF32 to the tensor cores by default; and
+   every dot is a float matmul, while a tensor core aligns, truncates and
+   rounds toward zero in blocks of its own.
 5. A comparison's handle carries its operands' type instead of int1, so a
    splatted scalar comparison becomes an int64 (etc.) mask that ``tl.load``
    rejects, and a cast of a bf16 comparison reads the bools as bf16 bits
@@ -58,24 +60,37 @@ Numerical model (what "H100-like" means here)
   combine order depends on the layout and is not reproduced.
 * casts to bf16 (from f32, f64, f16, ints) round to nearest even unless the
   kernel asks for ``fp_downcast_rounding="rtz"``.
-* ``tl.dot`` with bf16/fp16/fp8 inputs: products are exact, the K-sum (plus the
-  accumulator) is formed in float64 and rounded once to the output type
-  (float32).  This is ideal float32 accumulation; the tensor core's internal
-  per-k-chunk alignment/rounding is slightly worse and is not modelled.
+* ``tl.dot`` on the tensor cores: every dot the GPU runs on its tensor cores
+  (bf16/fp16 operands, and the TF32 / TF32x3 / BF16x3 / BF16x6 paths of f32
+  dots below) is computed as the target generation's tensor core computes it
+  (``tensor_core``: the bit-accurate model of Khattak and Mikaitis, arXiv
+  2512.07004, reproduced bit for bit on their GPU measurements). K is cut into
+  the hardware's blocks (sm_90: 16 bf16/fp16 or 8 TF32 products; sm_80: 8 / 4);
+  in each block the exact products and the running f32 accumulator (the dot's
+  ``acc`` first) are aligned to the largest exponent with 23 + 2 (sm_90) or
+  23 + 1 (sm_80) fraction bits, truncated, added exactly, and the sum is
+  normalised and rounded toward zero to f32; block after block. So a small term
+  beside a large one loses its low bits, and no result is rounded to nearest.
+  ``tensor_core="sm_90"`` (H100/H200) is the default, ``"sm_80"`` (A100) and
+  ``"sm_100"`` (B200) are selectable. Not modelled: fp8 operands and f16
+  accumulators (exact products, the K-sum rounded once).
 * ``tl.dot`` with float32 inputs follows the dot's resolved ``input_precision``:
 
-  - ``"tf32"``: inputs reduced to TF32 (10 explicit mantissa bits) then as
-    above.  How they are reduced is ``tf32_rounding``: default ``"truncate"``.
+  - ``"tf32"``: inputs reduced to TF32 (10 explicit mantissa bits), then the
+    tensor-core model.  How they are reduced is ``tf32_rounding``: default
+    ``"truncate"``.
     Triton's tf32 lowering passes raw fp32 registers to ``mma``/``wgmma`` and
     the tensor core ignores the 13 low mantissa bits (truncation toward zero);
     see triton-lang/triton#4574, where inserting ``cvt.rna.tf32.f32`` was what
     made Triton match cuBLAS.  ``"rna"`` (ties away, = ``cvt.rna``) and
     ``"rne"`` (= what the interpreter uses for TMA descriptors and what cuBLAS
     /CUTLASS converters do) are available for sensitivity studies.
-  - ``"tf32x3"``: Triton's F32DotTC decomposition: big = cvt.rna(x),
-    small = x - big; acc1 = small_a@big_b, acc2 = big_a@small_b + acc1,
-    result = big_a@big_b + acc2 + acc, each partial dot on TF32 inputs with one
-    float32 rounding.
+  - ``"tf32x3"``: Triton's F32DotTC decomposition as triton 3.9 compiles it:
+    big = cvt.rna(x), small = x - big; d1 = small_a@big_b from a zero
+    accumulator, d2 = big_a@small_b chained on d1, NaN replaced by 0,
+    d3 = big_a@big_b chained on that, then ``acc`` added in one f32 rounding;
+    each partial dot a TF32 tensor-core chain.  ``"bf16x3"`` / ``"bf16x6"``
+    likewise with bf16 pieces (RNE) and bf16 chains.
   - ``"ieee"``: sequential float32 FMA chain over K starting from the
     accumulator (the FMA lowering used for non-tensor-core dots).
 
