@@ -194,6 +194,55 @@ def test_the_vectorised_chain_equals_one_element_at_a_time():
         assert not np.array_equal(got, exact_then_round(a, b, c))  # the data exercises the truncation
 
 
+def _one_element(a, b, c, m: TensorCoreModel) -> float:
+    """The module doc's model for one element, written again term by term in Python integers (no shortcut)."""
+    import math
+
+    emin = {"fp16": -14, "bf16": -126, "tf32": -126}[m.in_format]
+
+    def exponent(x, least):
+        return max(math.frexp(x)[1] - 1, least)
+
+    for k0 in range(0, len(a), m.block):
+        terms = [(x * y, exponent(x, emin) + exponent(y, emin)) for x, y in zip(a[k0:k0 + m.block], b[k0:k0 + m.block])
+                 if x != 0 and y != 0]
+        if c != 0:
+            terms.append((c, exponent(c, -126)))
+        if not terms:
+            c = 0.0
+            continue
+        E = max([e for _, e in terms] + [m.min_align_exponent])
+        unit = 2.0 ** (E - 23 - m.extra_bits)
+        total = sum(math.trunc(t / unit) for t, _ in terms)  # exact: t / unit is a power-of-two scaling
+        c = float(round_toward_zero_f32(np.array([total * unit]))[0]) if total else 0.0
+    return c
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "tf32"])
+def test_the_vectorised_chain_equals_the_model_written_term_by_term(fmt):
+    """Random operands with exponents spread over 2^+-12 (so that many products and accumulators are cut), K = 40
+    (two and a half 16-blocks, five 8-blocks): mma_chain (its exact-sum shortcut included) against
+    ``_one_element``, every generation."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(11)
+    dtype = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "tf32": np.float32}[fmt]
+    spread = 2.0 ** rng.integers(-12, 12, (2, 6, 40))
+    a = (rng.standard_normal((2, 6, 40)) * spread).astype(dtype).astype(np.float64)
+    b = (rng.standard_normal((2, 40, 7)) * 2.0 ** rng.integers(-12, 12, (2, 40, 7))).astype(dtype).astype(np.float64)
+    if fmt == "tf32":
+        from harness.emulation.bits import round_to_tf32
+
+        a, b = (round_to_tf32(x.astype(np.float32)).astype(np.float64) for x in (a, b))
+    a[0, 0, :5] = 0.0  # zero products take no part
+    c = rng.standard_normal((2, 6, 7)).astype(np.float32)
+    for arch in EMULATED_ARCHS:
+        m = model_for(arch, fmt)
+        got = mma_chain(a, b, c, m)
+        want = np.array([[[_one_element(list(a[p, i]), list(b[p, :, j]), float(c[p, i, j]), m) for j in range(7)]
+                          for i in range(6)] for p in range(2)], dtype=np.float32)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), arch
+
+
 def test_round_toward_zero_f32():
     v = np.array([1 + 2.0**-24, -(1 + 2.0**-24), 1 + 3 * 2.0**-24, 1.5 * 2.0**-149, 2.0**128, -2.0**129, 0.0])
     want = [1.0, -1.0, 1 + 2.0**-23, 2.0**-149, np.inf, -np.inf, 0.0]

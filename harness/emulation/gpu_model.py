@@ -20,7 +20,8 @@ Facts (``EmulationFacts`` fields) and the PTX each predicts:
   block), the extra alignment bits (1 - 1 + 2^-(23+n) keeps 2^-(23+n) for n up to that many) and the final
   rounding (1 + 1.5 * 2^-23: 1 + 2^-23 toward zero, 1 + 2^-22 to nearest even), matched to the generation with
   those parameters: "tensor-core sm_90: bf16 16-product blocks, 2 extra alignment bits, rz"; "exact-products-f32-acc"
-  for exact products rounded once; else "unrecognised ...". PTX: on the generation's own target, bf16/f16 mma with
+  for exact products rounded once; else "unrecognised ..." (sm_100's bf16 parameters are sm_90's: behaviour names
+  the first, sm_90). PTX: on the generation's own target, bf16/f16 mma with
   an f32 accumulator whose k is a multiple of the block (``wgmma ... k16`` or ``mma.sync ... m16n8k16`` on sm_90;
   ``m16n8k16`` on sm_80); other targets' rows are n/a (the emulation does not model their tensor core).
 - ``contraction``: whether ``a * b + c`` written as two operations rounds once (fused) or twice, per type:

@@ -150,30 +150,49 @@ def _exponents(x: np.ndarray, emin: int) -> np.ndarray:
 def round_toward_zero_f32(v: np.ndarray) -> np.ndarray:
     """float64 values -> binary32, rounded toward zero (subnormals kept); ``|v| >= 2^128`` -> +-Inf as in the
     paper's model (a carry out of the largest binade)."""
-    v = np.asarray(v, dtype=np.float64)
+    v = np.ascontiguousarray(v, dtype=np.float64)
+    # binary32 keeps 23 of binary64's 52 fraction bits: clearing the other 29 truncates (the conversion is then
+    # exact); below 2^-126 binary32's grid is the fixed 2^-149
+    r = (v.view(np.uint64) & np.uint64(~((1 << 29) - 1) & (2**64 - 1))).view(np.float64)
+    tiny = np.abs(v) < 2.0**-126
+    if tiny.any():
+        r = np.where(tiny, np.trunc(v * 2.0**149) * 2.0**-149, r)
     with np.errstate(over="ignore"):
-        r = v.astype(np.float32)  # to nearest; step back toward zero where that rounded away from it
-    away = np.abs(r.astype(np.float64)) > np.abs(v)
-    r = np.where(away, np.nextafter(r, np.float32(0)), r)
-    return np.where(np.abs(v) >= 2.0**128, np.copysign(np.float32(np.inf), v).astype(np.float32), r)
+        return r.astype(np.float32)
 
 
 def _block_fma(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: np.ndarray,
                model: TensorCoreModel) -> np.ndarray:
     """One block: ``a`` [..., M, kb], ``b`` [..., kb, N] (float64, finite), ``c`` [..., M, N] (float64 holding
-    binary32 values, finite) -> binary32 [..., M, N]. ``ea``/``eb``: the operands' exponents (``_exponents``)."""
+    binary32 values, finite) -> binary32 [..., M, N]. ``ea``/``eb``: the operands' exponents (``_exponents``).
+
+    The truncation of step 2 is the identity on a product whose lowest bit lies on the grid: a product of exponent
+    ``e`` has ``2f`` fraction bits (``f`` the input format's), so it is cut only when ``E - e > 23 + extra - 2f``.
+    Where no product is cut, their exact sum (a float64 matmul: every term a multiple of the grid, the sum below
+    2^32 grid units) plus the cut ``c`` is the block's sum; the elements where some product is cut take the
+    term-by-term path. Both are the model; the first is only faster."""
     e = ea[..., :, :, None] + eb[..., None, :, :]  # [..., M, kb, N]: each product's alignment exponent
     E = e.max(axis=-2)
     E = np.maximum(E, _exponents(c, _EMIN_OUT))
     E = np.maximum(E, np.int32(model.min_align_exponent))
-    # one unit of the aligned grid is 2^(E - 23 - extra_bits): scale so that it is 1 and truncate (trunc keeps the
-    # sign: the magnitude goes toward zero). Powers of two: every scaling is exact in float64.
+    # one unit of the grid is 2^(E - 23 - extra_bits): scale so that it is 1 and truncate (trunc keeps the sign:
+    # the magnitude goes toward zero). Powers of two: every scaling is exact in float64.
     scale = np.ldexp(1.0, (_OUT_FRACTION_BITS + model.extra_bits) - E)  # [..., M, N]
-    terms = a[..., :, :, None] * b[..., None, :, :]  # exact: <= 22-bit significands
-    terms *= scale[..., :, None, :]
-    np.trunc(terms, out=terms)
-    # integers below 2^(26 + extra_bits) each, at most 16 of them and c: the float64 sum is exact in any order
-    total = terms.sum(axis=-2) + np.trunc(c * scale)
+    c_cut = np.trunc(c * scale)
+    far = np.int32(-_NO_EXPONENT)  # a zero operand's exponent for the least one: zero products take no part
+    e_least = (np.where(ea == _NO_EXPONENT, far, ea)[..., :, :, None]
+               + np.where(eb == _NO_EXPONENT, far, eb)[..., None, :, :]).min(axis=-2)
+    product_slack = _OUT_FRACTION_BITS + model.extra_bits - 2 * _FRACTION_BITS[model.in_format]
+    total = np.matmul(a, b) * scale + c_cut  # the sum in grid units: exact where no product is cut
+    cut = np.nonzero(E - e_least > product_slack)
+    if cut[0].size:
+        lead, i, j = cut[:-2], cut[-2], cut[-1]
+        s = scale[cut]
+        terms = a[lead + (i, slice(None))] * b[lead + (slice(None), j)]  # [F, kb], exact: <= 22-bit significands
+        terms *= s[:, None]
+        np.trunc(terms, out=terms)
+        # integers below 2^(26 + extra_bits) each, at most 16 of them and c: the float64 sum is exact in any order
+        total[cut] = terms.sum(axis=-1) + c_cut[cut]
     d = round_toward_zero_f32(total / scale)
     return np.where(total == 0, np.float32(0), d)  # an exact zero sum is +0
 
@@ -212,6 +231,10 @@ def mma_chain(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: TensorCoreMode
     a = np.broadcast_to(a, lead + (M, K)).reshape((-1, M, K))
     b = np.broadcast_to(b, lead + (K, N)).reshape((-1, K, N))
     c = c.reshape((-1, M, N))
+    if N < M:  # every product is a_mk b_kn either way: put the longer output axis innermost (faster broadcasts)
+        t = (lambda x: np.ascontiguousarray(np.swapaxes(x, -1, -2)))
+        return mma_chain(t(b), t(a), t(c).astype(np.float32),
+                         model, max_elements).swapaxes(-1, -2).reshape(lead + (M, N))
     special = _specials(a, b, c)
     if special is not None:  # compute the finite chain on finite stand-ins, then overrule where GEMM.m says
         a, b, c = (np.where(np.isfinite(x), x, 0.0) for x in (a, b, c))
