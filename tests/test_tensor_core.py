@@ -219,16 +219,18 @@ def _one_element(a, b, c, m: TensorCoreModel) -> float:
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp16", "tf32"])
-def test_the_vectorised_chain_equals_the_model_written_term_by_term(fmt):
-    """Random operands with exponents spread over 2^+-12 (so that many products and accumulators are cut), K = 40
-    (two and a half 16-blocks, five 8-blocks): mma_chain (its exact-sum shortcut included) against
-    ``_one_element``, every generation."""
+@pytest.mark.parametrize("spread", [12, 0])
+def test_the_vectorised_chain_equals_the_model_written_term_by_term(fmt, spread):
+    """Random operands with exponents spread over 2^+-12 (most elements cut some product: the dense path) or
+    normal (a few do: the exact-sum shortcut and the gathered path), K = 40 (two and a half 16-blocks, five
+    8-blocks): mma_chain against ``_one_element``, every generation."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(11)
     dtype = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "tf32": np.float32}[fmt]
-    spread = 2.0 ** rng.integers(-12, 12, (2, 6, 40))
-    a = (rng.standard_normal((2, 6, 40)) * spread).astype(dtype).astype(np.float64)
-    b = (rng.standard_normal((2, 40, 7)) * 2.0 ** rng.integers(-12, 12, (2, 40, 7))).astype(dtype).astype(np.float64)
+    a = (rng.standard_normal((2, 6, 40)) * 2.0 ** rng.integers(-spread, spread + 1, (2, 6, 40))
+         ).astype(dtype).astype(np.float64)
+    b = (rng.standard_normal((2, 40, 7)) * 2.0 ** rng.integers(-spread, spread + 1, (2, 40, 7))
+         ).astype(dtype).astype(np.float64)
     if fmt == "tf32":
         from harness.emulation.bits import round_to_tf32
 

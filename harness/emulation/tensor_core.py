@@ -170,7 +170,7 @@ def _block_fma(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: 
     ``e`` has ``2f`` fraction bits (``f`` the input format's), so it is cut only when ``E - e > 23 + extra - 2f``.
     Where no product is cut, their exact sum (a float64 matmul: every term a multiple of the grid, the sum below
     2^32 grid units) plus the cut ``c`` is the block's sum; the elements where some product is cut take the
-    term-by-term path. Both are the model; the first is only faster."""
+    term-by-term path (all elements at once where most are cut). All are the model; the first is only faster."""
     e = ea[..., :, :, None] + eb[..., None, :, :]  # [..., M, kb, N]: each product's alignment exponent
     E = e.max(axis=-2)
     E = np.maximum(E, _exponents(c, _EMIN_OUT))
@@ -183,16 +183,24 @@ def _block_fma(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: 
     e_least = (np.where(ea == _NO_EXPONENT, far, ea)[..., :, :, None]
                + np.where(eb == _NO_EXPONENT, far, eb)[..., None, :, :]).min(axis=-2)
     product_slack = _OUT_FRACTION_BITS + model.extra_bits - 2 * _FRACTION_BITS[model.in_format]
-    total = np.matmul(a, b) * scale + c_cut  # the sum in grid units: exact where no product is cut
-    cut = np.nonzero(E - e_least > product_slack)
-    if cut[0].size:
-        lead, i, j = cut[:-2], cut[-2], cut[-1]
-        s = scale[cut]
-        terms = a[lead + (i, slice(None))] * b[lead + (slice(None), j)]  # [F, kb], exact: <= 22-bit significands
-        terms *= s[:, None]
+    cut = E - e_least > product_slack
+    share = np.count_nonzero(cut) / max(1, cut.size)
+    if share > 0.25:  # most elements cut a product: every term through the grid at once (broadcast, no gather)
+        terms = a[..., :, :, None] * b[..., None, :, :]  # [..., M, kb, N], exact: <= 22-bit significands
+        terms *= scale[..., :, None, :]
         np.trunc(terms, out=terms)
         # integers below 2^(26 + extra_bits) each, at most 16 of them and c: the float64 sum is exact in any order
-        total[cut] = terms.sum(axis=-1) + c_cut[cut]
+        total = terms.sum(axis=-2) + c_cut
+    else:
+        total = np.matmul(a, b) * scale + c_cut  # the sum in grid units: exact where no product is cut
+        if share:
+            where = np.nonzero(cut)
+            lead, i, j = where[:-2], where[-2], where[-1]
+            s = scale[where]
+            terms = a[lead + (i, slice(None))] * b[lead + (slice(None), j)]  # [F, kb]
+            terms *= s[:, None]
+            np.trunc(terms, out=terms)
+            total[where] = terms.sum(axis=-1) + c_cut[where]
     d = round_toward_zero_f32(total / scale)
     return np.where(total == 0, np.float32(0), d)  # an exact zero sum is +0
 
