@@ -179,30 +179,47 @@ def _block_fma(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, c: 
     # the magnitude goes toward zero). Powers of two: every scaling is exact in float64.
     scale = np.ldexp(1.0, (_OUT_FRACTION_BITS + model.extra_bits) - E)  # [..., M, N]
     c_cut = np.trunc(c * scale)
+    product_slack = _OUT_FRACTION_BITS + model.extra_bits - 2 * _FRACTION_BITS[model.in_format]
+    if product_slack < 8:  # fp16 / TF32 products (20 fraction bits): nearly every element cuts one
+        return _finish(_grid_sum(a, ea, b, eb, E, scale) + c_cut, scale)
     far = np.int32(-_NO_EXPONENT)  # a zero operand's exponent for the least one: zero products take no part
     e_least = (np.where(ea == _NO_EXPONENT, far, ea)[..., :, :, None]
                + np.where(eb == _NO_EXPONENT, far, eb)[..., None, :, :]).min(axis=-2)
-    product_slack = _OUT_FRACTION_BITS + model.extra_bits - 2 * _FRACTION_BITS[model.in_format]
     cut = E - e_least > product_slack
     share = np.count_nonzero(cut) / max(1, cut.size)
     if share > 0.25:  # most elements cut a product: every term through the grid at once (broadcast, no gather)
-        terms = a[..., :, :, None] * b[..., None, :, :]  # [..., M, kb, N], exact: <= 22-bit significands
-        terms *= scale[..., :, None, :]
+        return _finish(_grid_sum(a, ea, b, eb, E, scale) + c_cut, scale)
+    total = np.matmul(a, b) * scale + c_cut  # the sum in grid units: exact where no product is cut
+    if share:
+        where = np.nonzero(cut)
+        lead, i, j = where[:-2], where[-2], where[-1]
+        s = scale[where]
+        terms = a[lead + (i, slice(None))] * b[lead + (slice(None), j)]  # [F, kb]
+        terms *= s[:, None]
         np.trunc(terms, out=terms)
-        # integers below 2^(26 + extra_bits) each, at most 16 of them and c: the float64 sum is exact in any order
-        total = terms.sum(axis=-2) + c_cut
-    else:
-        total = np.matmul(a, b) * scale + c_cut  # the sum in grid units: exact where no product is cut
-        if share:
-            where = np.nonzero(cut)
-            lead, i, j = where[:-2], where[-2], where[-1]
-            s = scale[where]
-            terms = a[lead + (i, slice(None))] * b[lead + (slice(None), j)]  # [F, kb]
-            terms *= s[:, None]
-            np.trunc(terms, out=terms)
-            total[where] = terms.sum(axis=-1) + c_cut[where]
+        total[where] = terms.sum(axis=-1) + c_cut[where]
+    return _finish(total, scale)
+
+
+def _grid_sum(a, ea, b, eb, E, scale) -> np.ndarray:
+    """sum_k trunc(a_k b_k * scale) for every element: the products cut to the grid, in grid units (float64).
+
+    In float32 where that is exact: a product (<= 22 significant bits) is exact below 2^128 (operand exponents
+    summing to at most 125) unless it is subnormal, and then, with E >= -100, its scaled value is below 1/2 and
+    truncates to 0 however it was rounded; the scale 2^(25 - E) is then a float32 too. Else in float64."""
+    if E.min() >= -100 and ea.max() + eb.max() <= 125:
+        a, b, scale = a.astype(np.float32), b.astype(np.float32), scale.astype(np.float32)
+    terms = a[..., :, :, None] * b[..., None, :, :]  # [..., M, kb, N]
+    terms *= scale[..., :, None, :]
+    np.trunc(terms, out=terms)
+    # integers below 2^(26 + extra_bits) each, at most 16 of them: the float64 sum is exact in any order
+    return terms.sum(axis=-2, dtype=np.float64)
+
+
+def _finish(total: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The block's sum in grid units -> binary32, normalised and rounded toward zero; an exact zero sum is +0."""
     d = round_toward_zero_f32(total / scale)
-    return np.where(total == 0, np.float32(0), d)  # an exact zero sum is +0
+    return np.where(total == 0, np.float32(0), d)
 
 
 def _specials(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
