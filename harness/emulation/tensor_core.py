@@ -48,13 +48,15 @@ sm_100   B200    fp16, bf16 / TF32               16 / 8 2           -133
 =======  ======  ==============================  =====  ==========  ===================
 
 How Triton issues the products (what the PTX check holds the model to): on sm_90 a bf16/fp16 ``tl.dot`` becomes
-``wgmma.mma_async ... k16`` (one 16-product block per instruction) and a TF32 one ``wgmma ... k8`` (one 8-product
-block); on sm_80 ``mma.sync.aligned.m16n8k16`` (two 8-product blocks) and ``m16n8k8`` for TF32 (two 4-product
-blocks). Instructions follow K in order, each taking the previous one's D as its C, so the chain above is the
-instruction sequence whatever the instruction's k, as long as it is a multiple of the block. The paper measured
-A100/H100/B200 through ``wmma`` (``mma.sync``) and, for fp8 on Hopper, ``wgmma``; that bf16/fp16/TF32 ``wgmma``
-adds its 16 (8) products as ``mma.sync`` does is this module's assumption, checked by the fidelity rows against
-the H200 (reports/tensor-core/).
+``wgmma.mma_async ... k16`` (one 16-product block per instruction) where the tile allows it and otherwise
+``mma.sync.aligned.m16n8k16`` (128 of the 136 smoke kernels with a bf16 dot: reports/tensor-core), a TF32 one
+``wgmma ... k8`` or ``mma.sync ... m16n8k8``; on sm_80 ``m16n8k16`` (two 8-product blocks) and ``m16n8k8`` for TF32
+(two 4-product blocks). Instructions follow K in order, each taking the previous one's D as its C, so the chain
+above is the instruction sequence whatever the instruction's k, as long as it is a multiple of the block. The paper
+measured A100/H100/B200 through ``wmma`` (``mma.sync``) and, for fp8 on Hopper, ``wgmma``; that bf16/fp16/TF32
+``wgmma`` adds its 16 (8) products as ``mma.sync`` does is this module's assumption. The validation data does not
+exercise the alignment exponent's floor (held by a hand-computed test) nor, its vectors having K = 4, the TF32
+block of sm_90/sm_100.
 
 Not modelled: binary16 outputs (the RNE final rounding of ``*TC.m`` with fp16 C/D; fla's dots accumulate in
 binary32) and fp8 inputs.

@@ -154,7 +154,8 @@ TF32_ROUNDINGS = ("truncate", "rne", "rna")
 
 @contextlib.contextmanager
 def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision: bool = False,
-                     tf32_rounding: str = "truncate", tensor_core: str = DEFAULT_ARCH, autotune_rule: AutotuneRule = "first", bf16: bool = True,
+                     tf32_rounding: str = "truncate", tensor_core: str = DEFAULT_ARCH,
+                     autotune_rule: AutotuneRule = "first", bf16: bool = True,
                      dots: bool = True, loop_tensors: bool = True, autotune: bool = True,
                      ptx_arith: bool = True, batched_grid: bool = True,
                      batched_grid_max_programs: int = DEFAULT_MAX_PROGRAMS) -> Iterator[EmulationSession]:
