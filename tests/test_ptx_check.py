@@ -14,6 +14,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness.emulation import dots, gpu_model, ptx
@@ -42,15 +43,17 @@ def facts():
     return emulation_facts()
 
 
-def row(check, ttir, body, facts, nofusion_body=None):
+def row(check, ttir, body, facts, nofusion_body=None, target="sm80"):
     instr = ptx.ptx_instructions(_ptx(body))
     instr_nf = ptx.ptx_instructions(_ptx(body if nofusion_body is None else nofusion_body))
-    return check("k@0", "sm80", ttir, instr, instr_nf, facts)
+    return check("k@0", target, ttir, instr, instr_nf, facts)
 
 
 def test_the_emulation_states_its_facts_by_behaviour(facts):
     assert facts.as_dict() == {
-        "tf32_rounding": "truncate", "low_precision_dot": "exact-products-f32-acc", "contraction": "fused f32, bf16",
+        "tf32_rounding": "truncate",
+        "low_precision_dot": "tensor-core sm_90: bf16 16-product blocks, 2 extra alignment bits, rz",
+        "contraction": "fused f32, bf16",
         "bf16_rounding": "rne", "f16_rounding": "rne", "float_to_int": "truncate", "int_to_float": "rne",
         "f32_divide": "rcp", "f32_sqrt": "ieee-ftz", "subnormals": "kept", "exp2_subnormals": "flushed",
         "exp_lowering": "ex2.approx"}
@@ -108,11 +111,43 @@ def test_tf32_dot_raw_registers_match_truncation_and_a_cvt_does_not(facts):
     assert row(ptx.check_tf32_dot, BF16_DOT_TTIR, MMA_TF32, facts).status == "n/a"
 
 
-def test_low_precision_dot_needs_a_bf16_mma_with_f32_accumulator(facts):
-    good = "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%r1}, {%r2}, {%r3}, {%r1};\n"
-    assert row(ptx.check_low_precision_dot, BF16_DOT_TTIR, good, facts).status == "match"
-    assert row(ptx.check_low_precision_dot, BF16_DOT_TTIR, MMA_TF32, facts).status == "mismatch"
-    assert row(ptx.check_low_precision_dot, F32_DOT_TTIR, good, facts).status == "n/a"
+def test_low_precision_dot_needs_the_modelled_generations_mma_shape(facts):
+    """The emulation models sm_90's tensor core (16-product blocks): on sm90 every bf16 mma must accumulate in f32
+    with a k that is a multiple of 16 (wgmma k16, or mma.sync m16n8k16 where Triton uses MMAv2); sm80 rows are n/a
+    (another tensor core)."""
+    wgmma = "\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r1}, %rd1, %rd2, 1, 1;\n"
+    mma16 = "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%r1}, {%r2}, {%r3}, {%r1};\n"
+    mma8 = "\tmma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%r1}, {%r2}, {%r3}, {%r1};\n"
+    for body in (wgmma, mma16, wgmma + mma16):
+        assert row(ptx.check_low_precision_dot, BF16_DOT_TTIR, body, facts, target="sm90").status == "match"
+    r = row(ptx.check_low_precision_dot, BF16_DOT_TTIR, mma8, facts, target="sm90")
+    assert r.status == "mismatch" and "k not a multiple of the 16-product block" in r.found
+    assert "each instruction's k a multiple of 16" in r.expected
+    assert row(ptx.check_low_precision_dot, BF16_DOT_TTIR, MMA_TF32, facts, target="sm90").status == "mismatch"
+    r = row(ptx.check_low_precision_dot, BF16_DOT_TTIR, mma16, facts, target="sm80")
+    assert r.status == "n/a" and "models sm_90's tensor core, not sm80's" in r.found
+    assert row(ptx.check_low_precision_dot, F32_DOT_TTIR, wgmma, facts, target="sm90").status == "n/a"
+    # an emulation that rounds the exact sum once names no tensor core: the check cannot hold
+    exact = dataclasses.replace(facts, low_precision_dot="exact-products-f32-acc")
+    assert row(ptx.check_low_precision_dot, BF16_DOT_TTIR, wgmma, exact, target="sm90").status == "mismatch"
+
+
+def test_the_tensor_core_fact_follows_the_legs_generation_and_a_fault(monkeypatch):
+    """sm_80 as the leg's default: the fact names A100's 8-product blocks and 1 extra bit, so sm80's m16n8k16 is
+    held to it. A dot fault (exact products rounded once) shows in the fact."""
+    from harness.emulation import tensor_core, triton_interpreter
+
+    monkeypatch.setitem(triton_interpreter.triton_emulation.__wrapped__.__kwdefaults__, "tensor_core", "sm_80")
+    f = emulation_facts()
+    assert f.low_precision_dot == "tensor-core sm_80: bf16 8-product blocks, 1 extra alignment bits, rz"
+    mma16 = "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%r1}, {%r2}, {%r3}, {%r1};\n"
+    assert row(ptx.check_low_precision_dot, BF16_DOT_TTIR, mma16, f, target="sm80").status == "match"
+    assert row(ptx.check_low_precision_dot, BF16_DOT_TTIR, mma16, f, target="sm90").status == "n/a"
+    monkeypatch.undo()
+    monkeypatch.setattr(dots, "mma_chain", lambda a, b, c, model: (
+        np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64)) + c).astype(np.float32))
+    assert emulation_facts().low_precision_dot == "exact-products-f32-acc"
+    assert tensor_core.DEFAULT_ARCH == "sm_90"
 
 
 def test_contraction_counts_the_fma_only_fusion_makes(facts, stock_facts):

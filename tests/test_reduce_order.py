@@ -132,6 +132,6 @@ def test_fla_decode_kernels_sum_in_the_compiled_order_with_every_sum_matched(tmp
 
     details = rows[0]["details"]
     emulation = (json.loads(details) if isinstance(details, str) else details)["emulation"]
-    assert emulation["reduce_order"] == "compiled layout (sm90)"
+    assert emulation["reduce_order"] == "compiled layout (sm_90)"
     assert "ex2.approx.f32" in emulation["not_modelled"]  # every row says what it takes as correctly rounded
     assert list((tmp_path / "reduce-layouts").glob("*.json.gz"))

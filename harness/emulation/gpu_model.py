@@ -15,7 +15,15 @@ Facts (``EmulationFacts`` fields) and the PTX each predicts:
   handed to the tensor core, which ignores the low 13 mantissa bits), "rna" / "rne" (a ``cvt.rna`` / ``cvt.rn``
   ``.tf32.f32`` before the mma) or "none" (full f32 products). PTX: tf32 ``mma.sync`` / ``wgmma``, with no
   ``cvt.*.tf32.f32`` (truncate) or with one (rna, rne).
-- ``low_precision_dot``: bf16/fp16 ``tl.dot``: "exact-products-f32-acc". PTX: a bf16/f16 mma with an f32 accumulator.
+- ``low_precision_dot``: bf16/fp16 ``tl.dot``: which tensor core computes it, read from three probes of a bf16 dot
+  (the ``tensor_core`` module's model): the block size (1 - 1 + 2^-30 loses the 2^-30 while all three share a
+  block), the extra alignment bits (1 - 1 + 2^-(23+n) keeps 2^-(23+n) for n up to that many) and the final
+  rounding (1 + 1.5 * 2^-23: 1 + 2^-23 toward zero, 1 + 2^-22 to nearest even), matched to the generation with
+  those parameters: "tensor-core sm_90: bf16 16-product blocks, 2 extra alignment bits, rz"; "exact-products-f32-acc"
+  for exact products rounded once; else "unrecognised ..." (sm_100's bf16 parameters are sm_90's: behaviour names
+  the first, sm_90). PTX: on the generation's own target, bf16/f16 mma with
+  an f32 accumulator whose k is a multiple of the block (``wgmma ... k16`` or ``mma.sync ... m16n8k16`` on sm_90;
+  ``m16n8k16`` on sm_80); other targets' rows are n/a (the emulation does not model their tensor core).
 - ``contraction``: whether ``a * b + c`` written as two operations rounds once (fused) or twice, per type:
   "fused f32, bf16" (``ptx_arith``: a product fused into the add that receives it) or "none". PTX: the ``fma``
   that exist only because the compiler contracted are of those types (or ptxas is left to fuse unpinned
@@ -46,6 +54,7 @@ from .bf16_arith import _install_bf16_arithmetic
 from .dots import _install_dot_numerics
 from .patcher import Patcher
 from .ptx_arith import _install_ptx_arithmetic
+from .tensor_core import MODELS
 from .triton_interpreter import triton_emulation
 
 # the documented lowering of exp and exp2 on the GPU (triton_interpreter's "Numerical model": "Transcendentals
@@ -72,10 +81,12 @@ class EmulationFacts:
         return dataclasses.asdict(self)
 
 
-def leg_defaults() -> Tuple[str, bool, bool]:
-    """(tf32_rounding, dots, ptx_arith) as the GPU leg's ``triton_emulation(dot_precision=...)`` call gets them."""
+def leg_defaults() -> Tuple[str, bool, bool, str]:
+    """(tf32_rounding, dots, ptx_arith, tensor_core) as the GPU leg's ``triton_emulation(dot_precision=...)`` call
+    gets them."""
     params = inspect.signature(triton_emulation).parameters
-    return params["tf32_rounding"].default, params["dots"].default, params["ptx_arith"].default
+    return (params["tf32_rounding"].default, params["dots"].default, params["ptx_arith"].default,
+            params["tensor_core"].default)
 
 
 def _f32(*values) -> np.ndarray:
@@ -101,6 +112,32 @@ _F16_CLASSES = {"rne": (1.0, 1 + 2.0**-9, 1 + 2.0**-10), "rna": (1 + 2.0**-10, 1
                 "truncate": (1.0, 1 + 2.0**-10, 1.0)}
 
 
+def _low_precision_dot(dot) -> str:
+    """Name the tensor core behind ``dot(a_rows, k)`` (bf16 rows [R, K] against a column of ones -> [R] f32 values)
+    from the three probes of the module doc."""
+    tiny = 2.0**-30
+    K = 64
+    rows = np.zeros((K - 2, K))
+    rows[:, 0], rows[:, 1] = 1.0, -1.0
+    rows[np.arange(K - 2), np.arange(2, K)] = tiny  # row p - 2: 1 - 1 + 2^-30 at index p
+    kept = dot(rows) != 0
+    block = next((p for p, keep in zip(range(2, K), kept) if keep), None)  # the first index outside block 0
+    extra = np.zeros((6, 3))
+    extra[:, 0], extra[:, 1] = 1.0, -1.0
+    extra[:, 2] = [2.0**-(23 + n) for n in range(1, 7)]
+    survived = dot(extra) != 0
+    n_extra = int(np.argmin(np.append(survived, False)))  # how many of n = 1, 2, ... survive before one does not
+    last = float(dot(np.array([[1.0, 1.5 * 2.0**-23]]))[0])
+    rounding = {1 + 2.0**-23: "rz", 1 + 2.0**-22: "rne"}.get(last, f"unrecognised {last.hex()}")
+    if block == 2 and n_extra == 6 and rounding == "rne":
+        return "exact-products-f32-acc"
+    for (arch, fmt), m in MODELS.items():
+        if fmt == "bf16" and (m.block, m.extra_bits, rounding) == (block, n_extra, "rz"):
+            return (f"tensor-core {arch}: bf16 {block}-product blocks, {n_extra} extra alignment bits, "
+                    f"{rounding}")
+    return f"unrecognised: bf16 blocks of {block or 'more than ' + str(K)}, {n_extra} extra bits, {rounding}"
+
+
 def _classify(values, classes: Dict[str, tuple]) -> str:
     got = tuple(float(v) for v in np.asarray(values, dtype=np.float64).ravel())
     for name, want in classes.items():
@@ -116,10 +153,11 @@ def emulation_facts() -> EmulationFacts:
     import triton.runtime.interpreter as interp
     from triton._C.libtriton import ir
 
+    from .bits import f32_to_bf16_bits
     from .handles import encode, real
 
     TH = interp.TensorHandle
-    tf32_rounding, dots, ptx_arith = leg_defaults()
+    tf32_rounding, dots, ptx_arith, tensor_core = leg_defaults()
     with LOCK:
         patcher = Patcher()
         try:
@@ -127,7 +165,8 @@ def emulation_facts() -> EmulationFacts:
             if ptx_arith:
                 _install_ptx_arithmetic(patcher)
             if dots:
-                _install_dot_numerics(patcher, force_dot_precision=None, tf32_rounding=tf32_rounding)
+                _install_dot_numerics(patcher, force_dot_precision=None, tf32_rounding=tf32_rounding,
+                                      tensor_core=tensor_core)
             b = interp.interpreter_builder
             P = ir.INPUT_PRECISION
 
@@ -137,12 +176,14 @@ def emulation_facts() -> EmulationFacts:
             acc = TH(np.zeros((3, 1), np.float32), tl.float32)
             tf32 = _classify(real(b.create_dot(a, one, acc, P.TF32, 0)), _TF32_CLASSES)
 
-            # bf16 dot: (1 + 2^-7)^2 = 1 + 2^-6 + 2^-14 is exact in f32, not in bf16
-            x = TH(b.create_fp_to_fp(TH(_f32(1 + 2.0**-7).reshape(1, 1), tl.float32), tl.bfloat16,
-                                     ir.ROUNDING_MODE.RTNE).data.reshape(1, 1), tl.bfloat16)
-            d = real(b.create_dot(x, x, TH(np.zeros((1, 1), np.float32), tl.float32), P.TF32, 0))
-            low = "exact-products-f32-acc" if float(d.ravel()[0]) == 1 + 2.0**-6 + 2.0**-14 else \
-                "rounded " + float(d.ravel()[0]).hex()
+            # bf16 dots: rows [R, K] of exact bf16 values against a column of ones
+            def bf16_dot(rows):
+                x = TH(f32_to_bf16_bits(np.asarray(rows, np.float32)), tl.bfloat16)
+                ones = TH(f32_to_bf16_bits(np.ones((rows.shape[1], 1), np.float32)), tl.bfloat16)
+                zero = TH(np.zeros((rows.shape[0], 1), np.float32), tl.float32)
+                return real(b.create_dot(x, ones, zero, P.TF32, 0)).astype(np.float64).ravel()
+
+            low = _low_precision_dot(bf16_dot)
 
             # a * b + c: in f32, (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 fused, 0 when the product rounds first; in
             # bf16 (products and sums rounded to bf16), (1 + 2^-7)^2 - (1 + 2^-6) is 2^-14 fused, 0 otherwise

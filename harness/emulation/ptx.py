@@ -208,10 +208,15 @@ def check_ieee_dot(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts)
     return Row(kernel, target, "ieee_dot", expected, found, "match" if ok else "mismatch")
 
 
+_TENSOR_CORE_FACT = re.compile(r"^tensor-core (sm_\d+): bf16 (\d+)-product blocks")
+
+
 def check_low_precision_dot(kernel, target, ttir, instr, instr_nf, facts: EmulationFacts) -> Row:
     dots = [d for d in ttir_dots(ttir) if d.a in ("bf16", "f16") and d.a == d.b]
+    fact = _TENSOR_CORE_FACT.match(facts.low_precision_dot)
+    arch, block = (fact.group(1), int(fact.group(2))) if fact else (None, None)
     expected = (f"emulation: bf16/fp16 dot = {facts.low_precision_dot} -> bf16/f16 tensor-core mma with an f32 "
-                "accumulator")
+                f"accumulator" + (f", on {arch} each instruction's k a multiple of {block}" if fact else ""))
     if not dots:
         return Row(kernel, target, "low_precision_dot", expected, "no bf16/fp16 tl.dot in the TTIR", "n/a")
     types = sorted({d.a for d in dots})
@@ -220,8 +225,14 @@ def check_low_precision_dot(kernel, target, ttir, instr, instr_nf, facts: Emulat
     f32_acc = _pick(mmas, lambda m: ".f32." in m)
     other_acc = {k: v for k, v in mmas.items() if k not in f32_acc}
     found = (f"{len(dots)} {'/'.join(types)} tt.dot -> {'/'.join(outs)} in TTIR; mma: {_fmt(mmas)}")
-    ok = (facts.low_precision_dot == "exact-products-f32-acc" and bool(f32_acc) and not other_acc
-          and outs == ["f32"])
+    if fact and arch.replace("_", "") != target:
+        return Row(kernel, target, "low_precision_dot", expected,
+                   found + f"; the emulation models {arch}'s tensor core, not {target}'s", "n/a")
+    ks = {m: re.search(r"\.m\d+n\d+k(\d+)\.", m) for m in mmas}
+    off_block = [m for m, k in ks.items() if k is None or int(k.group(1)) % block] if fact else []
+    if off_block:
+        found += f"; k not a multiple of the {block}-product block: {', '.join(sorted(off_block))}"
+    ok = bool(fact) and bool(f32_acc) and not other_acc and not off_block and outs == ["f32"]
     return Row(kernel, target, "low_precision_dot", expected, found, "match" if ok else "mismatch")
 
 

@@ -55,9 +55,9 @@ import numpy as np
 
 from .ptx_arith import PRODUCT, keep_product
 from .specialization import Specializer
+from .tensor_core import DEFAULT_ARCH as DEFAULT_TARGET  # one GPU generation for dots and sums
 
-TARGETS = {"sm80": 80, "sm90": 90}
-DEFAULT_TARGET = "sm90"
+TARGETS = {"sm_80": 80, "sm_90": 90, "sm_100": 100}  # the generations Triton 3.9's NVIDIA backend compiles for
 
 Where = Tuple[Tuple[str, int, int], ...]
 

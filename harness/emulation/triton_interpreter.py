@@ -15,7 +15,9 @@ natively on CUDA when a GPU is present, otherwise on CPU with
    with a=-3, b=4 gives -5.5e19).  Casts f32->bf16 truncate instead of rounding
    to nearest even, and the interpreter's own RTNE path rounds ties up.
 4. ``tl.dot`` ignores ``input_precision``: float32 dots are computed with full
-   float32 inputs, while an H100 feeds TF32 to the tensor cores by default.
+   float32 inputs, while an H100 feeds TF32 to the tensor cores by default; and
+   every dot is a float matmul, while a tensor core aligns, truncates and
+   rounds toward zero in blocks of its own.
 5. A comparison's handle carries its operands' type instead of int1, so a
    splatted scalar comparison becomes an int64 (etc.) mask that ``tl.load``
    rejects, and a cast of a bf16 comparison reads the bools as bf16 bits
@@ -53,31 +55,44 @@ Numerical model (what "H100-like" means here)
   (one rounding), f32 ``/`` is ``div.full.f32`` (a product with the
   reciprocal), ``tl.sqrt`` is ``sqrt.approx.ftz.f32`` and ``tl.math.exp2`` is
   ``ex2.approx.ftz.f32`` (subnormal operands / results flushed to zero).
-* f32 ``tl.sum``: in the order of the kernel's layout compiled for ``reduce_target`` (``reduce_order``: a
+* f32 ``tl.sum``: in the order of the kernel's layout compiled for the ``tensor_core`` generation (``reduce_order``: a
   register tree, then the lanes' and warps' butterflies, read from the TTGIR and held against the PTX).
 * bf16 reductions: pairwise tree with an RNE rounding after every add; bf16
   cumsum/cumprod: sequential with a rounding after every step.  The GPU's exact
   combine order depends on the layout and is not reproduced.
 * casts to bf16 (from f32, f64, f16, ints) round to nearest even unless the
   kernel asks for ``fp_downcast_rounding="rtz"``.
-* ``tl.dot`` with bf16/fp16/fp8 inputs: products are exact, the K-sum (plus the
-  accumulator) is formed in float64 and rounded once to the output type
-  (float32).  This is ideal float32 accumulation; the tensor core's internal
-  per-k-chunk alignment/rounding is slightly worse and is not modelled.
+* ``tl.dot`` on the tensor cores: every dot the GPU runs on its tensor cores
+  (bf16/fp16 operands, and the TF32 / TF32x3 / BF16x3 / BF16x6 paths of f32
+  dots below) is computed as the target generation's tensor core computes it
+  (``tensor_core``: the bit-accurate model of Khattak and Mikaitis, arXiv
+  2512.07004, reproduced bit for bit on their GPU measurements). K is cut into
+  the hardware's blocks (sm_90: 16 bf16/fp16 or 8 TF32 products; sm_80: 8 / 4);
+  in each block the exact products and the running f32 accumulator (the dot's
+  ``acc`` first) are aligned to the largest exponent with 23 + 2 (sm_90) or
+  23 + 1 (sm_80) fraction bits, truncated, added exactly, and the sum is
+  normalised and rounded toward zero to f32; block after block. So a small term
+  beside a large one loses its low bits, and no result is rounded to nearest.
+  ``tensor_core="sm_90"`` (H100/H200) is the default, ``"sm_80"`` (A100) and
+  ``"sm_100"`` (B200) are selectable. Not modelled: fp8 operands and f16
+  accumulators (exact products, the K-sum rounded once).
 * ``tl.dot`` with float32 inputs follows the dot's resolved ``input_precision``:
 
-  - ``"tf32"``: inputs reduced to TF32 (10 explicit mantissa bits) then as
-    above.  How they are reduced is ``tf32_rounding``: default ``"truncate"``.
+  - ``"tf32"``: inputs reduced to TF32 (10 explicit mantissa bits), then the
+    tensor-core model.  How they are reduced is ``tf32_rounding``: default
+    ``"truncate"``.
     Triton's tf32 lowering passes raw fp32 registers to ``mma``/``wgmma`` and
     the tensor core ignores the 13 low mantissa bits (truncation toward zero);
     see triton-lang/triton#4574, where inserting ``cvt.rna.tf32.f32`` was what
     made Triton match cuBLAS.  ``"rna"`` (ties away, = ``cvt.rna``) and
     ``"rne"`` (= what the interpreter uses for TMA descriptors and what cuBLAS
     /CUTLASS converters do) are available for sensitivity studies.
-  - ``"tf32x3"``: Triton's F32DotTC decomposition: big = cvt.rna(x),
-    small = x - big; acc1 = small_a@big_b, acc2 = big_a@small_b + acc1,
-    result = big_a@big_b + acc2 + acc, each partial dot on TF32 inputs with one
-    float32 rounding.
+  - ``"tf32x3"``: Triton's F32DotTC decomposition as triton 3.9 compiles it:
+    big = cvt.rna(x), small = x - big; d1 = small_a@big_b from a zero
+    accumulator, d2 = big_a@small_b chained on d1, NaN replaced by 0,
+    d3 = big_a@big_b chained on that, then ``acc`` added in one f32 rounding;
+    each partial dot a TF32 tensor-core chain.  ``"bf16x3"`` / ``"bf16x6"``
+    likewise with bf16 pieces (RNE) and bf16 chains.
   - ``"ieee"``: sequential float32 FMA chain over K starting from the
     accumulator (the FMA lowering used for non-tensor-core dots).
 
@@ -117,7 +132,8 @@ from .fla_gather import _install_fla_gather_fallback
 from .loop_vars import _install_induction_vars
 from .patcher import MISSING, Patcher
 from .ptx_arith import _install_ptx_arithmetic
-from .reduce_order import DEFAULT_TARGET as REDUCE_TARGET, ReduceOrder, install as install_reduce_order
+from .reduce_order import ReduceOrder, install as install_reduce_order
+from .tensor_core import DEFAULT_ARCH, EMULATED_ARCHS
 from .setup import (EMULATED_TRITON, emulation_problem, enable_interpreter_mode, interpreter_mode_enabled,  # noqa: F401
                     native_cuda_available, triton_versions)
 
@@ -146,11 +162,12 @@ NOT_MODELLED = ("the GPU's MUFU functions: ex2.approx.f32 (tl.exp, fla's exp and
 
 @contextlib.contextmanager
 def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision: bool = False,
-                     tf32_rounding: str = "truncate", autotune_rule: AutotuneRule = "first", bf16: bool = True,
+                     tf32_rounding: str = "truncate", tensor_core: str = DEFAULT_ARCH,
+                     autotune_rule: AutotuneRule = "first", bf16: bool = True,
                      dots: bool = True, loop_tensors: bool = True, autotune: bool = True,
                      ptx_arith: bool = True, batched_grid: bool = True,
                      batched_grid_max_programs: int = DEFAULT_MAX_PROGRAMS,
-                     reduce_target: Optional[str] = REDUCE_TARGET) -> Iterator[EmulationSession]:
+                     reduce_order: bool = True) -> Iterator[EmulationSession]:
     """Scoped H100-like numerics for the Triton interpreter (see module doc).
 
     dot_precision: default ``input_precision`` for float32 ``tl.dot`` in the
@@ -159,6 +176,9 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
     force_dot_precision: apply ``dot_precision`` even to dots that set
         ``input_precision``/``allow_tf32`` explicitly.
     tf32_rounding: "truncate" (H100 tensor core on raw fp32), "rne" or "rna".
+    tensor_core: the GPU generation whose tensor cores compute every dot that
+        runs on them ("sm_90" H100, "sm_80" A100, "sm_100" B200; the
+        ``tensor_core`` module's published model).
     autotune_rule: see :func:`pinned_autotune`.
     bf16 / dots / loop_tensors / autotune / ptx_arith: switch individual fixes
         off (for demonstrating the stock interpreter's behaviour).
@@ -168,8 +188,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         equal to the sequential loop; False keeps the stock loop (one pass per
         program), the reference the batched executor is compared with.
     batched_grid_max_programs: at most this many programs per pass (memory).
-    reduce_target: float32 ``tl.sum`` adds in the order of the kernel's layout compiled for this target ("sm90",
-        "sm80"; ``reduce_order``); None keeps numpy's order (the stock interpreter's).
+    reduce_order: float32 ``tl.sum`` adds in the order of the kernel's layout compiled for the ``tensor_core``
+        generation (``reduce_order`` module); False keeps numpy's order (the stock interpreter's).
 
     ``session.grid_launches`` lists, per launch, how it ran (kernel, grid,
     mode batched/split/sequential, groups, reason); ``settings["grid_launches"]``
@@ -190,6 +210,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         raise ValueError("force_dot_precision=True needs dot_precision")
     if tf32_rounding not in TF32_ROUNDINGS:
         raise ValueError(f"tf32_rounding must be one of {TF32_ROUNDINGS}, got {tf32_rounding!r}")
+    if tensor_core not in EMULATED_ARCHS:
+        raise ValueError(f"tensor_core must be one of {EMULATED_ARCHS}, got {tensor_core!r}")
     import triton
 
     effective = dot_precision or triton.knobs.language.fp32_default or "tf32"
@@ -199,12 +221,12 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         "dot_precision_forced": bool(force_dot_precision),
         "tf32_rounding": tf32_rounding,
         "bf16_rounding": "rne" if bf16 else "stock-interpreter",
-        "dot_accumulation": "exact-products-f32" if dots else "stock-interpreter",
+        "dot_accumulation": f"tensor-core-{tensor_core}" if dots else "stock-interpreter",
         "scalar_arith": "ptx" if ptx_arith else "stock-interpreter",
         "loop_induction_tensors": bool(loop_tensors),
         "autotune_rule": (autotune_rule if isinstance(autotune_rule, str) else "callable") if autotune else "stock",
         "batched_grid": bool(batched_grid),
-        "reduce_order": f"compiled layout ({reduce_target})" if reduce_target else "stock-interpreter",
+        "reduce_order": f"compiled layout ({tensor_core})" if reduce_order else "stock-interpreter",
         # what no public document defines, so every row says the emulation takes a correctly rounded value there
         "not_modelled": NOT_MODELLED,
     })
@@ -227,9 +249,9 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
                 _install_ptx_arithmetic(patcher)
             if dots:
                 _install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
-                                      tf32_rounding=tf32_rounding)
-            if reduce_target:  # after bf16: its sums of bf16 stay bf16_arith's
-                order = ReduceOrder(reduce_target)
+                                      tf32_rounding=tf32_rounding, tensor_core=tensor_core)
+            if reduce_order:  # after bf16: its sums of bf16 stay bf16_arith's
+                order = ReduceOrder(tensor_core)
                 install_reduce_order(patcher, order)
                 session.reduce_order = order
             _install_int1_comparisons(patcher)  # not a numerics choice: the interpreter's own type slip

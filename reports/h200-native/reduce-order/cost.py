@@ -1,4 +1,4 @@
-"""emulated GPU leg seconds per case set: reduce order on (sm90, layouts cached) vs off (numpy's order)"""
+"""emulated GPU leg seconds per case set: reduce order on (True: sm_90, layouts cached) vs off (numpy's order)"""
 import time, sys, functools
 from harness.emulation.setup import enable_interpreter_mode
 enable_interpreter_mode()
@@ -10,8 +10,8 @@ from harness.run.runner import Runner
 cases = sys.argv[1:]
 refs = ReferenceCache(None)
 orig = he.triton_emulation
-for target in ("sm90", None, "sm90", None, "sm90", None):
-    he.triton_emulation = functools.partial(orig, reduce_target=target)
+for target in (True, False, True, False, True, False):
+    he.triton_emulation = functools.partial(orig, reduce_order=target)
     t0 = time.process_time()
     for c in cases:
         Runner(make_leg("gpu"), refs).run_case(case_from_id(c))
