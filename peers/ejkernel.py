@@ -60,6 +60,22 @@ INSTALL = (f"pip install --no-deps ejkernel=={VERSION} beartype==0.23.1 chex==0.
 ENTRY = "ejkernel.kernels._pallas.tpu.gated_delta_rule.gated_delta_rule"
 
 
+MODULE = "ejkernel.kernels._pallas.tpu.gated_delta_rule"
+"""Where ejkernel keeps its Pallas TPU gated_delta_rule (the module registering it for ``Platform.PALLAS`` on TPU)."""
+
+
+def missing_kernel() -> str:
+    """Why a release without :data:`MODULE` maps no case, in its own terms: which gated_delta_rule it has, if any
+    (0.0.60 has none; 0.0.71 registers one for ``Platform.XLA`` only, ``ejkernel.kernels._xla.gated_delta_rule``)."""
+    import importlib.metadata
+
+    version = importlib.metadata.version("ejkernel")
+    has_xla = importlib.util.find_spec("ejkernel.kernels._xla.gated_delta_rule") is not None
+    return (f"ejkernel {version} has no Pallas TPU gated_delta_rule: no module {MODULE} in its kernel registry ("
+            + ("its gated_delta_rule is registered for Platform.XLA only)" if has_xla else
+               "nor any gated_delta_rule kernel)"))
+
+
 def _import():
     """The entry point, imported when this module is (outside any trace), jax's compilation-cache setting kept as
     it was; and why not."""
@@ -69,6 +85,8 @@ def _import():
 
     kept = jax.config.jax_compilation_cache_dir
     try:
+        if importlib.util.find_spec(MODULE) is None:  # not a failure of the import: this release has no such kernel
+            return None, missing_kernel()
         from ejkernel.kernels._pallas.tpu.gated_delta_rule import gated_delta_rule
 
         return gated_delta_rule, None
