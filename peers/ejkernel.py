@@ -18,10 +18,14 @@ What runs, by the case's shape (the rows' ``details.ran_as`` says which):
 - T = 1 with an initial state (a decode step, per batch row): its Pallas single-step kernel
   (``_single_step_gdr_fwd``, a ``custom_vjp`` whose backward is a Pallas kernel too).
 
-Gradients on the XLA path come from jax's autodiff through its dots (``Precision.HIGHEST``). The candidate leg's MXU
-model replaces each such dot by a bf16 split whose derivative is zero, so those gradient rows come back zero (rel-L2
-1): a harness issue, not ejkernel's (``tests/test_peer_ejkernel.py``, a strict xfail); its forward rows, and the
-Pallas step's, are unaffected.
+Gradients on the XLA path come from jax's autodiff through its dots (``Precision.HIGHEST``) and its
+``solve_triangular``; the candidate leg's MXU model differentiates each dot as a TPU does, its cotangent dots modeled
+at the dot's precision (``harness.legs.external.modeled_dot_p``; ``tests/test_peer_ejkernel.py -m heavy``). Before
+2026-11-28 the model gave them zero, then raised "Transpose rule ... for 'custom_vjp_call' not implemented": the
+model's holes, not ejkernel's (reports/bisect/ejkernel).
+
+A release without :data:`MODULE` (0.0.60 to 0.0.71) refuses every case, saying which gated_delta_rule it has;
+``parity bisect`` marks it ``unsupported`` with that reason.
 
 The mapping: gdn's g is its ``decay`` [B,T,H] (a log decay), beta its ``beta``; ``h0`` its ``initial_state``
 ([B,H,K,V], K-first as here); ``use_qk_l2norm`` is the case's ``use_qk_l2norm_in_kernel`` (its default is True;

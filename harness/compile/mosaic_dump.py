@@ -18,7 +18,8 @@ A **phase** is one weight latch and the rows multiplied by it: one bf16 pass ove
 ``n`` passes over ``t`` tiles is ``n·t`` phases, each tile's passes in Mosaic's accumulation order.
 
 **The check, per kernel.** The model's side is the kernel's traced body: every ``dot_general`` in program
-order, each with the passes ``mxu_passes(precision, lhs dtype, rhs dtype)`` says it runs. The compiler's side
+order, each with the passes ``mxu_passes(precision, lhs dtype, rhs dtype)`` says it runs; a matrix-vector dot
+Mosaic puts on the VPU runs none, and a dot repeating an earlier one is Mosaic's once (:func:`model_dots`). The compiler's side
 is the kernel's phase sequence. Consecutive dots with the same passes are taken together (their tiles cannot
 be told apart, and need not be), and the phases must read as each group's passes repeated at least once per
 dot, group after group, with nothing left over. The first place they do not is a mismatch that names the
