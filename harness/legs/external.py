@@ -120,9 +120,11 @@ def modeled_dot_p():
     tangent, linear in it, which is what lets jax transpose a dot that another primitive's derivative makes
     (``solve_triangular``'s, whose JVP multiplies tangents: a ``custom_vjp`` there could not be transposed,
     "Transpose rule ... for 'custom_vjp_call' not implemented"). It batches into a dot with one more batch axis."""
-    import jax
+    import inspect
+
     import jax.numpy as jnp
     from jax._src import dispatch
+    from jax._src.core import ShapedArray
     from jax._src.lax import lax as lax_internal
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching, mlir
@@ -145,12 +147,15 @@ def modeled_dot_p():
         (ca, cb), (ba, bb) = dimension_numbers
         free_a = [n for i, n in enumerate(a.shape) if i not in ca and i not in ba]
         free_b = [n for i, n in enumerate(b.shape) if i not in cb and i not in bb]
-        return jax.core.ShapedArray((*(a.shape[i] for i in ba), *free_a, *free_b), jnp.float32)
+        return ShapedArray((*(a.shape[i] for i in ba), *free_a, *free_b), jnp.float32)
+
+    takes_sharding = "out_sharding" in inspect.signature(lax_internal._dot_general_transpose_lhs).parameters
 
     def transpose(rule, cotangent, x, y, *, passes, dimension_numbers, precision):
         del passes  # the cotangent dots are modeled where lax.dot_general binds them
+        sharding = {"out_sharding": None} if takes_sharding else {}
         return rule(cotangent, x, y, dimension_numbers=dimension_numbers, precision=precision,
-                    preferred_element_type=jnp.float32, out_sharding=None)
+                    preferred_element_type=jnp.float32, **sharding)
 
     def batch(args, axes, *, passes, dimension_numbers, precision):
         size = next(x.shape[d] for x, d in zip(args, axes) if d is not None)
