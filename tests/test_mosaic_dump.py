@@ -282,3 +282,23 @@ def test_a_model_that_counts_a_repeated_dot_twice_is_refuted(monkeypatch):
     monkeypatch.setattr(mosaic_dump, "_params_key", lambda params: next(counter))
     r = _compiled_again(_matvec_program, MATVEC_ARGS, "v6e")
     assert r.mxu.status == MISMATCH and "dot 3 of 3" in r.error and r.error.endswith("Mosaic no MXU pass")
+
+
+def _matvec_and_repeat_added(a_ref, b_ref, v_ref, o_ref):
+    a, b = a_ref[...], b_ref[...]
+    s = lax.dot_general(a, v_ref[...], mxu.NT_T, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    once = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)
+    again = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)
+    o_ref[...] = once + again * s  # once's one use, an add: Mosaic makes the addend its accumulator
+
+
+def test_a_repeated_dot_whose_result_is_added_is_a_dot_of_its_own():
+    """``a + matmul(l, r, 0)`` becomes ``matmul(l, r, a)`` (Mosaic's CanonicalizeAddOfMatmul) before CSE runs: the
+    two equal dots then differ in their accumulators and both run, two MXU phases, as the model counts them."""
+    def program(a, b, v):
+        return pl.pallas_call(_matvec_and_repeat_added, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                              name="matvec_and_repeat_added")(a, b, v)
+
+    r = _compiled_again(program, MATVEC_ARGS, "v6e")
+    assert r.ok, r.error
+    assert (r.mxu.status, r.mxu.dots, r.mxu.passes_model, r.mxu.passes_mosaic) == (VERIFIED, 3, 2, 2)

@@ -148,7 +148,8 @@ def model_dots(body) -> list[Dot]:
 
     - a dot that repeats an earlier one (the same operands, by :func:`value_numbers`, and the same parameters):
       Mosaic's ``*-simplify`` passes (MLIR's common-subexpression elimination) keep one of them, whose result both
-      uses read. It is left out here; interpret mode computes it twice, to the same bits;
+      uses read. It is left out here; interpret mode computes it twice, to the same bits. Not so a dot whose one
+      use is an add (:func:`accumulated`): the add becomes its accumulator, and it is a dot of its own;
     - a matrix-vector dot Mosaic puts on the vector unit (``kernels_tpu.mxu.on_vector_unit``): it is kept, with
       no passes, and the model computes it as the VPU does."""
     from jax._src import source_info_util
@@ -160,13 +161,14 @@ def model_dots(body) -> list[Dot]:
 
     def visit(j):
         j = j.jaxpr if isinstance(j, ClosedJaxpr) else j
-        numbers, seen = value_numbers(j), set()
+        numbers, seen, folded = value_numbers(j), set(), accumulated(j)
         for e in j.eqns:
             if e.primitive.name == "dot_general":
                 key = (_params_key(e.params), tuple(numbers[v] for v in e.invars[:2]))
-                if key in seen:  # computed once by Mosaic
+                if key in seen and e.outvars[0] not in folded:  # computed once by Mosaic
                     continue
-                seen.add(key)
+                if e.outvars[0] not in folded:
+                    seen.add(key)
                 a, b = (v.aval for v in e.invars[:2])
                 precision = _precision(e.params)
                 if mxu.on_vector_unit(a.shape, a.dtype, b.shape, b.dtype, e.params["dimension_numbers"]):
@@ -185,6 +187,27 @@ def model_dots(body) -> list[Dot]:
 
     visit(body)
     return dots
+
+
+ADDS = ("add", "add_any")
+
+
+def accumulated(jaxpr) -> set:
+    """The dot results whose one use is an add: Mosaic folds ``a + matmul(l, r, 0)`` into ``matmul(l, r, a)``
+    (its ``CanonicalizeAddOfMatmul``), and the folded dot, with an accumulator of its own, is no longer the same as
+    another dot of the same operands (CSE keeps both)."""
+    from jax.extend.core import Literal
+
+    uses: dict = {}
+    for e in jaxpr.eqns:
+        for x in e.invars:
+            if not isinstance(x, Literal):
+                uses.setdefault(x, []).append(e.primitive.name)
+    for x in jaxpr.outvars:
+        if not isinstance(x, Literal):
+            uses.setdefault(x, []).append("output")
+    return {e.outvars[0] for e in jaxpr.eqns
+            if e.primitive.name == "dot_general" and uses.get(e.outvars[0], []) in ([a] for a in ADDS)}
 
 
 def _params_key(params) -> str:
