@@ -162,7 +162,7 @@ def on_vector_unit(a_shape, a_dtype, b_shape, b_dtype, dims) -> bool:
     rewrites an f32 matrix-vector dot, ``lhs[..., M, K]`` contracted on its last axis with a vector-like
     ``rhs[..., K]`` or ``rhs[..., 1, K]`` contracted on its last axis, into a broadcast ``arith.mulf`` and a
     ``vector.multi_reduction <add>`` over K: f32 products, an f32 sum, no MXU pass and no bf16 rounding,
-    whatever its precision says. Read in the dumps of ejkernel 0.0.72's kernels (docs/compiling-for-tpu.md):
+    whatever its precision says. Read in the dumps of ejkernel 0.0.72's kernels (docs/precision.md):
     ``lax.dot(lower_mask[C,C], decay[C], precision=HIGHEST)`` is a ``tpu.matmul`` up to
     ``post-pre-canon-optimization`` and a multiply and a reduction from ``post-canonicalize-mosaic`` on."""
     (ca, cb), (ba, bb) = dims

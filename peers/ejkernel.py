@@ -65,7 +65,7 @@ ENTRY = "ejkernel.kernels._pallas.tpu.gated_delta_rule.gated_delta_rule"
 
 
 MODULE = "ejkernel.kernels._pallas.tpu.gated_delta_rule"
-"""Where ejkernel keeps its Pallas TPU gated_delta_rule (the module registering it for ``Platform.PALLAS`` on TPU)."""
+"""Where ejkernel keeps its Pallas TPU gated_delta_rule (the module that registers it for the Pallas platform)."""
 
 
 def missing_kernel() -> str:

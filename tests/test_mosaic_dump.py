@@ -212,7 +212,8 @@ def test_without_a_dump_the_passes_are_unverified_never_a_silent_pass(monkeypatc
 def _matvec_and_repeat(a_ref, b_ref, v_ref, o_ref):
     a, b = a_ref[...], b_ref[...]
     # f32[8,128] · f32[1,128] contracted on both last axes: a matrix-vector dot, at HIGHEST
-    s = lax.dot_general(a, v_ref[...], mxu.NT_T, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    s = lax.dot_general(a, v_ref[...], mxu.NT_T, precision=lax.Precision.HIGHEST,
+                        preferred_element_type=jnp.float32)
     once = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)
     again = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)  # the same dot of the same values
     o_ref[...] = once * again * s  # a product: an added term would become a dot's accumulator, another dot
@@ -286,7 +287,8 @@ def test_a_model_that_counts_a_repeated_dot_twice_is_refuted(monkeypatch):
 
 def _matvec_and_repeat_added(a_ref, b_ref, v_ref, o_ref):
     a, b = a_ref[...], b_ref[...]
-    s = lax.dot_general(a, v_ref[...], mxu.NT_T, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    s = lax.dot_general(a, v_ref[...], mxu.NT_T, precision=lax.Precision.HIGHEST,
+                        preferred_element_type=jnp.float32)
     once = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)
     again = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)
     o_ref[...] = once + again * s  # once's one use, an add: Mosaic makes the addend its accumulator

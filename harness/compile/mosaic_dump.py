@@ -19,10 +19,10 @@ A **phase** is one weight latch and the rows multiplied by it: one bf16 pass ove
 
 **The check, per kernel.** The model's side is the kernel's traced body: every ``dot_general`` in program
 order, each with the passes ``mxu_passes(precision, lhs dtype, rhs dtype)`` says it runs; a matrix-vector dot
-Mosaic puts on the VPU runs none, and a dot repeating an earlier one is Mosaic's once (:func:`model_dots`). The compiler's side
-is the kernel's phase sequence. Consecutive dots with the same passes are taken together (their tiles cannot
-be told apart, and need not be), and the phases must read as each group's passes repeated at least once per
-dot, group after group, with nothing left over. The first place they do not is a mismatch that names the
+Mosaic puts on the VPU runs none, and a dot repeating an earlier one is Mosaic's once (:func:`model_dots`). The
+compiler's side is the kernel's phase sequence. Consecutive dots with the same passes are taken together (their
+tiles cannot be told apart, and need not be), and the phases must read as each group's passes repeated at least
+once per dot, group after group, with nothing left over. The first place they do not is a mismatch that names the
 kernel, the dot (its position, operands, precision and source line) and both pass lists.
 """
 
@@ -144,7 +144,7 @@ def model_dots(body) -> list[Dot]:
     computes, each with the passes the MXU model gives it. A dot the model cannot run (a precision Mosaic refuses)
     raises DumpError: the compile itself says why.
 
-    Two kinds of dot run no MXU pass, as Mosaic's own passes show (docs/compiling-for-tpu.md):
+    Two kinds of dot run no MXU pass, as Mosaic's own passes show (docs/precision.md):
 
     - a dot that repeats an earlier one (the same operands, by :func:`value_numbers`, and the same parameters):
       Mosaic's ``*-simplify`` passes (MLIR's common-subexpression elimination) keep one of them, whose result both

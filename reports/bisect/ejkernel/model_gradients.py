@@ -1,9 +1,10 @@
 """Whose is the zero gradient, and whose is "Transpose rule ... for 'custom_vjp_call' not implemented"?
 
-jax.grad of ejkernel's gated_delta_rule (T = 32 > 1: its XLA path, from 0.0.78 on; fp32, K = V = 64, h0) under three versions of
-the candidate leg's MXU model of a pure-JAX dot, and outside any model. Run with one ejkernel release first on the
-path (``PYTHONPATH=<its folder>:<its dependencies>:. python reports/bisect/ejkernel/model_gradients.py``); it prints,
-per model, each gradient's max |difference| relative to jax's own gradient outside the model, or the error.
+jax.grad of ejkernel's gated_delta_rule (T = 32 > 1: its XLA path, from 0.0.78 on; fp32, K = V = 64, h0) under
+three versions of the candidate leg's MXU model of a pure-JAX dot, and outside any model. Run with one ejkernel
+release first on the path (``PYTHONPATH=<its folder>:<its dependencies>:. python
+reports/bisect/ejkernel/model_gradients.py``); it prints, per model, each gradient's max |difference| relative to
+jax's own gradient outside the model, or the error.
 
 - ``bit-mask``: the model before commit b5dec6d: the bf16 split as written (bit masks), differentiated by jax;
 - ``custom_vjp``: b5dec6d's: the model wrapped in a jax.custom_vjp whose backward is the exact dot's pullback;
