@@ -154,6 +154,39 @@ def mxu_passes(precision, a_dtype, b_dtype, *, pallas: bool = True) -> tuple[tup
     return _SPLIT_HIGH if precision == Precision.HIGH else _SPLIT_HIGHEST
 
 
+# ------------------------------------------------------------ a dot Mosaic runs on the vector unit
+def on_vector_unit(a_shape, a_dtype, b_shape, b_dtype, dims) -> bool:
+    """Whether Mosaic computes this kernel ``dot_general`` on the VPU rather than the MXU.
+
+    Its canonicalisation (``canonicalize-mosaic``, jax's ``canonicalize_mosaic.cc``: ``is_matrix_vector_dot``)
+    rewrites an f32 matrix-vector dot, ``lhs[..., M, K]`` contracted on its last axis with a vector-like
+    ``rhs[..., K]`` or ``rhs[..., 1, K]`` contracted on its last axis, into a broadcast ``arith.mulf`` and a
+    ``vector.multi_reduction <add>`` over K: f32 products, an f32 sum, no MXU pass and no bf16 rounding,
+    whatever its precision says. Read in the dumps of ejkernel 0.0.72's kernels (docs/precision.md):
+    ``lax.dot(lower_mask[C,C], decay[C], precision=HIGHEST)`` is a ``tpu.matmul`` up to
+    ``post-pre-canon-optimization`` and a multiply and a reduction from ``post-canonicalize-mosaic`` on."""
+    (ca, cb), (ba, bb) = dims
+    if jnp.dtype(a_dtype) != F32 or jnp.dtype(b_dtype) != F32:
+        return False
+    a_free = [i for i in range(len(a_shape)) if i not in ca and i not in ba]
+    b_free = [i for i in range(len(b_shape)) if i not in cb and i not in bb]
+    return (tuple(ca) == (len(a_shape) - 1,) and tuple(cb) == (len(b_shape) - 1,) and len(a_free) == 1
+            and (not b_free or (len(b_free) == 1 and b_shape[b_free[0]] == 1)))
+
+
+def vector_unit_dot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
+    """A dot :func:`on_vector_unit` holds, as the VPU computes it: each product rounded to f32, the products of
+    one output summed in f32 over K (``jnp.sum``'s order here; the chip's lane reduction, ``vadd.xlane``, has
+    an inner order its dumps do not show: docs/precision.md). Its result has ``lax.dot_general``'s layout."""
+    (ca, cb), (ba, bb) = dims
+    a_free = [i for i in range(a.ndim) if i not in ca and i not in ba]
+    b_free = [i for i in range(b.ndim) if i not in cb and i not in bb]
+    lhs = jnp.transpose(a, (*ba, *a_free, *ca))  # [batch..., M, K]
+    rhs = jnp.transpose(b, (*bb, *b_free, *cb)).reshape(*(b.shape[i] for i in bb), 1, b.shape[cb[0]])
+    out = jnp.sum(lhs.astype(F32) * rhs.astype(F32), axis=-1)  # [batch..., M]
+    return out.reshape(*out.shape, *(1 for _ in b_free))
+
+
 # ------------------------------------------------------------ the precision policy
 F32_DOT_PRECISION = {"bfloat16": BF16X3, "float16": BF16X4, "float32": BF16X3}
 """The one table: per input dtype, the precision of every kernel dot with an f32 operand (two bf16
@@ -319,16 +352,20 @@ def dot(a: jax.Array, b: jax.Array, *, precision, preferred_element_type=F32, di
         return out.astype(preferred_element_type)
     lax_precision = Precision.DEFAULT if precision in (BF16X3, BF16X4) else precision  # two bf16 operands
     passes = mxu_passes(lax_precision, a.dtype, b.dtype)
+    if mxu_model and on_vector_unit(a.shape, a.dtype, b.shape, b.dtype, dims):  # Mosaic's VPU, not the MXU
+        return vector_unit_dot(a, b, dims).astype(preferred_element_type)
     if not mxu_model:
         return lax.dot_general(a, b, dims, precision=lax_precision,
                                preferred_element_type=F32).astype(preferred_element_type)
     return modeled_dot(a, b, passes, dims).astype(preferred_element_type)
 
 
-def modeled_dot(a: jax.Array, b: jax.Array, passes, dims) -> jax.Array:
+def modeled_dot(a: jax.Array, b: jax.Array, passes, dims, *, record: bool = True) -> jax.Array:
     """The MXU's result of ``passes`` (:func:`mxu_passes`): each pass's bf16 pieces multiplied exactly and
-    accumulated in f32, the passes summed in f32 in their order; reports the work to active tallies."""
-    record_dot(a.shape, b.shape, dims, len(passes))
+    accumulated in f32, the passes summed in f32 in their order; reports the work to active tallies (unless
+    ``record`` is off: a caller that reports it itself)."""
+    if record:
+        record_dot(a.shape, b.shape, dims, len(passes))
     out = None
     for lhs, rhs in passes:
         term = _one_pass(piece(a, lhs), piece(b, rhs), dims, mxu_model=True)

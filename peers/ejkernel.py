@@ -18,10 +18,14 @@ What runs, by the case's shape (the rows' ``details.ran_as`` says which):
 - T = 1 with an initial state (a decode step, per batch row): its Pallas single-step kernel
   (``_single_step_gdr_fwd``, a ``custom_vjp`` whose backward is a Pallas kernel too).
 
-Gradients on the XLA path come from jax's autodiff through its dots (``Precision.HIGHEST``). The candidate leg's MXU
-model replaces each such dot by a bf16 split whose derivative is zero, so those gradient rows come back zero (rel-L2
-1): a harness issue, not ejkernel's (``tests/test_peer_ejkernel.py``, a strict xfail); its forward rows, and the
-Pallas step's, are unaffected.
+Gradients on the XLA path come from jax's autodiff through its dots (``Precision.HIGHEST``) and its
+``solve_triangular``; the candidate leg's MXU model differentiates each dot as a TPU does, its cotangent dots modeled
+at the dot's precision (``harness.legs.external.modeled_dot_p``; ``tests/test_peer_ejkernel.py -m heavy``). Before
+2026-11-28 the model gave them zero, then raised "Transpose rule ... for 'custom_vjp_call' not implemented": the
+model's holes, not ejkernel's (reports/bisect/ejkernel).
+
+A release without :data:`MODULE` (0.0.60 to 0.0.71) refuses every case, saying which gated_delta_rule it has;
+``parity bisect`` marks it ``unsupported`` with that reason.
 
 The mapping: gdn's g is its ``decay`` [B,T,H] (a log decay), beta its ``beta``; ``h0`` its ``initial_state``
 ([B,H,K,V], K-first as here); ``use_qk_l2norm`` is the case's ``use_qk_l2norm_in_kernel`` (its default is True;
@@ -60,6 +64,22 @@ INSTALL = (f"pip install --no-deps ejkernel=={VERSION} beartype==0.23.1 chex==0.
 ENTRY = "ejkernel.kernels._pallas.tpu.gated_delta_rule.gated_delta_rule"
 
 
+MODULE = "ejkernel.kernels._pallas.tpu.gated_delta_rule"
+"""Where ejkernel keeps its Pallas TPU gated_delta_rule (the module that registers it for the Pallas platform)."""
+
+
+def missing_kernel() -> str:
+    """Why a release without :data:`MODULE` maps no case, in its own terms: which gated_delta_rule it has, if any
+    (0.0.60 has none; 0.0.71 registers one for ``Platform.XLA`` only, ``ejkernel.kernels._xla.gated_delta_rule``)."""
+    import importlib.metadata
+
+    version = importlib.metadata.version("ejkernel")
+    has_xla = importlib.util.find_spec("ejkernel.kernels._xla.gated_delta_rule") is not None
+    return (f"ejkernel {version} has no Pallas TPU gated_delta_rule: no module {MODULE} in its kernel registry ("
+            + ("its gated_delta_rule is registered for Platform.XLA only)" if has_xla else
+               "nor any gated_delta_rule kernel)"))
+
+
 def _import():
     """The entry point, imported when this module is (outside any trace), jax's compilation-cache setting kept as
     it was; and why not."""
@@ -69,6 +89,8 @@ def _import():
 
     kept = jax.config.jax_compilation_cache_dir
     try:
+        if importlib.util.find_spec(MODULE) is None:  # not a failure of the import: this release has no such kernel
+            return None, missing_kernel()
         from ejkernel.kernels._pallas.tpu.gated_delta_rule import gated_delta_rule
 
         return gated_delta_rule, None

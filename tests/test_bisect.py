@@ -246,3 +246,32 @@ def test_a_run_that_ends_without_rows_is_not_judged_nor_stored(tmp_path):
     again, measure = history(tmp_path, factors, sweep=True, measure=Fails(factors))
     bisect(again)
     assert {v for v, _ in measure.calls} == {"1.1"}  # tried again; 1.0 and 1.2 served from their rows
+
+
+def test_an_installed_version_whose_binding_refuses_every_case_is_unsupported_with_its_reason(tmp_path):
+    """A release without the binding's module (ejkernel 0.0.60 to 0.0.71 have no Pallas TPU gated_delta_rule) is
+    installed and run, and its binding refuses every case: the versions table says ``unsupported`` and why, as for a
+    version refused before installing, never ``installed`` with no reason; a version that maps one case stays
+    ``installed``."""
+
+    class Missing(FakeMeasure):
+        def __call__(self, site, case_ids, scratch):
+            rows = super().__call__(site, case_ids, scratch)
+            # 1.0 maps no case; 1.1 refuses the first case only
+            refused = rows.case_id.isin(case_ids if site.name == "1.0" else CASES[:1] if site.name == "1.1" else [])
+            rows = rows.astype(object)
+            for column in METRICS + ("rel_l2_blocks", "worst_index", "ref_at_worst", "got_at_worst"):
+                rows.loc[refused, column] = None
+            rows.loc[refused, "status"] = "unsupported"
+            rows.loc[refused, "reason"] = f"mylib {site.name} has no module mylib.kernels.op"
+            return rows
+
+    factors = {"1.0": 0.5, "1.1": 0.5, "1.2": 4.0}
+    found = bisect(history(tmp_path, factors, sweep=True, measure=Missing(factors))[0])
+    states = {v["version"]: (v.get("state"), v.get("reason", "")) for v in found["versions"]}
+    assert states["1.0"] == ("unsupported", "mylib 1.0 has no module mylib.kernels.op")
+    assert states["1.1"] == ("installed", "") and states["1.2"] == ("installed", "")
+    assert "1.0" in found["unjudged"] and "1.1" not in found["unjudged"]
+    md = (tmp_path / "history.md").read_text()
+    assert "| 1.0 | 2026-01-01 | unsupported | mylib 1.0 has no module mylib.kernels.op |" in md
+    assert json.loads((tmp_path / "versions/1.0/state.json").read_text())["state"] == "unsupported"

@@ -210,6 +210,74 @@ def test_mxu_rounding_differentiates_a_dot_as_a_tpu_does():
     assert np.max(np.abs(got - exact)) > 1e-4 * np.max(np.abs(exact))  # bf16's 2^-9 shows, f32's 2^-24 would not
 
 
+def test_mxu_rounding_transposes_a_dot_made_on_a_tangent():
+    """A dot bound on a linear input (another primitive's derivative makes one: solve_triangular's JVP multiplies
+    its tangents) must transpose. The model's dot is bilinear, as lax.dot_general is; a custom_vjp there raised
+    "Transpose rule ... for 'custom_vjp_call' not implemented" (ejkernel 0.0.78 to 0.0.80.3's T > 1 gradients).
+
+    The transpose of t -> t @ b at DEFAULT is ct -> ct @ b^T, itself a dot a TPU runs in one bf16 pass: with
+    ct = ones, the row sums of bf16(b). With operands bf16 holds exactly (powers of 2), solve_triangular's
+    gradient is the exact one, bit for bit."""
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+
+    from harness.legs.external import mxu_rounding
+
+    b = jnp.asarray(np.random.default_rng(0).standard_normal((8, 3)), jnp.float32)
+    with mxu_rounding():
+        jax.clear_caches()
+        (got,) = jax.linear_transpose(lambda t: jnp.dot(t, b), jnp.ones((4, 8), jnp.float32))(
+            jnp.ones((4, 3), jnp.float32))
+    jax.clear_caches()
+    rounded = np.asarray(b).astype(ml_dtypes.bfloat16).astype(np.float64).sum(axis=1)
+    assert np.max(np.abs(np.asarray(got[0], np.float64) - rounded)) <= 1e-6 * np.max(np.abs(rounded))
+    assert not np.allclose(np.asarray(got[0]), np.asarray(b, np.float64).sum(axis=1), rtol=1e-4, atol=0)
+
+    def loss(lower, rhs):
+        x = jax.scipy.linalg.solve_triangular(lower, rhs, lower=True)
+        return jnp.sum(jnp.dot(x, jnp.full((2, 2), 0.5), precision=jax.lax.Precision.HIGHEST))
+
+    lower = jnp.tril(jnp.full((4, 4), 0.25)) + jnp.eye(4) * 1.75  # diagonal 2, below it 1/4
+    rhs = jnp.full((4, 2), 4.0)
+    exact = jax.grad(loss, argnums=(0, 1))(lower, rhs)
+    with mxu_rounding():
+        jax.clear_caches()
+        modeled = jax.grad(loss, argnums=(0, 1))(lower, rhs)
+    jax.clear_caches()
+    for e, m in zip(exact, modeled):
+        assert np.any(np.asarray(e) != 0) and np.array_equal(np.asarray(e), np.asarray(m))
+
+
+def test_a_kernels_matrix_vector_dot_runs_as_mosaic_runs_it():
+    """Inside a kernel (a signature the program's kernels have, harness.compile.xla_dots), an f32 matrix-vector
+    dot is Mosaic's VPU multiply-reduce (kernels_tpu.mxu.on_vector_unit): x = 1 + 2^-12, four f32 products
+    1 + 2^-11 summed to 4 + 2^-9. The same dot elsewhere stays the MXU's one bf16 pass at DEFAULT: 4."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from harness.compile import xla_dots
+    from harness.legs import external
+
+    a, v = jnp.full((2, 4), 1.0 + 2.0**-12, jnp.float32), jnp.full((4,), 1.0 + 2.0**-12, jnp.float32)
+    sig = xla_dots.signature(a, v, (((1,), (0,)), ((), ())), None)
+
+    def run(xla):
+        external._local.xla = xla
+        try:
+            with external.mxu_rounding():
+                jax.clear_caches()
+                return np.asarray(jax.lax.dot_general(a, v, (((1,), (0,)), ((), ()))))
+        finally:
+            external._local.xla = None
+            jax.clear_caches()
+
+    assert np.all(run(xla_dots.XlaDots(kernel=frozenset({sig}))) == 4.0 + 2.0**-9)
+    assert np.all(run(xla_dots.XlaDots()) == 4.0)
+
+
 def test_tpu_info_answers_for_the_chip_compiled_for():
     from jax.experimental.pallas import tpu as pltpu
 

@@ -206,3 +206,101 @@ def test_without_a_dump_the_passes_are_unverified_never_a_silent_pass(monkeypatc
     monkeypatch.setattr(tpu_compile, "dump_dir", lambda environ=None: DumpDir(None, False, "no dump here"))
     r = compile_for(_program, ARGS, "v6e")
     assert r.ok and r.kernel_columns["mxu_check"] == "unverified: no dump here"
+
+
+# ------------------------------------------------------------------------------- dots Mosaic runs without the MXU
+def _matvec_and_repeat(a_ref, b_ref, v_ref, o_ref):
+    a, b = a_ref[...], b_ref[...]
+    # f32[8,128] · f32[1,128] contracted on both last axes: a matrix-vector dot, at HIGHEST
+    s = lax.dot_general(a, v_ref[...], mxu.NT_T, precision=lax.Precision.HIGHEST,
+                        preferred_element_type=jnp.float32)
+    once = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)
+    again = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)  # the same dot of the same values
+    o_ref[...] = once * again * s  # a product: an added term would become a dot's accumulator, another dot
+
+
+def _matvec_program(a, b, v):
+    return pl.pallas_call(_matvec_and_repeat, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                          name="matvec_and_repeat")(a, b, v)
+
+
+MATVEC_ARGS = ARGS + (jax.ShapeDtypeStruct((1, 128), jnp.float32),)
+
+
+def test_model_dots_drop_a_repeated_dot_and_give_a_matrix_vector_dot_no_pass():
+    body = jax.make_jaxpr(lambda a, b, v: _matvec_and_repeat_values(a, b, v))(
+        jnp.ones((8, 128)), jnp.ones((128, 128)), jnp.ones((1, 128)))
+    found = mosaic_dump.model_dots(body)
+    assert [d.passes for d in found] == [(), ONE]
+    assert "on the VPU (f32 multiply-adds)" in found[0].label
+    # a dot of other operands, or other parameters, is another dot
+    other = jax.make_jaxpr(lambda a, b: (a @ b, a @ (b + 1), lax.dot(a, b, precision=lax.Precision.HIGHEST)))(
+        jnp.ones((8, 8)), jnp.ones((8, 8)))
+    assert len(mosaic_dump.model_dots(other)) == 3
+
+
+def _matvec_and_repeat_values(a, b, v):
+    s = lax.dot_general(a, v, mxu.NT_T, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    once = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)
+    return once * lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32) * s
+
+
+def _compiled_again(*args):
+    """A compile that Mosaic runs again (a program jax compiled before is served from its cache: no dump)."""
+    jax.clear_caches()
+    try:
+        return compile_for(*args)
+    finally:
+        jax.clear_caches()
+
+
+def test_mosaic_runs_a_matrix_vector_dot_on_the_vpu_and_a_repeated_dot_once():
+    """Read from libtpu's dump: the kernel's matrix-vector dot has no MXU phase (Mosaic's canonicalize-mosaic made
+    it a multiply and a reduction), and its two equal dots one phase (MLIR's CSE): the check verifies 1 pass."""
+    r = _compiled_again(_matvec_program, MATVEC_ARGS, "v6e")
+    assert r.ok, r.error
+    assert (r.mxu.status, r.mxu.dots, r.mxu.passes_model, r.mxu.passes_mosaic) == (VERIFIED, 2, 1, 1)
+
+
+def test_a_model_that_puts_the_matrix_vector_dot_on_the_mxu_is_refuted_and_says_it_compiled(monkeypatch):
+    """The fault, from the test side: the model without Mosaic's vector-unit rule. Mosaic's phases refute it; the
+    program compiled all the same, and the reason says so (it never reads "does not compile")."""
+    monkeypatch.setattr(mxu, "on_vector_unit", lambda *a: False)
+    r = _compiled_again(_matvec_program, MATVEC_ARGS, "v6e")
+    assert r.status == "error" and r.mxu.status == MISMATCH and r.compiled
+    assert "dot 1 of 2 (f32[8,128] · f32[1,128] at HIGHEST" in r.error and "the model runs 6 passes" in r.error
+    assert r.reason.startswith("compiled for TPU v6e, but not as the interpret-mode model runs it (its numbers "
+                               "would not be the chip's): MXU passes: kernel matvec_and_repeat")
+    assert "does not compile" not in r.reason
+
+
+def test_a_model_that_counts_a_repeated_dot_twice_is_refuted(monkeypatch):
+    """The fault: no two equations are the same computation (every one keyed apart), so the repeated dot is
+    counted. Mosaic ran one MXU phase for the two."""
+    import itertools
+
+    counter = itertools.count()
+    monkeypatch.setattr(mosaic_dump, "_params_key", lambda params: next(counter))
+    r = _compiled_again(_matvec_program, MATVEC_ARGS, "v6e")
+    assert r.mxu.status == MISMATCH and "dot 3 of 3" in r.error and r.error.endswith("Mosaic no MXU pass")
+
+
+def _matvec_and_repeat_added(a_ref, b_ref, v_ref, o_ref):
+    a, b = a_ref[...], b_ref[...]
+    s = lax.dot_general(a, v_ref[...], mxu.NT_T, precision=lax.Precision.HIGHEST,
+                        preferred_element_type=jnp.float32)
+    once = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)
+    again = lax.dot_general(a, b, mxu.NN, preferred_element_type=jnp.float32)
+    o_ref[...] = once + again * s  # once's one use, an add: Mosaic makes the addend its accumulator
+
+
+def test_a_repeated_dot_whose_result_is_added_is_a_dot_of_its_own():
+    """``a + matmul(l, r, 0)`` becomes ``matmul(l, r, a)`` (Mosaic's CanonicalizeAddOfMatmul) before CSE runs: the
+    two equal dots then differ in their accumulators and both run, two MXU phases, as the model counts them."""
+    def program(a, b, v):
+        return pl.pallas_call(_matvec_and_repeat_added, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                              name="matvec_and_repeat_added")(a, b, v)
+
+    r = _compiled_again(program, MATVEC_ARGS, "v6e")
+    assert r.ok, r.error
+    assert (r.mxu.status, r.mxu.dots, r.mxu.passes_model, r.mxu.passes_mosaic) == (VERIFIED, 3, 2, 2)

@@ -218,3 +218,40 @@ def test_pallas_lowers_asks_the_installed_jax():
         assert not pallas_lowers(lax.Precision.HIGH)
     elif major_minor >= (0, 12):
         assert pallas_lowers(lax.Precision.HIGH)
+
+
+# ------------------------------------------------------------------------------- Mosaic's vector-unit dots
+def test_the_matrix_vector_dots_mosaic_runs_on_the_vpu():
+    """canonicalize-mosaic's is_matrix_vector_dot: f32 operands, lhs [.., M, K] and a vector-like rhs [.., K] or
+    [.., 1, K], both contracted on their last axis; anything else is the MXU's."""
+    from kernels_tpu.mxu import NN, NT_T, on_vector_unit
+
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    vec = (((1,), (0,)), ((), ()))
+    assert on_vector_unit((64, 64), f32, (64,), f32, vec)  # lax.dot(matrix, vector): ejkernel's g_cumsum
+    assert on_vector_unit((8, 128), f32, (1, 128), f32, NT_T)  # rhs [1, K] on its last axis
+    assert on_vector_unit((2, 8, 128), f32, (2, 128), f32, (((2,), (1,)), ((0,), (0,))))  # batched
+    assert not on_vector_unit((64, 64), f32, (64, 1), f32, NN)  # rhs [K, 1] contracted on its first axis: MXU
+    assert not on_vector_unit((8, 128), f32, (2, 128), f32, NT_T)  # two rhs rows: a matrix
+    assert not on_vector_unit((64, 64), bf16, (64,), bf16, vec)  # bf16: the MXU's
+    assert not on_vector_unit((64, 64), f32, (64,), bf16, vec)
+    assert not on_vector_unit((128, 8), f32, (128,), f32, (((0,), (0,)), ((), ())))  # lhs contracted on its first
+
+
+def test_a_matrix_vector_dot_is_f32_products_and_an_f32_sum_at_any_precision():
+    """x = 1 + 2^-12 (not a bf16 value): x*x = 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11 in f32 (a tie, to even); four
+    of them sum to 4 + 2^-9 exactly. The VPU gives that at every precision; one MXU pass (DEFAULT) would round x to
+    bf16, 1, and give 4; float64 gives 4 + 2^-9 + 2^-22."""
+    from kernels_tpu.mxu import NN, NT_T
+
+    x = 1.0 + 2.0**-12
+    a = jnp.full((2, 4), x, jnp.float32)
+    v = jnp.full((4,), x, jnp.float32)
+    vec = (((1,), (0,)), ((), ()))
+    for precision in (lax.Precision.DEFAULT, lax.Precision.HIGHEST):
+        got = dot(a, v, precision=precision, dimension_numbers=vec, mxu_model=True)
+        assert got.shape == (2,) and np.all(np.asarray(got) == 4.0 + 2.0**-9)
+        row = dot(a, v[None, :], precision=precision, dimension_numbers=NT_T, mxu_model=True)
+        assert row.shape == (2, 1) and np.all(np.asarray(row) == 4.0 + 2.0**-9)
+    column = dot(a, v[:, None], precision=lax.Precision.DEFAULT, dimension_numbers=NN, mxu_model=True)
+    assert np.all(np.asarray(column) == 4.0)  # [K, 1] stays on the MXU: x rounded to bf16

@@ -45,6 +45,26 @@ def test_the_binding_imports_without_the_library_and_refuses_with_the_install_co
 
 
 @needs
+def test_a_release_without_its_pallas_gated_delta_rule_is_refused_in_its_own_terms(monkeypatch):
+    """ejkernel 0.0.60 to 0.0.71 have no ``ejkernel.kernels._pallas.tpu.gated_delta_rule`` (0.0.71 registers a
+    gated_delta_rule for Platform.XLA only): every case is refused with that, not with an import error, and
+    ``parity bisect`` marks such a release ``unsupported`` with the reason (tests/test_bisect.py). The release is
+    made from the test side: the module is hidden from ``find_spec``."""
+    import importlib.metadata
+
+    real, hidden = importlib.util.find_spec, "ejkernel.kernels._pallas.tpu.gated_delta_rule"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == hidden else real(name, *a))
+    path = Path(__file__).resolve().parents[1] / "peers" / "ejkernel.py"
+    spec = importlib.util.spec_from_file_location("peers.ejkernel_without_the_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    why = module.IMPLEMENTATION.bindings["gdn"].supports(case_from_id(STEP))
+    assert why == (f"ejkernel {importlib.metadata.version('ejkernel')} has no Pallas TPU gated_delta_rule: no module "
+                   "ejkernel.kernels._pallas.tpu.gated_delta_rule in its kernel registry (its gated_delta_rule is "
+                   "registered for Platform.XLA only)")
+
+
+@needs
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_what_does_not_map_is_refused_with_its_reason(case):
     import peers.ejkernel as ej
@@ -82,3 +102,26 @@ def test_its_pallas_step_and_its_xla_prefill_at_bf16_level_with_their_kernel_cou
     assert (prefill.kernels_traced == 0).all()  # no Pallas kernel ran: the rows say so
     assert prefill.details.str.contains("XLA, 0 Pallas kernels", regex=False).all()
     assert rows.versions.str.contains('"ejkernel": "ejkernel 0.0.80.3"', regex=False).all()
+
+
+GRADS = "gdn.chunk/B1-T32-H1-K64-V64/fp32/g=logsigmoid/10/C64/h0,dht"  # T > 1: its XLA path, differentiated by jax
+
+
+@needs
+@pytest.mark.heavy  # ejkernel's XLA path through the candidate leg: pytest -m heavy (.ci/run)
+def test_its_xla_path_gradients_are_measured_through_the_mxu_model(tmp_path):
+    """jax differentiates its XLA path's HIGHEST dots and its ``solve_triangular``, inside the candidate leg's MXU
+    model. The gradients were zero (the model's bf16 split has a zero derivative), then raised "Transpose rule ...
+    for 'custom_vjp_call' not implemented" (a dot that solve_triangular's JVP makes, wrapped by the model in a
+    custom_vjp). Now each is the gradient, its cotangent dots modeled at HIGHEST: 6 passes, f32 level (2e-7 against
+    float64 when measured; at one bf16 pass each they would be near 1e-3, zeros give 1)."""
+    import pandas as pd
+
+    from harness.cli import main
+
+    assert main(["run", "--backend", "ejkernel", "--case", GRADS, "--out", str(tmp_path), "--no-progress",
+                 "--tpu-targets", "v6e"]) == 0
+    rows = pd.read_csv(next(tmp_path.glob("ejkernel.cases-*.csv"))).set_index("tensor")
+    grads = rows.loc[["dq", "dk", "dv", "dg", "dbeta", "dh0"]]
+    assert (grads.status == "ok").all(), grads[["status", "reason"]]
+    assert (grads.rel_l2 < 1e-5).all(), grads.rel_l2

@@ -47,6 +47,24 @@ NOT_JUDGED = {INSTALL_FAILED: "install failed", RUN_FAILED: "its run ended witho
 _ORDER = ("fail", "inconclusive", "pass")  # a comparison's verdict: its worst gated row
 
 
+UNSUPPORTED = "unsupported"
+"""The state of an installed version whose binding refused every case measured (its module is missing from that
+release, say): the history says so, with the binding's reason, as it does a version the binding refuses before
+installing it."""
+
+
+def refused_by_binding(state: dict, rows: pd.DataFrame) -> dict:
+    """``state`` of an installed version, made :data:`UNSUPPORTED` with the rows' reason (the most frequent, when
+    they differ) when every row is ``unsupported``; any other state as it is."""
+    if state.get("state") not in ("installed", UNSUPPORTED) or rows.empty:
+        return state
+    statuses = set(rows["status"])
+    if statuses != {Status.UNSUPPORTED}:
+        return {k: v for k, v in {**state, "state": "installed"}.items() if k != "reason"}
+    reasons = rows["reason"].fillna("").astype(str).value_counts()
+    return {**state, "state": UNSUPPORTED, "reason": str(reasons.index[0])}
+
+
 class Installer(Protocol):
     def install(self, package: str, version: Version) -> Path: ...
 
@@ -189,9 +207,10 @@ class History:
                     self.states[version.name] = {"state": RUN_FAILED, "reason": str(exc)}
                     failed = self._stand_in_rows(version, todo, Status.ERROR, str(exc))
                     return pd.concat([x for x in (stored, failed) if x is not None], ignore_index=True)
+        rows = made if stored is None else pd.concat([stored, made], ignore_index=True)
+        state = refused_by_binding(state, rows)
         self._write_state(version, state)
         self.states[version.name] = state
-        rows = made if stored is None else pd.concat([stored, made], ignore_index=True)
         write_csv(rows, path)
         rows = read_results(path)
         return rows[rows["case_id"].isin(self.case_ids)].reset_index(drop=True)

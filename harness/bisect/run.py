@@ -41,11 +41,11 @@ def bisect(history: History, repro_extra: tuple[str, ...] = ()) -> dict:
             state = {"state": "skipped", "reason": "--skip"}
         versions.append({**v.record(), **{k: state[k] for k in ("state", "reason") if k in state}})
     judged_at = set(table.loc[table["verdict"].isin(JUDGED), "version"])  # a version whose every case errored too
-    unjudged = [v["version"] for v in versions if v.get("state") in ("refused", "install_failed", "run_failed",
-                                                                     "skipped")
+    unjudged = [v["version"] for v in versions if v.get("state") in ("refused", "unsupported", "install_failed",
+                                                                     "run_failed", "skipped")
                 or (v["version"] in set(table["version"]) and v["version"] not in judged_at)]
     records = [dict(c.record(), repro=c.repro) for c in found]
-    ran = sum(v.get("state") in ("installed", "run_failed") for v in versions)
+    ran = sum(v.get("state") in ("installed", "unsupported", "run_failed") for v in versions)
     what = (f"{'Every version' if mode == 'all' else 'Bisection over'} {order[0]} .. {order[-1]} "
             f"({len(order)} versions, {ran} installed and run) of {s.leg}, "
             f"{table[['case_id', 'tensor']].drop_duplicates().shape[0]} comparisons (case × tensor) judged by the "

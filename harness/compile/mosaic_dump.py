@@ -18,10 +18,11 @@ A **phase** is one weight latch and the rows multiplied by it: one bf16 pass ove
 ``n`` passes over ``t`` tiles is ``n·t`` phases, each tile's passes in Mosaic's accumulation order.
 
 **The check, per kernel.** The model's side is the kernel's traced body: every ``dot_general`` in program
-order, each with the passes ``mxu_passes(precision, lhs dtype, rhs dtype)`` says it runs. The compiler's side
-is the kernel's phase sequence. Consecutive dots with the same passes are taken together (their tiles cannot
-be told apart, and need not be), and the phases must read as each group's passes repeated at least once per
-dot, group after group, with nothing left over. The first place they do not is a mismatch that names the
+order, each with the passes ``mxu_passes(precision, lhs dtype, rhs dtype)`` says it runs; a matrix-vector dot
+Mosaic puts on the VPU runs none, and a dot repeating an earlier one is Mosaic's once (:func:`model_dots`). The
+compiler's side is the kernel's phase sequence. Consecutive dots with the same passes are taken together (their
+tiles cannot be told apart, and need not be), and the phases must read as each group's passes repeated at least
+once per dot, group after group, with nothing left over. The first place they do not is a mismatch that names the
 kernel, the dot (its position, operands, precision and source line) and both pass lists.
 """
 
@@ -139,9 +140,18 @@ def sub_jaxprs(eqn):
 
 
 def model_dots(body) -> list[Dot]:
-    """The ``dot_general``s of a kernel body (a Jaxpr or ClosedJaxpr, sub-programs entered in order), each with
-    the passes the MXU model gives it. A dot the model cannot run (a precision Mosaic refuses) raises
-    DumpError: the compile itself says why."""
+    """The ``dot_general``s of a kernel body (a Jaxpr or ClosedJaxpr, sub-programs entered in order) that Mosaic
+    computes, each with the passes the MXU model gives it. A dot the model cannot run (a precision Mosaic refuses)
+    raises DumpError: the compile itself says why.
+
+    Two kinds of dot run no MXU pass, as Mosaic's own passes show (docs/precision.md):
+
+    - a dot that repeats an earlier one (the same operands, by :func:`value_numbers`, and the same parameters):
+      Mosaic's ``*-simplify`` passes (MLIR's common-subexpression elimination) keep one of them, whose result both
+      uses read. It is left out here; interpret mode computes it twice, to the same bits. Not so a dot whose one
+      use is an add (:func:`accumulated`): the add becomes its accumulator, and it is a dot of its own;
+    - a matrix-vector dot Mosaic puts on the vector unit (``kernels_tpu.mxu.on_vector_unit``): it is kept, with
+      no passes, and the model computes it as the VPU does."""
     from jax._src import source_info_util
     from jax.extend.core import ClosedJaxpr
 
@@ -151,14 +161,23 @@ def model_dots(body) -> list[Dot]:
 
     def visit(j):
         j = j.jaxpr if isinstance(j, ClosedJaxpr) else j
+        numbers, seen, folded = value_numbers(j), set(), accumulated(j)
         for e in j.eqns:
             if e.primitive.name == "dot_general":
+                key = (_params_key(e.params), tuple(numbers[v] for v in e.invars[:2]))
+                if key in seen and e.outvars[0] not in folded:  # computed once by Mosaic
+                    continue
+                if e.outvars[0] not in folded:
+                    seen.add(key)
                 a, b = (v.aval for v in e.invars[:2])
                 precision = _precision(e.params)
-                try:
-                    passes = mxu.mxu_passes(precision, a.dtype, b.dtype)
-                except ValueError as exc:
-                    raise DumpError(str(exc)) from None
+                if mxu.on_vector_unit(a.shape, a.dtype, b.shape, b.dtype, e.params["dimension_numbers"]):
+                    passes, precision = (), f"{precision or 'DEFAULT'}, on the VPU (f32 multiply-adds)"
+                else:
+                    try:
+                        passes = mxu.mxu_passes(precision, a.dtype, b.dtype)
+                    except ValueError as exc:
+                        raise DumpError(str(exc)) from None
                 where = source_info_util.summarize(e.source_info)
                 operands = f"{a.str_short(short_dtypes=True)} · {b.str_short(short_dtypes=True)}"
                 dots.append(Dot(len(dots) + 1, f"{operands} at {precision or 'DEFAULT'}, {where}", passes))
@@ -168,6 +187,59 @@ def model_dots(body) -> list[Dot]:
 
     visit(body)
     return dots
+
+
+ADDS = ("add", "add_any")
+
+
+def accumulated(jaxpr) -> set:
+    """The dot results whose one use is an add: Mosaic folds ``a + matmul(l, r, 0)`` into ``matmul(l, r, a)``
+    (its ``CanonicalizeAddOfMatmul``), and the folded dot, with an accumulator of its own, is no longer the same as
+    another dot of the same operands (CSE keeps both)."""
+    from jax.extend.core import Literal
+
+    uses: dict = {}
+    for e in jaxpr.eqns:
+        for x in e.invars:
+            if not isinstance(x, Literal):
+                uses.setdefault(x, []).append(e.primitive.name)
+    for x in jaxpr.outvars:
+        if not isinstance(x, Literal):
+            uses.setdefault(x, []).append("output")
+    return {e.outvars[0] for e in jaxpr.eqns
+            if e.primitive.name == "dot_general" and uses.get(e.outvars[0], []) in ([a] for a in ADDS)}
+
+
+def _params_key(params) -> str:
+    return repr(sorted((k, repr(v)) for k, v in params.items()))
+
+
+def value_numbers(jaxpr) -> dict:
+    """Each variable of ``jaxpr`` -> a number that two variables share exactly when they are the same pure
+    computation of the same inputs (the same primitive, parameters and operand numbers, literals by value), as
+    common-subexpression elimination merges them. An equation with effects (a ref's load or store) or with a
+    sub-program gets numbers of its own: two loads of one ref may read different values."""
+    from jax.extend.core import Literal
+
+    numbers: dict = {}
+    keys: dict = {}
+
+    def number(x):
+        if isinstance(x, Literal):
+            return ("literal", repr(x.val), str(x.aval))
+        return numbers.setdefault(x, ("var", len(numbers)))
+
+    for v in (*jaxpr.constvars, *jaxpr.invars):
+        number(v)
+    for e in jaxpr.eqns:
+        if e.effects or any(True for _ in sub_jaxprs(e)):
+            for v in e.outvars:
+                numbers[v] = ("var", len(numbers))
+            continue
+        key = (e.primitive.name, _params_key(e.params), tuple(number(x) for x in e.invars))
+        for i, v in enumerate(e.outvars):
+            numbers[v] = keys.setdefault((key, i), ("var", len(numbers)))
+    return numbers
 
 
 def _show(passes: Iterable[tuple[str, str]]) -> str:
@@ -204,7 +276,7 @@ def _passes_at(phases: list[tuple[str, str]], i: int) -> list[tuple[str, str]]:
 def mismatch(kernel: str, dots: list[Dot], phases: list[tuple[str, str]]) -> str:
     """"" when the phases read as the dots' passes (see the module doc), else where and how they differ."""
     i = 0
-    for passes, group in itertools.groupby(dots, key=lambda d: d.passes):
+    for passes, group in itertools.groupby((d for d in dots if d.passes), key=lambda d: d.passes):
         group = list(group)
         width, reps = len(passes), 0
         while tuple(phases[i:i + width]) == passes:

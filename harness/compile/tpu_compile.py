@@ -301,10 +301,21 @@ class CompileResult:
         return self.status == Status.OK
 
     @property
+    def compiled(self) -> bool:
+        """Whether Mosaic compiled every kernel as its library built it (not so when the build stopped, or a
+        kernel did not reach Mosaic), whatever the MXU check found."""
+        return self.memory is not None and self.kernels is not None and not self.kernels.problem()
+
+    @property
     def reason(self) -> str:
-        """The row reason: empty when ok, the kernels' refusal when unsupported, else what stops the build."""
+        """The row reason: empty when ok, the kernels' refusal when unsupported, what stops the build when it
+        did not compile; and for a program that compiled but whose dots Mosaic does not run as the interpret-mode
+        model does (:mod:`harness.compile.mosaic_dump`), that: the emulated numbers are not the chip's."""
         if self.ok or self.status == Status.UNSUPPORTED:
             return "" if self.ok else self.error
+        if self.compiled:
+            return (f"compiled for TPU {self.target}, but not as the interpret-mode model runs it (its numbers "
+                    f"would not be the chip's): {self.error}")
         return f"does not compile for TPU {self.target}: {self.error}"
 
     @property

@@ -38,6 +38,7 @@ What the leg adds, so that another team's Pallas kernels run here without their 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 import sys
@@ -81,61 +82,97 @@ def _modeled_dot_general(original):
         if (not getattr(_local, "active", False) or getattr(_local, "inside", False) or replayed or not floats
                 or jnp.float16 in (a.dtype, b.dtype)):
             return original(*args, **params)
+        dims = params["dimension_numbers"]
+        out_dtype = params.get("preferred_element_type") or jnp.result_type(a.dtype, b.dtype)
         xla = getattr(_local, "xla", None)  # a dot XLA:TPU computes off the MXU runs in f32, as there
-        if xla is not None and not xla.on_mxu(xla_dots.signature(a, b, params["dimension_numbers"],
-                                                                 params.get("preferred_element_type"))):
-            return original(*args, **params)
+        if xla is not None:
+            sig = xla_dots.signature(a, b, dims, params.get("preferred_element_type"))
+            if not xla.on_mxu(sig):
+                return original(*args, **params)
+            if (sig in xla.kernel and sig not in xla.sites
+                    and mxu.on_vector_unit(a.shape, a.dtype, b.shape, b.dtype, dims)):
+                return mxu.vector_unit_dot(a, b, dims).astype(out_dtype)  # a kernel's: Mosaic runs it on the VPU
         if a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16:  # one exact pass, as the MXU does: counted only
-            mxu.record_dot(a.shape, b.shape, params["dimension_numbers"], passes=1)
+            mxu.record_dot(a.shape, b.shape, dims, passes=1)
             return original(*args, **params)
         precision = params.get("precision")
         precision = (precision[0] if isinstance(precision, tuple) else precision) or lax.Precision.DEFAULT
-        out_dtype = params.get("preferred_element_type") or jnp.result_type(a.dtype, b.dtype)
         if precision != lax.Precision.DEFAULT:  # HIGH, HIGHEST: the MXU takes them on f32 operands
             a, b = a.astype(jnp.float32), b.astype(jnp.float32)
         passes = mxu.mxu_passes(precision, a.dtype, b.dtype, pallas=False)
-        return _differentiable_model(passes, params["dimension_numbers"], precision)(a, b).astype(out_dtype)
+        mxu.record_dot(a.shape, b.shape, dims, len(passes))
+        return modeled_dot_p().bind(a, b, passes=passes, dimension_numbers=dims,
+                                    precision=precision).astype(out_dtype)
 
     return bind
 
 
-def _differentiable_model(passes, dimension_numbers, precision):
-    """The MXU model of one dot (``kernels_tpu.mxu.modeled_dot``) as a function of (a, b) that autodiff can go
-    through. The model splits its operands into bf16 parts with bit masks, whose derivative is zero: differentiated
-    as written, every gradient through a candidate's pure-JAX dot would be zero. A TPU differentiates the dot
-    itself, and its two cotangent dots run on the MXU too, at the dot's precision: so is the backward here
-    (``lax.dot_general``'s own transpose, whose dots are bound inside the block and so modeled in turn; the
-    linearisation itself is taken outside the model, which would otherwise differentiate itself without end)."""
-    import jax
-    from jax import lax
+@functools.cache
+def modeled_dot_p():
+    """The MXU model of one dot (``kernels_tpu.mxu.modeled_dot``: its ``passes``, f32 result) as a jax primitive
+    that is bilinear as ``lax.dot_general`` is, so that autodiff differentiates the dot, not the model.
+
+    The model splits its operands into bf16 pieces with bit masks, whose derivative is zero: differentiated as
+    written, every gradient through a candidate's pure-JAX dot would be zero. A TPU differentiates the dot itself
+    and runs its two cotangent dots on the MXU too, at the dot's precision. So is it here: the transpose rules are
+    ``lax.dot_general``'s own, whose cotangent dots go back through :func:`mxu_rounding` (modeled in turn, at
+    the dot's precision). The tangent of the dot (forward mode, and a linearisation) is the same primitive on the
+    tangent, linear in it, which is what lets jax transpose a dot that another primitive's derivative makes
+    (``solve_triangular``'s, whose JVP multiplies tangents: a ``custom_vjp`` there could not be transposed,
+    "Transpose rule ... for 'custom_vjp_call' not implemented"). It batches into a dot with one more batch axis."""
+    import inspect
+
+    import jax.numpy as jnp
+    from jax._src import dispatch
+    from jax._src.core import ShapedArray
+    from jax._src.lax import lax as lax_internal
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, batching, mlir
 
     from kernels_tpu import mxu
 
-    def exact(a, b):
-        return lax.dot_general(a, b, dimension_numbers, precision=precision,
-                               preferred_element_type=jax.numpy.float32)
+    prim = Primitive("mxu_modeled_dot")
 
-    @jax.custom_vjp
-    def modeled(a, b):
-        _local.inside = True
+    def evaluate(a, b, *, passes, dimension_numbers, precision):
+        del precision  # the passes say it
+        inside = getattr(_local, "inside", False)
+        _local.inside = True  # the passes' own dots are the model's
         try:
-            return mxu.modeled_dot(a, b, passes, dimension_numbers)
+            return mxu.modeled_dot(a, b, passes, dimension_numbers, record=False)
         finally:
-            _local.inside = False
+            _local.inside = inside
 
-    def forward(a, b):
-        return modeled(a, b), (a, b)
+    def abstract(a, b, *, passes, dimension_numbers, precision):
+        del passes, precision
+        (ca, cb), (ba, bb) = dimension_numbers
+        free_a = [n for i, n in enumerate(a.shape) if i not in ca and i not in ba]
+        free_b = [n for i, n in enumerate(b.shape) if i not in cb and i not in bb]
+        return ShapedArray((*(a.shape[i] for i in ba), *free_a, *free_b), jnp.float32)
 
-    def backward(operands, cotangent):
-        _local.inside = True  # the dot linearised as it is; its cotangent dots below go through the model
-        try:
-            pullback = jax.vjp(exact, *operands)[1]
-        finally:
-            _local.inside = False
-        return pullback(cotangent)
+    takes_sharding = "out_sharding" in inspect.signature(lax_internal._dot_general_transpose_lhs).parameters
 
-    modeled.defvjp(forward, backward)
-    return modeled
+    def transpose(rule, cotangent, x, y, *, passes, dimension_numbers, precision):
+        del passes  # the cotangent dots are modeled where lax.dot_general binds them
+        sharding = {"out_sharding": None} if takes_sharding else {}
+        return rule(cotangent, x, y, dimension_numbers=dimension_numbers, precision=precision,
+                    preferred_element_type=jnp.float32, **sharding)
+
+    def batch(args, axes, *, passes, dimension_numbers, precision):
+        size = next(x.shape[d] for x, d in zip(args, axes) if d is not None)
+        a, b = (jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x, (size, *x.shape))
+                for x, d in zip(args, axes))
+        (ca, cb), (ba, bb) = dimension_numbers
+        shift = lambda dims: tuple(i + 1 for i in dims)  # noqa: E731
+        dims = ((shift(ca), shift(cb)), ((0, *shift(ba)), (0, *shift(bb))))
+        return prim.bind(a, b, passes=passes, dimension_numbers=dims, precision=precision), 0
+
+    prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+    prim.def_abstract_eval(abstract)
+    mlir.register_lowering(prim, mlir.lower_fun(evaluate, multiple_results=False))
+    ad.defbilinear(prim, functools.partial(transpose, lax_internal._dot_general_transpose_lhs),
+                   functools.partial(transpose, lax_internal._dot_general_transpose_rhs))
+    batching.primitive_batchers[prim] = batch
+    return prim
 
 
 def mxu_rounding():

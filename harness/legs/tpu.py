@@ -13,7 +13,9 @@ Interpret mode is not evidence that a kernel builds for a TPU: when emulating,
 the leg first compiles every case's forward and backward for real TPU targets
 (default v6e) with libtpu (``preflight``); a case that does not compile, or one of whose kernels is not
 compiled by Mosaic (:mod:`harness.compile.tpu_compile`), is an ``error`` row whose reason starts ``does not compile
-for TPU <target>:``. The rows carry the kernel counts (``kernels_traced``, ``kernels_mosaic``).
+for TPU <target>:``; one that compiled but whose MXU passes are not the model's (:mod:`harness.compile.mosaic_dump`),
+an ``error`` row whose reason starts ``compiled for TPU <target>, but not as the interpret-mode model runs it``.
+The rows carry the kernel counts (``kernels_traced``, ``kernels_mosaic``).
 """
 
 from __future__ import annotations
