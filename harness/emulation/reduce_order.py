@@ -434,6 +434,11 @@ class _Server:
         return json.loads(line)
 
 
+# one per process, whatever the number of emulation blocks: the compile process (started on the first miss, it
+# imports fla once) and the layouts already read (their key holds the target, so blocks of two targets share it)
+_PROCESS: dict = {"specializer": [None], "memory": {}, "lock": threading.Lock(), "server": None}
+
+
 class ReduceOrder:
     """Sites per launch, compiled once per (kernel source, specialization, target, Triton version) and kept on disk
     under the cache directory (``reduce-layouts/``)."""
@@ -445,10 +450,8 @@ class ReduceOrder:
 
         self.target = target
         self._triton = triton.__version__
-        self._specializer: Optional[Specializer] = None
-        self._memory: Dict[str, Dict[Tuple[Tuple[str, int], ...], List[ReduceSite]]] = {}
-        self._server: Optional[_Server] = None
-        self._lock = threading.Lock()
+        # shared by every block of the process: one compile process, one specializer, the layouts read so far
+        self._specializer, self._memory, self._lock = _PROCESS["specializer"], _PROCESS["memory"], _PROCESS["lock"]
         self.unmatched: Dict[str, int] = {}  # kernel -> float32 sums that kept numpy's order
         self.matched: Dict[str, int] = {}  # kernel -> float32 sums in the compiled layout's order
         self.failed: Dict[str, str] = {}  # kernel -> why its compile gave no layouts
@@ -461,17 +464,17 @@ class ReduceOrder:
     def sites(self, interp_fn, args, kwargs) -> Dict[Tuple[Tuple[str, int], ...], List[ReduceSite]]:
         """The launch's sites, by their call chain of (file, line)."""
         with self._lock:
-            if self._specializer is None:
-                self._specializer = Specializer()
-            rec = self._specializer.record(interp_fn, args, kwargs)
+            if self._specializer[0] is None:
+                self._specializer[0] = Specializer()
+            rec = self._specializer[0].record(interp_fn, args, kwargs)
             key = self._key(rec, source_key(interp_fn.fn))
             if key in self._memory:
                 return self._memory[key]
             sites = self._load(key)
             if sites is None:
-                if self._server is None:
-                    self._server = _Server()
-                answer = self._server.ask(rec, self.target)
+                if _PROCESS["server"] is None:
+                    _PROCESS["server"] = _Server()
+                answer = _PROCESS["server"].ask(rec, self.target)
                 if "error" in answer:
                     # a kernel the compile process cannot load (one written in a test or a script that needs
                     # interpreter mode to import) keeps numpy's order; it is said in ``failed`` and its sums count
