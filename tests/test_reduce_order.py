@@ -106,11 +106,17 @@ PTX = """	.file	1 "/x/site-packages/fla/ops/common/fused_recurrent.py"
 
 def test_the_order_read_from_a_layout_is_held_against_the_ptx_shuffles():
     s = site(0)
-    assert expected_shuffle_rounds(s) == [[16], [2, 1]]
+    assert expected_shuffle_rounds(s) == [("lane", [16]), ("warp", [2, 1])]
     assert check_ptx([s], PTX) == ("match", [])
+    # the same rounds emitted twice (an unrolled loop) agree; the warps' partials on other lanes (masks 8, 4:
+    # Triton's choice) agree while the round is as long and descending; an ascending warp round does not
+    assert check_ptx([s], PTX + "\tbar.sync \t0;\n" + PTX) == ("match", [])
+    assert check_ptx([s], PTX.replace(", 2, 31", ", 8, 31").replace(", 1, 31", ", 4, 31")) == ("match", [])
+    assert check_ptx([s], PTX.replace(", 2, 31", ", 0, 31").replace(", 1, 31", ", 2, 31").replace(
+        ", 0, 31", ", 1, 31"))[0] == "mismatch"
     # the same layout claimed for axis 1 predicts shuffles 8, 4, 2, 1 in one round: the PTX says otherwise
     status, bad = check_ptx([site(1)], PTX)
-    assert status == "mismatch" and "layout says [[8, 4, 2, 1]], PTX [[16], [2, 1]]" in bad[0]
+    assert status == "mismatch" and "layout says [[8, 4, 2, 1]] (lane), PTX [[16], [2, 1]]" in bad[0]
     assert check_ptx([], PTX) == ("n/a", [])
 
 
