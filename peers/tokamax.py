@@ -115,21 +115,21 @@ def _import(module: str, name: str, commit: str):
 # ------------------------------------------------------------------------------------------ the serving kernel
 def _make_op():
     """tokamax's Pallas op, with ``supported_on`` asking about the emulated chip where the device is not a TPU."""
-    import importlib
-
     module, _, name = SERVING_ENTRY.rpartition(".")
-    base = getattr(importlib.import_module(module), name)
+    return _generation_checked(getattr(importlib.import_module(module), name))()
 
-    @dataclasses.dataclass(frozen=True, kw_only=True)
+
+def _generation_checked(base):
+    """``base`` (a tokamax op class) unchanged but for ``supported_on`` off a TPU (module doc: interpret mode)."""
+
+    @dataclasses.dataclass(frozen=True)
     class _Op(base):
-        """tokamax's op unchanged but for ``supported_on`` off a TPU (module doc: interpret mode)."""
-
         def supported_on(self, device) -> bool:
             if device.platform == "tpu":
                 return super().supported_on(device)  # tokamax's own check, as it is
             return emulated_generation() >= MIN_GENERATION
 
-    return _Op()
+    return _Op
 
 
 def emulated_generation() -> int:
@@ -324,3 +324,156 @@ def describe_kda(case) -> dict:
 
 
 KDA_XLA = Tokamax({"kda": LegBinding(forward_kda, supports_kda, describe=describe_kda)})
+
+
+# ------------------------------------------------------------------ KDA: 0.0.17's Pallas Mosaic TPU training op
+KDA_RELEASE = "0.0.17"
+KDA_MOSAIC_INSTALL = (f"pip install tokamax=={KDA_RELEASE} (Python >= 3.12: under Python 3.11 pip lists 0.0.1 to "
+                      "0.0.12 only and hides 0.0.13 onwards, 'Ignored the following versions that require a "
+                      "different python version')")
+KDA_MOSAIC_ENTRY = "tokamax._src.ops.kda.pallas_mosaic_tpu.PallasMosaicTpuKimiDeltaAttention"
+KDA_MOSAIC_CHUNK = 64
+"""Its one chunk size (``check_inputs_support``: "`mosaic` currently supports chunk_size=64")."""
+KDA_MOSAIC_ARGUMENTS = ("query", "key", "value", "gate", "beta", "a_log", "delta_time_bias", "scale", "initial_state",
+                        "output_final_state", "use_qk_l2norm", "use_gate_in_kernel", "segment_ids", "lower_bound",
+                        "max_num_segments")
+"""The keywords this binding passes, as ``tokamax._src.ops.kda.api.kimi_delta_attention`` passes them to the op
+(0.0.17's signature): a version whose op lacks one is refused."""
+
+
+def _signature_refusal(cls) -> str | None:
+    """Why the installed op's ``bind`` does not take :data:`KDA_MOSAIC_ARGUMENTS`, or None."""
+    import inspect
+
+    params = inspect.signature(cls.bind).parameters
+    missing = [name for name in KDA_MOSAIC_ARGUMENTS if name not in params]
+    if missing:
+        return (f"the installed {_version()}'s {cls.__name__}.bind differs in signature from {KDA_RELEASE}'s: it "
+                f"has no {', '.join(missing)} ({KDA_MOSAIC_INSTALL})")
+    return None
+
+
+def _import_kda_op():
+    """(op, None) or (None, why): not installed; a version without the Pallas KDA op, or whose op differs in
+    signature from 0.0.17's; or an import failure."""
+    if importlib.util.find_spec("tokamax") is None:
+        return None, f"tokamax is not installed ({KDA_MOSAIC_INSTALL})"
+    module, _, name = KDA_MOSAIC_ENTRY.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        return None, f"the installed {_version()} has no Pallas KDA op ({module}: {exc}) ({KDA_MOSAIC_INSTALL})"
+    except AttributeError:
+        return None, f"the installed {_version()}'s {module} has no {name} ({KDA_MOSAIC_INSTALL})"
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason for every row
+        return None, f"tokamax could not be imported: {type(exc).__name__}: {exc}"
+    why = _signature_refusal(cls)
+    return (None, why) if why else (_generation_checked(cls)(), None)
+
+
+_KDA_OP, _KDA_OP_ERROR = _import_kda_op()
+
+KDA_MOSAIC_REFUSED = {
+    "allow_neg_eigval": "no allow_neg_eigval (beta, post-activation, must lie in [0, 1]: base._validate_beta)",
+    "conv1d": "no convolution in front (conv1d)",
+}
+
+
+def supports_kda_mosaic(case) -> str | None:
+    return _KDA_OP_ERROR or kda_mosaic_refusal(case)
+
+
+def kda_mosaic_refusal(case) -> str | None:
+    """Why 0.0.17's Pallas KDA op cannot take the case (tokamax installed or not), or None. What its own checks
+    refuse (fp16, T not a multiple of 64 without segments, ``use_gate_in_kernel`` without ``lower_bound``) is
+    refused by them, in its words, when the case runs."""
+    entry = f"tokamax {KDA_RELEASE}'s Pallas KDA (mosaic)"
+    if case.variant != "chunk":
+        return (f"{entry} is a chunked training op (chunk_size {KDA_MOSAIC_CHUNK}, its own backward); fla's "
+                f"{case.variant} decode kernels map onto its serving kernel, not onto it")
+    why = mapping.refused_options(case, entry, KDA_MOSAIC_REFUSED)
+    if why:
+        return why
+    if case.HV != case.H:
+        return (f"{entry} takes key and value of q's heads ([H, B, T, D] each): no grouped value heads "
+                f"(HV={case.HV}, H={case.H})")
+    return None
+
+
+def segment_ids(case):
+    """The 1-indexed segment of every token ([1, T] int32; tokamax's varlen input, padding 0) of a packed case,
+    None otherwise: sequence i of ``lens`` is segment i + 1 (an empty sequence has no token, its segment none)."""
+    import numpy as np
+
+    if case.lens is None:
+        return None
+    return np.repeat(np.arange(1, len(case.lens) + 1, dtype=np.int32), case.lens)[None]
+
+
+def kda_mosaic_call(case, a, op) -> dict:
+    """One call of the op with the case's tensors in its head-first layout (module doc), o and ht back in fla's."""
+    import jax
+    import jax.numpy as jnp
+
+    from harness.ops import kda
+
+    opts = kda.options(case)
+    head_first = lambda x: jnp.moveaxis(x, 2, 0)  # noqa: E731 - [B,T,H,...] -> [H,B,T,...]
+    beta = a["beta"]
+    if opts["use_beta_sigmoid_in_kernel"]:  # its beta is post-activation: the layer squashes it before the call
+        beta = jax.nn.sigmoid(beta.astype(jnp.float32))
+    h0 = a.get("h0")
+    if h0 is not None and case.state_v_first:
+        h0 = jnp.swapaxes(h0, -1, -2)  # fla's V-first layout -> its [.., K, V]
+    packed = case.lens is not None
+    if h0 is not None:  # [N,H,K,V] -> [B, N, H, K, V]: one state per batch row, or per segment of the one row
+        h0 = h0[None] if packed else h0[:, None]
+    segments = segment_ids(case)
+    try:
+        o, ht = op(query=head_first(a["q"]), key=head_first(a["k"]), value=head_first(a["v"]),
+                   gate=head_first(a["g"]), beta=head_first(beta), a_log=a.get("A_log"),
+                   delta_time_bias=a.get("dt_bias"), scale=case.resolved_scale, initial_state=h0,
+                   output_final_state=case.final_state, use_qk_l2norm=opts["use_qk_l2norm_in_kernel"],
+                   use_gate_in_kernel=opts["use_gate_in_kernel"],
+                   segment_ids=None if segments is None else jnp.asarray(segments),
+                   lower_bound=opts["lower_bound"], max_num_segments=case.num_seqs if packed else None)
+    except NotImplementedError as exc:  # its check_inputs_support, _check_gate_support and supported_on
+        raise NotImplementedError(f"tokamax's Pallas KDA refuses the case: {exc} (supported_on: TPU generation "
+                                  f">= {MIN_GENERATION}; this chip's is {emulated_generation()})") from None
+    except ValueError as exc:  # its bind's checks, in its words
+        if not mapping.raised_by(exc, importlib.util.find_spec("tokamax").origin):
+            raise
+        raise NotImplementedError(f"tokamax's Pallas KDA refuses the case: {exc}") from None
+    o = jnp.moveaxis(o, 0, 2)
+    if ht is not None:
+        ht = ht[0] if packed else ht[:, 0]
+        if case.state_v_first:
+            ht = jnp.swapaxes(ht, -1, -2)
+    return {"o": o, "ht": ht}
+
+
+def forward_kda_mosaic(case, a, ctx):
+    del ctx  # the candidate leg forces interpret mode itself (module doc)
+    return kda_mosaic_call(case, a, _KDA_OP)
+
+
+def describe_kda_mosaic(case) -> dict:
+    from harness.ops import kda
+
+    opts = kda.options(case)
+    out = {"entry": f"{KDA_MOSAIC_ENTRY}() (tokamax {KDA_RELEASE}), its defaults: Config(chunk_size=64, "
+                    "safe_gate=None, rematerialize_for_backward=False)",
+           "chunk_size": f"{KDA_MOSAIC_CHUNK} (its only one; the case's C is fla's)",
+           "layout": "head-first [H,B,T,D] in, o moved back; state [B,N,H,K,V]",
+           "supported_on": f"tokamax's TPU generation >= {MIN_GENERATION} test, asked of the emulated or compiled "
+                           "chip off a TPU (peers/tokamax.py)",
+           "ran_as": "Pallas (tokamax's Mosaic TPU KDA forward; backward: its own VJP op, "
+                     "PallasMosaicTpuKimiDeltaAttentionVjp, Pallas)"}
+    if opts["use_beta_sigmoid_in_kernel"]:
+        out["beta"] = "sigmoid applied by the binding in float32 before the call (its beta is post-activation)"
+    if case.lens is not None:
+        out["packed"] = f"segment_ids [1, T] (1-indexed), max_num_segments={case.num_seqs}"
+    return out
+
+
+KDA_MOSAIC = Tokamax({"kda": LegBinding(forward_kda_mosaic, supports_kda_mosaic, describe=describe_kda_mosaic)})
