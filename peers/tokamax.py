@@ -422,9 +422,7 @@ def kda_mosaic_call(case, a, op) -> dict:
     beta = a["beta"]
     if opts["use_beta_sigmoid_in_kernel"]:  # its beta is post-activation: the layer squashes it before the call
         beta = jax.nn.sigmoid(beta.astype(jnp.float32))
-    h0 = a.get("h0")
-    if h0 is not None and case.state_v_first:
-        h0 = jnp.swapaxes(h0, -1, -2)  # fla's V-first layout -> its [.., K, V]
+    h0 = a.get("h0")  # K-first whatever the case's layout: the leg swaps a V-first state on both sides
     packed = case.lens is not None
     if h0 is not None:  # [N,H,K,V] -> [B, N, H, K, V]: one state per batch row, or per segment of the one row
         h0 = h0[None] if packed else h0[:, None]
@@ -447,8 +445,6 @@ def kda_mosaic_call(case, a, op) -> dict:
     o = jnp.moveaxis(o, 0, 2)
     if ht is not None:
         ht = ht[0] if packed else ht[:, 0]
-        if case.state_v_first:
-            ht = jnp.swapaxes(ht, -1, -2)
     return {"o": o, "ht": ht}
 
 

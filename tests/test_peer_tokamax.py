@@ -8,6 +8,7 @@ code (its refusal of a v5e, the finding's out-of-bounds metadata read, the KDA r
 that reason where it is absent. Install as the binding's doc says (one commit per environment)."""
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -150,3 +151,123 @@ def test_kda_reference_at_bf16_level(tmp_path):
                  "--no-progress", "--tpu-targets", "v6e"]) == 0
     rows = pd.read_csv(next(tmp_path.glob("tokamax-kda-xla.cases-*.csv"))).set_index("tensor")
     assert (rows.status == "ok").all() and (rows.rel_l2 < 1e-2).all(), rows[["status", "rel_l2"]]
+
+
+# ------------------------------------------------------------------ tokamax 0.0.17's Pallas KDA (tokamax-kda)
+KDA_OP = _has("tokamax._src.ops.kda.pallas_mosaic_tpu")
+if not KDA_OP and os.environ.get("PARITY_REQUIRE_TOKAMAX") == "1":
+    raise ImportError("tokamax 0.0.17 is not installed (Python >= 3.12: pip install tokamax==0.0.17), and "
+                      "PARITY_REQUIRE_TOKAMAX=1 requires it")
+WHY_KDA_OP = ("tokamax 0.0.17 is not installed: pip install tokamax==0.0.17 (Python >= 3.12; under Python 3.11 pip "
+              "hides every release from 0.0.13 on)")
+needs_kda_op = pytest.mark.skipif(not KDA_OP, reason=WHY_KDA_OP)
+
+KDA_FP32 = "kda.chunk/B1-T64-H2-K128-V128/fp32/g=logsigmoid/16/C64/dht"
+KDA_PACKED = ("kda.chunk/B1-T128-H1-K128-V128/bf16/g=logsigmoid/16,lb-5/C64/lens=37+70+21,h0,dht,"
+              "use_beta_sigmoid_in_kernel=1,use_qk_l2norm_in_kernel=1")
+
+
+def test_the_kda_op_refuses_without_tokamax_with_the_install_command(monkeypatch):
+    module = _without_tokamax(monkeypatch)
+    why = module.KDA_MOSAIC.bindings["kda"].supports(case_from_id(KDA_FP32))
+    assert why.startswith("tokamax is not installed (pip install tokamax==0.0.17 (Python >= 3.12"), why
+    assert "different python version" in why, why  # why pip under 3.11 does not list it
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("kda.fused_recurrent/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/lens=1+1+3+59,h0", "chunked training op"),
+    ("kda.chunk/B1-T64-H1-HV2-K128-V128/bf16/g=logsigmoid/16/C64/h0", "no grouped value heads (HV=2, H=1)"),
+    ("kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,allow_neg_eigval=1,use_beta_sigmoid_in_kernel=1",
+     "no allow_neg_eigval"),
+    ("kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/lens=2+37+25,h0,conv1d=4,use_qk_l2norm_in_kernel=1", "no convolution"),
+])
+def test_what_the_kda_op_cannot_take_is_refused_with_its_reason(monkeypatch, case, reason):
+    why = _without_tokamax(monkeypatch).kda_mosaic_refusal(case_from_id(case))
+    assert why and reason in why, why
+
+
+def test_kda_op_maps_dense_packed_and_in_kernel_options(monkeypatch):
+    module = _without_tokamax(monkeypatch)
+    for case in (KDA_FP32, KDA_PACKED, KDA_DENSE.replace("h0,dht", "h0,lower_bound=-5,use_gate_in_kernel=1")):
+        assert module.kda_mosaic_refusal(case_from_id(case)) is None, case
+
+
+@pytest.mark.parametrize("lens, ids", [
+    ("lens=2+1+3", [1, 1, 2, 3, 3, 3]),
+    ("lens=0+0+4", [3, 3, 3, 3]),  # empty sequences have no token: their segments 1 and 2 are absent
+    ("lens=3+0+1", [1, 1, 1, 3]),
+])
+def test_segment_ids_number_the_packed_sequences_from_one(monkeypatch, lens, ids):
+    T = sum(int(n) for n in lens[5:].split("+"))
+    case = case_from_id(f"kda.chunk/B1-T{T}-H1-K128-V128/fp32/g=logsigmoid/16/C64/{lens},h0")
+    got = _without_tokamax(monkeypatch).segment_ids(case)
+    assert got.dtype.name == "int32" and got.tolist() == [ids]
+    assert _without_tokamax(monkeypatch).segment_ids(case_from_id(KDA_FP32)) is None  # dense: no segments
+
+
+def test_a_version_whose_op_differs_in_signature_is_refused_with_what_it_lacks(monkeypatch):
+    module = _without_tokamax(monkeypatch)
+
+    class Older:  # an op whose bind predates 0.0.17's varlen and in-kernel gate keywords
+        def bind(self, query, key, value, gate, beta, *, scale=None, initial_state=None, output_final_state=False):
+            pass
+
+    why = module._signature_refusal(Older)
+    assert "differs in signature from 0.0.17's" in why and "a_log, delta_time_bias" in why, why
+    assert "segment_ids" in why and "query" not in why.split("has no ")[1].split(" (")[0], why
+
+
+def test_a_version_without_the_kda_op_is_refused_with_its_version(monkeypatch, tmp_path):
+    """A tokamax that has no ops/kda (0.0.13 and earlier builds) is refused with its version and the missing
+    module, not read as 'installed'."""
+    package = tmp_path / "tokamax"
+    (package / "_src" / "ops").mkdir(parents=True)
+    for init in (package, package / "_src", package / "_src" / "ops"):
+        (init / "__init__.py").write_text("")
+    info = tmp_path / "tokamax-0.0.13.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tokamax\nVersion: 0.0.13\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "tokamax" or m.startswith("tokamax.")]:
+        monkeypatch.delitem(sys.modules, name)
+    path = Path(__file__).resolve().parents[1] / "peers" / "tokamax.py"
+    spec = importlib.util.spec_from_file_location("peers.tokamax_old", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    why = module.KDA_MOSAIC.bindings["kda"].supports(case_from_id(KDA_FP32))
+    assert why.startswith("the installed tokamax 0.0.13 has no Pallas KDA op (tokamax._src.ops.kda."), why
+
+
+@needs_kda_op
+@pytest.mark.parametrize("target, supported", [("v5e", False), ("v6e", True), ("v7x", True)])
+def test_kda_op_supported_on_keeps_tokamax_generation_test_off_a_tpu(target, supported):
+    import jax
+
+    import peers.tokamax as tk
+    from harness.legs.external import tpu_info_for
+
+    with tpu_info_for(target):
+        assert tk._KDA_OP.supported_on(jax.devices("cpu")[0]) is supported
+
+
+@needs_kda_op
+@pytest.mark.parametrize("case, words", [
+    # its check_inputs_support and _check_gate_support, raised before any kernel is traced
+    ("kda.chunk/B1-T64-H1-K128-V128/fp16/g=logsigmoid/16/C64/h0", "supports bfloat16 and float32 inputs only"),
+    ("kda.chunk/B1-T100-H1-K64-V64/bf16/g=logsigmoid/16/C64/h0", "divisible by `chunk_size`; got T=100"),
+    ("kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,use_gate_in_kernel=1",
+     "`mosaic` requires `lower_bound` to be set."),
+])
+def test_kda_op_refuses_in_its_own_words(case, words):
+    import jax.numpy as jnp
+
+    import peers.tokamax as tk
+    from cases.inputs import make_inputs
+    from harness.legs.external import tpu_info_for
+    from harness.ops.kda import KDA
+
+    case = case_from_id(case)
+    arrays = {name: jnp.asarray(x) for name, x in make_inputs(case, KDA.inputs(case)).arrays.items()}
+    with tpu_info_for("v6e"), pytest.raises(NotImplementedError, match="tokamax's Pallas KDA refuses the case") as err:
+        tk.forward_kda_mosaic(case, arrays, None)
+    assert words in str(err.value), err.value
