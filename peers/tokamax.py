@@ -272,7 +272,23 @@ IMPLEMENTATION = Tokamax({"gdn": LegBinding(forward, supports, describe=describe
 
 
 # ------------------------------------------------------------------------------------------ the KDA reference
-_KDA, _KDA_ERROR = _import("tokamax._src.ops.kda.api", "kimi_delta_attention", KDA_COMMIT)
+def _import_kda_reference():
+    """8fcb8ff's ``kimi_delta_attention`` ([B,T,H,K] in), or why not: the PyPI releases from 0.0.13 on have a
+    function of that name with another contract (head-first [H,B,T,D], a state [B,N,H,K,V], varlen
+    ``segment_ids``), which this binding's call would silently misread."""
+    fn, why = _import("tokamax._src.ops.kda.api", "kimi_delta_attention", KDA_COMMIT)
+    if fn is None:
+        return None, why
+    import inspect
+
+    if "segment_ids" in inspect.signature(fn).parameters:
+        return None, (f"the installed {_version()}'s kimi_delta_attention is the head-first [H,B,T,D] API of the "
+                      f"releases, not the [B,T,H,K] reference of openxla/tokamax@{KDA_COMMIT} this binding calls "
+                      f"(its Pallas op is the candidate tokamax-kda)")
+    return fn, None
+
+
+_KDA, _KDA_ERROR = _import_kda_reference()
 
 KDA_REFUSED = {
     "use_qk_l2norm_in_kernel": "no q/k L2 norm (it takes q and k as they are)",

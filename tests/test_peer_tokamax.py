@@ -140,7 +140,14 @@ def test_finding_batched_metadata_is_read_past_its_end(tmp_path):
     assert (rows.status == "error").all() and rows.reason.str.contains("Out-of-bounds read").all(), rows.reason
 
 
-@pytest.mark.skipif(not KDA, reason=WHY_KDA)
+def _kda_reference_error():
+    import peers.tokamax as tk
+
+    return tk._KDA_ERROR
+
+
+@pytest.mark.skipif(not KDA or _kda_reference_error() is not None,
+                    reason=WHY_KDA if not KDA else "the installed tokamax is not 8fcb8ff's (peers/tokamax.py)")
 @pytest.mark.heavy
 def test_kda_reference_at_bf16_level(tmp_path):
     import pandas as pd
@@ -271,3 +278,86 @@ def test_kda_op_refuses_in_its_own_words(case, words):
     with tpu_info_for("v6e"), pytest.raises(NotImplementedError, match="tokamax's Pallas KDA refuses the case") as err:
         tk.forward_kda_mosaic(case, arrays, None)
     assert words in str(err.value), err.value
+
+
+@needs_kda_op
+def test_the_kda_reference_binding_refuses_the_releases_head_first_api():
+    """0.0.17's kimi_delta_attention takes [H,B,T,D]: tokamax-kda-xla's [B,T,H,K] call would misread it."""
+    import peers.tokamax as tk
+
+    why = tk.KDA_XLA.bindings["kda"].supports(case_from_id(KDA_DENSE))
+    assert why.startswith("the installed tokamax 0.0.17's kimi_delta_attention is the head-first"), why
+
+
+def _interpreted(case):
+    """The case's inputs (jax arrays) and a context running tokamax's kernels as the candidate leg does off a TPU:
+    Pallas interpret mode (uninitialised memory NaN), ``get_tpu_info()`` answering v6e (no MXU model: exact dots,
+    enough for what these tests hold)."""
+    import contextlib
+
+    import jax.numpy as jnp
+    from jax.experimental.pallas import tpu as pltpu
+
+    from cases.inputs import make_inputs
+    from harness.legs.external import tpu_info_for
+    from harness.ops.kda import KDA
+
+    inputs = make_inputs(case, KDA.inputs(case))
+    stack = contextlib.ExitStack()
+    stack.enter_context(tpu_info_for("v6e"))
+    stack.enter_context(pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(uninitialized_memory="nan")))
+    return inputs, {name: jnp.asarray(x) for name, x in inputs.arrays.items()}, stack
+
+
+def _rel(got, want):
+    import numpy as np
+
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@needs_kda_op
+@pytest.mark.heavy  # tokamax's forward kernels, interpreted (about 20 s)
+def test_finding_an_empty_sequence_shifts_every_later_sequence_onto_another_state():
+    """KDA finding 1: segment_ids_to_seqlens (utils.py) numbers the segments in order of appearance, so with
+    sequence 0 empty the tokens of sequence 1 (segment id 2) run from initial_state[:, 0] and write their final
+    state there; the same tokens as the only sequence, from that sequence's state, are right (the control)."""
+    import dataclasses
+
+    import numpy as np
+
+    import peers.tokamax as tk
+    from harness.ops.kda import KDA
+
+    case = case_from_id("kda.chunk/B1-T16-H1-K128-V128/fp32/g=logsigmoid/16/C64/lens=0+16,h0")
+    inputs, a, interpreted = _interpreted(case)
+    want = KDA.reference(case, inputs.as_float64())
+    alone = dataclasses.replace(case, lens=(16,))  # sequence 1's tokens as the only sequence
+    with interpreted:
+        got = tk.kda_mosaic_call(case, a, tk._KDA_OP)
+        own = tk.kda_mosaic_call(alone, {**a, "h0": a["h0"][1:]}, tk._KDA_OP)  # from its own state: right
+        shifted = tk.kda_mosaic_call(alone, {**a, "h0": a["h0"][:1]}, tk._KDA_OP)  # from sequence 0's
+    assert _rel(own["o"], want["o"]) < 1e-3 and _rel(own["ht"][0], want["ht"][1]) < 1e-3  # the mapping is right
+    assert _rel(got["o"], want["o"]) > 0.1, "sequence 1's tokens ran from its own state: the finding is fixed"
+    assert _rel(got["o"], shifted["o"]) < 1e-6  # they ran from sequence 0's state ...
+    assert _rel(got["ht"][0], shifted["ht"][0]) < 1e-6  # ... and wrote their final state over the empty one's
+    assert not np.array_equal(np.asarray(got["ht"][0]), inputs["h0"][0])
+
+
+@needs_kda_op
+@pytest.mark.heavy  # tokamax's forward and backward kernels, interpreted (about 40 s)
+def test_finding_the_varlen_backward_revisits_a_state_gradient_block():
+    """KDA finding 2: with a padding chunk at the end of the aligned sequence (lens=32+32 aligns to 3 chunks of 64),
+    the backward's grid, running the chunks in reverse, maps the padding chunk's dh0 block to sequence 0
+    (idx_state: seq_idx = max(segment - 1, 0) = 0 for segment 0), leaves it, and comes back to it at sequence 0's
+    chunk: Pallas's TPU interpreter refuses the revisit (a chip writes the stale buffer back and later overwrites
+    it)."""
+    import jax
+
+    import peers.tokamax as tk
+
+    case = case_from_id("kda.chunk/B1-T64-H1-K128-V128/fp32/g=logsigmoid/16/C64/lens=32+32,h0,dht")
+    _, a, interpreted = _interpreted(case)
+    with interpreted, pytest.raises(Exception, match=r"Revisited block .* of output 5"):
+        out, pullback = jax.vjp(lambda x: tk.kda_mosaic_call(case, x, tk._KDA_OP), a)
+        jax.block_until_ready(pullback(out))
