@@ -1,15 +1,41 @@
-"""openxla/tokamax (``tokamax``, Google's Pallas kernel library) as two candidates, each at the commit it exists at:
+"""openxla/tokamax (``tokamax``, Google's Pallas kernel library) as three candidates:
 
+- ``tokamax-kda``: the **Pallas Mosaic TPU KDA training op** of the PyPI release 0.0.17
+  (``tokamax._src.ops.kda.pallas_mosaic_tpu.PallasMosaicTpuKimiDeltaAttention``), forward and backward through its
+  own VJP op (``PallasMosaicTpuKimiDeltaAttentionVjp``, Pallas; the op is a ``jax.custom_vjp``, so the harness's
+  ``jax.vjp`` of the forward runs tokamax's backward, not jax's derivative of its kernels). Called as
+  ``tokamax._src.ops.kda.api.kimi_delta_attention(..., implementation="mosaic")`` calls it: the same keywords to
+  the same op object with its defaults (``Config(chunk_size=64)``), the op's ``supported_on`` answered as below,
+  and no fallback to its ``xla`` or ``xla_chunked`` implementations (:func:`kda_mosaic_call`).
 - ``tokamax``: its fused causal-conv1d + gated delta rule **serving kernel** on gdn, forward only, Pallas Mosaic TPU
-  (``tokamax._src.ops.causal_conv1d_gated_delta_rule``, openxla/tokamax main @ 783ea95, 2026-08-21, version string
-  0.0.13; on no PyPI release). Called as its users call it: the op object
-  ``PallasMosaicTpuCausalConv1dGatedDeltaRule()`` with its defaults (``decode_tile_size=4``,
+  (``tokamax._src.ops.causal_conv1d_gated_delta_rule``), gated at openxla/tokamax main @ 783ea95 (2026-08-21,
+  version string 0.0.13) and running at whatever tokamax is installed (0.0.17 has it too, with v3's read slots
+  and spec decode added as optional arguments, which this binding does not pass). Called as its users call it:
+  the op object ``PallasMosaicTpuCausalConv1dGatedDeltaRule()`` with its defaults (``decode_tile_size=4``,
   ``mixed_tile_size=64``, ``compute_precision=float32``, ``zero_initialize_out=True``; the op drops ``config``).
-- ``tokamax-kda-xla``: ``tokamax.kimi_delta_attention`` (``implementation="xla"``, its only one) of the **unmerged**
-  commit 8fcb8ff (2026-07-02, "Add Kimi Delta Attention XLA reference", not on main; version string 0.0.12, which
-  is also a PyPI release without it): a dense ``lax.scan`` over the tokens, float32 accumulation, plain XLA (no
-  Pallas). Forward and backward (the harness differentiates the forward with ``jax.vjp``; the op has no vjp of its
-  own, so jax differentiates its scan).
+- ``tokamax-kda-xla``: ``tokamax.kimi_delta_attention`` (``implementation="xla"``, its only one) of the
+  **unmerged** commit 8fcb8ff (2026-07-02, "Add Kimi Delta Attention XLA reference", not on main; version string
+  0.0.12): a dense ``lax.scan`` over the tokens, float32 accumulation, plain XLA (no Pallas). Forward and backward
+  (the harness differentiates the forward with ``jax.vjp``; the op has no vjp of its own, so jax differentiates its
+  scan). The releases' ``kimi_delta_attention`` is another contract (head-first); the binding refuses it.
+
+**tokamax-kda's mapping.** Its contract is head-first: q, k, g ``[H, B, T, K]``, v ``[H, B, T, V]``, beta
+``[H, B, T]`` (post-activation, in [0, 1]), the state ``[B, N, H, K, V]``. The binding moves the head axis to the
+front and back (exact), hands a dense case's ``h0`` as ``[B, 1, H, K, V]`` and a packed case's as ``[1, N, H, K, V]``
+with ``segment_ids`` ``[1, T]`` (sequence i of ``lens`` is segment i + 1, tokamax's 1-indexed ids) and
+``max_num_segments = N``. fla's options map onto its keywords: ``use_qk_l2norm_in_kernel`` -> ``use_qk_l2norm``,
+``use_gate_in_kernel`` -> ``use_gate_in_kernel`` with ``a_log = A_log`` [H], ``delta_time_bias = dt_bias`` [H*K]
+and ``lower_bound`` (its gate law is fla's: ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))``, or
+``-exp(A_log) softplus(g + dt_bias)`` without a bound, ``reference.py``); ``use_beta_sigmoid_in_kernel``: its beta is
+post-activation, so the binding applies the sigmoid in float32 before the call, as the layer using it does (and as
+this project's own TPU functions apply fla's in-kernel options before their kernels); ``safe_gate`` is a numerics
+switch of fla's chunk kernels, and tokamax picks its own (``Config.safe_gate=None``: on for a pre-activated gate, and
+with a bound). Refused by the binding, with the reason: fla's decode variant (``fused_recurrent``: this is a chunked
+training op), grouped value heads (k and v take q's heads), ``allow_neg_eigval`` (beta must lie in [0, 1]), the
+convolution in front. Refused by tokamax's own checks, in its words (``check_inputs_support``,
+``_check_gate_support``, its ``bind``): fp16 ("bfloat16 and float32 inputs only"), a dense T not a multiple of 64, K
+above 256, ``use_gate_in_kernel`` without ``lower_bound``. A version without the op, or whose op's ``bind`` lacks a
+keyword this binding passes, is refused with its version and what it lacks (:func:`_import_kda_op`).
 
 The serving kernel's signature is tpu-inference v3's (``fused_conv1d_gdn``: packed qkv ``[T, 2·H·K + HV·V]``, ``b``
 beta's logits, ``a`` the raw gate, conv and recurrent state pools by slot, ``query_start_loc``, ``state_indices``,
@@ -26,7 +52,7 @@ and prefix caching: it has no ``read_state_indices``, ``read_offsets`` nor ``num
   writes o in that dtype); the states, the conv weight and bias, A_log and dt_bias in float32, as its own tests pass
   them.
 
-**Interpret mode.** The op refuses to run unless ``supported_on(device)``: ``device.platform == "tpu" and
+**Interpret mode.** Each op (the serving kernel and the KDA op alike) refuses to run unless ``supported_on(device)``: ``device.platform == "tpu" and
 pltpu.get_tpu_info().generation >= 6`` (``pallas_mosaic_tpu.py``); ``Op.__call__`` raises "Not supported on
 <device_kind>" otherwise (``ops/op.py``). The candidate leg forces interpret mode on every ``pallas_call`` and
 answers ``get_tpu_info()`` with the emulated chip (v6e) or the compile target's, but the device the op inspects is
@@ -46,7 +72,14 @@ options (q/k L2 norm, the ``A_log``/``dt_bias`` gate with ``lower_bound``, beta'
 ``safe_gate``): it takes the activated ``g`` (log decay per key channel) and ``beta`` only. Either: a missing
 install, or the other commit installed.
 
-Install (Python >= 3.12 and jax >= 0.11 for main; no PyPI release holds either op, so from a checkout):
+Install. tokamax's releases from 0.0.13 on need Python >= 3.12, and under Python 3.11 pip does not list them
+(``pip index versions tokamax`` shows 0.0.1 to 0.0.12 and "Ignored the following versions that require a different
+python version"). On Python 3.12, 0.0.17 (the KDA op and the serving kernel) is one command, ``-c`` keeping jax at
+this project's pins:
+
+    pip install -c .ci/constraints-py312.txt -e '.[tpu,test]' tokamax==0.0.17
+
+The commits gated earlier, from a checkout (one tokamax per environment):
 
     git --git-dir=<openxla/tokamax clone>/.git archive 783ea95 | tar x -C /tmp/tokamax-783ea95
     pip install -e '.[tpu,test]' /tmp/tokamax-783ea95            # tokamax 0.0.13 (main): the serving kernel
@@ -72,7 +105,10 @@ from . import mapping, tpu_inference
 MAIN = "783ea95"
 KDA_COMMIT = "8fcb8ff"
 INSTALL = ("git --git-dir=<openxla/tokamax clone> archive <commit> | tar x -C /tmp/tokamax-<commit> && "
-           "pip install /tmp/tokamax-<commit> (Python >= 3.12, jax >= 0.11; no PyPI release has these ops)")
+           "pip install /tmp/tokamax-<commit> (Python >= 3.12, jax >= 0.11; the commit gated here, from a checkout)")
+SERVING_INSTALL = ("pip install tokamax==0.0.17 (Python >= 3.12; pip under Python 3.11 does not list it), or "
+                   + INSTALL)
+"""How to install the serving kernel: the release, or the commit gated first."""
 SERVING_ENTRY = ("tokamax._src.ops.causal_conv1d_gated_delta_rule.pallas_mosaic_tpu."
                  "PallasMosaicTpuCausalConv1dGatedDeltaRule")
 KDA_ENTRY = "tokamax._src.ops.kda.api.kimi_delta_attention"
@@ -145,12 +181,12 @@ def emulated_generation() -> int:
 
 def _import_op():
     if importlib.util.find_spec("tokamax") is None:
-        return None, f"tokamax is not installed ({INSTALL.replace('<commit>', MAIN)})"
+        return None, f"tokamax is not installed ({SERVING_INSTALL.replace('<commit>', MAIN)})"
     try:
         return _make_op(), None
     except ModuleNotFoundError as exc:
         return None, (f"the installed {_version()} has no causal_conv1d_gated_delta_rule ({exc}); it is on "
-                      f"openxla/tokamax main (@{MAIN}) ({INSTALL.replace('<commit>', MAIN)})")
+                      f"openxla/tokamax main (@{MAIN}) and in 0.0.17 ({SERVING_INSTALL.replace('<commit>', MAIN)})")
     except Exception as exc:  # noqa: BLE001
         return None, f"tokamax could not be imported: {type(exc).__name__}: {exc}"
 
@@ -166,7 +202,9 @@ def serving_refusal(case) -> str | None:
     """Why the serving kernel cannot take the case (tokamax installed or not), or None."""
     if case.op != "gdn":
         return (f"tokamax's causal_conv1d_gated_delta_rule is the gated delta rule with a scalar decay per head "
-                f"(gdn); {case.op} does not map (no kda kernel at {MAIN})")
+                f"(gdn); {case.op} does not map (no kda kernel at {MAIN}; 0.0.17's op still takes gdn only: its KDA "
+                f"mode is an argument of the internal wrapper.fused_conv1d_gdn, attention_mode, which the op "
+                f"does not pass)")
     off = [f"{name}=0" for name in tpu_inference.SERVING_OPTIONS if not case.opt.get(name)]
     if off:
         return ("tokamax's causal_conv1d_gated_delta_rule always normalises q, k, computes the gate from A_log and "

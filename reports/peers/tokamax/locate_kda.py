@@ -12,9 +12,9 @@ locating only (never in a gated row):
   index changes, so the last visit's buffer wins, whatever it holds. With ``revisits`` the check records each
   revisit (printed) and the run goes on, as the chip would.
 - ``exact``: no MXU model (every dot exact float32): what remains is not the MXU's passes.
-- ``highest=FILE:LINE,...``: the ``jax.lax.dot_general`` calls at those lines of tokamax's source run at
-  ``Precision.HIGHEST`` (the MXU model then gives them its six-pass f32 product) where tokamax leaves the default:
-  how much of the error one dot holds.
+- ``highest=FILE:LINE,...``: the ``jax.lax.dot_general`` and ``jnp.matmul`` calls at those lines of tokamax's
+  source (``FILE:0``: all of that file's) run at ``Precision.HIGHEST`` (the MXU model then gives them its
+  six-pass f32 product) where tokamax leaves the default: how much of the error those dots hold.
 - ``seed=N``: draw N of the case (``Case.seed``), as ``--draws`` makes it.
 
 Runs on tokamax's environment (Python >= 3.12, ``pip install tokamax==0.0.17``).
@@ -70,23 +70,36 @@ def revisits_allowed(seen: list):
 
 
 @contextlib.contextmanager
-def highest_at(lines: set):
-    """``jax.lax.dot_general`` called from one of ``lines`` ({(file name, line)}) at Precision.HIGHEST."""
+def highest_at(lines: set, hits: list):
+    """``jax.lax.dot_general`` and ``jnp.matmul`` called from one of ``lines`` ({(file name, line)}, the line of
+    the call's first token; line 0: every line of the file) with no precision, or the default, at
+    Precision.HIGHEST; each call changed is appended to ``hits``."""
+    import dis
+
     import jax
+    import jax.numpy as jnp
 
-    original = jax.lax.dot_general
+    def wrap(original, position: int):
+        def call(*args, **kwargs):
+            caller = sys._getframe(1)
+            start = dis.Positions(*next(p for i, p in enumerate(caller.f_code.co_positions())
+                                        if 2 * i == caller.f_lasti)).lineno
+            name = Path(caller.f_code.co_filename).name
+            precision = kwargs.get("precision", args[position] if len(args) > position else None)
+            if ((name, start) in lines or (name, 0) in lines) and precision in (None, jax.lax.Precision.DEFAULT):
+                kwargs["precision"] = jax.lax.Precision.HIGHEST
+                args = args[:position]
+                hits.append((name, start))
+            return original(*args, **kwargs)
 
-    def dot_general(*args, **kwargs):
-        caller = sys._getframe(1)
-        if (Path(caller.f_code.co_filename).name, caller.f_lineno) in lines and kwargs.get("precision") is None:
-            kwargs["precision"] = jax.lax.Precision.HIGHEST
-        return original(*args, **kwargs)
+        return call
 
-    jax.lax.dot_general = dot_general
+    saved = jax.lax.dot_general, jnp.matmul
+    jax.lax.dot_general, jnp.matmul = wrap(saved[0], 3), wrap(saved[1], 2)  # precision's position in each
     try:
         yield
     finally:
-        jax.lax.dot_general = original
+        jax.lax.dot_general, jnp.matmul = saved
 
 
 def main(case_id: str, *words: str) -> None:
@@ -110,11 +123,12 @@ def main(case_id: str, *words: str) -> None:
     inputs = make_inputs(case, op.inputs(case))
     leg = make_leg("tokamax-kda")
     seen: list = []
+    hits: list = []
     saved_mxu = external.mxu_rounding
     if "exact" in words:
         external.mxu_rounding = contextlib.nullcontext
     try:
-        with (revisits_allowed(seen) if "revisits" in words else contextlib.nullcontext()), highest_at(lines):
+        with (revisits_allowed(seen) if "revisits" in words else contextlib.nullcontext()), highest_at(lines, hits):
             got = leg.run(op, case, inputs).tensors
     except Exception as exc:  # noqa: BLE001 - a finding: print what the run raised
         print(f"{case.id}\n  the run raised {type(exc).__name__}: {str(exc).splitlines()[-1][:300]}")
@@ -124,6 +138,9 @@ def main(case_id: str, *words: str) -> None:
     want = op.reference(case, inputs.as_float64(), method="chunk")
     label = ", ".join(w for w in words if not w.startswith("seed=")) or "as gated"
     print(f"{case.id}\n  tokamax-kda ({label}):")
+    if lines:
+        print(f"    raised to HIGHEST: {len(hits)} traced call(s) at " + ", ".join(f"{f}:{n}" for f, n in sorted(set(hits)))
+              + ("; NONE matched" if not hits else ""))
     for msg in dict.fromkeys(seen):
         print(f"    interpreter: {msg}")
     offsets, lengths = requests(case)
