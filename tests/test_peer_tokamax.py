@@ -410,3 +410,17 @@ def test_finding_fp32_o_at_bf16_level_from_one_default_precision_dot():
     as_shipped = _leg_rel(case)
     fixed = _leg_rel(case, {("pallas_mosaic_tpu_fwd_kernel.py", 721)})
     assert as_shipped["o"] > 4 * fixed["o"], (as_shipped["o"], fixed["o"])
+
+
+@needs_kda_op
+@pytest.mark.heavy  # the case through the candidate leg (about 30 s)
+def test_finding_bf16_dg_under_strong_decay_from_the_intra_backward_dots():
+    """KDA finding 4: with decays near the in-kernel gate's bound (lower_bound=-5), dg carries 9-14x fla's error
+    while the other gradients stay near fla's: compute_intra_backward's diagonal sub-block dots
+    (pallas_mosaic_tpu_bwd_kernel.py:854-865, default precision for bf16 inputs) take float32 operands scaled by
+    exp2(+-(g - g_max)) in one bf16 pass. fla's dg error is below its dq's (0.66x); tokamax's is above 4x (7x
+    measured); with those four dots at HIGHEST it is 0.9x (locate_kda.py)."""
+    case = case_from_id("kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,lower_bound=-5,safe_gate=1,"
+                        "use_gate_in_kernel=1")
+    rel = _leg_rel(case)
+    assert rel["dg"] > 4 * rel["dq"], rel
