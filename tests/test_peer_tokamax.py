@@ -1,11 +1,13 @@
-"""openxla/tokamax through its binding (``peers/tokamax.py``): the fused conv1d + gated delta rule serving kernel of
-its main branch (``tokamax``, @ 783ea95) and the KDA XLA reference of an unmerged commit (``tokamax-kda-xla``,
-@ 8fcb8ff); report: reports/peers/tokamax.
+"""openxla/tokamax through its binding (``peers/tokamax.py``): tokamax 0.0.17's Pallas KDA training op
+(``tokamax-kda``), the fused conv1d + gated delta rule serving kernel (``tokamax``: main @ 783ea95, and 0.0.17),
+and the KDA XLA reference of an unmerged commit (``tokamax-kda-xla``, @ 8fcb8ff); reports: reports/peers/tokamax.
 
-No PyPI release holds either op and CI has no network at run time, so CI cannot install tokamax: the mapping logic
-(requests, slots, segments, refusals) is tested here on hand-made cases without it; the tests that run tokamax's
-code (its refusal of a v5e, the finding's out-of-bounds metadata read, the KDA reference at fla's level) skip with
-that reason where it is absent. Install as the binding's doc says (one commit per environment)."""
+tokamax 0.0.17 is on PyPI for Python >= 3.12 (pip under 3.11 does not list it). CI's Python 3.12 stage installs it
+(``pip install tokamax==0.0.17``) and sets ``PARITY_REQUIRE_TOKAMAX=1``, where its absence is a failure, not a skip.
+The mapping logic (requests, slots, segments, refusals, the install messages) is tested here on hand-made cases
+without tokamax; the tests that run tokamax's code (its refusals in its words, its ``supported_on`` kept off a TPU,
+one small case per located finding) skip, with the install command, where it is absent. The KDA XLA reference's
+test needs the 8fcb8ff checkout (peers/tokamax.py)."""
 
 import importlib.metadata
 import importlib.util
@@ -18,8 +20,8 @@ import pytest
 from harness.app import case_from_id
 
 HAVE = importlib.util.find_spec("tokamax") is not None
-WHY = ("tokamax is not installed: no PyPI release has these ops; install it from a checkout of openxla/tokamax "
-       "(peers/tokamax.py: 783ea95 for the serving kernel, 8fcb8ff for the KDA reference)")
+WHY = ("tokamax is not installed: pip install tokamax==0.0.17 on Python >= 3.12 (the serving kernel), or a "
+       "checkout of openxla/tokamax (peers/tokamax.py: 783ea95 for the serving kernel, 8fcb8ff for the KDA reference)")
 
 
 def _has(module: str) -> bool:
@@ -86,7 +88,7 @@ def test_requests_slots_and_segments(monkeypatch, case, decode_end, seq_lens, st
 @pytest.mark.parametrize("case, reason", [
     (DECODE_VERIFY_PREFILL.replace("conv1d=4,", ""), "always convolves q, k, v first"),
     (DECODE_VERIFY_PREFILL.replace("use_gate_in_kernel=1,", ""), "this case has use_gate_in_kernel=0"),
-    (KDA_DENSE, "kda does not map (no kda kernel at 783ea95)"),
+    (KDA_DENSE, "kda does not map (no kda kernel at 783ea95;"),
     (DECODE_VERIFY_PREFILL.replace("h0,", "h0,scale=0.5,"), "scales q by K**-0.5 itself"),
 ])
 def test_what_the_serving_kernel_cannot_take_is_refused_with_its_reason(monkeypatch, case, reason):
