@@ -246,3 +246,23 @@ def test_a_run_that_ends_without_rows_is_not_judged_nor_stored(tmp_path):
     again, measure = history(tmp_path, factors, sweep=True, measure=Fails(factors))
     bisect(again)
     assert {v for v, _ in measure.calls} == {"1.1"}  # tried again; 1.0 and 1.2 served from their rows
+
+
+def test_a_version_whose_binding_refuses_every_case_at_run_time_reads_refused_with_its_reason(tmp_path):
+    """An installed version whose binding refuses each case when it runs (a module the version lacks): the
+    history's versions table says ``refused`` and why, not ``installed`` with an empty reason."""
+
+    class Lacks(FakeMeasure):
+        def __call__(self, site, case_ids, scratch):
+            rows = super().__call__(site, case_ids, scratch)
+            if site.name == "1.0":
+                for column in METRICS + ("rel_l2_blocks", "worst_index", "ref_at_worst", "got_at_worst"):
+                    rows[column] = None
+                rows["status"], rows["reason"] = "unsupported", "the installed mylib 1.0 has no mylib.ops.kda"
+            return rows
+
+    factors = {"1.0": 0.5, "1.1": 0.5, "1.2": 0.5}
+    found = bisect(history(tmp_path, factors, sweep=True, measure=Lacks(factors))[0])
+    states = {v["version"]: v for v in json.loads((tmp_path / "bisect.json").read_text())["versions"]}
+    assert states["1.0"]["state"] == "refused" and states["1.0"]["reason"] == "the installed mylib 1.0 has no mylib.ops.kda"
+    assert states["1.1"]["state"] == "installed" and "1.0" in found["unjudged"]

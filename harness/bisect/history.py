@@ -189,12 +189,24 @@ class History:
                     self.states[version.name] = {"state": RUN_FAILED, "reason": str(exc)}
                     failed = self._stand_in_rows(version, todo, Status.ERROR, str(exc))
                     return pd.concat([x for x in (stored, failed) if x is not None], ignore_index=True)
+                state = self._refused_at_run(state, stored, made)
         self._write_state(version, state)
         self.states[version.name] = state
         rows = made if stored is None else pd.concat([stored, made], ignore_index=True)
         write_csv(rows, path)
         rows = read_results(path)
         return rows[rows["case_id"].isin(self.case_ids)].reset_index(drop=True)
+
+    @staticmethod
+    def _refused_at_run(state: dict, stored, made) -> dict:
+        """``refused``, with the binding's reasons, for an installed version whose every row is ``unsupported``
+        (its binding refused each case when it ran: a module the version lacks, a signature it does not have),
+        else ``state``: the history's versions table then says why the version was not judged."""
+        rows = made if stored is None else pd.concat([stored, made], ignore_index=True)
+        if len(rows) == 0 or not (rows["status"] == Status.UNSUPPORTED).all():
+            return state
+        reasons = list(dict.fromkeys(str(r) for r in rows["reason"].fillna("")))
+        return {**state, "state": "refused", "reason": "; ".join(reasons)}
 
     # ------------------------------------------------------------------ judge
     def judge(self, version: Version) -> pd.DataFrame:
