@@ -286,7 +286,7 @@ def forward(case, a, ctx):
 
 def describe(case) -> dict:
     s = slot_arguments(case)
-    return {"entry": f"{SERVING_ENTRY}() (openxla/tokamax main @{MAIN}), its defaults",
+    return {"entry": f"{SERVING_ENTRY}() ({_version()}), its defaults",
             "requests": len(s["state_indices"]), "batched_requests": s["distribution"][0],
             "state_slots": "one slot per request, read and written (state_indices); no read slots apart",
             "compute_precision": "float32 (its default)", "decode_tile_size": 4, "mixed_tile_size": 64,
