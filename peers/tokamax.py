@@ -490,8 +490,9 @@ def kda_mosaic_call(case, a, op) -> dict:
                    segment_ids=None if segments is None else jnp.asarray(segments),
                    lower_bound=opts["lower_bound"], max_num_segments=case.num_seqs if packed else None)
     except NotImplementedError as exc:  # its check_inputs_support, _check_gate_support and supported_on
-        raise NotImplementedError(f"tokamax's Pallas KDA refuses the case: {exc} (supported_on: TPU generation "
-                                  f">= {MIN_GENERATION}; this chip's is {emulated_generation()})") from None
+        chip = (f" (supported_on: TPU generation >= {MIN_GENERATION}; this chip's is {emulated_generation()})"
+                if str(exc).startswith("Not supported on") else "")
+        raise NotImplementedError(f"tokamax's Pallas KDA refuses the case: {exc}{chip}") from None
     except ValueError as exc:  # its bind's checks, in its words
         if not mapping.raised_by(exc, importlib.util.find_spec("tokamax").origin):
             raise
@@ -511,7 +512,7 @@ def describe_kda_mosaic(case) -> dict:
     from harness.ops import kda
 
     opts = kda.options(case)
-    out = {"entry": f"{KDA_MOSAIC_ENTRY}() (tokamax {KDA_RELEASE}), its defaults: Config(chunk_size=64, "
+    out = {"entry": f"{KDA_MOSAIC_ENTRY}() ({_version()}), its defaults: Config(chunk_size=64, "
                     "safe_gate=None, rematerialize_for_backward=False)",
            "chunk_size": f"{KDA_MOSAIC_CHUNK} (its only one; the case's C is fla's)",
            "layout": "head-first [H,B,T,D] in, o moved back; state [B,N,H,K,V]",
