@@ -426,3 +426,16 @@ def test_finding_bf16_dg_under_strong_decay_from_the_intra_backward_dots():
                         "use_gate_in_kernel=1")
     rel = _leg_rel(case)
     assert rel["dg"] > 4 * rel["dq"], rel
+
+
+@needs_kda_op
+@pytest.mark.heavy  # the case through the candidate leg twice (about 2 x 40 s)
+def test_finding_bf16_dh0_from_the_backward_state_recurrence_at_one_pass():
+    """KDA finding 5: the backward's compute_dhu_recurrence (pallas_mosaic_tpu_bwd_kernel.py:554, :560) runs at the
+    default precision for bf16 inputs, so the float32 state gradient is rounded to bf16 at every chunk (the forward
+    keeps its state update at HIGHEST): dh0 1.49x fla; with those two dots at HIGHEST dh0's error falls by more
+    than 1.25x (measured 1.47x, to fla's)."""
+    case = case_from_id("kda.chunk/B1-T128-H1-K128-V128/bf16/g=logsigmoid/10/C64/h0,dht")
+    as_shipped = _leg_rel(case)
+    fixed = _leg_rel(case, {("pallas_mosaic_tpu_bwd_kernel.py", 554), ("pallas_mosaic_tpu_bwd_kernel.py", 560)})
+    assert as_shipped["dh0"] > 1.25 * fixed["dh0"], (as_shipped["dh0"], fixed["dh0"])
