@@ -190,11 +190,11 @@ def test_a_fault_in_the_models_rounding_is_named(tmp_path, capsys, monkeypatch):
 
     original = mxu.modeled_dot
 
-    def truncating_lhs(a, b, passes, dims):
+    def truncating_lhs(a, b, passes, dims, **kwargs):
         if len(passes) == 1 and a.dtype == jnp.float32:
             a = lax.bitcast_convert_type(lax.bitcast_convert_type(a, jnp.uint32) & jnp.uint32(0xFFFF0000),
                                          jnp.float32)
-        return original(a, b, passes, dims)
+        return original(a, b, passes, dims, **kwargs)
 
     monkeypatch.setattr(mxu, "modeled_dot", truncating_lhs)
     assert run(tmp_path, "--precision", "DEFAULT") == mp.EXIT_UNEXPLAINED

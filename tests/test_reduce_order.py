@@ -140,4 +140,25 @@ def test_fla_decode_kernels_sum_in_the_compiled_order_with_every_sum_matched(tmp
     emulation = (json.loads(details) if isinstance(details, str) else details)["emulation"]
     assert emulation["reduce_order"] == "compiled layout (sm_90)"
     assert "ex2.approx.f32" in emulation["not_modelled"]  # every row says what it takes as correctly rounded
-    assert list((tmp_path / "reduce-layouts").glob("*.json.gz"))
+    from harness.emulation import reduce_order
+
+    assert reduce_order._PROCESS["memory"]  # the launches' layouts were read (compiled, cached or shipped)
+
+
+def test_shipped_layouts_serve_exactly_their_keys(tmp_path, monkeypatch):
+    """``ship`` packs a cache directory's layouts; a key found there is served without a compile, any other key is
+    not (it compiles)."""
+    import gzip
+    import json
+
+    from harness.emulation import reduce_order
+
+    s = site(0)
+    (tmp_path / "abc.json.gz").write_bytes(gzip.compress(json.dumps({"kernel": "k", "target": "sm_90",
+                                                                     "sites": [s.as_dict()]}).encode()))
+    monkeypatch.setattr(reduce_order, "SHIPPED", tmp_path / "shipped.json.gz")
+    monkeypatch.setitem(reduce_order._PROCESS, "shipped", None)
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "empty"))
+    assert reduce_order.ship(tmp_path) == 1
+    order = reduce_order.ReduceOrder("sm_90")
+    assert order._load("abc") == [s] and order._load("abd") is None

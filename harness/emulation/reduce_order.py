@@ -430,7 +430,7 @@ def check_ptx(sites: Sequence[ReduceSite], ptx: str) -> Tuple[str, List[str]]:
 
 
 def _cache_dir() -> Optional[Path]:
-    from harness.run.reference_cache import default_cache_dir
+    from harness.core.cache_dir import default_cache_dir
 
     root = default_cache_dir()
     return None if root is None else root / "reduce-layouts"
@@ -453,6 +453,31 @@ class _Server:
         if not line:
             raise RuntimeError("the reduction-order compile process ended without an answer")
         return json.loads(line)
+
+
+SHIPPED = Path(__file__).with_name("reduce_layouts.json.gz")
+"""Layouts of the suites' kernels compiled when this file was made (``python -m harness.emulation.reduce_order
+ship DIR``: a cache directory's ``reduce-layouts``), under the same keys: a key holds the kernel's source files,
+the specialization, the target and Triton's version, so an entry serves only the very compile it records; every
+other launch compiles. It spares a cold run (CI's, a new user's) the compiles of the suites' kernels."""
+
+
+def _shipped() -> Dict[str, dict]:
+    if _PROCESS.get("shipped") is None:
+        try:
+            _PROCESS["shipped"] = json.loads(gzip.decompress(SHIPPED.read_bytes())) if SHIPPED.exists() else {}
+        except (OSError, ValueError):
+            _PROCESS["shipped"] = {}
+    return _PROCESS["shipped"]
+
+
+def ship(directory: Path) -> int:
+    """Pack a cache directory's layouts (``<cache>/reduce-layouts/*.json.gz``) into :data:`SHIPPED`."""
+    entries = {}
+    for path in sorted(Path(directory).glob("*.json.gz")):
+        entries[path.name[:-len(".json.gz")]] = json.loads(gzip.decompress(path.read_bytes()))
+    SHIPPED.write_bytes(gzip.compress(json.dumps(entries, sort_keys=True).encode(), mtime=0))
+    return len(entries)
 
 
 # one per process, whatever the number of emulation blocks: the compile process (started on the first miss, it
@@ -515,7 +540,8 @@ class ReduceOrder:
         d = _cache_dir()
         path = None if d is None else d / f"{key}.json.gz"
         if path is None or not path.exists():
-            return None
+            shipped = _shipped().get(key)
+            return None if shipped is None else [ReduceSite.from_dict(s) for s in shipped["sites"]]
         try:
             data = json.loads(gzip.decompress(path.read_bytes()))
             return [ReduceSite.from_dict(s) for s in data["sites"]]
@@ -664,5 +690,8 @@ def install(patcher, order: ReduceOrder) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["serve"]:
         sys.exit(serve())
-    print("usage: python -m harness.emulation.reduce_order serve", file=sys.stderr)
+    if len(sys.argv) == 3 and sys.argv[1] == "ship" and Path(sys.argv[2]).is_dir():
+        print(f"{ship(Path(sys.argv[2]))} layouts -> {SHIPPED}")
+        sys.exit(0)
+    print("usage: python -m harness.emulation.reduce_order serve | ship CACHE/reduce-layouts", file=sys.stderr)
     sys.exit(2)

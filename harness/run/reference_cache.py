@@ -34,6 +34,7 @@ from cases.inputs import Inputs
 
 from harness.ops.base import OpDescriptor, call_k_first, state_k_first
 from harness.ops.reductions import magnitude_name, magnitudes, reduction_of
+from harness.core.cache_dir import default_cache_dir  # noqa: F401  (the one rule; callers import it here too)
 
 _ROOT = Path(__file__).resolve().parents[2]  # the repository: harness/<stage>/<module>.py
 # what a golden result depends on besides its inputs: the references, and the descriptors that call them
@@ -52,13 +53,6 @@ def _references_fingerprint() -> str:
         h.update(str(path.relative_to(_ROOT)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
-
-
-def default_cache_dir() -> Path | None:
-    value = os.environ.get("PARITY_CACHE_DIR")
-    if value == "":
-        return None  # explicitly disabled
-    return Path(value) if value else Path.home() / ".cache" / "linear-attn-parity"
 
 
 def _checksum(arrays: dict[str, np.ndarray]) -> str:
