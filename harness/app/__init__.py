@@ -19,7 +19,7 @@ import importlib
 _EXPORTS = {
     "Selection": "selection", "case_from_id": "selection", "find_case": "selection", "load_cases": "selection",
     "result_in": "selection",
-    "Run": "session", "gate_case": "session", "report_gate": "session", "write_gate": "session",
+    "Outcome": "session", "Run": "session", "gate_case": "session", "write_gate": "session",
     "GateSettings": "settings", "LegOptions": "settings", "RunSettings": "settings",
 }
 """The layer's names, each from its module, imported when first asked for: a worker process imports

@@ -134,13 +134,14 @@ _RUNNERS: dict[str, Runner] = {}  # in each worker: the runner of every job it h
 
 
 def make_runner(leg: str, options: dict, reference_cache: ReferenceCache, suite: str = "", leg_cache: bool = True,
-                read_cache: bool = True) -> Runner:
+                read_cache: bool = True, cache_dir: Path | None | str = "default") -> Runner:
     """The one place a :class:`harness.run.runner.Runner` is built: ``leg`` made with ``options``, over
     ``reference_cache``, its rows' ``suite`` column, and the leg's output cache (when ``leg_cache`` and the leg
-    is cached at all; read unless ``read_cache`` is False). The run object (:class:`harness.app.session.Run`),
+    is cached at all; read unless ``read_cache`` is False; under the caches' root ``cache_dir``). The run object (:class:`harness.app.session.Run`),
     the pytest plugin and each worker process build theirs here."""
     made = make_leg(leg, **options)
-    return Runner(made, reference_cache, suite=suite, leg_cache=for_leg(made, read=read_cache) if leg_cache else None)
+    return Runner(made, reference_cache, suite=suite,
+                  leg_cache=for_leg(made, read=read_cache, cache_dir=cache_dir) if leg_cache else None)
 
 
 def _runner(job: LegJob) -> Runner:

@@ -100,9 +100,13 @@ def cached(leg_name: str) -> bool:
     return spec is not None and bool(spec.cache_sources)
 
 
-def for_leg(leg: Leg, read: bool = True) -> "BaselineCache | None":
-    """The cache a run of ``leg`` uses (at the default directory), or None for a leg that is not cached."""
-    return BaselineCache(leg, read=read) if cached(leg.name) else None
+def for_leg(leg: Leg, read: bool = True, cache_dir: Path | None | str = "default") -> "BaselineCache | None":
+    """The cache a run of ``leg`` uses (under the caches' root ``cache_dir``: "default" for the default one, None
+    for none, in memory), or None for a leg that is not cached."""
+    if not cached(leg.name):
+        return None
+    directory = "default" if cache_dir == "default" else (Path(cache_dir) / SUBDIR if cache_dir else None)
+    return BaselineCache(leg, directory, read=read)
 
 
 class BaselineCacheWarning(UserWarning):
