@@ -319,16 +319,20 @@ def cmd_bisect(args) -> int:
 
     if not args.candidate:
         raise UsageError("give the leg to bisect: --candidate LEG (or --replay LOG)")
-    options = (*(("--tpu-targets", args.tpu_targets) if args.tpu_targets else ()),
-               *(("--case-timeout", args.case_timeout) if args.case_timeout else ()))
+    from harness.legs.registry import default_leg
+    from harness.run.recipe import LegRecipe
+
+    legs, timeout = LegOptions.parse(args.tpu_targets), parse_case_timeout(args.case_timeout)
+    recipe, baseline = (LegRecipe.resolve(name, legs.for_leg(name), timeout, impl=tuple(args.impl))
+                        for name in (args.candidate, default_leg("baseline")))
     cache = Path(args.cache or os.environ.get("PARITY_BISECT_CACHE")
                  or Path.home() / ".cache" / "linear-attn-parity" / "bisect")
     request = BisectRequest(
         candidate=args.candidate, cases=tuple(_select_cases(args)), policy=_policy(args), versions=args.versions,
         git=Path(args.git) if args.git else None, commits=args.commits, out=Path(args.out) if args.out else None,
         force=args.force, sweep=args.sweep, good=args.good, bad=args.bad, skip=tuple(args.skip),
-        argv=tuple(args.argv), baseline_rows=tuple(Path(p) for p in args.baseline_rows), run_options=options,
-        impl=tuple(args.impl), cache=cache, uv=args.uv)
+        argv=tuple(args.argv), baseline_rows=tuple(Path(p) for p in args.baseline_rows), recipe=recipe,
+        baseline_recipe=baseline, cache=cache, uv=args.uv)
     try:
         run_bisection(request)
     except BisectInterrupted as exc:

@@ -67,7 +67,7 @@ def test_the_command_line_is_read_once_into_the_records(tmp_path):
 
 
 def test_one_place_builds_a_runner_and_nothing_below_the_front_reads_a_command_line():
-    """Runner(...) appears in harness/ only in harness.app.workers.make_runner; no module but the front's reads
+    """Runner(...) appears in harness/ only in harness.run.recipe.LegRecipe.runner; no module but the front's reads
     an argparse namespace or a pytest config."""
     front = {"harness/cli.py", "harness/parser.py", "harness/pytest_plugin.py"}
     built, reads = [], []
@@ -79,9 +79,30 @@ def test_one_place_builds_a_runner_and_nothing_below_the_front_reads_a_command_l
                 built.append(f"{name}:{n}")
             if name not in front and re.search(r"\bargs\.(?!items\()\w|\bconfig\.option\b|argparse", code):
                 reads.append(f"{name}:{n}")
-    assert built == [f"harness/app/workers.py:{_line_of('harness/app/workers.py', 'return Runner(')}"], built
+    assert built == [f"harness/run/recipe.py:{_line_of('harness/run/recipe.py', 'return Runner(')}"], built
     assert reads == [], reads
 
 
 def _line_of(name: str, text: str) -> int:
     return next(n for n, line in enumerate((ROOT / name).read_text().splitlines(), 1) if text in line)
+
+
+def test_a_recipe_written_as_a_command_line_parses_back_to_the_same_recipe(tmp_path):
+    """LegRecipe.command_line is the one place a leg becomes a ``parity run``: its options and case time limit,
+    read back by the front (harness.cli._run_settings) and resolved by a run, give the same recipe."""
+    from harness.app.session import Run
+    from harness.run.recipe import LegRecipe
+
+    legs = LegOptions(ref_method="chunk", ref_dtype="float32", dot_precision="ieee", compile_targets=("v5e", "v7x"))
+    for leg in ("ref", "gpu", "tpu"):
+        recipe = LegRecipe.resolve(leg, legs.for_leg(leg), 120.0, suite="")
+        argv = recipe.command_line("python", [CASE], tmp_path, jobs=2)
+        assert argv[:3] == ["python", "-m", "harness.cli"] and argv[-2:] == ["--case", CASE]
+        args = build_parser().parse_args(argv[3:])
+        assert (args.backend, args.out, args.jobs, args.case) == (leg, str(tmp_path), "2", [CASE])
+        with Run(_run_settings(args)) as run:
+            again = run.recipe(leg)
+        assert (again.options, again.timeout) == (recipe.options, recipe.timeout), leg
+    quiet = LegRecipe.resolve("gpu", LegOptions().for_leg("gpu"))  # an unset option, no time limit: not written
+    assert "--dot-precision" not in quiet.command_line("python", [CASE], tmp_path)
+    assert "--case-timeout" not in quiet.command_line("python", [CASE], tmp_path)

@@ -16,8 +16,8 @@ that hand each other rows.
 
 Each verb's method returns an :class:`Outcome`, which the command line turns into its exit status.
 ``parity run``, ``parity causality``, ``parity gate``, ``parity compile``, ``parity calibrate`` and ``parity all``
-each make one :class:`Run` from their settings (:mod:`harness.app.settings`); the pytest plugin builds its runners
-with the same :func:`harness.app.workers.make_runner`."""
+each make one :class:`Run` from their settings (:mod:`harness.app.settings`); each leg's runner is
+built from its recipe (:class:`harness.run.recipe.LegRecipe`), resolved once per run, as the pytest plugin's are."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import pandas as pd
 
 from cases.case import Case
 from harness.app.settings import GateSettings, RunSettings
-from harness.app.workers import Workers, make_runner
+from harness.app.workers import Workers
 from harness.core.results import atomic_write_text, rows_to_frame, summarize, write_csv
 from harness.core.status import CAUSALITY_FAILING, FAILING, Status
 from harness.judge.baseline import rows_made_elsewhere
@@ -41,6 +41,7 @@ from harness.judge.sequential import sequential_gate
 from harness.probes.causality import causality_cases, causality_frame
 from harness.report.html_report import write_html_report
 from harness.report.reports import markdown
+from harness.run.recipe import LegRecipe
 from harness.run.reference_cache import ReferenceCache
 from harness.run.result_file import ResultFile, fold_tracebacks, write_check_file
 from harness.run.runner import Runner
@@ -92,7 +93,8 @@ class Run:
         self.settings = settings
         self.say = say
         self.reference_cache = ReferenceCache(settings.cache_dir if settings.reference_cache else None)
-        self.workers = Workers(settings.jobs, settings.case_timeout)
+        self.workers = Workers(settings.jobs)
+        self.recipes: dict[str, LegRecipe] = {}  # each leg's recipe, resolved once
         self.frames: dict[str, pd.DataFrame] = {}  # each leg's rows so far, every draw
         self.paths: dict[str, Path] = {}  # each leg's result file
         self.taken: dict[str, str | None] = {}  # legs whose rows were made elsewhere: the Python that runs each
@@ -113,16 +115,21 @@ class Run:
         return self._cases
 
     # ---------------------------------------------------------------- runners
-    def runner(self, name: str, options: dict | None = None, reference_cache: ReferenceCache | None = None,
-               suite: bool = True, leg_cache: bool = True) -> tuple[Runner, dict]:
-        """A runner of leg ``name`` (built with the settings' options for its role, or ``options``) and the
-        options it was built with, which a worker rebuilds it from. ``suite``: the rows' suite column is the
-        selection's; ``leg_cache``: the leg's output cache, where it has one."""
-        options = self.settings.legs.for_leg(name) if options is None else options
-        runner = make_runner(name, options, reference_cache or self.reference_cache,
-                             suite=self.settings.selection.suite_label if suite else "", leg_cache=leg_cache,
-                             read_cache=self.settings.read_leg_cache, cache_dir=self.settings.cache_dir)
-        return runner, options
+    def recipe(self, name: str) -> LegRecipe:
+        """Leg ``name``'s recipe for this run (:class:`harness.run.recipe.LegRecipe`), resolved once: the
+        settings' options for its role, the selection's suite, the caches, the case time limit."""
+        if name not in self.recipes:
+            s = self.settings
+            directory = self.reference_cache.directory
+            self.recipes[name] = LegRecipe.resolve(
+                name, s.legs.for_leg(name), s.case_timeout, suite=s.selection.suite_label,
+                reference_cache=directory, cache_dir=s.cache_dir, read_cache=s.read_leg_cache)
+        return self.recipes[name]
+
+    def runner(self, recipe: LegRecipe) -> Runner:
+        """``recipe``'s runner in this process, over the run's reference cache where the recipe keeps its goldens
+        there (so the legs of one run share the goldens computed in memory)."""
+        return recipe.runner(self.reference_cache if recipe.task == "run" else None)
 
     def _progress(self, label: str) -> str | None:
         return label if self.settings.progress else None
@@ -243,7 +250,9 @@ class Run:
         if leg_spec(backend).role != "candidate":
             raise ValueError(f"--backend {backend} is the {leg_spec(backend).role} leg; compile a candidate")
         # its steps up to the run, nothing more: no real-TPU compile of its own, no golden, no cache, no suite column
-        runner, options = self.runner(backend, {"compile_targets": ()}, suite=False, leg_cache=False)
+        recipe = dataclasses.replace(self.recipe(backend), options=(("compile_targets", ()),), suite="",
+                                     reference_cache=None, leg_cache=False, task="compile", targets=targets)
+        runner = self.runner(recipe)
         if getattr(runner.leg, "gpu_only", False):
             raise ValueError(f"--backend {backend} declares platform 'gpu': its kernels are not compiled for TPU "
                              f"targets (docs/legs.md, A GPU implementation)")
@@ -254,7 +263,7 @@ class Run:
             self.say(f"compile: {len(cases) - len(todo)} of {len(cases)} cases reused from "
                      f"{', '.join(map(str, reuse))} (the content key of every target's row unchanged: sources, "
                      f"versions, case), {len(todo)} to compile")
-        self.compile(runner, options, todo, targets, on_case=lambda case, compiled: settled.update({case.id: compiled}))
+        self.compile(runner, recipe, todo, on_case=lambda case, compiled: settled.update({case.id: compiled}))
         rows = [row for case in cases for row in settled[case.id]]
         df = compile_frame(rows)
         host = getattr(runner.leg, "compile_note", "")
@@ -290,20 +299,21 @@ class Run:
         out = self.settings.out
         pair = default_leg("baseline"), default_leg("candidate")  # the clean kernels whose noise is calibrated
         if results:
-            gpu, tpu = (read_results(p) for p in results)
+            baseline, candidate = (read_results(p) for p in results)
         else:
             missing = [f"{leg}: {leg_spec(leg).missing()}" for leg in pair if leg_spec(leg).missing()]
             if missing:
                 raise ValueError(f"calibration runs the {' and '.join(pair)} legs: {'; '.join(missing)}")
-            gpu, tpu = (self.leg(leg) for leg in pair)
-        table = calibration_table(gpu, tpu, policy)
+            baseline, candidate = (self.leg(leg) for leg in pair)
+        table = calibration_table(baseline, candidate, policy)
         total = summary(table)
         derived = derive_policy(table, policy)
-        provenance = f"- {pair[0]}: {provenance_line(gpu)}\n- {pair[1]}: {provenance_line(tpu)}"
+        provenance = f"- {pair[0]}: {provenance_line(baseline)}\n- {pair[1]}: {provenance_line(candidate)}"
         csv_path = write_csv(table, out / "calibration.csv")
         atomic_write_text(out / "calibration.md", markdown(table, policy, provenance, derived))
-        facts = {"suite": ", ".join(column_values(tpu, "suite")), "draws": int(tpu["draw"].max()) + 1,
-                 pair[0]: provenance_line(gpu), pair[1]: provenance_line(tpu), "base_policy": policy.describe(),
+        facts = {"suite": ", ".join(column_values(candidate, "suite")), "draws": int(candidate["draw"].max()) + 1,
+                 pair[0]: provenance_line(baseline), pair[1]: provenance_line(candidate),
+                 "base_policy": policy.describe(),
                  "gated_comparisons": total["n"], "false_alarms_of_base_policy": total["false_alarms"]}
         atomic_write_text(out / "policy.toml", derived.to_toml(
             "Written by `parity calibrate` (harness/judge/calibrate.py): margins derived from the noise band of clean\n"
@@ -364,7 +374,8 @@ class Run:
         scratch file of the sequential test's draws, never resumed); the rows are kept in :attr:`frames`
         (replacing a leg's earlier rows when ``path`` is not given). Ctrl-C raises :class:`Interrupted`."""
         cases = self.cases if cases is None else cases
-        runner, options = self.runner(name)
+        recipe = self.recipe(name)
+        runner = self.runner(recipe)
         leg_cache = runner.leg_cache
         resume = self.settings.resume and path is None
         target = path or self.result_path(name)
@@ -378,7 +389,7 @@ class Run:
                 self.say(f"{name}: resuming {out.partial}: {len(cases) - len(todo)} of {len(cases)} cases already "
                          f"done")
             try:
-                self.workers.run(runner, options, todo, on_case=lambda case, rows: out.append(rows),
+                self.workers.run(runner, recipe, todo, on_case=lambda case, rows: out.append(rows),
                                  progress=self._progress(f"{name} leg"))
             except KeyboardInterrupt:
                 raise Interrupted(f"{name} leg interrupted; the finished cases are kept in {out.partial}. Continue "
@@ -413,8 +424,9 @@ class Run:
         self.taken[name] = python
 
     def take_baseline_rows(self, base: str) -> None:
-        """The baseline's rows of the selected cases from :attr:`RunSettings.baseline_rows` (:func:`harness.judge.baseline.rows_made_elsewhere`),
-        taken as leg ``base``'s (:meth:`take`), their missing draws made by :attr:`RunSettings.baseline_python`."""
+        """The baseline's rows of the selected cases from :attr:`RunSettings.baseline_rows`
+        (:func:`harness.judge.baseline.rows_made_elsewhere`), taken as leg ``base``'s (:meth:`take`), their
+        missing draws made by :attr:`RunSettings.baseline_python`."""
         paths = self.settings.baseline_rows
         rows = rows_made_elsewhere(paths, base, [c.id for c in self.cases])
         self.take(base, paths[0], rows, python=self.settings.baseline_python)
@@ -432,8 +444,8 @@ class Run:
         from harness.core.results import read_results
 
         with tempfile.TemporaryDirectory(dir=self.settings.out, prefix=f".{name}-draws-") as scratch:
-            command = [self.taken[name], "-m", "harness.cli", "run", "--backend", name, "--out", scratch,
-                       "--no-progress", "--jobs", str(self.settings.jobs), *[a for c in cases for a in ("--case", c.id)]]
+            command = self.recipe(name).command_line(self.taken[name], [c.id for c in cases], Path(scratch),
+                                                     jobs=self.settings.jobs)
             self.say(f"{name}: {len(cases)} draws made by {self.taken[name]} (the {name} leg's stack)")
             done = subprocess.run(command, capture_output=True, text=True)
             made = sorted(Path(scratch).glob("*.csv"))
@@ -470,15 +482,18 @@ class Run:
         path = self.result_path(name, prefix="causality-")
         chosen = causality_cases(cases)
         t0 = time.perf_counter()
-        options = self.settings.legs.for_leg(name)
+        recipe = self.recipe(name)
+        options = recipe.keywords
         if "compile_targets" in options:  # a perturbed run has the case's own shapes: the leg run compiles them once
             options["compile_targets"] = ()
         # no golden is compared: an in-memory reference cache that stays empty
-        runner, options = self.runner(name, options, reference_cache=ReferenceCache(None), suite=False)
+        recipe = dataclasses.replace(recipe, options=tuple(options.items()), suite="", reference_cache=None,
+                                     task="causality")
+        runner = self.runner(recipe)
         leg_cache = runner.leg_cache
         rows = []
-        self.workers.run(runner, options, chosen, on_case=lambda case, case_rows: rows.extend(case_rows),
-                         task="causality", progress=self._progress(f"{name} causality"))
+        self.workers.run(runner, recipe, chosen, on_case=lambda case, case_rows: rows.extend(case_rows),
+                         progress=self._progress(f"{name} causality"))
         df = causality_frame(rows)
         path = write_check_file(df, path, name, force=self.settings.force)
         bad = df[df["status"].isin(CAUSALITY_FAILING)]
@@ -501,11 +516,10 @@ class Run:
         return sequential_gate(_FoldedDraws(self, (base, candidate)), self.cases, gate.policy, options,
                                max_draws=gate.max_draws, say=self.say)
 
-    def compile(self, runner: Runner, options: dict, cases: list[Case], targets: tuple[str, ...],
+    def compile(self, runner: Runner, recipe: LegRecipe, cases: list[Case],
                 on_case: Callable[[Case, list[dict]], None]) -> None:
-        """``parity compile``'s walk: each case through the pool, compiled for ``targets``."""
-        self.workers.run(runner, options, cases, on_case=on_case, task="compile", targets=targets,
-                         progress=self._progress("compile"))
+        """``parity compile``'s walk: each case through the pool, compiled for the recipe's targets."""
+        self.workers.run(runner, recipe, cases, on_case=on_case, progress=self._progress("compile"))
 
 
 class _FoldedDraws:

@@ -35,8 +35,8 @@ class BisectRequest:
     skip: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()  # the arguments that replay it (its log's args line)
     baseline_rows: tuple[Path, ...] = ()  # the baseline's rows made elsewhere (else made here, once, and kept)
-    run_options: tuple[str, ...] = ()  # further `parity run` arguments of each version's run (targets, time limit)
-    impl: tuple[str, ...] = ()  # --impl registrations each version's run repeats
+    recipe: object = None  # the candidate's leg recipe (harness.run.recipe.LegRecipe): each version's run
+    baseline_recipe: object = None  # the baseline's, run once here when no --baseline-rows
     cache: Path = Path.home() / ".cache" / "linear-attn-parity" / "bisect"  # the versions' installs
     uv: str | None = None  # the uv binary
 
@@ -81,7 +81,7 @@ def run_bisection(request: BisectRequest) -> dict:
     ids = [c.id for c in r.cases]
     baseline, extra = _baseline(r, base, ids, out)
     history = History(settings, ids, baseline, UvInstaller(r.cache, r.uv),
-                      LegInProcess(r.candidate, r.run_options, impl=r.impl), refusal)
+                      LegInProcess(r.recipe), refusal)
     try:
         return bisect(history, repro_extra=extra)
     except KeyboardInterrupt:
@@ -119,7 +119,7 @@ def _baseline(r: BisectRequest, base: str, ids: list[str], out: Path) -> tuple[p
     todo = ids if have is None else [i for i in ids if i not in set(have["case_id"])]
     if todo:
         print(f"bisect: the {base} leg over {len(todo)} cases, once -> {kept}")
-        made = LegInProcess(base, r.run_options)(None, todo, out / "baseline" / "run")
+        made = LegInProcess(r.baseline_recipe)(None, todo, out / "baseline" / "run")
         have = made if have is None else pd.concat([have, made], ignore_index=True)
         write_csv(have, kept)
     return have[of_cases(have, ids)].reset_index(drop=True), ("--baseline-rows", str(kept))
