@@ -117,19 +117,13 @@ def _junit_target(args) -> Path | None:
 
 
 # -------------------------------------------------------------------- verbs
-def ptx_leg_inputs(leg: str, suite: str, case_ids) -> dict:
-    """``parity ptx``'s view of the leg whose launches it records: the selected cases and what the leg's outputs
-    on them depend on (:func:`harness.run.baseline_cache.leg_inputs`); ValueError for a bad selection."""
-    from harness.run.baseline_cache import leg_inputs
-
-    return leg_inputs(leg, Selection(suite="" if case_ids else suite, case_ids=tuple(case_ids)).cases())
-
-
 def cmd_ptx(args) -> int:
+    from harness.app import ptx_leg
     from harness.emulation import ptx
 
     return ptx.sweep(suite=args.suite, case=args.case, target=args.target, out=args.out, launches=args.launches,
-                     reuse=args.reuse, backend=args.backend, leg_inputs=ptx_leg_inputs)
+                     reuse=args.reuse, backend=args.backend, leg_inputs=ptx_leg.leg_inputs,
+                     capture_command=ptx_leg.capture_command)
 
 
 def cmd_mxu_probe(args) -> int:
@@ -139,36 +133,15 @@ def cmd_mxu_probe(args) -> int:
 
 
 def cmd_peers(args) -> int:
-    """``reports/peers/README.md`` and ``index.html`` from every report's rows (harness.report.peer_table); ``--check``
-    writes nothing and exits 1 when the page differs from what the rows give."""
-    from pathlib import Path
-
-    from harness.report.peer_table import HEAD, html_page, markdown, tables
-    from harness.core.results import atomic_write_text
+    """``reports/peers/README.md`` and ``index.html`` from every report's rows
+    (:func:`harness.report.peer_table.write_pages`); ``--check`` writes nothing and exits 1 when the page differs
+    from what the rows give."""
+    from harness.report.peer_table import write_pages
 
     root = Path(args.root)
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder of reports (each a folder with gpu.csv[.gz] and candidates' rows)")
-    try:
-        t = tables(root, _policy(args), _native_rows(args))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    pages = {root / "README.md": markdown(t), root / "index.html": html_page(t)}
-    if args.check:
-        stale = [str(p) for p, text in pages.items() if not p.exists() or p.read_text() != text]
-        print(f"peers: {', '.join(stale)} differ from the rows; run parity peers --root {root}" if stale
-              else f"peers: {root}/README.md and index.html match the rows")
-        return EXIT_FAIL if stale else EXIT_PASS
-    title = HEAD.splitlines()[0]
-    mine = root / "README.md"
-    if mine.exists() and not mine.read_text().startswith(title) and not args.force:
-        raise UsageError(f"{mine} was not written by parity peers; --force replaces it")
-    for path, text in pages.items():
-        atomic_write_text(path, text)
-    print(f"peers: {len(t['ops'])} rows (op, variant, dtype, gate form) x {len(t['ops'].columns) - 4} candidates "
-          f"-> {mine}, {root / 'index.html'}; judged against fla's "
-          + ", ".join(f"{mode} rows on {n}" for mode, n in sorted(t["judged"].items())))
-    return EXIT_PASS
+    return EXIT_PASS if write_pages(root, _policy(args), _native_rows(args), args.check, args.force) else EXIT_FAIL
 
 
 def cmd_fidelity(args) -> int:

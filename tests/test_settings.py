@@ -106,3 +106,17 @@ def test_a_recipe_written_as_a_command_line_parses_back_to_the_same_recipe(tmp_p
     quiet = LegRecipe.resolve("gpu", LegOptions().for_leg("gpu"))  # an unset option, no time limit: not written
     assert "--dot-precision" not in quiet.command_line("python", [CASE], tmp_path)
     assert "--case-timeout" not in quiet.command_line("python", [CASE], tmp_path)
+
+
+def test_each_verb_of_the_command_line_is_short_and_hands_over_to_a_run():
+    """cli.py holds no stage logic: every verb function is parse -> records -> a method -> exit status, 30 lines at
+    most; the sequence of ``parity all`` is the run's (harness.app.session.Run.all), not the front's."""
+    import ast
+
+    tree = ast.parse((ROOT / "harness" / "cli.py").read_text())
+    verbs = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body
+             if isinstance(n, ast.FunctionDef) and n.name.startswith("cmd_")}
+    assert len(verbs) >= 12 and all(n <= 30 for n in verbs.values()), verbs
+    body = ast.get_source_segment((ROOT / "harness" / "cli.py").read_text(), next(
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cmd_all"))
+    assert "run.all(" in body and ".leg(" not in body and ".gate(" not in body

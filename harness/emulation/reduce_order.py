@@ -40,6 +40,7 @@ than the sum.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import hashlib
 import json
@@ -207,8 +208,10 @@ def _resolve_loc(body: str, defs: Dict[str, str], depth: int = 0) -> List[Tuple[
     return []
 
 
+@functools.lru_cache(maxsize=None)
 def file_key(path: str) -> str:
-    """A source file as its last two path components (the same on every machine and install)."""
+    """A source file as its last two path components (the same on every machine and install); memoized: the
+    sums' call chains ask it for every frame of every float32 ``tl.sum`` the interpreter runs."""
     parts = Path(path).parts
     return "/".join(parts[-2:])
 
@@ -246,16 +249,14 @@ def sites_of_ttgir(ttgir: str) -> List[ReduceSite]:
         nvidia.load_dialects(ctx)
     except ImportError:  # pragma: no cover - a Triton build without the NVIDIA backend
         pass
-    module = ir.parse_mlir_module_from_str(ttgir, ctx) if hasattr(ir, "parse_mlir_module_from_str") else None
-    if module is None:
-        import tempfile
+    import tempfile
 
-        with tempfile.NamedTemporaryFile("w", suffix=".ttgir", delete=False) as fh:
-            fh.write(ttgir)
-        try:
-            module = ir.parse_mlir_module(fh.name, ctx)
-        finally:
-            os.unlink(fh.name)
+    with tempfile.NamedTemporaryFile("w", suffix=".ttgir", delete=False) as fh:  # Triton parses MLIR from a file only
+        fh.write(ttgir)
+    try:
+        module = ir.parse_mlir_module(fh.name, ctx)
+    finally:
+        os.unlink(fh.name)
     ops: list = []
     reshaped: Dict[int, object] = {}  # a tt.reshape's result -> its source
 
