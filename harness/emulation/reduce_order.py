@@ -623,6 +623,7 @@ def source_key(fn) -> str:
 
 _STATE = threading.local()
 _POSITIONS: Dict[object, list] = {}  # a code object's instruction positions (line, end line, column, end column)
+_KERNEL_FILES: Dict[str, Optional[str]] = {}  # a frame's file: its file_key, or None for Triton's and the harness's
 
 
 def _call_chain(kernel_code) -> Tuple[Tuple[Tuple[str, int], ...], Optional[int]]:
@@ -633,16 +634,20 @@ def _call_chain(kernel_code) -> Tuple[Tuple[Tuple[str, int], ...], Optional[int]
     col = None
     while frame is not None:
         code = frame.f_code
-        path = code.co_filename
-        if not _is_triton_source(path) and "harness" not in Path(path).parts:
+        key = _KERNEL_FILES.get(code.co_filename, False)
+        if key is False:  # once per file: a path is read per frame per sum otherwise
+            parts = Path(code.co_filename).parts
+            key = _KERNEL_FILES[code.co_filename] = (
+                None if _is_triton_source(code.co_filename) or "harness" in parts else file_key(code.co_filename))
+        if key is not None:
             if col is None and hasattr(code, "co_positions"):
                 positions = _POSITIONS.get(code)
                 if positions is None:
                     positions = _POSITIONS[code] = list(code.co_positions())
                 pos = positions[frame.f_lasti // 2]
                 col = None if pos[2] is None else pos[2] + 1  # MLIR's columns count from 1
-            chain.append((file_key(path), frame.f_lineno))
-            if code.co_name == kernel_code[0] and file_key(path) == kernel_code[1]:
+            chain.append((key, frame.f_lineno))
+            if code.co_name == kernel_code[0] and key == kernel_code[1]:
                 break
         frame = frame.f_back
     return tuple(reversed(chain)), col
