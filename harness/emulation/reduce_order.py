@@ -146,7 +146,7 @@ def sum_levels(site: ReduceSite) -> Tuple[Tuple[str, int], ...]:
 
 def add_f32(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """A float32 add, correctly rounded."""
-    return (lo + hi).astype(np.float32)
+    return np.add(lo, hi, dtype=np.float32)
 
 
 def ordered_sum(x: np.ndarray, axis: int, levels: Sequence[Tuple[str, int]], product=None, fma=None,
@@ -171,10 +171,10 @@ def ordered_sum(x: np.ndarray, axis: int, levels: Sequence[Tuple[str, int]], pro
     x = x.reshape(lead + (2, ) * m)
     for i, (where, bit) in enumerate(levels):
         d = len(lead) + bits.index(bit)
-        lo, hi = np.take(x, 0, axis=d), np.take(x, 1, axis=d)
+        lo, hi = x[(slice(None), ) * d + (0, )], x[(slice(None), ) * d + (1, )]  # views: the level's two halves
         if i == 0 and where == "thread" and product is not None:
-            a, b = (digits(p) for p in product)
-            x = fma(np.take(a, 0, axis=d), np.take(b, 0, axis=d), hi)
+            a, b = (digits(p)[(slice(None), ) * d + (0, )] for p in product)
+            x = fma(a, b, hi)
         else:
             x = add(lo, hi)
         bits.remove(bit)
@@ -680,6 +680,9 @@ def install(patcher, order: ReduceOrder) -> None:
     def arithmetic(t):
         """The sum's add and fused multiply-add in type ``t``, on float32 values (a 16-bit operand is decoded first;
         the add of two 16-bit values is exact in float32, so rounding it to ``t`` after is correctly rounded)."""
+        if t == tl.float32:  # the values are the data: no decoding
+            return add_f32, lambda a, b, c: builder.create_fma(TH(a, t), TH(b, t), TH(c, t)).data
+
         def rounded(values):
             return real(TH(encode(values, t), t))
 
@@ -731,9 +734,9 @@ def install(patcher, order: ReduceOrder) -> None:
             if product is not None and any(np.shape(p) != data.shape for p in product):
                 product = None
             add, fma = arithmetic(input.dtype)
-            out = ordered_sum(real(TH(data, input.dtype)), axis, sum_levels(site), product=product, fma=fma,
-                              add=add)
-            out = encode(np.asarray(out, np.float32), input.dtype)
+            values = data if input.dtype == tl.float32 else real(TH(data, input.dtype))
+            out = ordered_sum(values, axis, sum_levels(site), product=product, fma=fma, add=add)
+            out = out if input.dtype == tl.float32 else encode(np.asarray(out, np.float32), input.dtype)
             order.matched[name] = order.matched.get(name, 0) + 1
             if self.keep_dims:  # as np.sum(..., keepdims=True) gives it
                 out = (np.expand_dims(out, axis) if self.axis is not None
