@@ -47,7 +47,6 @@ Not modelled, and said so: a layout whose basis moves the axis and another dimen
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gzip
 import hashlib
 import json
@@ -228,10 +227,8 @@ def _resolve_loc(body: str, defs: Dict[str, str], depth: int = 0) -> List[Tuple[
     return []
 
 
-@functools.lru_cache(maxsize=None)
 def file_key(path: str) -> str:
-    """A source file as its last two path components (the same on every machine and install); memoized: the
-    sums' call chains ask it for every frame of every float32 ``tl.sum`` the interpreter runs."""
+    """A source file as its last two path components (the same on every machine and install)."""
     parts = Path(path).parts
     return "/".join(parts[-2:])
 
