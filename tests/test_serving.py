@@ -4,6 +4,7 @@ steps) to 1e-12, the pool's chain rule against autodiff in jax and torch, and th
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -15,8 +16,8 @@ from harness.ops.base import LegBinding, per_token
 from harness.ops.gdn import GDN
 from harness.ops.gla import GLA
 from harness.ops.kda import KDA
-from harness.ops.serving import (Slots, chain, gather, inner, pool_gradient, run_chain, scatter, served_forward,
-                                 slots, split)
+from harness.ops.serving import (Slots, chain, gather, inner, pool_gradient, run_chain, scatter, served_binding,
+                                 served_forward, slots, split, write_back)
 from harness.ops.simple_gla import SIMPLE_GLA
 
 RAW = {d.name: d for d in (SIMPLE_GLA, GLA, KDA, GDN)}  # the descriptors as the ops wrote them, unserved
@@ -63,11 +64,99 @@ def test_chain_by_hand():
     ({"pool": 0}, True, False, "positive int"),
     ({"decode": 2}, True, True, "drop dht"),
     ({"decode": 2, "conv1d": 4, "use_qk_l2norm_in_kernel": True}, True, False, "conv"),
+    ({"state_dtype": "fp32"}, True, False, "is the default"),
+    ({"state_dtype": "float32"}, True, False, "is the default"),
+    ({"state_dtype": "int8"}, True, False, r"one of \('bf16', 'fp16'\)"),
+    ({"state_dtype": 1}, True, False, r"one of \('bf16', 'fp16'\)"),
+    ({"state_dtype": "bf16"}, True, True, "drop dht"),
 ])
 def test_bad_serving_options_say_the_fix(options, h0, dht, message):
     case = _case(**options).replace(h0=h0, dht=dht)
     with pytest.raises(ValueError, match=message):
         REGISTRY["gdn"].validate(case)
+
+
+def test_state_dtype_of_a_case_without_a_state_is_refused():
+    with pytest.raises(ValueError, match="add h0 or drop noht"):
+        REGISTRY["gdn"].validate(_case(state_dtype="bf16").replace(h0=False, final_state=False))
+
+
+def test_state_dtype_sets_the_state_tensors_dtypes_and_nothing_else():
+    """h0 (the pool) drawn in the cache's dtype and ht declared in it; every other input and tensor as without the
+    option; forward only (no gradient compared)."""
+    op = REGISTRY["gdn"]
+    for label, name in (("bf16", "bfloat16"), ("fp16", "float16")):
+        case = _case(pool=9, state_dtype=label)
+        plain = _case(pool=9)
+        dtypes = {spec.name: spec.resolve_dtype(case) for spec in op.inputs(case)}
+        assert dtypes == {**{spec.name: spec.resolve_dtype(plain) for spec in op.inputs(plain)}, "h0": name}
+        assert [(t.name, t.resolve_dtype(case)) for t in op.tensors(case)] == [("o", "float32"), ("ht", name)]
+        assert op.differentiable(case) == []
+        x = make_inputs(case, op.inputs(case))
+        assert x["h0"].dtype == np.dtype(name if name != "bfloat16" else ml_dtypes.bfloat16)
+        assert x["h0"].shape == (9, 1, 16, 16)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "jax", "torch"])
+def test_write_back_rounds_to_nearest_even_by_hand(framework):
+    """bf16 keeps 8 significant bits: spacing 2^-7 on [1, 2). 1 + 2^-8 is a tie between 1 and 1 + 2^-7 and goes to
+    1 (even); 1 + 3 * 2^-8 is a tie between 1 + 2^-7 and 1 + 2^-6 and goes to 1 + 2^-6 (even); 1 + 2^-8 + 2^-20 is
+    above the tie and goes up. fp16 keeps 11: 1 + 2^-11 is a tie and goes to 1, 1 + 3 * 2^-11 to 1 + 2^-9."""
+    values = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -20, 1 + 2 ** -11, 1 + 3 * 2 ** -11],
+                      np.float32)
+    want = {"bfloat16": [1.0, 1 + 2 ** -6, 1 + 2 ** -7, 1.0, 1.0],
+            "float16": [1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8, 1.0, 1 + 2 ** -9]}
+    for dtype, expected in want.items():
+        if framework == "numpy":
+            got = write_back(values, dtype)
+        elif framework == "jax":
+            import jax.numpy as jnp
+
+            got = write_back(jnp.asarray(values), dtype)
+        else:
+            import torch
+
+            got = write_back(torch.tensor(values), dtype)
+        assert str(got.dtype).rsplit(".", 1)[-1] == dtype
+        got64 = np.asarray(got.float() if framework == "torch" else got, dtype=np.float64)
+        np.testing.assert_array_equal(got64, expected)
+    assert write_back(None, "bfloat16") is None
+
+
+def _add_2_to_the_minus_8(case, t):
+    """A toy forward: each call adds 2^-8 to every state entry, in float32, and returns it in float32."""
+    h0 = t.get("h0")
+    h = np.zeros((case.num_seqs, 1, 1, 1), np.float32) if h0 is None else h0.astype(np.float32)
+    return {"o": t["q"], "ht": h + np.float32(2 ** -8)}
+
+
+def test_the_cache_rounds_the_state_at_every_call_boundary_by_hand():
+    """Each call adds 2^-8 to a state of 1 (a tie in bf16: back to 1). With a bf16 cache the state is written back
+    after every call: four calls (a prefill, three decode steps) leave 1 + 0 = 1 in bf16, while the float32 state
+    carries 1 + 4 * 2^-8. In fp16 (spacing 2^-10 on [1, 2)) each addition survives: 1 + 4 * 2^-8, exactly."""
+    binding = LegBinding(_add_2_to_the_minus_8)
+    case = Case("gdn", "chunk", B=1, T=4, H=1, K=1, V=1, dtype="float32", gate=G, h0=True)
+    q = np.zeros((1, 4, 1, 1), np.float32)
+    for label, h0_dtype, want in (("bf16", ml_dtypes.bfloat16, 1.0), ("fp16", np.float16, 1 + 4 * 2 ** -8)):
+        c = case.replace(options=(("decode", 3), ("state_dtype", label)))
+        assert len(chain(GDN, c)) == 4
+        out = served_forward(GDN, binding)(c, {"q": q, "h0": np.ones((1, 1, 1, 1), h0_dtype)})
+        assert out["ht"].dtype == np.dtype(h0_dtype)
+        assert float(out["ht"].astype(np.float64).item()) == want
+    out = served_forward(GDN, binding)(case.replace(options=(("decode", 3),)), {"q": q, "h0": np.ones((1, 1, 1, 1),
+                                                                                                  np.float32)})
+    assert out["ht"].dtype == np.float32 and float(out["ht"].item()) == 1 + 4 * 2 ** -8  # no option: as returned
+
+
+def test_a_binding_that_cannot_take_the_dtype_refuses_with_its_reason():
+    why = "its kernel casts the state to float32 and returns it so"
+    binding = served_binding(GDN, LegBinding(_add_2_to_the_minus_8,
+                                             state_dtype=lambda d: why if d == "float16" else None))
+    case = _case(state_dtype="fp16")
+    assert binding.supports(case) == why
+    assert binding.supports(_case(state_dtype="bf16")) is None
+    assert binding.supports(_case()) is None
+    assert binding.describe(_case(state_dtype="bf16"))["state_cache"] == "bfloat16"
 
 
 def test_decode_of_the_decode_variant_is_refused():

@@ -86,6 +86,10 @@ class LegBinding:
     # {input name: reason} of the case's differentiable inputs whose gradient the forward gives none of by design
     # (e.g. a parameter taken as a constant): their gradient rows are not_provided with the reason, not compared
     no_gradient: Callable[[Case], Mapping[str, str]] = lambda case: {}
+    # a state cache's dtype (the serving option ``state_dtype``: "bfloat16", "float16") -> None when the library
+    # takes h0 in it (and its state is written back in it after each call), else the reason it cannot: the case's
+    # rows become unsupported with it (harness.ops.serving)
+    state_dtype: Callable[[str], "str | None"] = lambda dtype: None
 
 
 @dataclass(frozen=True)
