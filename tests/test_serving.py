@@ -77,8 +77,8 @@ def test_bad_serving_options_say_the_fix(options, h0, dht, message):
 
 
 def test_state_dtype_of_a_case_without_a_state_is_refused():
-    with pytest.raises(ValueError, match="add h0 or drop noht"):
-        REGISTRY["gdn"].validate(_case(state_dtype="bf16").replace(h0=False, final_state=False))
+    with pytest.raises(ValueError, match="which h0 holds .* add h0"):
+        REGISTRY["gdn"].validate(_case(state_dtype="bf16").replace(h0=False))
 
 
 def test_state_dtype_sets_the_state_tensors_dtypes_and_nothing_else():

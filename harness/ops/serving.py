@@ -157,9 +157,10 @@ def validate(op: OpDescriptor, case: Case) -> None:
         if label not in STATE_DTYPES:
             raise ValueError(f"option state_dtype={label!r} must be one of {tuple(STATE_DTYPES)} (the state cache's "
                              f"dtype; fp32 is the default)")
-        if not (case.h0 or case.final_state):
-            raise ValueError("state_dtype is the dtype of h0 and ht, and this case has neither (no h0, noht): add h0 "
-                             "or drop noht")
+        if not case.h0:
+            raise ValueError("state_dtype is the dtype of the state cache, which h0 holds (every binding reads the "
+                             "cache's dtype from it; a request with no state is pool=S's has-initial-state False): "
+                             "add h0")
         if case.dht:
             raise ValueError("state_dtype compares the forward only (a state cache serves the forward): drop dht")
     if "pool" in serving:

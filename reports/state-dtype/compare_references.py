@@ -70,6 +70,12 @@ def main(ids: list[str]) -> None:
                 eps = {leg: rel_l2(np.asarray(y[tensor], np.float64), ref[tensor]) for leg, y in got.items()}
                 print(f"    vs {ref_name:7s}: eps_GPU {eps['gpu']:.3e}  eps_TPU {eps['tpu']:.3e}  "
                       f"ratio {eps['tpu'] / eps['gpu']:.3f}")
+            if tensor == "ht":  # where the legs' cache differs from the rounded reference's: whole-ulp flips
+                ref = refs["rounded"]["ht"]
+                for leg, y in got.items():
+                    off = np.argwhere(np.asarray(y["ht"], np.float64) != ref)
+                    print(f"    {leg}: {len(off)} of {ref.size} ht elements differ from the rounded reference "
+                          f"(slots {sorted(set(off[:, 0].tolist()))})")
 
 
 if __name__ == "__main__":
