@@ -313,6 +313,46 @@ def test_legs_keep_unwritten_slots_bit_for_bit(leg):
     np.testing.assert_array_equal(out["dh0"][10], inputs.arrays["dht"][10])
 
 
+@pytest.mark.heavy  # fla under the Triton interpreter
+def test_the_fla_leg_writes_a_bf16_cache_as_fla_s_in_place_decode_does():
+    """vLLM decodes kda from its state cache in place: fla's ``fused_recurrent_kda_fwd`` with
+    ``inplace_final_state`` reads each request's slot by ``ssm_state_indices`` and stores the float32 state back
+    into the bf16 pool in the kernel (fla 0.6.0's public ``fused_recurrent_kda`` always passes
+    ``inplace_final_state=False``). The GPU leg calls the public function on the gathered states and the serving
+    wrapper writes each back in the cache's dtype: the same pool, bit for bit (the kernel's store and torch's cast
+    both round to nearest even), and the same o."""
+    import torch
+
+    from harness.legs.gpu import to_numpy, to_torch
+    from harness.legs.registry import make_leg
+
+    case = Case("kda", "fused_recurrent", B=1, T=3, H=1, K=32, V=32, dtype="bfloat16", gate=G, h0=True,
+                lens=(1, 1, 1), options=(("state_dtype", "bf16"),))
+    op = REGISTRY["kda"]
+    inputs = make_inputs(case, op.inputs(case))
+    leg = make_leg("gpu")  # interpreter mode first: fla is imported after it
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    served = leg.run(op, case, inputs).tensors
+    assert served["ht"].dtype == ml_dtypes.bfloat16
+    index = [5, 0, 3]  # request i's slot in a pool of 7: read and written in place
+    pool = np.full((7, *case.state_shape[1:]), 0.5, ml_dtypes.bfloat16)
+    pool[index] = inputs["h0"]
+    t = {name: to_torch(a, "cpu") for name, a in inputs.arrays.items()}
+    cache = to_torch(pool, "cpu")
+    with leg._scope():
+        o, _ = fused_recurrent_kda_fwd(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale,
+                                       initial_state=cache, inplace_final_state=True,
+                                       ssm_state_indices=torch.tensor(index, dtype=torch.int32),
+                                       cu_seqlens=torch.tensor(case.cu_seqlens, dtype=torch.long))
+    after = to_numpy(cache)
+    assert not np.array_equal(after[index].view(np.uint16), pool[index].view(np.uint16))  # the decode wrote them
+    np.testing.assert_array_equal(after[index].view(np.uint16), served["ht"].view(np.uint16))
+    kept = [s for s in range(7) if s not in index]
+    np.testing.assert_array_equal(after[kept].view(np.uint16), pool[kept].view(np.uint16))
+    np.testing.assert_array_equal(to_numpy(o).view(np.uint16), served["o"].view(np.uint16))
+
+
 def test_gate_parameter_gradient_is_the_sum_the_bound_describes():
     """The reference's dA_log is the sum harness.core.policy's bf16 dA_log bound reasons about, sum of dg * (g + dt_bias)
     over tokens and channels (the in-kernel gate lower_bound * sigmoid(exp(A_log) (g + dt_bias))), to 1e-12."""
