@@ -58,8 +58,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from op_contract import check_gla, check_simple_gla
 from kernels_tpu import eft
-from kernels_tpu.common import (SUBLANES, BlockSizes, final_state, HeadPadding, Walk, check_limits, column_to_row, row_to_column,
-                                start_state, walk_pass)
+from kernels_tpu.common import (SUBLANES, BlockSizes, HeadPadding, Walk, check_limits, column_to_row, final_state,
+                                row_to_column, start_state, walk_pass)
 from kernels_tpu.kda.chunk import Config, _head_major, _make_config
 from kernels_tpu.varlen import Packing
 

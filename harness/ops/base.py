@@ -218,6 +218,15 @@ def fla_state_layout(case: Case) -> dict:
     return {"state_v_first": True} if case.state_v_first else {}
 
 
+def fla_float32_state(h0):
+    """``h0`` (a torch tensor or None) widened to float32, exactly: fla 0.6.0's ``chunk_kda``, ``chunk_gla`` and
+    ``chunk_gdn2`` assert a float32 ``initial_state``, so an engine that keeps a bf16 or fp16 state cache
+    (``state_dtype``, harness.ops.serving) widens each state it reads before calling them; fla's other kernels
+    widen it as they load it (``tl.load(...).to(tl.float32)``), the same values. A float32 h0 is returned as it is
+    (the same tensor: its gradient flows as before)."""
+    return None if h0 is None else h0.float()
+
+
 def fla_varlen(case: Case, like) -> dict:
     """fla's keyword for a packed case: ``cu_seqlens``, a torch.long tensor of the N+1 offsets on the device of
     ``like`` (a tensor of the call); ``{}`` for an unpacked case. fla's optional ``cu_seqlens_cpu`` (a host

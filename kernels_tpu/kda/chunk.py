@@ -59,8 +59,8 @@ from jax.experimental import pallas as pl
 
 from op_contract import check_kda, kda_options
 from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, final_state, HeadPadding, Walk, causal_mask, check_limits, chunk_rows, column_to_row,
-                                iota, masked_exp, row_to_column, start_state, value_heads, walk_pass)
+from kernels_tpu.common import (BlockSizes, HeadPadding, Walk, causal_mask, check_limits, chunk_rows, column_to_row,
+                                final_state, iota, masked_exp, row_to_column, start_state, value_heads, walk_pass)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 from kernels_tpu.varlen import ChunkWalk, Packing
 

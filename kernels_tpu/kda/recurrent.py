@@ -130,7 +130,8 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
     """KDA one token at a time (fla's ``fused_recurrent_kda``), forward only: (o, ht or None).
 
     Args as :func:`kernels_tpu.kda.chunk_kda` (q, k [B,T,H,K]; v [B,T,HV,V]; g [B,T,HV,K]; beta [B,T,HV];
-    initial_state [N,HV,K,V] (float32, or a state cache's bf16/fp16: ht comes back in its dtype, kernels_tpu.common.final_state); cu_seqlens; fla's in-kernel options), without a chunk size or an MXU
+    initial_state [N,HV,K,V] (float32, or a state cache's bf16/fp16: ht comes back in its dtype,
+    kernels_tpu.common.final_state); cu_seqlens; fla's in-kernel options), without a chunk size or an MXU
     model: the kernel has no chunks and no dots. o is rounded once from float32 to q's dtype, as fla's."""
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, TOKENS, interpret, None,
                                        cu_seqlens, options, blocks=BLOCKS)
