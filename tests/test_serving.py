@@ -377,6 +377,17 @@ def test_the_peers_serving_cases_file_is_the_suites_serving_cases():
     assert listed == [c.id for c in serving_cases() + _gdn_serving_smoke()]
 
 
+def test_the_peers_state_cache_file_is_the_suites_state_cache_cases():
+    from pathlib import Path
+
+    from cases.case_file import load_cases
+    from cases.suites import state_cache_cases
+    from harness.ops import get_op
+
+    path = Path(__file__).resolve().parent.parent / "cases" / "peers" / "state-cache.toml"
+    assert [c.id for c in load_cases(path, get_op)] == [c.id for c in state_cache_cases()]
+
+
 def test_the_wrapped_functions_a_cache_hashes_name_the_ops_modules():
     """A leg's cache keys on the files its functions come from (harness.run.baseline_cache.binding_fingerprint): the
     served wrappers lead it to the op's own modules, and serving.py is hashed for every leg besides."""
