@@ -76,11 +76,36 @@ def test_leg_rows_bit_equal(case_id):
     _assert_same_rows(case_id)
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_gla_fp32_rows_bit_equal(dtype):
-    """gla's chunk output kernel moved ``o`` by up to 17 ulp batched while the MXU model's operand split rounded
-    f32 to bf16 with a float conversion (kernels_tpu.mxu.round_bf16 says why it no longer does)."""
-    _assert_same_rows(f"gla.chunk/B1-T128-H1-K128-V128/{dtype}/g=logsigmoid/10/C64/h0,dht")
+@pytest.mark.parametrize("case_id", [
+    # gla's chunk output kernel moved ``o`` by up to 17 ulp batched while the MXU model's operand split rounded f32
+    # to bf16 with a float conversion (kernels_tpu.mxu.round_bf16 says why it no longer does)
+    "gla.chunk/B1-T128-H1-K128-V128/fp32/g=logsigmoid/10/C64/h0,dht",
+    "gla.chunk/B1-T128-H1-K128-V128/fp16/g=logsigmoid/10/C64/h0,dht",
+    # a smoke case whose backward's in-kernel sums XLA:CPU ordered differently batched (dg: 333 elements) until
+    # they were pinned (harness.legs.pallas_batched.pinned_sum_p)
+    "gla.chunk/B1-T128-H2-K128-V128/bf16/g=logsigmoid/16/C64/h0,dht",
+])
+def test_gla_rows_bit_equal(case_id):
+    _assert_same_rows(case_id)
+
+
+def test_pinned_sums_halve_and_batch_bit_for_bit():
+    """[1, u, u, u] with u = 2^-24 (half an ulp of 1): in order, each add rounds back to 1 (a tie, to even); halved,
+    (1 + u) + (u + u) = 1 + 2^-23, one ulp up. And a batch of rows sums each row as it sums alone."""
+    from harness.legs.pallas_batched import pinned_sum_p
+
+    u = 2.0 ** -24
+    x = np.array([[1.0, u, u, u], [u, u, u, 1.0]], np.float32)
+    assert np.asarray(pinned_sum_p.bind(jnp.asarray(x[0]), axes=(0,))) == np.float32(1 + 2.0 ** -23)
+    assert float(np.float32(1) + np.float32(u) + np.float32(u) + np.float32(u)) == 1.0  # the order it replaces
+    rows = np.random.default_rng(0).standard_normal((5, 7, 33)).astype(np.float32)
+    batched = jax.jit(jax.vmap(lambda r: pinned_sum_p.bind(r, axes=(1,))))(rows)
+    for i in range(5):
+        assert np.array_equal(np.asarray(batched[i]), np.asarray(jax.jit(
+            lambda r: pinned_sum_p.bind(r, axes=(1,)))(rows[i])))
+    both = pinned_sum_p.bind(jnp.asarray(rows), axes=(0, 2))  # the last axis first, then the first
+    assert both.shape == (7,)
+    np.testing.assert_allclose(np.asarray(both), rows.astype(np.float64).sum(axis=(0, 2)), rtol=1e-5, atol=1e-5)
 
 
 def test_the_row_and_the_settings_say_which_grid_ran():

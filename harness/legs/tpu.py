@@ -181,6 +181,10 @@ def _stages(binding, case: Case, ctx: TpuContext, diff_names: tuple[str, ...]):
         from .pallas_batched import batched_interpret
 
         fns = tuple(batched_interpret(f, plans) for f in fns)
+    else:  # jax's per-program interpret mode, its kernels' sums in the batched grid's order
+        from .pallas_batched import pinned_sums
+
+        fns = tuple(pinned_sums(f) for f in fns)
     options = dict(ctx.compiler_options)
     return (*(jax.jit(f, compiler_options=options) for f in fns), plans)
 
