@@ -33,10 +33,13 @@ only what it wrote (``jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py`
 - every ``dot_general`` of the kernel runs per program at the program's own shape (a batched dot whose
   operands both carry the program axis: an operand the programs share is broadcast), so XLA:CPU's matrix
   library sums in the same order as for one program;
+- every float ``reduce_sum`` of the kernel (``jnp.sum``) runs in one fixed order, :func:`kernels_tpu.eft.halving_sum`'s
+  (:data:`pinned_sum_p`), here and in the per-program run (:func:`pinned_sums`): XLA:CPU would pick each sum's order
+  from its shape, which batching changes;
 - every ``jax.debug.callback`` of the kernel (``kernels_tpu.mxu.record_dot``'s MXU tally) runs once per
   program, with that program's operands, as the per-program interpreter runs it.
 
-Where it does not batch, the call runs exactly as before (jax's own interpreter) and the reason is
+Where it does not batch, the call runs per program by jax's own interpreter (its float sums pinned, as below) and the reason is
 recorded (:class:`KernelPlan`): no parallel axis of more than one program, a mesh/core_map, dynamic grid
 bounds, a vmapped pallas_call, manual DMAs / semaphores / HBM or ANY refs / ``run_scoped``, non-default
 ``InterpretParams`` (race detection, several cores, a grid-point recorder, skipped float ops), a kernel that
@@ -794,10 +797,10 @@ def _pallas_call(plans, *args, **params):
     plan = KernelPlan(str(name), tuple(gm.grid), None if n_par is None else tuple(range(n_par)), why or "")
     if n_par is None:
         plans.append(plan)
-        return pallas_call_p.bind(*args, **params)
+        return _pinned_call(*args, **params)  # per program, its sums pinned as everywhere
     if (why := _stores_into_an_input(params["jaxpr"], gm)):
         plans.append(dataclasses.replace(plan, axes=None, reason=why))
-        return pallas_call_p.bind(*args, **params)
+        return _pinned_call(*args, **params)  # per program, its sums pinned as everywhere
     kernel, kernel_consts, scratch_avals = _kernel_to_hlo_jaxpr(params["jaxpr"], gm)
     # the call's operands and results cross a barrier, as they cross callbacks in the per-program interpreter:
     # XLA:CPU fuses nothing of the program around the call into the call's slicing (or the reverse), so the
