@@ -44,9 +44,10 @@ def _leg(batched: bool):
     return Leg(force_interpret=True, compile_targets=())
 
 
-def _assert_same_rows(case_id):
+def _assert_same_rows(case_id, every_kernel_batched=True):
     """The leg's row (every tensor, the MXU tally columns) with the batched grid and per program: the same bits;
-    the row names how each kernel's grid ran."""
+    the row names how each kernel's grid ran (every kernel batched, or at least one where a kernel has a single
+    parallel program)."""
     case = Case.from_id(case_id)
     op = get_op(case.op)
     inputs = make_inputs(case, op.inputs(case))
@@ -60,7 +61,8 @@ def _assert_same_rows(case_id):
     assert a.columns == b.columns  # mxu_macs_fwd/bwd, mxu_pass_macs_fwd/bwd, mxu_cost
     assert "pallas_grid" not in a.details
     grids = b.details["pallas_grid"]
-    assert grids and all(": batched over axes" in g for g in grids), grids
+    batched = [": batched over axes" in g for g in grids]
+    assert grids and (all(batched) if every_kernel_batched else any(batched)), grids
 
 
 @pytest.mark.parametrize("case_id", [
@@ -86,7 +88,7 @@ def test_leg_rows_bit_equal(case_id):
     "gla.chunk/B1-T128-H2-K128-V128/bf16/g=logsigmoid/16/C64/h0,dht",
 ])
 def test_gla_rows_bit_equal(case_id):
-    _assert_same_rows(case_id)
+    _assert_same_rows(case_id, every_kernel_batched=False)  # at H1 only the output kernel has parallel programs
 
 
 def test_pinned_sums_halve_and_batch_bit_for_bit():

@@ -42,6 +42,12 @@ class RefLeg(Leg):
     def sources(self, op: OpDescriptor) -> tuple:
         return op.reference, op.differentiable  # the float64 reference, not a leg binding
 
+    def supports(self, op: OpDescriptor, case: Case) -> str | None:
+        """Every case: the op's reference has no binding to refuse with, and its recurrence's backward keeps a
+        state per 64 tokens or per chunk, so no case is too large (until 2026-11-28 it refused above 2 GiB of
+        states)."""
+        return None
+
     def run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> LegOutput:
         out = call_k_first(case, op.reference, inputs.as_float64(), method=self.method,
                            compute_dtype=self.compute_dtype)
