@@ -7,11 +7,13 @@ For each op (simple_gla, gdn, kda: chunk, forward + backward, bf16, K = V = 128,
   (``ReferenceCache._compute``, no cache);
 - ``ref-check``: the reference leg's run (``RefLeg("recurrent")``: the token-by-token formulation, checked
   against the golden by the gate);
-- ``tpu``: the TPU leg's run as it runs by default: Pallas TPU interpret mode per program, with the MXU model
-  (``TpuLeg``, no real-TPU compile), under XLA:CPU's loop emitters where this jax has them;
-- ``tpu-per-program``: the same under the fusion emitters;
-- ``tpu-batched``: under the fusion emitters, every interpret-mode pallas_call by the batched grid interpreter
-  (``harness.legs.pallas_batched``), its tensors checked bit for bit against ``tpu-per-program``'s (``note``);
+- ``ref``: both, one after the other: what a user waits for from the reference;
+- ``tpu``: the TPU leg's run as it runs by default (``TpuLeg``, no real-TPU compile): Pallas TPU interpret mode
+  with the MXU model, every interpret-mode pallas_call by the batched grid interpreter
+  (``harness.legs.pallas_batched``);
+- ``tpu-per-program``: the same leg with ``batched_grid=False`` (jax's per-program interpret mode);
+- ``tpu-batched``: the same leg with ``batched_grid=True``, its tensors checked bit for bit against
+  ``tpu-per-program``'s (``note``);
 - ``gpu``: fla's chunk kernels under the GPU leg's emulation (batched grid), when fla is installed.
 
 Each leg runs twice; ``first_s`` includes compiles, ``cost_us`` is the second run's wall time per token-head.
@@ -31,8 +33,8 @@ counted), per chunk of C tokens and per head:
 The recurrent check's products are matrix-vector (memory bound): its ``x_limit`` is given against the same
 chunk FLOPs, as what the user waits for beyond the golden.
 
-    .venv/bin/python benchmarks/cpu_legs.py --out reports/bench/2026-11-27-cpu-legs \\
-        --ops simple_gla,gdn,kda --shapes B1-T2048-H4,B4-T4096-H8 --legs ref-golden,ref-check,tpu,tpu-per-program,tpu-batched
+    .venv/bin/python benchmarks/cpu_legs.py --out reports/bench/2026-11-28-default-grid \\
+        --ops simple_gla,gdn,kda --shapes B1-T2048-H4 --legs ref-golden,ref-check,ref,tpu-per-program,tpu
 
 A benchmark, not a timed test: the numbers depend on the machine and its load (recorded beside them).
 """
@@ -58,7 +60,7 @@ from harness.core.provenance import git_commit  # noqa: E402
 
 C, K, V = 64, 128, 128
 GATES = {"simple_gla": "g=logsigmoid/16", "gdn": "g=logsigmoid/16", "kda": "g=logsigmoid/16"}
-LEGS = ("ref-golden", "ref-check", "tpu", "tpu-per-program", "tpu-batched", "gpu")
+LEGS = ("ref-golden", "ref-check", "ref", "tpu", "tpu-per-program", "tpu-batched", "gpu")
 
 
 def case_id(op: str, shape: str) -> str:
@@ -128,6 +130,9 @@ def leg_runner(name: str, op, case, inputs):
         from harness.legs.ref import RefLeg
 
         return lambda: RefLeg("recurrent").run(op, case, inputs).tensors
+    if name == "ref":
+        golden, check = leg_runner("ref-golden", op, case, inputs), leg_runner("ref-check", op, case, inputs)
+        return lambda: (golden(), check())[1]
     if name in TPU_LEGS:
         leg = _tpu_leg(name)
         return lambda: leg.run(op, case, inputs).tensors
@@ -143,13 +148,12 @@ TPU_LEGS = ("tpu", "tpu-per-program", "tpu-batched")
 
 
 def _tpu_leg(name: str):
-    """The TPU leg (``tpu``), or it under the fusion emitters per program (``tpu-per-program``) or with the batched
-    grid (``tpu-batched``): benchmarks/pallas_grid_rows.py's :func:`with_grid`."""
+    """The TPU leg as it runs by default (``tpu``), or with its grid option set: ``tpu-per-program``,
+    ``tpu-batched``."""
     from harness.legs.tpu import TpuLeg
-    from pallas_grid_rows import with_grid
 
-    leg = TpuLeg(force_interpret=True, compile_targets=())
-    return leg if name == "tpu" else with_grid(leg, name == "tpu-batched")
+    grid = {"tpu": None, "tpu-per-program": False, "tpu-batched": True}[name]
+    return TpuLeg(force_interpret=True, compile_targets=(), batched_grid=grid)
 
 
 def mode(leg: str) -> str:
@@ -166,12 +170,38 @@ def mode(leg: str) -> str:
 
 
 def refused(leg: str, op, case) -> str | None:
-    """Why the reference leg would not run the case (the token recurrence's states past its memory limit)."""
-    if leg != "ref-check":
+    """Why the reference leg would not run the case (it has refused cases for their size before 2026-11-28)."""
+    if leg not in ("ref-check", "ref"):
         return None
     from harness.legs.ref import RefLeg
 
     return RefLeg("recurrent").supports(op, case)
+
+
+def smoke_cold(out: Path, suite: str = "smoke") -> list[dict]:
+    """The README's ``parity all --suite smoke`` from nothing cached (a fresh ``PARITY_CACHE_DIR``, a fresh result
+    folder), in a process of its own; each stage's wall time is the time between the result files' last writes
+    (``ref.csv``, ``gpu.csv``, ``tpu.csv``, ``causality-gpu.csv``, ``causality-tpu.csv``, ``parity.csv``), in the
+    order ``parity all`` writes them. Returns one row per stage and one for the whole command."""
+    import subprocess
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="parity-cold-") as tmp:
+        runs = Path(tmp) / "runs"
+        env = {**os.environ, "PARITY_CACHE_DIR": str(Path(tmp) / "cache"), "PYTHONPATH": str(ROOT)}
+        t0 = time.time()
+        done = subprocess.run([sys.executable, "-m", "harness.cli", "all", "--suite", suite, "--out", str(runs),
+                               "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True)
+        total = time.time() - t0
+        (out / f"{suite}_cold.log").write_text(done.stdout[-20000:] + done.stderr[-20000:])
+        written = sorted((p.stat().st_mtime, p.name) for p in runs.glob("*.csv"))
+        last = t0
+        for mtime, name in written:
+            rows.append(dict(stage=name, wall_s=round(mtime - last, 1)))
+            last = mtime
+        rows.append(dict(stage=f"parity all --suite {suite} (exit {done.returncode})", wall_s=round(total, 1)))
+    return rows
 
 
 def timed(fn):
@@ -185,11 +215,14 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ops", default="simple_gla,gdn,kda")
     p.add_argument("--shapes", default="B1-T2048-H4,B4-T4096-H8")
-    p.add_argument("--legs", default="ref-golden,ref-check,tpu,tpu-per-program,tpu-batched")
+    p.add_argument("--legs", default="ref-golden,ref-check,ref,tpu-per-program,tpu")
     p.add_argument("--case", action="append", default=[], metavar="ID",
                    help="time this case instead of the ops x shapes grid (repeatable): any chunk case id")
     p.add_argument("--skip", action="append", default=[], metavar="LEG@SHAPE",
                    help="leave out a leg at a shape (repeatable), e.g. tpu@B4-T4096-H8")
+    p.add_argument("--smoke-cold", action="store_true",
+                   help="also time the README's parity all --suite smoke from nothing cached, by stage "
+                        "(smoke_cold.csv)")
     args = p.parse_args()
     legs = args.legs.split(",")
     for leg in legs:
@@ -205,7 +238,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     commit = git_commit()  # the code this run imported
     rows, path = [], args.out / "cpu_legs.csv"
-    ids = args.case or [case_id(o, s) for s in args.shapes.split(",") for o in args.ops.split(",")]
+    ids = args.case or [case_id(o, s) for s in args.shapes.split(",") if s for o in args.ops.split(",") if o]
     for cid in ids:
             case = case_from_id(cid)
             op = get_op(case.op)
@@ -229,7 +262,7 @@ def main() -> int:
                 _, first = timed(run)
                 tensors, second = timed(run)
                 note = ""
-                if leg == "tpu-batched" and "tpu-per-program" in made:  # against jax's own interpreter
+                if leg in ("tpu", "tpu-batched") and "tpu-per-program" in made:  # against jax's own interpreter
                     base = made["tpu-per-program"]
                     differ = [n for n in base if not np.array_equal(base[n], tensors.get(n), equal_nan=True)]
                     note = "bit for bit with tpu-per-program" if not differ else f"differs on {differ}"
@@ -243,6 +276,10 @@ def main() -> int:
                 rows.append(row)
                 print(row, flush=True)
                 pd.DataFrame(rows).to_csv(path, index=False)
+    if args.smoke_cold:
+        stages = smoke_cold(args.out)
+        print(stages, flush=True)
+        pd.DataFrame(stages).to_csv(args.out / "smoke_cold.csv", index=False)
     with open(args.out / "machine.txt", "w") as f:
         f.write(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
                 f"commit {commit}\nmachine {platform.processor() or platform.machine()}, "

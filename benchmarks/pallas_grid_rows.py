@@ -41,9 +41,8 @@ def _columns(out) -> dict:
 
 
 def with_grid(leg, batched: bool):
-    """The same leg object under XLA:CPU's fusion emitters, its pallas_calls by the batched grid interpreter or by
-    jax's per-program interpret mode (under the loop emitters the two round a transcendental differently:
-    harness.legs.tpu.LEGACY_EMITTERS)."""
+    """The same leg object under the leg's compiler options (:data:`harness.legs.tpu.INTERPRET_COMPILER_OPTIONS`),
+    its pallas_calls by the batched grid interpreter or by jax's per-program interpret mode."""
     from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS
 
     context = type(leg).context

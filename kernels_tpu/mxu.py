@@ -65,11 +65,28 @@ TN = (((0,), (0,)), ((), ()))  # a[K,M], b[K,N] -> a.T @ b
 NT_T = (((1,), (1,)), ((), ()))  # a[M,K], b[N,K] -> a @ b.T
 
 
-def split_bf16(x: jax.Array, pieces: int) -> list[jax.Array]:
-    """Split f32 ``x`` into ``pieces`` bf16 terms whose f32 sum approximates x (each the residual rounded)."""
+def round_bf16(x: jax.Array) -> jax.Array:
+    """f32 -> bf16, rounded to nearest (ties to even), computed on the bits with integer operations: add
+    ``0x7FFF`` plus the lowest kept bit, then drop the low 16 bits (an overflow carries into the exponent, which
+    is the right rounding up to the next binade or to infinity). NaN stays NaN (quieted by the cast).
+
+    The same rounding as ``x.astype(bfloat16)`` by definition, but it leaves XLA:CPU no float conversion to
+    compile: in interpret mode the model's operand split ``x - bf16(x)``, as a float conversion, did not give
+    the same bits for the same values once the pallas_calls' programs were batched (gla's fp32 chunk output
+    kernel: 7399 of 16384 elements of ``o``, up to 17 ulp; tests/test_mxu.py, tests/test_pallas_batched.py)."""
+    bits = lax.bitcast_convert_type(x.astype(F32), jnp.uint32)
+    bits = (bits + (jnp.uint32(0x7FFF) + ((bits >> 16) & jnp.uint32(1)))) & jnp.uint32(0xFFFF0000)
+    rounded = lax.bitcast_convert_type(bits, F32)
+    return jnp.where(jnp.isnan(x), x, rounded).astype(jnp.bfloat16)  # exact: the low 16 bits are zero
+
+
+def split_bf16(x: jax.Array, pieces: int, on_bits: bool = False) -> list[jax.Array]:
+    """Split f32 ``x`` into ``pieces`` bf16 terms whose f32 sum approximates x (each the residual rounded to
+    nearest even). ``on_bits``: each rounding by :func:`round_bf16` (the interpret-mode model), else as a cast
+    (the kernel as Mosaic compiles it; the same values)."""
     out, rest = [], x.astype(F32)
     for _ in range(pieces):
-        hi = rest.astype(jnp.bfloat16)
+        hi = round_bf16(rest) if on_bits else rest.astype(jnp.bfloat16)
         out.append(hi)
         rest = rest - hi.astype(F32)
     return out
@@ -106,7 +123,7 @@ def piece(x: jax.Array, name: str) -> jax.Array:
             raise ValueError(f"the {BF16} piece is a bf16 operand itself, got {x.dtype}")
         return x
     if name == NEAREST:
-        return x.astype(jnp.bfloat16)
+        return round_bf16(x)  # the model's (interpret mode only): the same rounding as a cast
     rest, order = x.astype(F32), (HI8, MID8, LO8).index(name)
     for _ in range(order):  # each residual is exact in f32
         rest = rest - truncate_bf16(rest).astype(F32)
@@ -343,7 +360,7 @@ def dot(a: jax.Array, b: jax.Array, *, precision, preferred_element_type=F32, di
     if precision in (BF16X3, BF16X4) and not both_bf16:  # the explicit split: bf16 dots in the kernel itself
         if mxu_model:
             record_dot(a.shape, b.shape, dims, PASSES[precision])
-        (a_hi, a_lo), (b_hi, b_lo) = split_bf16(a, 2), split_bf16(b, 2)
+        (a_hi, a_lo), (b_hi, b_lo) = split_bf16(a, 2, on_bits=mxu_model), split_bf16(b, 2, on_bits=mxu_model)
         # small terms first so the f32 accumulation rounds as little as possible
         out = _one_pass(a_lo, b_hi, dims, mxu_model) + _one_pass(a_hi, b_lo, dims, mxu_model)
         if precision == BF16X4:

@@ -19,8 +19,9 @@ restart at each sequence start; ``initial_state``, ``ht``, ``dht`` and ``dh0`` a
 
 Two formulations check each other:
 
-- ``method="recurrent"``: token by token (``lax.scan`` over T). Its backward
-  (``jax.vjp`` of the scan) keeps one state per token: for small checks only.
+- ``method="recurrent"``: token by token (``lax.scan`` over T), every head in one
+  step. Its backward (``jax.vjp`` of the scan) recomputes the states from one kept
+  every 64 tokens (:mod:`references._scan`), never T of them.
 - ``method="chunk"`` (default): a ``lax.scan`` over chunks of ``chunk_size``
   tokens. Inside a chunk, with the inclusive in-chunk cumulative gate
   ``b_i = sum_{u<=i} gk_u``, every decay is written relative:
@@ -52,6 +53,7 @@ from jax import lax
 from op_contract import check_gla
 
 from ._decay import decayed_scores
+from ._scan import token_scan
 from ._varlen import num_states, offsets, over_sequences
 from ._x64 import COMPUTE_DTYPES, as_arrays, check_compute_dtype, float64_cpu
 
@@ -103,7 +105,7 @@ def _recurrent(q, k, v, gk, h0, scale):
         return S, o_t
 
     xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, gk))
-    ST, o = lax.scan(step, S0, xs)
+    ST, o = token_scan(step, S0, xs)  # its backward keeps a state per 64 tokens (references._scan)
     return jnp.moveaxis(o, 0, 1), ST
 
 

@@ -15,7 +15,8 @@ chunks restart at each sequence start; ``initial_state``, ``ht``, ``dht`` and ``
 
 Two formulations check each other (tests hold them to 1e-12 relative):
 
-- ``method="recurrent"``: the token-by-token scan above.
+- ``method="recurrent"``: the token-by-token scan above, every head in one step; its backward recomputes the
+  states from one kept every 64 tokens (:mod:`references._scan`).
 - ``method="chunk"`` (default): split T into NT chunks of C tokens. With
   ``b_i`` the inclusive cumulative log decay inside a chunk and ``S`` the state
   entering it,
@@ -46,6 +47,7 @@ import numpy as np
 
 from op_contract import check_simple_gla
 
+from ._scan import token_scan
 from ._varlen import num_states, offsets, over_sequences
 from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
@@ -72,7 +74,7 @@ def _recurrent(q, k, v, gt, h0, scale):
         return S, scale * jnp.einsum("bhk,bhkv->bhv", q_t, S)
 
     xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, gt))
-    ht, o = jax.lax.scan(step, h0, xs)
+    ht, o = token_scan(step, h0, xs)  # its backward keeps a state per 64 tokens (references._scan)
     return jnp.moveaxis(o, 0, 1), ht
 
 

@@ -6,7 +6,7 @@ import pytest
 from jax import lax
 
 from kernels_tpu.mxu import (BF16, BF16X3, BF16X4, F32_DOT_PRECISION, HI8, LO8, MID8, NEAREST, PASSES, dot,
-                             modeled_dot, mxu_passes, pallas_lowers, piece, widen_fp16)
+                             modeled_dot, mxu_passes, pallas_lowers, piece, round_bf16, split_bf16, widen_fp16)
 
 # a = 1 + 2^-10 + 2^-20: bf16 keeps 1 (8 bits), bf16x3 keeps 1 + 2^-10 (2 pieces), bf16x6 all of it
 A = 1.0 + 2.0**-10 + 2.0**-20
@@ -167,6 +167,31 @@ def test_nothing_is_tallied_without_the_model():
 # X = 1 + 2^-8 + 2^-16: bf16 keeps 8 significant bits, so nearest-even rounds X up to 1 + 2^-7, truncation
 # keeps 1, and the truncation split is 1 | 2^-8 | 2^-16 (high, middle, low 8 bits)
 X = 1.0 + 2.0**-8 + 2.0**-16
+
+
+@pytest.mark.parametrize("bits, expected", [
+    (0x3F808000, 0x3F80),  # 1 + 2^-8: a tie, the kept last bit is 0 (even): down to 1
+    (0x3F818000, 0x3F82),  # 1 + 3 * 2^-8: a tie, the kept last bit is 1: up to 1 + 2^-6
+    (0x3F808001, 0x3F81),  # just above the tie: up
+    (0x3F807FFF, 0x3F80),  # just below the tie: down
+    (0xBF818000, 0xBF82),  # the sign is kept, the magnitude rounds as above
+    (0x7F7FFFFF, 0x7F80),  # the largest float32 rounds up to infinity
+    (0x7F800000, 0x7F80),  # infinity stays
+    (0x80000000, 0x8000),  # -0 stays
+    (0x00000200, 0x0000),  # 2^-140, below half the smallest bf16 subnormal (2^-133): 0
+    (0x00018000, 0x0002),  # a subnormal tie (1.5 units of 2^-133, the kept last bit 1): up to 2 units
+])
+def test_round_bf16_hand_computed(bits, expected):
+    x = np.array([bits], np.uint32).view(np.float32)
+    assert np.asarray(round_bf16(jnp.asarray(x))).view(np.uint16)[0] == expected
+    assert np.asarray(jnp.asarray(x).astype(jnp.bfloat16)).view(np.uint16)[0] == expected  # the cast's rounding
+
+
+def test_round_bf16_keeps_nan_and_splits_as_the_cast():
+    assert np.isnan(np.asarray(round_bf16(jnp.array([np.nan, -np.nan], jnp.float32)), np.float32)).all()
+    x = jnp.asarray(np.random.default_rng(0).standard_normal(4096).astype(np.float32) * 2.0 ** 40)
+    for a, b in zip(split_bf16(x, 3, on_bits=True), split_bf16(x, 3)):
+        assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
 
 def test_pieces_hand_computed():

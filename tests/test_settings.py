@@ -21,8 +21,10 @@ def test_each_leg_is_built_with_the_options_of_its_role():
     legs = LegOptions.parse("v5e,v7x", ref_method="chunk", ref_dtype="float32", dot_precision="ieee")
     assert legs.for_leg("ref") == {"method": "chunk", "compute_dtype": "float32"}
     assert legs.for_leg("gpu") == {"dot_precision": "ieee"}
-    assert legs.for_leg("tpu") == {"compile_targets": ("v5e", "v7x")}
-    assert LegOptions.parse(None).for_leg("tpu") == {"compile_targets": ("v6e",)}  # the emulated leg's default
+    assert legs.for_leg("tpu") == {"compile_targets": ("v5e", "v7x"), "batched_grid": None}
+    assert LegOptions.parse(None).for_leg("tpu") == {"compile_targets": ("v6e",), "batched_grid": None}  # defaults
+    assert LegOptions(pallas_grid="per-program").for_leg("tpu")["batched_grid"] is False
+    assert LegOptions(pallas_grid="batched").for_leg("tpu")["batched_grid"] is True
     # the defaults are the legs' own: a record built with no options builds the legs as make_leg(name) does
     assert LegOptions().for_leg("ref") == {"method": "recurrent", "compute_dtype": "float64"}
     assert LegOptions().for_leg("gpu") == {"dot_precision": None}

@@ -1,4 +1,4 @@
-"""How the emulated TPU leg compiles its interpret-mode programs (harness.legs.tpu.interpret_compiler_options)."""
+"""How the emulated TPU leg compiles its interpret-mode programs (harness.legs.tpu.INTERPRET_COMPILER_OPTIONS)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ jax = pytest.importorskip("jax")
 
 from cases.case import Case  # noqa: E402
 from cases.inputs import make_inputs  # noqa: E402
-from harness.legs.tpu import (INTERPRET_COMPILER_OPTIONS, LEGACY_EMITTERS, TpuLeg,  # noqa: E402
-                              interpret_compiler_options)
+from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS, TpuLeg  # noqa: E402
 from harness.ops import get_op  # noqa: E402
 
 SMALL = "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64/h0,dht"
@@ -26,29 +25,15 @@ def test_products_and_sums_round_as_written():
     c = np.full(1024, -(1 + 2.0 ** -11), dtype=np.float32)
     assert float(a[0]) * float(a[0]) + float(c[0]) == 2.0 ** -24  # the exact (fused) value
     assert np.all(a * a + c == 0)  # numpy: two roundings
-    f = jax.jit(lambda a, b, c: a * b + c, compiler_options=dict(interpret_compiler_options()))
+    f = jax.jit(lambda a, b, c: a * b + c, compiler_options=dict(INTERPRET_COMPILER_OPTIONS))
     assert np.all(np.asarray(f(a, a, c)) == 0)
-
-
-def test_the_legacy_emitters_exactly_where_this_xla_has_them():
-    """Level 0 always; the loop emitters where XLA:CPU accepts the option (jax 0.10), and never where it refuses
-    it (jax 0.12): asked of the XLA that runs here, so the answer cannot go stale with an upgrade."""
-    options = interpret_compiler_options()
-    assert options[:len(INTERPRET_COMPILER_OPTIONS)] == INTERPRET_COMPILER_OPTIONS
-    assert set(options) - set(INTERPRET_COMPILER_OPTIONS) <= {LEGACY_EMITTERS}
-    f = jax.jit(lambda x: x * 2, compiler_options=dict([LEGACY_EMITTERS]))
-    if LEGACY_EMITTERS in options:
-        assert float(f(np.float32(1.5))) == 3.0
-    else:
-        with pytest.raises(Exception, match="No such compile option"):
-            f(np.float32(1.5))
 
 
 def test_leg_records_its_compile_options():
     leg = TpuLeg(force_interpret=True, compile_targets=())
-    assert leg.context().compiler_options == interpret_compiler_options()
+    assert leg.context().compiler_options == INTERPRET_COMPILER_OPTIONS
     # in the settings, so in the rows and in the candidate cache's key
-    assert leg.environment().settings["xla_compiler_options"] == dict(interpret_compiler_options())
+    assert leg.environment().settings["xla_compiler_options"] == dict(INTERPRET_COMPILER_OPTIONS)
 
 
 def test_another_draw_of_a_case_compiles_nothing():

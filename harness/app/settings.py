@@ -37,6 +37,7 @@ some 40 lines of C++ (``Check failed ... File too large``) when one does not fit
 REF_METHODS = ("recurrent", "chunk")
 REF_DTYPES = ("float64", "float32")
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
+PALLAS_GRIDS = ("batched", "per-program")  # harness.legs.tpu.TPU_GRIDS
 
 
 def check_file_size_limit(targets, limit: int | None = None) -> None:
@@ -61,11 +62,13 @@ class LegOptions:
     ref_dtype: str = "float64"  # the reference leg's compute dtype
     dot_precision: str | None = None  # the baseline's TRITON_F32_DEFAULT (None: the environment's, else tf32)
     compile_targets: tuple[str, ...] = LEG_DEFAULT_TARGETS  # real TPUs an emulated candidate compiles each case for
+    pallas_grid: str | None = None  # an emulated candidate's grid: batched or per-program (None: PARITY_TPU_GRID's, else batched)
 
     def __post_init__(self):
         for name, value, allowed in (("ref_method", self.ref_method, REF_METHODS),
                                      ("ref_dtype", self.ref_dtype, REF_DTYPES),
-                                     ("dot_precision", self.dot_precision, (None, *DOT_PRECISIONS))):
+                                     ("dot_precision", self.dot_precision, (None, *DOT_PRECISIONS)),
+                                     ("pallas_grid", self.pallas_grid, (None, *PALLAS_GRIDS))):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} must be one of {', '.join(map(str, allowed))}")
         parse_targets(",".join(self.compile_targets), LEG_DEFAULT_TARGETS)  # an unknown target: a ValueError
@@ -84,7 +87,8 @@ class LegOptions:
             return {"method": self.ref_method, "compute_dtype": self.ref_dtype}
         if role == "baseline":
             return {"dot_precision": self.dot_precision}
-        return {"compile_targets": self.compile_targets}
+        grid = None if self.pallas_grid is None else self.pallas_grid == "batched"
+        return {"compile_targets": self.compile_targets, "batched_grid": grid}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -380,8 +380,8 @@ class ExternalLeg(TpuLeg):
     compile_note = TPU_HOST  # what ``parity compile``'s rows say of how the program was traced
 
     def __init__(self, name: str, target: str, force_interpret: bool = False,
-                 compile_targets: tuple[str, ...] | None = None):
-        super().__init__(force_interpret=force_interpret, compile_targets=compile_targets)
+                 compile_targets: tuple[str, ...] | None = None, batched_grid: bool | None = None):
+        super().__init__(force_interpret=force_interpret, compile_targets=compile_targets, batched_grid=batched_grid)
         self.name, self.target = name, target
         self._impl = None
         self._lock = threading.Lock()  # the compile (a thread beside the run) and the run trace apart

@@ -33,10 +33,13 @@ only what it wrote (``jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py`
 - every ``dot_general`` of the kernel runs per program at the program's own shape (a batched dot whose
   operands both carry the program axis: an operand the programs share is broadcast), so XLA:CPU's matrix
   library sums in the same order as for one program;
+- every float ``reduce_sum`` of the kernel (``jnp.sum``) runs in one fixed order, :func:`kernels_tpu.eft.halving_sum`'s
+  (:data:`pinned_sum_p`), here and in the per-program run (:func:`pinned_sums`): XLA:CPU would pick each sum's order
+  from its shape, which batching changes;
 - every ``jax.debug.callback`` of the kernel (``kernels_tpu.mxu.record_dot``'s MXU tally) runs once per
   program, with that program's operands, as the per-program interpreter runs it.
 
-Where it does not batch, the call runs exactly as before (jax's own interpreter) and the reason is
+Where it does not batch, the call runs per program by jax's own interpreter (its float sums pinned, as below) and the reason is
 recorded (:class:`KernelPlan`): no parallel axis of more than one program, a mesh/core_map, dynamic grid
 bounds, a vmapped pallas_call, manual DMAs / semaphores / HBM or ANY refs / ``run_scoped``, non-default
 ``InterpretParams`` (race detection, several cores, a grid-point recorder, skipped float ops), a kernel that
@@ -94,7 +97,7 @@ _READS = {
     pallas_primitives: ("load_p", "run_scoped_p", "swap_p", "uninitialized_value"),
     tpu_interpret: ("_interpret_impls",),
     tpu_interpret_utils: ("get_uninitialized_array", "pad_to_block_dimension"),
-    lax_internal: ("_dot_general_batch_rule", "dot_general_p"),
+    lax_internal: ("_dot_general_batch_rule", "dot_general_p", "reduce_sum_p"),
     mosaic_core: ("MemorySpace",),
 }
 
@@ -224,6 +227,45 @@ def _program_callback_batch(axis_data, vals, dims, *, callback, effect, partitio
 batching.fancy_primitive_batchers[program_callback_p] = _program_callback_batch
 
 
+# ------------------------------------------------------------------ in-kernel sums in one order
+# A kernel's float ``reduce_sum`` (``jnp.sum``) as XLA:CPU compiles it sums in an order XLA picks from the reduce's
+# shape: batched over programs ([P, C, K] -> [P, 1, K]) it summed gla's backward terms in another order than one
+# program's ([C, K] -> [1, K]) does, and moved its dg (333 of 32768 elements, bf16, B1-T128-H2). In interpret mode
+# every such sum runs as kernels_tpu.eft.halving_sum (the axis padded with zeros to a power of two, its halves added
+# until one element is left; several axes one after another, the last first): elementwise adds of slices, so the
+# same bits for one program or for many, under the per-program interpreter (pinned_sums) and this one alike. A
+# TPU's sum across lanes or sublanes has that shape; its order across a long axis is not modeled either way.
+pinned_sum_p = jax_core.Primitive("pinned_reduce_sum")
+
+
+def _pinned_sum(x, *, axes, **_):
+    from kernels_tpu.eft import halving_sum
+
+    for axis in sorted(axes, reverse=True):
+        x = lax.squeeze(halving_sum(x, axis), (axis,))
+    return x
+
+
+pinned_sum_p.def_abstract_eval(lambda x, *, axes, **_: jax_core.ShapedArray(
+    tuple(n for i, n in enumerate(x.shape) if i not in axes), x.dtype))
+pinned_sum_p.def_impl(_pinned_sum)
+mlir.register_lowering(pinned_sum_p, mlir.lower_fun(_pinned_sum, multiple_results=False))
+
+
+def _pinned_sum_batch(vals, dims, *, axes, **params):
+    (x,), (d,) = vals, dims
+    x = batching.moveaxis(x, d, 0)
+    return pinned_sum_p.bind(x, axes=tuple(a + 1 for a in axes), **params), 0
+
+
+batching.primitive_batchers[pinned_sum_p] = _pinned_sum_batch
+
+
+def _is_float_sum(eqn) -> bool:
+    return (eqn.primitive is lax_internal.reduce_sum_p
+            and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.floating))
+
+
 # ------------------------------------------------------------------ kernel checks and rewrites
 _DENIED = {"dma_start", "dma_wait", "semaphore_signal", "semaphore_wait", "semaphore_read", "run_scoped",
            "get_barrier_semaphore", "prng_seed", "prng_random_bits", "delay", "axis_index", "device_id",
@@ -259,30 +301,33 @@ def _kernel_refusal(jaxpr) -> str | None:
     return None
 
 
-def _rewrite(jaxpr: jax_core.Jaxpr) -> jax_core.Jaxpr:
-    """``jaxpr`` with every dot_general / debug_callback (at any depth) as its per-program primitive."""
+def _rewrite(jaxpr: jax_core.Jaxpr, programs: bool = True) -> jax_core.Jaxpr:
+    """``jaxpr`` with every float reduce_sum (at any depth) as :data:`pinned_sum_p`, and (``programs``) every
+    dot_general / debug_callback as its per-program primitive."""
     eqns = []
     for eqn in jaxpr.eqns:
         params = dict(eqn.params)
         for key, value in eqn.params.items():
-            params[key] = _rewrite_param(value)
+            params[key] = _rewrite_param(value, programs)
         prim = eqn.primitive
-        if prim is lax_internal.dot_general_p:
+        if _is_float_sum(eqn):
+            prim = pinned_sum_p
+        elif programs and prim is lax_internal.dot_general_p:
             prim = program_dot_p
-        elif prim is debugging.debug_callback_p:
+        elif programs and prim is debugging.debug_callback_p:
             prim = program_callback_p
         eqns.append(eqn.replace(primitive=prim, params=params))
     return jaxpr.replace(eqns=eqns)
 
 
-def _rewrite_param(value):
+def _rewrite_param(value, programs: bool):
     if isinstance(value, jax_core.ClosedJaxpr):
-        return jax_core.ClosedJaxpr(_rewrite(value.jaxpr), value.consts)
+        return jax_core.ClosedJaxpr(_rewrite(value.jaxpr, programs), value.consts)
     if isinstance(value, jax_core.Jaxpr):
-        return _rewrite(value)
+        return _rewrite(value, programs)
     if isinstance(value, tuple) and value and all(isinstance(v, (jax_core.ClosedJaxpr, jax_core.Jaxpr))
                                                   for v in value):
-        return tuple(_rewrite_param(v) for v in value)
+        return tuple(_rewrite_param(v, programs) for v in value)
     return value
 
 
@@ -752,10 +797,10 @@ def _pallas_call(plans, *args, **params):
     plan = KernelPlan(str(name), tuple(gm.grid), None if n_par is None else tuple(range(n_par)), why or "")
     if n_par is None:
         plans.append(plan)
-        return pallas_call_p.bind(*args, **params)
+        return _pinned_call(*args, **params)  # per program, its sums pinned as everywhere
     if (why := _stores_into_an_input(params["jaxpr"], gm)):
         plans.append(dataclasses.replace(plan, axes=None, reason=why))
-        return pallas_call_p.bind(*args, **params)
+        return _pinned_call(*args, **params)  # per program, its sums pinned as everywhere
     kernel, kernel_consts, scratch_avals = _kernel_to_hlo_jaxpr(params["jaxpr"], gm)
     # the call's operands and results cross a barrier, as they cross callbacks in the per-program interpreter:
     # XLA:CPU fuses nothing of the program around the call into the call's slicing (or the reverse), so the
@@ -804,27 +849,53 @@ def _evaluate(apply, jaxpr, consts, *args):
     return [read(v) for v in jaxpr.outvars]
 
 
-def _eval(plans, jaxpr, consts, *args):
-    """The outer program: interpret-mode pallas_calls by the batched grid, the calls around them inlined."""
+def _eval(call, jaxpr, consts, *args):
+    """The outer program: interpret-mode pallas_calls by ``call(*args, **params)``, the calls around them inlined."""
     def apply(eqn, invals):
         prim = eqn.primitive
         if prim is pallas_call_p and eqn.params.get("interpret"):
-            return _pallas_call(plans, *invals, **eqn.params)
+            return call(*invals, **eqn.params)
         if not any(_has_interpreted_call(j) for j in _sub_jaxprs(eqn.params)):
             return prim.bind(*invals, **prim.get_bind_params(eqn.params))
         if prim.name in _INLINE and _inner(eqn) is not None:
             inner, inner_consts = _inner(eqn)
-            return _eval(plans, inner, inner_consts, *invals)
+            return _eval(call, inner, inner_consts, *invals)
         if prim in hlo_interpreter._eval_jaxpr_hop_rules and prim is not pallas_primitives.run_scoped_p:
-            return hlo_interpreter._eval_jaxpr_hop_rules[prim](functools.partial(_retrace, plans), *invals,
+            return hlo_interpreter._eval_jaxpr_hop_rules[prim](functools.partial(_retrace, call), *invals,
                                                               **eqn.params)
         raise NotImplementedError(f"batched_interpret: an interpret-mode pallas_call inside {prim.name}")
 
     return _evaluate(apply, jaxpr, consts, *args)
 
 
-def _retrace(plans, jaxpr, consts):
-    return _traced(functools.partial(_eval, plans, jaxpr, consts), jaxpr)
+def _retrace(call, jaxpr, consts):
+    return _traced(functools.partial(_eval, call, jaxpr, consts), jaxpr)
+
+
+def _transformed(fn: Callable, call) -> Callable:
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+        flat = jax.tree_util.tree_leaves((args, kwargs))
+        out = _eval(call, closed.jaxpr, closed.consts, *flat)
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), out)
+
+    return wrapped
+
+
+def _pinned_call(*args, **params):
+    """One interpret-mode pallas_call per program, by jax's own interpreter, its kernel's float sums pinned."""
+    params = dict(params, jaxpr=_rewrite(params["jaxpr"], programs=False))
+    return pallas_call_p.bind(*args, **params)
+
+
+def pinned_sums(fn: Callable) -> Callable:
+    """``fn`` with every interpret-mode ``pallas_call`` run by jax's own per-program interpreter, each float
+    ``reduce_sum`` of its kernel in :data:`pinned_sum_p`'s order, as :func:`batched_interpret` runs it: the
+    per-program run of the TPU leg. Used inside ``jax.jit``, as :func:`batched_interpret` is."""
+    if unavailable() is not None:
+        return fn
+    return _transformed(fn, _pinned_call)
 
 
 def batched_interpret(fn: Callable, plans: list | None = None) -> Callable:
@@ -846,12 +917,6 @@ def batched_interpret(fn: Callable, plans: list | None = None) -> Callable:
         unbatched.plans = plans
         return unbatched
 
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
-        flat = jax.tree_util.tree_leaves((args, kwargs))
-        out = _eval(plans, closed.jaxpr, closed.consts, *flat)
-        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), out)
-
+    wrapped = _transformed(fn, functools.partial(_pallas_call, plans))
     wrapped.plans = plans
     return wrapped

@@ -42,8 +42,8 @@ class TpuContext:
     interpret: Any  # None natively, a pltpu.InterpretParams in interpret mode
     mxu_model: bool
     compiler_options: tuple[tuple[str, Any], ...] = ()  # XLA options of the eager run's two programs
-    # interpret mode: the parallel grid axes of each pallas_call in one pass (harness.legs.pallas_batched); opt-in
-    # (TPU_GRID_ENV): not bit for bit with the leg's default run (reports/bench/2026-11-27-cpu-legs)
+    # interpret mode: the parallel grid axes of each pallas_call in one pass (harness.legs.pallas_batched), the
+    # default; False: jax's per-program interpret mode (the same rows, bit for bit: TPU_GRIDS)
     batched_grid: bool = False
 
 
@@ -58,42 +58,26 @@ time that interpret-mode runs are made of (kda at T = 64: XLA compile 8.5 s at t
 The dots are unaffected: the MXU model (kernels_tpu.mxu) fixes their operand rounding and XLA:CPU calls
 the same matrix library at both levels. Which a TPU's vector unit does is not modeled either way."""
 
-LEGACY_EMITTERS = ("xla_cpu_use_fusion_emitters", False)
-"""XLA:CPU's loop emitters instead of its fusion emitters, where this XLA still has both (jax 0.10; jax 0.12's
-has only the fusion emitters and refuses the option). Compiles an interpret-mode run about 2x faster (four kda
-smoke cases: 17.4 s of runs -> 8.3 s). Elementwise transcendentals (``exp``, ``log1p``) may round differently:
-reports/interpret-emitters says what that did to the rows and the verdicts."""
-
-
-@functools.lru_cache(maxsize=1)
-def interpret_compiler_options() -> tuple[tuple[str, Any], ...]:
-    """:data:`INTERPRET_COMPILER_OPTIONS`, plus :data:`LEGACY_EMITTERS` where this XLA:CPU accepts it (asked
-    by compiling a one-line program; the rows' settings record which options ran)."""
-    import jax
-    import jax.numpy as jnp
-
-    options = INTERPRET_COMPILER_OPTIONS + (LEGACY_EMITTERS,)
-    try:
-        jax.jit(lambda x: x + 1, compiler_options=dict(options)).lower(jnp.zeros(1, jnp.float32)).compile()
-    except Exception:  # noqa: BLE001 - jaxlib's INVALID_ARGUMENT "No such compile option"
-        return INTERPRET_COMPILER_OPTIONS
-    return options
+# Not XLA:CPU's loop emitters (``xla_cpu_use_fusion_emitters=False``, which jax 0.10's XLA still
+# has and jax 0.12's refuses), though they compiled an interpret-mode run about 2x faster: under them the batched and
+# the per-program grid gave different last bits in simple_gla's backward (``dq``, ``dg``) at the same values, and
+# under the fusion emitters they do not (reports/bench/2026-11-28-default-grid; reports/interpret-emitters for
+# what the loop emitters did to the rows and verdicts when the leg used them).
 
 
 TPU_GRID_ENV = "PARITY_TPU_GRID"
-"""How the emulated TPU leg walks each interpret-mode pallas_call's grid. ``per-program`` (the default): jax's own
-TPU interpret mode, one program after another, compiled with :func:`interpret_compiler_options`. ``batched``: the
-batched grid interpreter (:mod:`harness.legs.pallas_batched`: the parallel programs together, each kernel's
-carry-free part before the sequential walk), compiled with :data:`INTERPRET_COMPILER_OPTIONS` (the fusion
-emitters), 3-6x faster on long sequences. The two differ in the last bits of some elementwise transcendentals
-(the loop emitters round them differently at a batched shape), and in gla's fp32/fp16 chunk output kernel: the
-rows record which ran (settings ``pallas_grid`` and ``xla_compiler_options``) and are cached apart
-(reports/bench/2026-11-27-cpu-legs)."""
-TPU_GRIDS = ("per-program", "batched")
+"""How the emulated TPU leg walks each interpret-mode pallas_call's grid. ``batched`` (the default): the batched
+grid interpreter (:mod:`harness.legs.pallas_batched`: the parallel programs together, each kernel's carry-free part
+before the sequential walk), 3-24x faster on long sequences. ``per-program``: jax's own TPU interpret mode, one
+program after another. Both compile with :data:`INTERPRET_COMPILER_OPTIONS` (XLA:CPU's fusion emitters) and give
+the same rows bit for bit (benchmarks/pallas_grid_rows.py; reports/bench/2026-11-28-default-grid). The rows
+record which ran (settings ``pallas_grid``, and each kernel's plan in the row's details) and are cached apart."""
+TPU_GRIDS = ("batched", "per-program")
 
 
 def tpu_grid_default() -> bool:
-    """Whether :data:`TPU_GRID_ENV` asks for the batched grid (a value outside :data:`TPU_GRIDS` is refused)."""
+    """Whether :data:`TPU_GRID_ENV` asks for the batched grid, the default (a value outside :data:`TPU_GRIDS` is
+    refused)."""
     value = os.environ.get(TPU_GRID_ENV, "").strip().lower() or TPU_GRIDS[0]
     if value not in TPU_GRIDS:
         raise ValueError(f"{TPU_GRID_ENV}={value!r}: must be one of {', '.join(TPU_GRIDS)}")
@@ -197,6 +181,10 @@ def _stages(binding, case: Case, ctx: TpuContext, diff_names: tuple[str, ...]):
         from .pallas_batched import batched_interpret
 
         fns = tuple(batched_interpret(f, plans) for f in fns)
+    else:  # jax's per-program interpret mode, its kernels' sums in the batched grid's order
+        from .pallas_batched import pinned_sums
+
+        fns = tuple(pinned_sums(f) for f in fns)
     options = dict(ctx.compiler_options)
     return (*(jax.jit(f, compiler_options=options) for f in fns), plans)
 
@@ -290,10 +278,9 @@ class TpuLeg(Leg):
         from jax.experimental.pallas import tpu as pltpu
 
         interpret = pltpu.InterpretParams(uninitialized_memory="nan")
-        if self.batched_grid:
-            return TpuContext(interpret=interpret, mxu_model=True, compiler_options=INTERPRET_COMPILER_OPTIONS,
-                              batched_grid=True)
-        return TpuContext(interpret=interpret, mxu_model=True, compiler_options=interpret_compiler_options())
+        # one set of compiler options for both grids (the note under INTERPRET_COMPILER_OPTIONS)
+        return TpuContext(interpret=interpret, mxu_model=True, compiler_options=INTERPRET_COMPILER_OPTIONS,
+                          batched_grid=self.batched_grid)
 
     def environment(self) -> Environment:
         import jax
@@ -308,8 +295,9 @@ class TpuLeg(Leg):
                     "dot_policy": {k: str(v) for k, v in mxu.F32_DOT_PRECISION.items()}}
         if ctx.compiler_options:
             settings["xla_compiler_options"] = dict(ctx.compiler_options)
-        if ctx.batched_grid:
-            settings["pallas_grid"] = "parallel axes batched (harness.legs.pallas_batched)"
+        if ctx.compiler_options:  # interpret mode: which grid interpreter ran
+            settings["pallas_grid"] = ("parallel axes batched (harness.legs.pallas_batched)" if ctx.batched_grid
+                                       else "per program (jax's TPU interpret mode)")
         if not self.native:
             settings["compile_targets"] = ",".join(self.compile_targets)
         if os.environ.get("XLA_FLAGS"):  # can change XLA:CPU's numerics (fast math): recorded, and in the cache key

@@ -6,8 +6,8 @@ Why: an interpret-mode run is nearly all XLA:CPU compile time, and the kernels c
 programs at XLA's default level, 2 to 3 times slower (gdn with grouped value heads, forward and backward: 27.6 s
 eager, 10.3 s as one program with the leg's options, on this 2-core machine with other work beside it).
 
-Not the loop emitters the leg adds where XLA:CPU still has them (:data:`harness.legs.tpu.LEGACY_EMITTERS`, jax
-0.10): under them, simple_gla's chunk kernel on packed sequences (bf16, lens 37+1+90) is not bit-equal to the same
+Not XLA:CPU's loop emitters (``xla_cpu_use_fusion_emitters=False``, jax 0.10), which the leg used until 2026-11-28:
+under them, simple_gla's chunk kernel on packed sequences (bf16, lens 37+1+90) is not bit-equal to the same
 sequences run one at a time, which tests/kernels_tpu/test_head_dims_and_varlen.py asserts; at level 0 with the
 fusion emitters it is (measured 2026-11-26; the mechanism, likely a transcendental rounded differently where the
 emitter vectorizes a different shape, is not yet located).
