@@ -17,7 +17,8 @@
   (:data:`EDGE_LENS`: one token, C - 1, C, C + 1, a multiple of C next to a longer sequence).
   fla's own tests' gate strengths (normalizers 0.1 and 10: strong and weak decay) per op and dtype.
   Serving (``harness.ops.serving``): a pooled state buffer, decode steps after a prefill, and requests of
-  length 0 beside long ones under every gate form, on every op's chunk paths (smoke holds gdn's).
+  length 0 beside long ones under every gate form, on every op's chunk paths (smoke holds gdn's); the same
+  with a bf16 and an fp16 state cache (``state_dtype``: :func:`state_cache_cases`).
   An empty sequence's final state (h0, ht, dht), pooled and read from another slot, on every kernel path under
   every gate form (:func:`empty_state_cases`; the rule: tests/test_empty_sequence_coverage.py).
 - ``standard``: a broader grid for pre-merge runs on hardware, with one packing of four sequences per op
@@ -461,6 +462,24 @@ def serving_cases() -> list[Case]:
     ]
 
 
+def state_cache_cases() -> list[Case]:
+    """Serving with a low-precision state cache (``state_dtype``, ``harness.ops.serving``): the recurrent state
+    written back in bf16 or fp16 after every call, as vLLM (``mamba_ssm_cache_dtype``) and tpu-inference
+    (``TPU_MAMBA_SSM_CACHE_DTYPE``, bf16 by default from 0.21.0) keep it. Qwen3-Next's gdn served in both dtypes
+    (a prefill, three decode steps, a pool with empty requests), kda's prefill into a bf16 pool (Kimi-Linear's
+    layer), and simple_gla's ALiBi decode (Ling's) from a bf16 pool. Forward only (o, ht), as a cache serves."""
+    base = dict(B=1, T=sum(ZERO_LENS), K=128, V=128, chunk_size=64, lens=ZERO_LENS, h0=True, gate=G)
+    decode = POOL + (("decode", 3),)
+    bf16, fp16 = (("state_dtype", "bf16"),), (("state_dtype", "fp16"),)
+    return [
+        Case("gdn", "chunk", H=1, HV=2, dtype="bfloat16", options=decode + GDN_OPTIONS + GDN_GATE + bf16, **base),
+        Case("gdn", "chunk", H=1, HV=2, dtype="bfloat16", options=decode + GDN_OPTIONS + GDN_GATE + fp16, **base),
+        Case("kda", "chunk", H=2, dtype="bfloat16",
+             options=POOL + (("use_gate_in_kernel", True), ("lower_bound", -5.0)) + bf16, **base),
+        Case("simple_gla", "chunk", H=2, dtype="bfloat16", options=decode + bf16, **{**base, "gate": alibi(8, 0)}),
+    ]
+
+
 EMPTY_LENS = (0, 0, 16)
 """fla's tests' ``cu_seqlens = [0, 0, 16]`` served: request 0 is empty and reads the slot it writes, request 1 is
 empty and carries the state it reads from slot 2 into slot 3 (a prefix cache's copy), request 2 has 16 tokens from
@@ -716,7 +735,7 @@ SUITES = {
               _gdn2_smoke, _gated_decode_smoke),
     "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _kda_decode_regressions,
                     _gdn_regressions, packing_edge_cases, state_layout_cases, gate_masking_cases,
-                    empty_sequence_cases, serving_cases, empty_state_cases, _gdn2_regressions,
+                    empty_sequence_cases, serving_cases, state_cache_cases, empty_state_cases, _gdn2_regressions,
                     _gated_decode_regressions),
     "standard": (_simple_gla_standard, _gla_standard, _kda_standard, _gdn_standard),
     "stress": (_simple_gla_stress, _gla_stress, _kda_stress, _gdn_stress),

@@ -30,6 +30,18 @@ SUPPORTED_DTYPES = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.f
 # own limits with :func:`check_limits` and :class:`BlockSizes`: valid input the kernels do not
 # implement is a NotImplementedError that says the fix. All from static shapes and dtypes, before
 # tracing; only a concrete gate's sign needs its values (a traced gate is not checked).
+def final_state(ht, initial_state):
+    """The final state as the caller's state cache holds it: in the initial state's dtype, so a serving engine's
+    bf16 (fp16) cache goes in and comes out in bf16 (fp16), and float32 without an initial state (None stays None).
+
+    Inside a call every kernel carries the state in float32 (its VMEM scratch and the chunk states it passes
+    between grid steps): the initial state is widened once on the way in (exact) and the final one rounded once, to
+    nearest even, on the way out. A float32 initial state comes back as the kernel left it."""
+    if ht is None or initial_state is None:
+        return ht
+    return ht.astype(initial_state.dtype)
+
+
 def check_limits(q, dims: Dims) -> None:
     """NotImplementedError unless q's dtype is one of ``SUPPORTED_DTYPES``. Any K and V run: the
     public functions pad them to lane multiples (:class:`HeadPadding`)."""

@@ -58,8 +58,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from op_contract import check_gla, check_simple_gla
 from kernels_tpu import eft
-from kernels_tpu.common import (SUBLANES, BlockSizes, HeadPadding, Walk, check_limits, column_to_row, row_to_column,
-                                start_state, walk_pass)
+from kernels_tpu.common import (SUBLANES, BlockSizes, HeadPadding, Walk, check_limits, column_to_row, final_state,
+                                row_to_column, start_state, walk_pass)
 from kernels_tpu.kda.chunk import Config, _head_major, _make_config
 from kernels_tpu.varlen import Packing
 
@@ -259,7 +259,7 @@ def _call(check, per_channel, q, k, v, g, g_gamma, scale, initial_state, output_
     check_limits(q, dims)
     cfg = _make_config(scale, BLOCKS, interpret, None, q.dtype, Packing.of(cu_seqlens, q))
     o, ht = _run(cfg, q, k, v, g, g_gamma, initial_state, per_channel)
-    return o, (ht if output_final_state else None)
+    return o, final_state(ht if output_final_state else None, initial_state)
 
 
 def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,

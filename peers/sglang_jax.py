@@ -103,6 +103,16 @@ def _gdn_key(case) -> tuple[str, str]:
     return ("gdn", case.variant)
 
 
+def _state_dtype(a):
+    """The state pool's dtype: h0's (float32, or a ``state_dtype`` case's bf16 or fp16: the cache sglang-jax's
+    model runner allocates in its configured dtype), float32 without h0. Its simple_gla and kda entry points take
+    h0 as given; whatever dtype a kernel hands the state back in, the serving wrapper writes it back in the
+    cache's (harness.ops.serving)."""
+    import jax.numpy as jnp
+
+    return jnp.asarray(a["h0"]).dtype if a.get("h0") is not None else jnp.float32
+
+
 def _call(fn, *args, **kwargs):
     """``fn(*args, **kwargs)``; sgl_jax's own input checks, raised before anything runs, become refusals in its
     words; anything raised inside jax or later propagates (an ``error`` row)."""
@@ -224,9 +234,9 @@ def forward_gdn(case, a, ctx):
     offsets, lengths = mapping.requests(case)
     N = len(lengths)
     tokens = lambda x: jnp.asarray(x).reshape((B * T,) + x.shape[2:])  # noqa: E731
-    pool = jnp.zeros((N + 1, HV, K, V), jnp.float32)
+    pool = jnp.zeros((N + 1, HV, K, V), _state_dtype(a))
     if case.h0:
-        pool = pool.at[1:].set(jnp.asarray(a["h0"], jnp.float32))
+        pool = pool.at[1:].set(jnp.asarray(a["h0"]))
     key = _gdn_key(case)
     slots, fresh = jnp.arange(1, N + 1, dtype=jnp.int32), jnp.full((N,), bool(case.h0))
     common = dict(n_kq=H, n_v=HV, d_k=K, d_v=V)
@@ -275,10 +285,10 @@ def forward_decode(case, a, ctx):
     V = a["v"].shape[-1]
     N = B * T
     spare = N + 1  # named by no request: must come back untouched
-    pool = jnp.zeros((N + 2, H, K, V), jnp.float32)
+    pool = jnp.zeros((N + 2, H, K, V), _state_dtype(a))
     if case.h0:
-        pool = pool.at[1:N + 1].set(jnp.asarray(a["h0"], jnp.float32))
-    pool = pool.at[spare].set(jnp.full((H, K, V), 0.5, jnp.float32))
+        pool = pool.at[1:N + 1].set(jnp.asarray(a["h0"]))
+    pool = pool.at[spare].set(jnp.full((H, K, V), 0.5, pool.dtype))
     kept = pool[spare:spare + 1]
     o, pool_out = _call(_entry(("decode", "fused_recurrent")), a["q"].reshape(N, H, K), a["k"].reshape(N, H, K),
                         a["v"].reshape(N, H, V), pool, jnp.arange(1, N + 1, dtype=jnp.int32),

@@ -254,10 +254,11 @@ def conv1d_gdn(case, a, op) -> dict:
     D = qkv.shape[1]
     conv_h0 = (jnp.asarray(a["conv_h0"], jnp.float32).swapaxes(1, 2) if case.h0
                else jnp.zeros((N, W - 1, D), jnp.float32))
-    rec_h0 = jnp.asarray(a["h0"], jnp.float32) if case.h0 else jnp.zeros((N, HV, K, V), jnp.float32)
+    # the recurrent cache in h0's dtype: float32, or a state_dtype case's bf16/fp16 (its kernel keeps that dtype)
+    rec_h0 = jnp.asarray(a["h0"]) if case.h0 else jnp.zeros((N, HV, K, V), jnp.float32)
     slots = jnp.asarray(s["state_indices"])
     conv = jnp.zeros((s["slots"], W - 1, D), jnp.float32).at[slots].set(conv_h0)
-    rec = jnp.zeros((s["slots"], HV, K, V), jnp.float32).at[slots].set(rec_h0)
+    rec = jnp.zeros((s["slots"], HV, K, V), rec_h0.dtype).at[slots].set(rec_h0)
     bias = a.get("conv_bias")
     i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
     try:

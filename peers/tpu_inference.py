@@ -12,7 +12,10 @@ broadcasts over K) and kda's per-channel gate ([T, H_v, K]). This binding maps a
 - grouped value heads map as they are: q and k keep their ``H`` heads, v, the gate, beta and the state have
   ``HV`` (its ``H_qk`` and ``H_v``; it repeats q and k to the value heads itself);
 - ``h0`` is the state cache ``[N, HV, K, V]`` (``state_indices = 0..N-1``; ``has_initial_state`` False
-  without h0, which zeroes each slot in the kernel); the cache it returns is ``ht``;
+  without h0, which zeroes each slot in the kernel), in h0's dtype: a case's ``state_dtype=bf16`` hands it the
+  bf16 cache vLLM keeps with ``TPU_MAMBA_SSM_CACHE_DTYPE=bfloat16`` (0.20.0's kernel refuses one, 0.21.0's takes
+  it and keeps it, from 0.22.0 the wrapper widens it to float32: #2482, #2671); the cache it returns is ``ht``
+  (the serving wrapper writes it back in the cache's dtype when the kernel returns another);
 - ``b`` takes beta's logits (the kernel applies the sigmoid), so only cases with
   ``use_beta_sigmoid_in_kernel`` map exactly; ``use_qk_l2norm_in_kernel`` maps to its option of the same name;
 - gdn's in-kernel gate maps exactly: ``-exp(A_log) * softplus(g + dt_bias)`` with ``A_log`` and ``dt_bias`` per
@@ -113,7 +116,8 @@ def forward(case, a, ctx):
 
     h0 = a.get("h0")
     decode_end = 0 if h0 is None else next((i for i, n in enumerate(lengths) if n != 1), N)
-    cache = jnp.zeros((N, HV, K, V), jnp.float32) if h0 is None else jnp.array(h0, jnp.float32)  # a copy: donated
+    # a copy (the kernel donates it), in the cache's dtype: float32, or a state_dtype case's bf16 or fp16
+    cache = jnp.zeros((N, HV, K, V), jnp.float32) if h0 is None else jnp.array(h0)
     gate = {}
     if case.opt.get("use_gate_in_kernel"):  # gdn's law, per value head (supports_kda refuses kda's)
         gate = dict(use_gate_in_kernel=True, A_log=jnp.asarray(a["A_log"], jnp.float32),
@@ -238,7 +242,9 @@ def conv1d_gdn(case, a, fused_conv1d_gdn, *, read_slots_apart: bool, batched: bo
       ``ht``; a read slot apart that comes back changed in any bit raises :class:`peers.mapping.SlotWritten`
       (an ``error`` row naming the slots).
     - ``seq_lens`` counts one earlier token for a request with a carried state (v3 reads a state only then).
-    - ``ht`` and ``conv_ht``: each request's last checkpoint (of its last token)."""
+    - ``ht`` and ``conv_ht``: each request's last checkpoint (of its last token).
+    - The recurrent state cache is in h0's dtype (a ``state_dtype`` case's bf16 or fp16; float32 otherwise): v3
+      keeps it so (``Dtypes.recurrent_state``) and writes each checkpoint back in it."""
     import jax.numpy as jnp
 
     B, T, H, K = a["q"].shape
@@ -257,9 +263,9 @@ def conv1d_gdn(case, a, fused_conv1d_gdn, *, read_slots_apart: bool, batched: bo
     # what the read slots hold: the carried states, or zeros (a fresh request reads none, and they stay zero)
     conv_read = (jnp.asarray(a["conv_h0"], jnp.float32).swapaxes(1, 2) if case.h0
                  else jnp.zeros((N, W - 1, D), jnp.float32))
-    rec_read = jnp.asarray(a["h0"], jnp.float32) if case.h0 else jnp.zeros((N, HV, K, V), jnp.float32)
+    rec_read = jnp.asarray(a["h0"]) if case.h0 else jnp.zeros((N, HV, K, V), jnp.float32)
     conv = jnp.zeros((slots, W - 1, D), jnp.float32).at[jnp.asarray(read)].set(conv_read)
-    rec = jnp.zeros((slots, HV, K, V), jnp.float32).at[jnp.asarray(read)].set(rec_read)
+    rec = jnp.zeros((slots, HV, K, V), rec_read.dtype).at[jnp.asarray(read)].set(rec_read)
     i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
     bias = a.get("conv_bias")
     slot_args = [i32(offsets), i32(write), i32((decode_end, N, N)), i32([n + int(case.h0) for n in lengths])]
@@ -307,7 +313,8 @@ def supports_v2(case) -> str | None:
 
 def forward_v2(case, a, ctx):
     """``ragged_gated_delta_rule_decode_only``: request i's one token reads and writes state slot ``1 + i`` (slot
-    0 null); the packed tokens are padded to a multiple of 8 rows of the null slot."""
+    0 null); the packed tokens are padded to a multiple of 8 rows of the null slot. The state cache is in h0's
+    dtype (a ``state_dtype`` case's bf16 or fp16), as vLLM hands the kernel its cache."""
     import jax.numpy as jnp
 
     del ctx
@@ -317,7 +324,8 @@ def forward_v2(case, a, ctx):
     N = B * T
     tokens, rows = token_rows(case, jnp.float32, align=8)
 
-    rec = jnp.zeros((N + 1, HV, K, V), jnp.float32).at[1:].set(jnp.asarray(a["h0"], jnp.float32))
+    h0 = jnp.asarray(a["h0"])
+    rec = jnp.zeros((N + 1, HV, K, V), h0.dtype).at[1:].set(h0)
     slots = jnp.asarray(list(range(1, N + 1)) + [0] * (rows - N), jnp.int32)
     try:
         rec_out, out = kernel(tokens(delta_rule.pack_qkv(case, a, jnp.concatenate)), tokens(a["beta"]),

@@ -1,6 +1,8 @@
 """The emulated GPU leg's float32 ``tl.sum`` in the compiled layout's order (harness/emulation/reduce_order.py):
 the levels read from a layout, the ordered sum on hand-computed values, the TTGIR reading, and fla's kernels."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -118,6 +120,64 @@ def test_the_order_read_from_a_layout_is_held_against_the_ptx_shuffles():
     status, bad = check_ptx([site(1)], PTX)
     assert status == "mismatch" and "layout says [[8, 4, 2, 1]] (lane), PTX [[16], [2, 1]]" in bad[0]
     assert check_ptx([], PTX) == ("n/a", [])
+
+
+# kda's chunk_bwd.py:263 sum on bf16, sm_90 (its shipped layout): b_h * b_dh [16, 16] along axis 0
+KDA_BF16 = ReduceSite(where=(("kda/chunk_bwd.py", 263, 22), ), axis=0, shape=(16, 16), element="bf16",
+                      registers=((1, 0), (2, 0)), lanes=((4, 0), (8, 0), (0, 1), (0, 2), (0, 4)), warps=((0, 8), ))
+
+
+def test_a_16_bit_sum_adds_the_halves_of_a_word_after_the_words():
+    # registers 0, 1 move rows 1, 2: the words (register bit 1, row 2) first, then the halves (register bit 0, row 1)
+    assert sum_levels(KDA_BF16) == (("thread", 1), ("halves", 0), ("lane", 3), ("lane", 2))
+    assert sum_levels(dataclasses.replace(KDA_BF16, element="f32")) == (("thread", 0), ("thread", 1), ("lane", 3),
+                                                                          ("lane", 2))
+    # chunk_o.py:273's flattened [1024] (registers move 32, 64, 128, 16): words over register bits 1-3, halves last
+    flat = ReduceSite(where=(), axis=0, shape=(1024, ), element="bf16", registers=((32, ), (64, ), (128, ), (16, )),
+                      lanes=((256, ), (512, ), (1, ), (2, ), (4, )), warps=((8, ), ))
+    assert sum_levels(flat) == (("thread", 6), ("thread", 7), ("thread", 4), ("halves", 5), ("lane", 2),
+                                ("lane", 1), ("lane", 0), ("lane", 9), ("lane", 8), ("warp", 3))
+    # register bit 0 off the axis (a word holds two sums): the plain order, no halves level
+    off = dataclasses.replace(KDA_BF16, registers=((0, 1), (2, 0)), lanes=((4, 0), (8, 0), (1, 0), (0, 2), (0, 4)))
+    assert sum_levels(off) == (("thread", 1), ("lane", 0), ("lane", 3), ("lane", 2))
+
+
+def test_a_bf16_sum_rounds_to_bf16_at_every_level_on_hand_computed_values():
+    def add_bf16(lo, hi):  # a bf16 add of bf16 values: exact in float64, one rounding (bf16 keeps 8 bits)
+        s = (lo.astype(np.float64) + hi)
+        e = np.floor(np.log2(np.abs(s)))
+        q = 2.0**(e - 7)
+        return (np.round(s / q) * q).astype(np.float32)  # ties to even: np.round is half to even
+
+    # [2^-8, 2^-8, 1, 0] (bf16's ulp of 1 is 2^-7): bit 0 first adds the two 2^-8 (exactly 2^-7) before they meet
+    # 1: 1 + 2^-7, exact; bit 1 first meets 1 + 2^-8, a tie that rounds to even (1), then 2^-8 + 0, then 1 + 2^-8
+    # again: 1. In float32 both orders are exact: 1 + 2^-7
+    z = np.array([2.0**-8, 2.0**-8, 1, 0], np.float32)
+    assert ordered_sum(z, 0, (("thread", 0), ("halves", 1)), add=add_bf16) == 1 + 2.0**-7
+    assert ordered_sum(z, 0, (("thread", 1), ("halves", 0)), add=add_bf16) == 1
+    assert ordered_sum(z, 0, (("thread", 1), ("halves", 0))) == 1 + 2.0**-7
+
+
+# the same sum's PTX on sm_90 (abridged): the packed words, their halves, then the lane round (masks 2, 1)
+PTX_BF16 = """	.file	1 "/x/site-packages/fla/ops/kda/chunk_bwd.py"
+	.file	2 "/x/site-packages/triton/language/standard.py"
+	.loc	2 287 12, function_name $L__info_string0, inlined_at 2 314 12 // standard.py:287:12
+	.loc	2 314 12, function_name $L__info_string0, inlined_at 1 263 22 // standard.py:314:12
+	fma.rn.bf16x2 	%r359, %r322, %r324, %r358;
+	mov.b32 	{_, %rs1}, %r359;
+	mov.b32 	%r360, {%rs1, %rs2};
+	add.bf16x2 	%r361, %r359, %r360;
+	shfl.sync.bfly.b32 	%r363, %r362, 2, 31, -1;
+	add.bf16 	%rs5, %rs3, %rs4;
+	shfl.sync.bfly.b32 	%r365, %r364, 1, 31, -1;
+"""
+
+
+def test_a_16_bit_sums_packing_and_shuffles_are_held_against_the_ptx():
+    assert check_ptx([KDA_BF16], PTX_BF16) == ("match", [])
+    unpacked = PTX_BF16.replace("fma.rn.bf16x2", "fma.rn.bf16").replace("add.bf16x2", "add.bf16")
+    status, bad = check_ptx([KDA_BF16], unpacked)
+    assert status == "mismatch" and "the PTX adds no 16-bit pair there" in bad[0]
 
 
 @pytest.mark.needs_leg("gpu")

@@ -4,6 +4,7 @@ steps) to 1e-12, the pool's chain rule against autodiff in jax and torch, and th
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -15,8 +16,8 @@ from harness.ops.base import LegBinding, per_token
 from harness.ops.gdn import GDN
 from harness.ops.gla import GLA
 from harness.ops.kda import KDA
-from harness.ops.serving import (Slots, chain, gather, inner, pool_gradient, run_chain, scatter, served_forward,
-                                 slots, split)
+from harness.ops.serving import (Slots, chain, gather, inner, pool_gradient, run_chain, scatter, served_binding,
+                                 served_forward, slots, split, write_back)
 from harness.ops.simple_gla import SIMPLE_GLA
 
 RAW = {d.name: d for d in (SIMPLE_GLA, GLA, KDA, GDN)}  # the descriptors as the ops wrote them, unserved
@@ -63,11 +64,99 @@ def test_chain_by_hand():
     ({"pool": 0}, True, False, "positive int"),
     ({"decode": 2}, True, True, "drop dht"),
     ({"decode": 2, "conv1d": 4, "use_qk_l2norm_in_kernel": True}, True, False, "conv"),
+    ({"state_dtype": "fp32"}, True, False, "is the default"),
+    ({"state_dtype": "float32"}, True, False, "is the default"),
+    ({"state_dtype": "int8"}, True, False, r"one of \('bf16', 'fp16'\)"),
+    ({"state_dtype": 1}, True, False, r"one of \('bf16', 'fp16'\)"),
+    ({"state_dtype": "bf16"}, True, True, "drop dht"),
 ])
 def test_bad_serving_options_say_the_fix(options, h0, dht, message):
     case = _case(**options).replace(h0=h0, dht=dht)
     with pytest.raises(ValueError, match=message):
         REGISTRY["gdn"].validate(case)
+
+
+def test_state_dtype_of_a_case_without_a_state_is_refused():
+    with pytest.raises(ValueError, match="which h0 holds .* add h0"):
+        REGISTRY["gdn"].validate(_case(state_dtype="bf16").replace(h0=False))
+
+
+def test_state_dtype_sets_the_state_tensors_dtypes_and_nothing_else():
+    """h0 (the pool) drawn in the cache's dtype and ht declared in it; every other input and tensor as without the
+    option; forward only (no gradient compared)."""
+    op = REGISTRY["gdn"]
+    for label, name in (("bf16", "bfloat16"), ("fp16", "float16")):
+        case = _case(pool=9, state_dtype=label)
+        plain = _case(pool=9)
+        dtypes = {spec.name: spec.resolve_dtype(case) for spec in op.inputs(case)}
+        assert dtypes == {**{spec.name: spec.resolve_dtype(plain) for spec in op.inputs(plain)}, "h0": name}
+        assert [(t.name, t.resolve_dtype(case)) for t in op.tensors(case)] == [("o", "float32"), ("ht", name)]
+        assert op.differentiable(case) == []
+        x = make_inputs(case, op.inputs(case))
+        assert x["h0"].dtype == np.dtype(name if name != "bfloat16" else ml_dtypes.bfloat16)
+        assert x["h0"].shape == (9, 1, 16, 16)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "jax", "torch"])
+def test_write_back_rounds_to_nearest_even_by_hand(framework):
+    """bf16 keeps 8 significant bits: spacing 2^-7 on [1, 2). 1 + 2^-8 is a tie between 1 and 1 + 2^-7 and goes to
+    1 (even); 1 + 3 * 2^-8 is a tie between 1 + 2^-7 and 1 + 2^-6 and goes to 1 + 2^-6 (even); 1 + 2^-8 + 2^-20 is
+    above the tie and goes up. fp16 keeps 11: 1 + 2^-11 is a tie and goes to 1, 1 + 3 * 2^-11 to 1 + 2^-9."""
+    values = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -20, 1 + 2 ** -11, 1 + 3 * 2 ** -11],
+                      np.float32)
+    want = {"bfloat16": [1.0, 1 + 2 ** -6, 1 + 2 ** -7, 1.0, 1.0],
+            "float16": [1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8, 1.0, 1 + 2 ** -9]}
+    for dtype, expected in want.items():
+        if framework == "numpy":
+            got = write_back(values, dtype)
+        elif framework == "jax":
+            import jax.numpy as jnp
+
+            got = write_back(jnp.asarray(values), dtype)
+        else:
+            import torch
+
+            got = write_back(torch.tensor(values), dtype)
+        assert str(got.dtype).rsplit(".", 1)[-1] == dtype
+        got64 = np.asarray(got.float() if framework == "torch" else got, dtype=np.float64)
+        np.testing.assert_array_equal(got64, expected)
+    assert write_back(None, "bfloat16") is None
+
+
+def _add_2_to_the_minus_8(case, t):
+    """A toy forward: each call adds 2^-8 to every state entry, in float32, and returns it in float32."""
+    h0 = t.get("h0")
+    h = np.zeros((case.num_seqs, 1, 1, 1), np.float32) if h0 is None else h0.astype(np.float32)
+    return {"o": t["q"], "ht": h + np.float32(2 ** -8)}
+
+
+def test_the_cache_rounds_the_state_at_every_call_boundary_by_hand():
+    """Each call adds 2^-8 to a state of 1 (a tie in bf16: back to 1). With a bf16 cache the state is written back
+    after every call: four calls (a prefill, three decode steps) leave 1 + 0 = 1 in bf16, while the float32 state
+    carries 1 + 4 * 2^-8. In fp16 (spacing 2^-10 on [1, 2)) each addition survives: 1 + 4 * 2^-8, exactly."""
+    binding = LegBinding(_add_2_to_the_minus_8)
+    case = Case("gdn", "chunk", B=1, T=4, H=1, K=1, V=1, dtype="float32", gate=G, h0=True)
+    q = np.zeros((1, 4, 1, 1), np.float32)
+    for label, h0_dtype, want in (("bf16", ml_dtypes.bfloat16, 1.0), ("fp16", np.float16, 1 + 4 * 2 ** -8)):
+        c = case.replace(options=(("decode", 3), ("state_dtype", label)))
+        assert len(chain(GDN, c)) == 4
+        out = served_forward(GDN, binding)(c, {"q": q, "h0": np.ones((1, 1, 1, 1), h0_dtype)})
+        assert out["ht"].dtype == np.dtype(h0_dtype)
+        assert float(out["ht"].astype(np.float64).item()) == want
+    out = served_forward(GDN, binding)(case.replace(options=(("decode", 3),)), {"q": q, "h0": np.ones((1, 1, 1, 1),
+                                                                                                  np.float32)})
+    assert out["ht"].dtype == np.float32 and float(out["ht"].item()) == 1 + 4 * 2 ** -8  # no option: as returned
+
+
+def test_a_binding_that_cannot_take_the_dtype_refuses_with_its_reason():
+    why = "its kernel casts the state to float32 and returns it so"
+    binding = served_binding(GDN, LegBinding(_add_2_to_the_minus_8,
+                                             state_dtype=lambda d: why if d == "float16" else None))
+    case = _case(state_dtype="fp16")
+    assert binding.supports(case) == why
+    assert binding.supports(_case(state_dtype="bf16")) is None
+    assert binding.supports(_case()) is None
+    assert binding.describe(_case(state_dtype="bf16"))["state_cache"] == "bfloat16"
 
 
 def test_decode_of_the_decode_variant_is_refused():
@@ -224,6 +313,46 @@ def test_legs_keep_unwritten_slots_bit_for_bit(leg):
     np.testing.assert_array_equal(out["dh0"][10], inputs.arrays["dht"][10])
 
 
+@pytest.mark.heavy  # fla under the Triton interpreter
+def test_the_fla_leg_writes_a_bf16_cache_as_fla_s_in_place_decode_does():
+    """vLLM decodes kda from its state cache in place: fla's ``fused_recurrent_kda_fwd`` with
+    ``inplace_final_state`` reads each request's slot by ``ssm_state_indices`` and stores the float32 state back
+    into the bf16 pool in the kernel (fla 0.6.0's public ``fused_recurrent_kda`` always passes
+    ``inplace_final_state=False``). The GPU leg calls the public function on the gathered states and the serving
+    wrapper writes each back in the cache's dtype: the same pool, bit for bit (the kernel's store and torch's cast
+    both round to nearest even), and the same o."""
+    import torch
+
+    from harness.legs.gpu import to_numpy, to_torch
+    from harness.legs.registry import make_leg
+
+    case = Case("kda", "fused_recurrent", B=1, T=3, H=1, K=32, V=32, dtype="bfloat16", gate=G, h0=True,
+                lens=(1, 1, 1), options=(("state_dtype", "bf16"),))
+    op = REGISTRY["kda"]
+    inputs = make_inputs(case, op.inputs(case))
+    leg = make_leg("gpu")  # interpreter mode first: fla is imported after it
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    served = leg.run(op, case, inputs).tensors
+    assert served["ht"].dtype == ml_dtypes.bfloat16
+    index = [5, 0, 3]  # request i's slot in a pool of 7: read and written in place
+    pool = np.full((7, *case.state_shape[1:]), 0.5, ml_dtypes.bfloat16)
+    pool[index] = inputs["h0"]
+    t = {name: to_torch(a, "cpu") for name, a in inputs.arrays.items()}
+    cache = to_torch(pool, "cpu")
+    with leg._scope():
+        o, _ = fused_recurrent_kda_fwd(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale,
+                                       initial_state=cache, inplace_final_state=True,
+                                       ssm_state_indices=torch.tensor(index, dtype=torch.int32),
+                                       cu_seqlens=torch.tensor(case.cu_seqlens, dtype=torch.long))
+    after = to_numpy(cache)
+    assert not np.array_equal(after[index].view(np.uint16), pool[index].view(np.uint16))  # the decode wrote them
+    np.testing.assert_array_equal(after[index].view(np.uint16), served["ht"].view(np.uint16))
+    kept = [s for s in range(7) if s not in index]
+    np.testing.assert_array_equal(after[kept].view(np.uint16), pool[kept].view(np.uint16))
+    np.testing.assert_array_equal(to_numpy(o).view(np.uint16), served["o"].view(np.uint16))
+
+
 def test_gate_parameter_gradient_is_the_sum_the_bound_describes():
     """The reference's dA_log is the sum harness.core.policy's bf16 dA_log bound reasons about, sum of dg * (g + dt_bias)
     over tokens and channels (the in-kernel gate lower_bound * sigmoid(exp(A_log) (g + dt_bias))), to 1e-12."""
@@ -246,6 +375,17 @@ def test_the_peers_serving_cases_file_is_the_suites_serving_cases():
     path = Path(__file__).resolve().parent.parent / "cases" / "peers" / "serving.toml"
     listed = [c.id for c in load_cases(path, get_op)]
     assert listed == [c.id for c in serving_cases() + _gdn_serving_smoke()]
+
+
+def test_the_peers_state_cache_file_is_the_suites_state_cache_cases():
+    from pathlib import Path
+
+    from cases.case_file import load_cases
+    from cases.suites import state_cache_cases
+    from harness.ops import get_op
+
+    path = Path(__file__).resolve().parent.parent / "cases" / "peers" / "state-cache.toml"
+    assert [c.id for c in load_cases(path, get_op)] == [c.id for c in state_cache_cases()]
 
 
 def test_the_wrapped_functions_a_cache_hashes_name_the_ops_modules():

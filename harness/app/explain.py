@@ -84,7 +84,9 @@ def explain(case: Case, op) -> list[str]:
         lines += [f"      {w}" for w in rest]
     lines.append(f"  C{case.chunk_size}: {case.chunk_size} tokens per chunk (fla's BT); {case.num_chunks} chunk(s)")
     h0 = specs.get("h0")
-    lines += [f"  {flag}" for flag in _flag_words(case, h0.shape(case) if h0 is not None else case.state_shape)]
+    lines += [f"  {flag}" for flag in _flag_words(case, h0.shape(case) if h0 is not None else case.state_shape,
+                                                  h0.resolve_dtype(case) if h0 is not None else "float32",
+                                                  "dh0" in op.tensor_names(case))]
     for name, value in case.options:
         meaning = op.options.get(name)
         lines.append(f"  {name}={value}: " + (meaning or f"not an option {case.op} declares "
@@ -96,9 +98,9 @@ def explain(case: Case, op) -> list[str]:
     return lines
 
 
-def _flag_words(case: Case, state_shape: tuple) -> list[str]:
-    """The id's last part, flag by flag (the op's own options apart); ``state_shape``: h0's (a pool's with
-    ``pool=``)."""
+def _flag_words(case: Case, state_shape: tuple, state_dtype: str, compares_dh0: bool) -> list[str]:
+    """The id's last part, flag by flag (the op's own options apart); ``state_shape`` and ``state_dtype``: h0's
+    (a pool's with ``pool=``, the cache's dtype with ``state_dtype=``)."""
     out = []
     if case.lens is not None:
         empty = sum(1 for n in case.lens if n == 0)
@@ -107,7 +109,8 @@ def _flag_words(case: Case, state_shape: tuple) -> list[str]:
                    + (f"; {empty} empty, whose state passes through unchanged" if empty else ""))
     state = "x".join(map(str, state_shape))
     if case.h0:
-        out.append(f"h0: an initial state [{state}] is passed (float32), and its gradient dh0 compared")
+        out.append(f"h0: an initial state [{state}] is passed ({state_dtype})"
+                   + (", and its gradient dh0 compared" if compares_dh0 else ""))
     if case.dht:
         out.append("dht: a non-zero upstream gradient for the final state ht")
     if not case.final_state:

@@ -1,4 +1,4 @@
-"""``tl.sum`` of float32 in the order the compiled kernel adds, read from Triton's own layout for that kernel.
+"""``tl.sum`` in the order the compiled kernel adds, read from Triton's own layout for that kernel.
 
 The Triton interpreter sums a block with ``np.sum``, whose order is numpy's: sequential along a strided axis,
 pairwise along a contiguous one. A GPU adds in the order the reduction's *layout* gives, and that layout is chosen
@@ -22,19 +22,26 @@ by the compiler per kernel, specialization, ``num_warps`` and target. So the ord
    - **across warps**, through shared memory: the warps' partial sums go to lanes, and the same butterfly runs
      over them, highest warp bit first.
 
-   Each level is a float32 add, correctly rounded. The first level within a thread adds two of the kernel's
-   products when the summand is a product (``tl.sum(a * b)``): LLVM contracts the multiply of the left (lower
-   register) operand into that add (``fma.rn.f32``), as ``ptx_arith`` contracts any multiply feeding an add.
-3. **The interpreter.** A launch makes its sites current; a float32 ``tl.sum`` finds its site by its call's source
-   location (file, line and column, through the chain of jitted calls) and sums in that order. A sum with no site
+   Each level is an add in the sum's own type (float32, bf16 or fp16), correctly rounded. The first level within
+   a thread adds two of the kernel's products when the summand is a product (``tl.sum(a * b)``): LLVM contracts
+   the multiply of the left (lower register) operand into that add (``fma.rn.f32``, ``fma.rn.bf16x2``), as
+   ``ptx_arith`` contracts any multiply feeding an add.
+
+   **16-bit sums are packed.** Triton keeps two 16-bit registers in one 32-bit word (registers 2i and 2i + 1), and
+   reduces the words with vector adds (``add.bf16x2``): the tree within a thread runs over the word bits (register
+   bits 1, 2, ... in order) first, and only then adds the two halves of the last word (register bit 0), before the
+   shuffles. Read in the PTX of fla's three bf16 sums (``chunk_o.py`` 273, ``kda/chunk_bwd.py`` 263,
+   ``gdn2/chunk_bwd.py`` 194 on sm_90): ``mul.bf16x2``, ``fma.rn.bf16x2`` of the lower word's product into it,
+   ``add.bf16x2`` over the words, then ``mov.b32 {_, hi}`` and an ``add.bf16x2`` of the halves. When register bit 0
+   does not move the axis, a word holds two different sums and the order is the plain one.
+3. **The interpreter.** A launch makes its sites current; a float32, bf16 or fp16 ``tl.sum`` finds its site by its
+   call's source location (file, line and column, through the chain of jitted calls) and sums in that order. A sum with no site
    in the compile (the compiler removed it as dead, or it was folded into another op) keeps numpy's order; the
    number of such sums is counted per launch (``ReduceOrder.unmatched``) and a test holds it at zero on fla's
    kernels.
 
-Not modelled, and said so: bf16/fp16 sums (the interpreter's pairwise tree with a rounding after each add, see
-``bf16_arith``; on sm_90 Triton may pack 16-bit pairs into ``add.bf16x2``), a layout whose basis moves the axis and
-another dimension at once (refused: :class:`LayoutNotModelled`), and ``tl.reduce`` with a combine function other
-than the sum.
+Not modelled, and said so: a layout whose basis moves the axis and another dimension at once (refused:
+:class:`LayoutNotModelled`), and ``tl.reduce`` with a combine function other than the sum.
 """
 
 from __future__ import annotations
@@ -53,11 +60,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .handles import encode, real
 from .ptx_arith import PRODUCT, keep_product
 from .specialization import Specializer
 from .tensor_core import DEFAULT_ARCH as DEFAULT_TARGET  # one GPU generation for dots and sums
 
 TARGETS = {"sm_80": 80, "sm_90": 90, "sm_100": 100}  # the generations Triton 3.9's NVIDIA backend compiles for
+PACKED = ("bf16", "f16")  # element types Triton reduces two to a 32-bit word (the module doc)
 
 Where = Tuple[Tuple[str, int, int], ...]
 
@@ -114,14 +123,18 @@ def _axis_bits(bases: Sequence[Sequence[int]], axis: int, what: str) -> List[int
 
 def sum_levels(site: ReduceSite) -> Tuple[Tuple[str, int], ...]:
     """The pairwise levels of the site's reduction, first to last, as ``(where, bit)``: ``where`` is "thread",
-    "lane" or "warp", ``bit`` the bit of the axis coordinate whose two values that level adds. Registers in register
-    order; lanes and warps from their highest bit to their lowest (the module doc). Every bit of the axis appears
+    "halves" (a 16-bit sum's two halves of a word), "lane" or "warp", ``bit`` the bit of the axis coordinate whose two
+    values that level adds. Registers in register order, a 16-bit sum's register bit 0 after the others; lanes and
+    warps from their highest bit to their lowest (the module doc). Every bit of the axis appears
     exactly once, or :class:`LayoutNotModelled` is raised."""
     axis = site.axis
-    regs = [b for b in _axis_bits(site.registers, axis, "register") if b >= 0]
+    regs = _axis_bits(site.registers, axis, "register")
     lanes = [b for b in _axis_bits(site.lanes, axis, "lane") if b >= 0]
     warps = [b for b in _axis_bits(site.warps, axis, "warp") if b >= 0]
-    levels = ([("thread", b) for b in regs] + [("lane", b) for b in reversed(lanes)]
+    halves = []
+    if site.element in PACKED and regs and regs[0] >= 0:  # the two halves of a word are added after the words
+        halves, regs = [("halves", regs[0])], regs[1:]
+    levels = ([("thread", b) for b in regs if b >= 0] + halves + [("lane", b) for b in reversed(lanes)]
               + [("warp", b) for b in reversed(warps)])
     n = int(site.shape[axis])
     want = set(range(n.bit_length() - 1))
@@ -131,13 +144,20 @@ def sum_levels(site: ReduceSite) -> Tuple[Tuple[str, int], ...]:
     return tuple(levels)
 
 
-def ordered_sum(x: np.ndarray, axis: int, levels: Sequence[Tuple[str, int]], product=None, fma=None) -> np.ndarray:
-    """Sum ``x`` (float32) along ``axis`` level by level (:func:`sum_levels`), each level a correctly rounded float32
-    add of the elements whose axis coordinates differ only in that level's bit (the lower coordinate on the left).
+def add_f32(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """A float32 add, correctly rounded."""
+    return np.add(lo, hi, dtype=np.float32)
 
-    ``product``: ``(a, b)`` with ``x = a * b`` elementwise, and ``fma(a, b, c)`` the float32 fused multiply-add;
-    when given and the first level is within a thread, that level is ``fma(a_lo, b_lo, x_hi)`` (the contraction of
-    the module doc). The axis is removed from the result."""
+
+def ordered_sum(x: np.ndarray, axis: int, levels: Sequence[Tuple[str, int]], product=None, fma=None,
+                add=add_f32) -> np.ndarray:
+    """Sum ``x`` along ``axis`` level by level (:func:`sum_levels`), each level ``add`` (a correctly rounded add in
+    the sum's type; float32 by default) of the elements whose axis coordinates differ only in that level's bit (the
+    lower coordinate on the left).
+
+    ``product``: ``(a, b)`` with ``x = a * b`` elementwise, and ``fma(a, b, c)`` the fused multiply-add in the
+    sum's type; when given and the first level is within a thread, that level is ``fma(a_lo, b_lo, x_hi)`` (the
+    contraction of the module doc). The axis is removed from the result."""
     x = np.moveaxis(np.asarray(x), axis, -1)
     n = x.shape[-1]
     m = n.bit_length() - 1
@@ -151,12 +171,12 @@ def ordered_sum(x: np.ndarray, axis: int, levels: Sequence[Tuple[str, int]], pro
     x = x.reshape(lead + (2, ) * m)
     for i, (where, bit) in enumerate(levels):
         d = len(lead) + bits.index(bit)
-        lo, hi = np.take(x, 0, axis=d), np.take(x, 1, axis=d)
+        lo, hi = x[(slice(None), ) * d + (0, )], x[(slice(None), ) * d + (1, )]  # views: the level's two halves
         if i == 0 and where == "thread" and product is not None:
-            a, b = (digits(p) for p in product)
-            x = fma(np.take(a, 0, axis=d), np.take(b, 0, axis=d), hi)
+            a, b = (digits(p)[(slice(None), ) * d + (0, )] for p in product)
+            x = fma(a, b, hi)
         else:
-            x = (lo + hi).astype(np.float32)
+            x = add(lo, hi)
         bits.remove(bit)
     return x.reshape(lead)
 
@@ -338,16 +358,14 @@ def serve() -> int:
 
 _PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', re.M)
 _PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+(\d+)(?:.*?inlined_at\s+(\d+)\s+(\d+)\s+(\d+))?")
+_PTX_PACKED = re.compile(r"^\s*(?:@!?%\w+\s+)?(?:add|fma)(?:\.rn)?\.(?:bf16|f16)x2\s")
 _PTX_SHFL = re.compile(r"^\s*(?:@!?%\w+\s+)?shfl\.sync\.bfly\.b32\s+[^,]+,\s*[^,]+,\s*(\d+)\s*,")
 
 
-def ptx_shuffle_rounds(ptx: str) -> Dict[Tuple[str, int, int], List[List[int]]]:
-    """The ``shfl.sync.bfly`` masks of each source location (the innermost place outside Triton's files: a sum's
-    ``.loc`` is in Triton's ``standard.py``, ``inlined_at`` the kernel's call), in program order, split into rounds at
-    each ``bar.sync`` (the shared-memory round between the warps), each round's masks in order of first use (the
-    chains of several registers interleave)."""
+def _located_lines(ptx: str):
+    """Each instruction line of the PTX with the source location it belongs to (the innermost place outside
+    Triton's files, see :func:`ptx_shuffle_rounds`; None before the first ``.loc``)."""
     files = {int(n): path for n, path in _PTX_FILE.findall(ptx)}
-    rounds: Dict[Tuple[str, int, int], List[List[int]]] = {}
     where = None
     for line in ptx.splitlines():
         m = _PTX_LOC.match(line)
@@ -358,6 +376,22 @@ def ptx_shuffle_rounds(ptx: str) -> Dict[Tuple[str, int, int], List[List[int]]]:
                 path, ln, col = files.get(int(fi), ""), li, ci
             where = (file_key(path), int(ln), int(col))
             continue
+        yield where, line
+
+
+def ptx_packed_locations(ptx: str) -> set:
+    """The source locations at which the PTX adds 16-bit pairs packed in a word (``add``/``fma`` on ``bf16x2`` or
+    ``f16x2``): where a 16-bit sum's halves level (:func:`sum_levels`) says Triton packs."""
+    return {where for where, line in _located_lines(ptx) if where is not None and _PTX_PACKED.match(line)}
+
+
+def ptx_shuffle_rounds(ptx: str) -> Dict[Tuple[str, int, int], List[List[int]]]:
+    """The ``shfl.sync.bfly`` masks of each source location (the innermost place outside Triton's files: a sum's
+    ``.loc`` is in Triton's ``standard.py``, ``inlined_at`` the kernel's call), in program order, split into rounds at
+    each ``bar.sync`` (the shared-memory round between the warps), each round's masks in order of first use (the
+    chains of several registers interleave)."""
+    rounds: Dict[Tuple[str, int, int], List[List[int]]] = {}
+    for where, line in _located_lines(ptx):
         if line.strip().startswith("bar.sync"):
             for r in rounds.values():
                 if r[-1]:
@@ -407,21 +441,25 @@ def _rounds_agree(want: List[Tuple[str, List[int]]], got: List[List[int]]) -> bo
 
 
 def check_ptx(sites: Sequence[ReduceSite], ptx: str) -> Tuple[str, List[str]]:
-    """The order :func:`sum_levels` reads from the layouts held against the PTX's shuffles: ("match", []) when every
-    float32 reduction's rounds agree with the PTX's (:func:`_rounds_agree`), ("n/a", []) without one, else
-    ("mismatch", what differs)."""
+    """The order :func:`sum_levels` reads from the layouts held against the PTX: ("match", []) when every float
+    reduction's shuffle rounds agree with the PTX's (:func:`_rounds_agree`) and every 16-bit one that adds the halves
+    of a word last is packed there (:func:`ptx_packed_locations`), ("n/a", []) without one, else ("mismatch", what
+    differs)."""
     found = ptx_shuffle_rounds(ptx)
-    f32 = [s for s in sites if s.element == "f32" and s.where]
-    if not f32:
+    packed = ptx_packed_locations(ptx)
+    modelled = [s for s in sites if s.element in ("f32", ) + PACKED and s.where]
+    if not modelled:
         return "n/a", []
     bad = []
-    for s in f32:
+    for s in modelled:
+        where = f"{s.where[-1][0]}:{s.where[-1][1]}:{s.where[-1][2]} axis {s.axis} of {list(s.shape)} ({s.element})"
         want = expected_shuffle_rounds(s)
         got = found.get(s.where[-1], [])
         if not _rounds_agree(want, got):
-            bad.append(f"{s.where[-1][0]}:{s.where[-1][1]}:{s.where[-1][2]} axis {s.axis} of {list(s.shape)}: "
-                       f"layout says {[m for _, m in want]} ({', '.join(k for k, _ in want) or 'no shuffle'}), "
-                       f"PTX {got}")
+            bad.append(f"{where}: layout says {[m for _, m in want]} "
+                       f"({', '.join(k for k, _ in want) or 'no shuffle'}), PTX {got}")
+        if any(kind == "halves" for kind, _ in sum_levels(s)) and s.where[-1] not in packed:
+            bad.append(f"{where}: the layout's halves level says the sum is packed, the PTX adds no 16-bit pair there")
     return ("mismatch" if bad else "match"), bad
 
 
@@ -498,8 +536,8 @@ class ReduceOrder:
         self._triton = triton.__version__
         # shared by every block of the process: one compile process, one specializer, the layouts read so far
         self._specializer, self._memory, self._lock = _PROCESS["specializer"], _PROCESS["memory"], _PROCESS["lock"]
-        self.unmatched: Dict[str, int] = {}  # kernel -> float32 sums that kept numpy's order
-        self.matched: Dict[str, int] = {}  # kernel -> float32 sums in the compiled layout's order
+        self.unmatched: Dict[str, int] = {}  # kernel -> float sums that kept the interpreter's order
+        self.matched: Dict[str, int] = {}  # kernel -> float sums in the compiled layout's order
         self.failed: Dict[str, str] = {}  # kernel -> why its compile gave no layouts
 
     def _key(self, rec: dict, source_key: str) -> str:
@@ -585,6 +623,7 @@ def source_key(fn) -> str:
 
 _STATE = threading.local()
 _POSITIONS: Dict[object, list] = {}  # a code object's instruction positions (line, end line, column, end column)
+_KERNEL_FILES: Dict[str, Optional[str]] = {}  # a frame's file: its file_key, or None for Triton's and the harness's
 
 
 def _call_chain(kernel_code) -> Tuple[Tuple[Tuple[str, int], ...], Optional[int]]:
@@ -595,23 +634,27 @@ def _call_chain(kernel_code) -> Tuple[Tuple[Tuple[str, int], ...], Optional[int]
     col = None
     while frame is not None:
         code = frame.f_code
-        path = code.co_filename
-        if not _is_triton_source(path) and "harness" not in Path(path).parts:
+        key = _KERNEL_FILES.get(code.co_filename, False)
+        if key is False:  # once per file: a path is read per frame per sum otherwise
+            parts = Path(code.co_filename).parts
+            key = _KERNEL_FILES[code.co_filename] = (
+                None if _is_triton_source(code.co_filename) or "harness" in parts else file_key(code.co_filename))
+        if key is not None:
             if col is None and hasattr(code, "co_positions"):
                 positions = _POSITIONS.get(code)
                 if positions is None:
                     positions = _POSITIONS[code] = list(code.co_positions())
                 pos = positions[frame.f_lasti // 2]
                 col = None if pos[2] is None else pos[2] + 1  # MLIR's columns count from 1
-            chain.append((file_key(path), frame.f_lineno))
-            if code.co_name == kernel_code[0] and file_key(path) == kernel_code[1]:
+            chain.append((key, frame.f_lineno))
+            if code.co_name == kernel_code[0] and key == kernel_code[1]:
                 break
         frame = frame.f_back
     return tuple(reversed(chain)), col
 
 
 def install(patcher, order: ReduceOrder) -> None:
-    """Patch the interpreter (see the module doc): launches make their sites current, float32 sums follow them."""
+    """Patch the interpreter (see the module doc): launches make their sites current, float sums follow them."""
     import triton.language as tl
     import triton.runtime.interpreter as interp
     from triton.runtime.interpreter import InterpretedFunction
@@ -632,8 +675,24 @@ def install(patcher, order: ReduceOrder) -> None:
     builder = interp.interpreter_builder
     TH = interp.TensorHandle
 
-    def fma(a, b, c):
-        return builder.create_fma(TH(a, tl.float32), TH(b, tl.float32), TH(c, tl.float32)).data
+    ordered_types = (tl.float32, tl.bfloat16, tl.float16)  # the sums' types whose order is modelled
+
+    def arithmetic(t):
+        """The sum's add and fused multiply-add in type ``t``, on float32 values (a 16-bit operand is decoded first;
+        the add of two 16-bit values is exact in float32, so rounding it to ``t`` after is correctly rounded)."""
+        if t == tl.float32:  # the values are the data: no decoding
+            return add_f32, lambda a, b, c: builder.create_fma(TH(a, t), TH(b, t), TH(c, t)).data
+
+        def rounded(values):
+            return real(TH(encode(values, t), t))
+
+        def add(lo, hi):
+            return rounded((lo + hi).astype(np.float32))
+
+        def fma(a, b, c):  # a, b: the product's operands as the interpreter stores them
+            return real(builder.create_fma(TH(a, t), TH(b, t), TH(encode(c, t), t)))
+
+        return add, fma
 
     class OrderedReduceOps(base):
 
@@ -647,7 +706,7 @@ def install(patcher, order: ReduceOrder) -> None:
         def sum(self, input):
             stack = getattr(_STATE, "launches", None)
             data = input.handle.data
-            if not stack or input.dtype != tl.float32 or not hasattr(data, "ndim"):
+            if not stack or input.dtype not in ordered_types or not hasattr(data, "ndim"):
                 return super().sum(input)
             fn_self, args, kwargs, kernel_code, table = stack[-1]
             if not table:
@@ -674,12 +733,15 @@ def install(patcher, order: ReduceOrder) -> None:
                 return super().sum(input)
             if product is not None and any(np.shape(p) != data.shape for p in product):
                 product = None
-            out = ordered_sum(data, axis, sum_levels(site), product=product, fma=fma)
+            add, fma = arithmetic(input.dtype)
+            values = data if input.dtype == tl.float32 else real(TH(data, input.dtype))
+            out = ordered_sum(values, axis, sum_levels(site), product=product, fma=fma, add=add)
+            out = out if input.dtype == tl.float32 else encode(np.asarray(out, np.float32), input.dtype)
             order.matched[name] = order.matched.get(name, 0) + 1
             if self.keep_dims:  # as np.sum(..., keepdims=True) gives it
                 out = (np.expand_dims(out, axis) if self.axis is not None
                        else np.reshape(out, (1, ) * input.handle.data.ndim))
-            return self.to_tensor(out if np.ndim(out) else np.float32(out).item(), input.dtype)
+            return self.to_tensor(out if np.ndim(out) else out.item(), input.dtype)
 
     patcher.set_attr(InterpretedFunction, "run", run)
     patcher.set_attr(interp, "ReduceOps", OrderedReduceOps)

@@ -250,7 +250,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
             if dots:
                 _install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
                                       tf32_rounding=tf32_rounding, tensor_core=tensor_core)
-            if reduce_order:  # after bf16: its sums of bf16 stay bf16_arith's
+            if reduce_order:  # after bf16: a bf16 sum that finds no site keeps bf16_arith's tree
                 order = ReduceOrder(tensor_core)
                 install_reduce_order(patcher, order)
                 session.reduce_order = order

@@ -86,6 +86,10 @@ class LegBinding:
     # {input name: reason} of the case's differentiable inputs whose gradient the forward gives none of by design
     # (e.g. a parameter taken as a constant): their gradient rows are not_provided with the reason, not compared
     no_gradient: Callable[[Case], Mapping[str, str]] = lambda case: {}
+    # a state cache's dtype (the serving option ``state_dtype``: "bfloat16", "float16") -> None when the library
+    # takes h0 in it (and its state is written back in it after each call), else the reason it cannot: the case's
+    # rows become unsupported with it (harness.ops.serving)
+    state_dtype: Callable[[str], "str | None"] = lambda dtype: None
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,15 @@ def call_k_first(case: Case, fn: Callable, tensors: Mapping[str, Any], *args, **
 def fla_state_layout(case: Case) -> dict:
     """fla's keyword for a V-first state, ``{"state_v_first": True}``; ``{}`` otherwise (fla's default)."""
     return {"state_v_first": True} if case.state_v_first else {}
+
+
+def fla_float32_state(h0):
+    """``h0`` (a torch tensor or None) widened to float32, exactly: fla 0.6.0's ``chunk_kda``, ``chunk_gla`` and
+    ``chunk_gdn2`` assert a float32 ``initial_state``, so an engine that keeps a bf16 or fp16 state cache
+    (``state_dtype``, harness.ops.serving) widens each state it reads before calling them; fla's other kernels
+    widen it as they load it (``tl.load(...).to(tl.float32)``), the same values. A float32 h0 is returned as it is
+    (the same tensor: its gradient flows as before)."""
+    return None if h0 is None else h0.float()
 
 
 def fla_varlen(case: Case, like) -> dict:

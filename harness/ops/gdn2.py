@@ -37,7 +37,7 @@ from cases.case import Case
 from cases.inputs import InputSpec, sigmoid_normal
 
 from . import delta_rule
-from .base import LegBinding, OpDescriptor, fla_state_layout, fla_varlen
+from .base import LegBinding, OpDescriptor, fla_float32_state, fla_state_layout, fla_varlen
 from .kda import FLA_DISPATCH_ENV
 
 VARIANTS = delta_rule.VARIANTS
@@ -147,7 +147,7 @@ def fla_forward(case: Case, t: dict) -> dict:
     else:
         fn = fla_gdn2.chunk_gdn2
     o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["b"], t["w"], scale=case.resolved_scale,
-               initial_state=t.get("h0"), output_final_state=case.final_state, **kwargs,
+               initial_state=fla_float32_state(t.get("h0")), output_final_state=case.final_state, **kwargs,
                **delta_rule.gate_params(case, t), **fla_varlen(case, t["q"]), **fla_state_layout(case))
     return {"o": o, "ht": ht, **conv_state}
 

@@ -40,8 +40,8 @@ from cases.case import Case
 from cases.inputs import InputSpec
 
 from . import gated
-from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_state_layout, fla_varlen, qkv_specs,
-                   refuse_grouped_values, state_and_cotangent_specs)
+from .base import (LegBinding, OpDescriptor, call_tpu_kernel, fla_float32_state, fla_state_layout, fla_varlen,
+                   qkv_specs, refuse_grouped_values, state_and_cotangent_specs)
 
 VARIANTS = ("chunk", gated.RECURRENT)
 OPTIONS = {"tpu_path": ("auto", "fused", "chunk")}
@@ -95,7 +95,8 @@ def fla_forward(case: Case, t: dict) -> dict:
     g = t.get("g")
     if g is None:
         g = gated.per_channel_gamma(t["g_gamma"].detach(), t["q"])
-    kwargs = dict(scale=case.resolved_scale, initial_state=t.get("h0"), output_final_state=case.final_state,
+    kwargs = dict(scale=case.resolved_scale, initial_state=fla_float32_state(t.get("h0")),
+                  output_final_state=case.final_state,
                   **fla_varlen(case, t["q"]), **fla_state_layout(case))
     if case.variant == gated.RECURRENT:
         o, ht = fused_recurrent_gla(t["q"], t["k"], t["v"], gk=g, **kwargs)

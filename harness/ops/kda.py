@@ -37,7 +37,7 @@ from cases.inputs import InputSpec
 from kernels_tpu.kda import check_options
 
 from . import delta_rule
-from .base import LegBinding, OpDescriptor, fla_state_layout, fla_varlen
+from .base import LegBinding, OpDescriptor, fla_float32_state, fla_state_layout, fla_varlen
 
 VARIANTS = delta_rule.VARIANTS
 BOOL_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
@@ -126,7 +126,8 @@ def fla_forward(case: Case, t: dict) -> dict:
         kwargs.pop("safe_gate")  # a chunk-kernel numerics switch; fla_supports refuses it here
     else:
         fn, kwargs["chunk_size"] = fla_kda.chunk_kda, case.chunk_size
-    o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale, initial_state=t.get("h0"),
+    o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], scale=case.resolved_scale,
+               initial_state=fla_float32_state(t.get("h0")),
                output_final_state=case.final_state, **kwargs, **delta_rule.gate_params(case, t),
                **fla_varlen(case, t["q"]), **fla_state_layout(case))
     return {"o": o, "ht": ht, **conv_state}

@@ -26,7 +26,19 @@ is a zero-length request of that step). The maths is the op's on the whole seque
 computes it in one call; the legs run the chain, so the error a decode step adds to the prefill's state is what
 they are measured on. A decode case compares the forward only (o and ht), as the decode variants do.
 
-The legs need no code for either: :func:`served` wraps an op's descriptor (the registry serves every op wrapped)
+``state_dtype=bf16|fp16`` (fp32, the default, is every case without it): the dtype of the state cache, as a
+serving engine's setting (vLLM's ``mamba_ssm_cache_dtype``, tpu-inference's ``TPU_MAMBA_SSM_CACHE_DTYPE``) chooses
+it. ``h0`` (the pool before the call with ``pool=S``) is drawn in it, and ``ht`` (the pool after) is declared in it,
+so each is judged in that dtype. Every leg gets the state in that dtype and the wrapper writes each state a call
+returns back in it, rounded to nearest even, as the engine's ``cache[slot] = ht.to(cache.dtype)`` does: after the
+call (before the pool's scatter) and between a prefill and each decode step. What a kernel keeps inside one call
+is its own (fla's kernels and this project's carry it in float32). A state cache serves the forward: a
+``state_dtype`` case compares o and ht, as a decode case does. A binding whose library cannot take a state in that
+dtype says so in :attr:`LegBinding.state_dtype` (the case's rows become ``unsupported`` with the reason). The
+float64 reference keeps the state exact from the same rounded ``h0`` (docs/definitions.md, "A low-precision state
+cache"): each leg's rounding of the state is part of its error.
+
+The legs need no code for any of them: :func:`served` wraps an op's descriptor (the registry serves every op wrapped)
 and :func:`served_binding` a candidate's binding. The wrapped bindings gather each request's state from the pool
 and scatter the final states back with the framework's own ops (torch, jax), so the gradients flow through them
 as they would in a serving engine's step; the reference does the same in float64 and its chain rule by hand
@@ -42,12 +54,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from cases.case import Case
+from cases.case import DTYPES, Case
 from cases.inputs import InputSpec
 
 from .base import LegBinding, OpDescriptor, TensorSpec, per_token
 
-OPTIONS = ("pool", "decode")
+OPTIONS = ("pool", "decode", "state_dtype")
 """The serving options: any op's case takes them (:func:`split`)."""
 OPTION_DOCS = {
     "pool": "the recurrent state lives in a pool of this many slots: h0 and ht are the pool before and after the "
@@ -55,6 +67,11 @@ OPTION_DOCS = {
             "new (no initial state)",
     "decode": "each request's last n tokens are one-token decode steps through the op's decode variant, each from "
               "the state the previous step returned; the tokens before them are its prefill",
+    "state_dtype": "the dtype of the state cache (bf16 or fp16; fp32, the default, is a case without the option): "
+                   "h0 (or the pool before the call) is drawn in it, every state a call returns is written back "
+                   "rounded to it (between a prefill and its decode steps too), and ht (or the pool after) is "
+                   "judged in it; the reference keeps the state exact, so the rounding is part of each leg's error; "
+                   "forward only (o and ht)",
 }
 """What each serving option means, in every op (:func:`served` adds them to each descriptor's ``options``)."""
 
@@ -76,6 +93,24 @@ class Slots:
     def asdict(self) -> dict:
         return {"pool_slots": self.size, "read": list(self.read), "write": list(self.write),
                 "has_initial_state": list(self.has_initial_state)}
+
+
+STATE_DTYPES = {label: name for name, label in DTYPES.items() if name != "float32"}
+"""The ``state_dtype`` option's values (a case dtype's label) and the dtype each names; float32, the default, is
+a case without the option (one case, one id)."""
+DEFAULT_STATE_DTYPE = "float32"
+
+
+def state_dtype(case: Case) -> str:
+    """The dtype name of the case's state cache: its ``state_dtype`` option's, float32 without one."""
+    label = split(case)[1].get("state_dtype")
+    return DEFAULT_STATE_DTYPE if label is None else STATE_DTYPES[label]
+
+
+def forward_only(case: Case) -> bool:
+    """Whether a serving option makes the case compare its forward only (decode steps, a state cache's dtype)."""
+    serving = split(case)[1]
+    return "decode" in serving or "state_dtype" in serving
 
 
 def split(case: Case) -> tuple[Case, dict[str, Any]]:
@@ -112,8 +147,22 @@ def validate(op: OpDescriptor, case: Case) -> None:
     case without them."""
     base, serving = split(case)
     for name, value in serving.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if name != "state_dtype" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"option {name}={value!r} must be a positive int")
+    if "state_dtype" in serving:
+        label = serving["state_dtype"]
+        if label == DTYPES[DEFAULT_STATE_DTYPE] or label == DEFAULT_STATE_DTYPE:
+            raise ValueError(f"state_dtype={label} is the default (a case without the option): drop it, so one case "
+                             f"has one id")
+        if label not in STATE_DTYPES:
+            raise ValueError(f"option state_dtype={label!r} must be one of {tuple(STATE_DTYPES)} (the state cache's "
+                             f"dtype; fp32 is the default)")
+        if not case.h0:
+            raise ValueError("state_dtype is the dtype of the state cache, which h0 holds (every binding reads the "
+                             "cache's dtype from it; a request with no state is pool=S's has-initial-state False): "
+                             "add h0")
+        if case.dht:
+            raise ValueError("state_dtype compares the forward only (a state cache serves the forward): drop dht")
     if "pool" in serving:
         need = 2 * case.num_seqs + 1
         if serving["pool"] < need:
@@ -196,10 +245,34 @@ def _xp(a):
     return jnp
 
 
+def write_back(state, dtype: str):
+    """``state`` as a cache of ``dtype`` stores it: cast with the framework's own op (torch, jax, numpy), rounded
+    to nearest even; unchanged when it is already in ``dtype`` or None."""
+    if state is None:
+        return None
+    xp = _xp(state)
+    if xp is np:
+        from cases.inputs import NP_DTYPES
+
+        return state if state.dtype == NP_DTYPES[dtype] else state.astype(NP_DTYPES[dtype])
+    if xp.__name__ == "torch":
+        return state.to(getattr(xp, dtype))
+    return state.astype(xp.dtype(dtype))
+
+
+def _cache(case: Case) -> Callable:
+    """What the engine does to each state a call returns: written back in the cache's dtype with a
+    ``state_dtype`` option, kept as returned without one (every case without it runs exactly as before)."""
+    if "state_dtype" not in split(case)[1]:
+        return lambda state: state
+    return functools.partial(write_back, dtype=state_dtype(case))
+
+
 def run_chain(op: OpDescriptor, case: Case, binding: LegBinding, t: Mapping[str, Any], *args) -> dict:
     """``binding``'s forward over :func:`chain`'s calls: each call gets the per-token inputs at its
-    positions and the state the previous call returned; o is put back in token order, ht is the last state."""
-    base = inner(case)
+    positions and the state the previous call returned, as the cache holds it (:func:`write_back`); o is put
+    back in token order, ht is the last state."""
+    base, cache = inner(case), _cache(case)
     pieces, order, state = [], [], t.get("h0")
     for call in chain(op, case, binding.supports):
         arrays = {name: a[:, list(call.positions)] if a is not None and per_token(base, a.shape) else a
@@ -209,7 +282,7 @@ def run_chain(op: OpDescriptor, case: Case, binding: LegBinding, t: Mapping[str,
         out = binding.forward(call.case, arrays, *args)
         pieces.append(out["o"])
         order.extend(call.positions)
-        state = out["ht"]
+        state = cache(out["ht"])
     xp = _xp(pieces[0])
     o = xp.concatenate(pieces, 1)[:, list(np.argsort(order, kind="stable"))]
     return {"o": o, "ht": state}
@@ -262,6 +335,8 @@ def served_forward(op: OpDescriptor, binding: LegBinding) -> Callable:
             t["h0"] = gather(pool, s)
         t.pop("dht", None)  # a cotangent: the leg applies it to the outputs, and it is pool-shaped here
         out = dict(run_chain(op, case, binding, t, *args) if "decode" in serving else forward(base, t, *args))
+        if out.get("ht") is not None:
+            out["ht"] = _cache(case)(out["ht"])
         if s is not None:
             out["ht"] = scatter(pool, out["ht"], s)
         return out
@@ -269,10 +344,16 @@ def served_forward(op: OpDescriptor, binding: LegBinding) -> Callable:
     return run
 
 
-def _served_supports(op: OpDescriptor, supports: Callable) -> Callable:
+def _served_supports(op: OpDescriptor, binding: LegBinding) -> Callable:
+    supports = binding.supports
+
     @functools.wraps(supports)
     def check(case: Case):
         base, serving = split(case)
+        if "state_dtype" in serving:  # the library's own word on a state in that dtype first
+            why = binding.state_dtype(state_dtype(case))
+            if why:
+                return why
         calls = [call.case for call in chain(op, case, supports)] if "decode" in serving else [base]
         return next((why for why in map(supports, calls) if why), None)
 
@@ -300,13 +381,15 @@ def _serve(op: OpDescriptor, binding: LegBinding) -> LegBinding:
         s, serving = slots(case), split(case)[1]
         if s is not None:
             details["pool"] = s.asdict()
+        if "state_dtype" in serving:
+            details["state_cache"] = state_dtype(case)
         if "decode" in serving:
             details["decode_chain"] = [f"{c.case.variant}:{'+'.join(map(str, c.case.lens or (c.case.T,)))}"
                                        for c in chain(op, case, binding.supports)]
         return details
 
     return dataclasses.replace(binding, forward=served_forward(op, binding),
-                               supports=_served_supports(op, binding.supports), describe=describe,
+                               supports=_served_supports(op, binding), describe=describe,
                                no_gradient=lambda case: binding.no_gradient(inner(case)))
 
 
@@ -320,15 +403,19 @@ def served(op: OpDescriptor) -> OpDescriptor:
         if s is not None:  # h0 and dht are the pool and its cotangent
             specs = [dataclasses.replace(spec, shape=_pool_shape(s)) if spec.name in ("h0", "dht") else spec
                      for spec in specs]
+        if "state_dtype" in split(case)[1]:  # h0 (the pool) drawn in the cache's dtype
+            specs = [dataclasses.replace(spec, dtype=state_dtype(case)) if spec.name == "h0" else spec
+                     for spec in specs]
         return specs
 
     def tensors(case: Case) -> list[TensorSpec]:
-        decode = "decode" in split(case)[1]
-        return [t for t in op.tensors(inner(case)) if not (decode and t.kind == "grad")]
+        only_forward, cached = forward_only(case), "state_dtype" in split(case)[1]
+        return [dataclasses.replace(t, dtype=state_dtype(case)) if cached and t.name == "ht" else t
+                for t in op.tensors(inner(case)) if not (only_forward and t.kind == "grad")]
 
     @functools.wraps(op.differentiable)
     def differentiable(case: Case) -> list[str]:
-        return [] if "decode" in split(case)[1] else op.differentiable(inner(case))
+        return [] if forward_only(case) else op.differentiable(inner(case))
 
     @functools.wraps(op.reference)
     def reference(case: Case, x: Mapping[str, np.ndarray], *args, **kwargs) -> dict:

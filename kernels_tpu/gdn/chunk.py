@@ -71,7 +71,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
       beta: [B, T, HV] (or raw logits with ``use_beta_sigmoid_in_kernel``).
       scale: K**-0.5 when None.
       initial_state: [N, HV, K, V] float32, optional (N = B, or the number of packed sequences).
-      output_final_state: also return ht [N, HV, K, V] float32.
+      output_final_state: also return ht [N, HV, K, V] in initial_state's dtype (float32 without one; kda's).
       chunk_size, interpret, mxu_model, cu_seqlens: as :func:`kernels_tpu.kda.chunk_kda`.
       options: use_qk_l2norm_in_kernel, use_gate_in_kernel with A_log [HV] and dt_bias [HV] (optional),
         use_beta_sigmoid_in_kernel, allow_neg_eigval.

@@ -61,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from kernels_tpu.common import BlockSizes, HeadPadding, Walk, check_limits, start_state, walk_pass
+from kernels_tpu.common import BlockSizes, HeadPadding, Walk, check_limits, final_state, start_state, walk_pass
 from kernels_tpu.kda.chunk import (Config, _chunk_cumsum, _dot, _head_major, _load, _make_config, _pair_cols,
                                    _pair_rows, _pair_scores, _preprocess, _public_o, _unit_lower_inverse,
                                    check_options, chunk_qkg_grads, chunk_step, chunk_step_grads)
@@ -312,7 +312,7 @@ def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
       b: [B, T, H, K] erase gate; w: [B, T, H, V] write gate (any float dtype; used as given).
       scale: K**-0.5 when None.
       initial_state: [N, H, K, V] float32, optional (N = B, or the number of packed sequences).
-      output_final_state: also return ht [N, H, K, V] float32.
+      output_final_state: also return ht [N, H, K, V] in initial_state's dtype (float32 without one).
       chunk_size: a multiple of 16 (fla's gdn2 takes 64 only); T need not be a multiple (zero-padded
         internally, exact).
       interpret: None/False -> native TPU; True -> pltpu.InterpretParams(uninitialized_memory="nan");
@@ -329,7 +329,7 @@ def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model,
                                        cu_seqlens, options)
     o, ht = _run(cfg, q, k, v, g, b, w, initial_state, A_log, dt_bias, opts)
-    return o, (ht if output_final_state else None)
+    return o, final_state(ht if output_final_state else None, initial_state)
 
 
 def chunk_gdn2_fwd(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
@@ -340,7 +340,7 @@ def chunk_gdn2_fwd(q, k, v, g, b, w, scale=None, initial_state=None, output_fina
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model,
                                        cu_seqlens, options, f32_precision=dot_precision)
     o, ht = _fwd_only(cfg, q, k, v, g, b, w, initial_state, A_log, dt_bias, opts)
-    return o, (ht if output_final_state else None)
+    return o, final_state(ht if output_final_state else None, initial_state)
 
 
 def chunk_gdn2_bwd(q, k, v, g, b, w, do, dht=None, scale=None, initial_state=None, chunk_size=64, interpret=None,

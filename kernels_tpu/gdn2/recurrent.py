@@ -29,7 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels_tpu.common import check_limits, chunk_rows
+from kernels_tpu.common import check_limits, chunk_rows, final_state
 from kernels_tpu.kda.chunk import _head_major, _make_config, _preprocess, check_options, kernel_layout
 from kernels_tpu.kda.recurrent import BLOCKS, TOKENS, _fwd_impl
 from kernels_tpu.varlen import Packing
@@ -85,4 +85,4 @@ def fused_recurrent_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, outpu
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
     cfg = _make_config(scale, BLOCKS, interpret, None, q.dtype, Packing.of(cu_seqlens, q))
     o, ht = _run(cfg, qg, kg, v, g, b, w, initial_state, A_log, dt_bias, tuple(sorted(opts.items())))
-    return o.astype(q.dtype), (ht if output_final_state else None)
+    return o.astype(q.dtype), final_state(ht if output_final_state else None, initial_state)

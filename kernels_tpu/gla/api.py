@@ -42,7 +42,7 @@ from op_contract import check_gate_choice, check_gla
 from .chunk import chunk_bwd_impl, chunk_fwd_impl
 from .. import mxu
 from ..interpret import resolve_interpret, resolve_mxu_model
-from ..common import HeadPadding, check_limits, check_one_gate, check_per_head_gamma
+from ..common import HeadPadding, check_limits, check_one_gate, check_per_head_gamma, final_state
 from ..varlen import Packing
 from .common import PATHS, BlockSizes, Config
 from .fused import fused_bwd_impl, fused_fwd_impl
@@ -182,7 +182,8 @@ def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, out
         both <= 0 (a concrete positive gate is a ValueError, a traced one is not checked).
       scale: static float, K**-0.5 when None.
       initial_state: [N,H,K,V] (cast to float32); N = B, or the number of packed sequences.
-      output_final_state: return ht [N,H,K,V] float32, else None.
+      output_final_state: return ht [N,H,K,V] in initial_state's dtype (float32 without one: a bf16 state cache
+        comes back in bf16, common.final_state), else None.
       chunk_size: tokens per chunk (multiple of 16).
       interpret: None -> native TPU; True -> Pallas TPU interpret mode with NaN-filled
         uninitialised memory; a pltpu.InterpretParams is passed through.
@@ -198,7 +199,7 @@ def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, out
                                               output_final_state, cu_seqlens=cu_seqlens)
     cfg = _config(q, scale, blocks, packing, interpret, mxu_model)
     o, ht = _run(q, k, v, g, g_gamma, initial_state, cfg, which)
-    return o, (ht if output_final_state else None)
+    return o, final_state(ht if output_final_state else None, initial_state)
 
 
 def chunk_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
@@ -209,7 +210,8 @@ def chunk_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
     cfg = _config(q, scale, blocks, packing, interpret, mxu_model)
     pad, (qp, kp, vp), gate, h0, _, _ = _operands(cfg, which, q, k, v, g, g_gamma, initial_state)
     o, ht, _ = _IMPLS[which][0](qp, kp, vp, gate, h0, cfg, emit_states=False)
-    return _public(cfg, o, pad.unpad_values, q.dtype), (pad.unpad_state(ht) if output_final_state else None)
+    return (_public(cfg, o, pad.unpad_values, q.dtype),
+            final_state(pad.unpad_state(ht) if output_final_state else None, initial_state))
 
 
 def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None, chunk_size=64,

@@ -60,7 +60,7 @@ from jax.experimental import pallas as pl
 from op_contract import check_kda, kda_options
 from kernels_tpu import mxu
 from kernels_tpu.common import (BlockSizes, HeadPadding, Walk, causal_mask, check_limits, chunk_rows, column_to_row,
-                                iota, masked_exp, row_to_column, start_state, value_heads, walk_pass)
+                                final_state, iota, masked_exp, row_to_column, start_state, value_heads, walk_pass)
 from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
 from kernels_tpu.varlen import ChunkWalk, Packing
 
@@ -572,8 +572,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         checked), or the raw gate input (any sign) with ``use_gate_in_kernel``.
       beta: [B, T, HV] (or raw logits with ``use_beta_sigmoid_in_kernel``).
       scale: K**-0.5 when None.
-      initial_state: [N, HV, K, V] float32, optional (N = B, or the number of packed sequences).
-      output_final_state: also return ht [N, HV, K, V] float32.
+      initial_state: [N, HV, K, V] float32, optional (N = B, or the number of packed sequences); a state cache's
+        bf16 or fp16 is taken too: carried in float32 inside, ht returned in its dtype (common.final_state).
+      output_final_state: also return ht [N, HV, K, V] in initial_state's dtype (float32 without one).
       chunk_size: a multiple of 16; T need not be a multiple (zero-padded internally, exact).
       interpret: None/False -> native TPU; True -> pltpu.InterpretParams(uninitialized_memory="nan");
         a pltpu.InterpretParams is passed through.
@@ -591,7 +592,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
                                        mxu_model, cu_seqlens, options)
     o, ht = _run(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
-    return o, (ht if output_final_state else None)
+    return o, final_state(ht if output_final_state else None, initial_state)
 
 
 def chunk_kda_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
@@ -603,7 +604,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
                                        mxu_model, cu_seqlens, options, f32_precision=dot_precision)
     o, ht = _fwd_only(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
-    return o, (ht if output_final_state else None)
+    return o, final_state(ht if output_final_state else None, initial_state)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9))

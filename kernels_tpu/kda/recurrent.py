@@ -44,7 +44,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels_tpu import eft
-from kernels_tpu.common import SUBLANES, BlockSizes, Walk, chunk_rows, iota, row_to_column, start_state, walk_pass
+from kernels_tpu.common import (SUBLANES, BlockSizes, Walk, chunk_rows, final_state, iota, row_to_column, start_state,
+                                walk_pass)
 from kernels_tpu.kda.chunk import Config, _setup, kernel_layout
 
 F32 = jnp.float32
@@ -129,9 +130,10 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
     """KDA one token at a time (fla's ``fused_recurrent_kda``), forward only: (o, ht or None).
 
     Args as :func:`kernels_tpu.kda.chunk_kda` (q, k [B,T,H,K]; v [B,T,HV,V]; g [B,T,HV,K]; beta [B,T,HV];
-    initial_state [N,HV,K,V] float32; cu_seqlens; fla's in-kernel options), without a chunk size or an MXU
+    initial_state [N,HV,K,V] (float32, or a state cache's bf16/fp16: ht comes back in its dtype,
+    kernels_tpu.common.final_state); cu_seqlens; fla's in-kernel options), without a chunk size or an MXU
     model: the kernel has no chunks and no dots. o is rounded once from float32 to q's dtype, as fla's."""
     cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, TOKENS, interpret, None,
                                        cu_seqlens, options, blocks=BLOCKS)
     o, ht = _run(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
-    return o, (ht if output_final_state else None)
+    return o, final_state(ht if output_final_state else None, initial_state)

@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_tpu import mxu
-from kernels_tpu.common import Walk, start_state, walk_pass
+from kernels_tpu.common import Walk, final_state, start_state, walk_pass
 
 from .common import (F32, NT_T, TN, BlockSizes, Config, causal_decay, chunk_gates, gate_specs, kernel_operands,
                      make_config, mm, mm_f32, public_tokens, split_refs, validate)
@@ -359,7 +359,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
         (op_contract.check_log_decay); a gate traced inside jit/vjp is not checked.
       scale: K**-0.5 when None.
       initial_state: [N, H, K, V] float32 h0, optional (N = B, or the number of packed sequences).
-      output_final_state: also return ht = S_T [N, H, K, V] float32.
+      output_final_state: also return ht = S_T [N, H, K, V] in initial_state's dtype (float32 without one: a
+        bf16 state cache comes back in bf16, kernels_tpu.common.final_state).
       chunk_size: BT, a multiple of 16 (T need not be a multiple: padded internally, exact).
       interpret: None -> native TPU; True or a pltpu.InterpretParams -> Pallas TPU interpret mode.
       mxu_model: model MXU rounding in the dots; None means "iff interpreting".
@@ -372,7 +373,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     """
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
                   cu_seqlens=cu_seqlens)
-    return _chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
+    o, ht = _chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
+    return o, final_state(ht, initial_state)
 
 
 def chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
@@ -380,7 +382,8 @@ def chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_stat
     """Forward only (no VJP): (o [B, T, H, V], ht [N, H, K, V] f32 or None). Args as chunk_simple_gla."""
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
                   cu_seqlens=cu_seqlens)
-    return forward(cfg, 1, q, k, v, g, g_gamma, initial_state)
+    o, ht = forward(cfg, 1, q, k, v, g, g_gamma, initial_state)
+    return o, final_state(ht, initial_state)
 
 
 def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,

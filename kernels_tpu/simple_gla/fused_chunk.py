@@ -24,7 +24,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from kernels_tpu import mxu
-from kernels_tpu.common import Walk, chunk_map, chunk_states_map, start_state, walk_pass
+from kernels_tpu.common import Walk, chunk_map, chunk_states_map, final_state, start_state, walk_pass
 
 from .chunk import (PARALLEL, _config, dh_chunk, differentiable, dq_dk_dg_chunk, dv_chunk, finish_grads,
                     forward, fwd_impl)
@@ -169,7 +169,8 @@ def fused_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_st
     """
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
                   num_steps=num_steps, cu_seqlens=cu_seqlens)
-    return _fused_chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
+    o, ht = _fused_chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
+    return o, final_state(ht, initial_state)
 
 
 def fused_chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
@@ -178,7 +179,8 @@ def fused_chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initia
     """Forward only: (o [B, T, H, V], ht [N, H, K, V] f32 or None)."""
     cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
                   num_steps=num_steps, cu_seqlens=cu_seqlens)
-    return forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, initial_state)
+    o, ht = forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, initial_state)
+    return o, final_state(ht, initial_state)
 
 
 def fused_chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
