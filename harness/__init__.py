@@ -1,9 +1,6 @@
 """The parity harness: cases -> legs -> rows -> gate -> reports, grouped by stage (docs/architecture.md)."""
 
-from harness import _moved
 from harness.compile.tpu_env import prepare_environment
-
-_moved.install()  # harness.results, harness.gate, ...: the modules' names before harness/ was grouped by stage
 
 # libtpu defaults (harness.compile.tpu_env), set before any jax backend starts: with libtpu installed, jax loads it
 # in every process; its host-wide lock would stop a second one, and without a TPU its start-up is noisy.

@@ -174,17 +174,17 @@ def _settings(config):
 
 
 @pytest.fixture(scope="session")
-def reference_cache():
+def reference_cache(request):
     from harness.run.reference_cache import ReferenceCache
 
-    return ReferenceCache()
+    return ReferenceCache(_settings(request.config)[0].cache_dir)
 
 
 @pytest.fixture(scope="session")
 def parity_runner(request, reference_cache):
     """``parity_runner(leg)`` -> a Runner for that leg, built once per session (a cached leg's with its cache;
     every candidate compiles for real TPUs first)."""
-    from harness.app.workers import make_runner
+    from harness.run.recipe import LegRecipe
     from harness.run.runner import Runner
 
     settings, _ = _settings(request.config)
@@ -192,8 +192,10 @@ def parity_runner(request, reference_cache):
 
     def get(leg: str) -> Runner:
         if leg not in runners:
-            runners[leg] = make_runner(leg, settings.legs.for_leg(leg), reference_cache,
-                                       suite=settings.selection.suite_label, read_cache=settings.read_leg_cache)
+            recipe = LegRecipe.resolve(leg, settings.legs.for_leg(leg), suite=settings.selection.suite_label,
+                                       reference_cache=reference_cache.directory, cache_dir=settings.cache_dir,
+                                       read_cache=settings.read_leg_cache)
+            runners[leg] = recipe.runner(reference_cache)
         return runners[leg]
 
     return get

@@ -16,6 +16,7 @@ from harness.app import case_from_id
 from harness.legs import registry
 from harness.legs.base import Environment, Leg, LegOutput
 from harness.run.reference_cache import ReferenceCache
+from harness.report.compile_lines import compile_seconds
 from harness.run.runner import Runner, repro
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "legs.md"
@@ -139,9 +140,11 @@ def test_a_failed_compile_keeps_the_emulated_numbers_beside_its_error():
 
 
 def test_all_checks_a_candidates_causality_unless_told_not_to(monkeypatch, tmp_path):
-    """``parity all`` runs each ``--candidate``'s causality check unless --no-causality; its stages are the run
-    object's (harness.app.session.Run), replaced here from the test side by rows made here."""
+    """``parity all``'s legs stage (harness.app.session.Run.legs_stage) runs each leg's causality check unless the
+    settings say not (``--no-causality``); the legs themselves are replaced here from the test side by rows made
+    here."""
     from harness.app.session import Run
+    from harness.app.settings import RunSettings
 
     ran = []
     frame = pd.DataFrame({"status": ["ok"]})
@@ -150,18 +153,17 @@ def test_all_checks_a_candidates_causality_unless_told_not_to(monkeypatch, tmp_p
         run.frames[name], run.paths[name] = frame, tmp_path / f"{name}.csv"
         return frame
 
-    monkeypatch.setattr(cli, "available_legs", lambda: {})
-    monkeypatch.setattr(cli, "check_implementation", lambda name: None)
-    monkeypatch.setattr(cli, "leg_spec", lambda name: type("S", (), {"role": "candidate", "missing": lambda s: None})())
     monkeypatch.setattr(Run, "leg", leg)
     monkeypatch.setattr(Run, "causality", lambda run, name, cases=None: ran.append(name) or frame)
-    argv = ["all", "--case", CASE, "--candidate", "theirs", "--out", str(tmp_path), "--no-progress"]
-    assert cli.main(argv) == 0 and ran == ["theirs"]
-    assert cli.main([*argv, "--no-causality"]) == 0 and ran == ["theirs"]
+    for causality in (True, False):
+        with Run(RunSettings(out=tmp_path, progress=False, causality=causality)) as run:
+            assert run.legs_stage([("theirs", None), ("absent", "not installed here")]) == 0
+    assert ran == ["theirs"]
+    assert cli.build_parser().parse_args(["all", "--no-causality"]).no_causality  # the option the front reads
 
 
 def test_the_compile_summary_counts_failed_rows_time():
     part = pd.DataFrame({"status": ["error", "error", "ok"], "compile_s": [3.8, 4.6, 1.0],
                          "reused_from": [None, None, "record.csv"]})
-    assert cli._compile_seconds(part) == "8.4 s compiling (1 rows reused)"
-    assert cli._compile_seconds(part.iloc[:2]) == "8.4 s compiling"
+    assert compile_seconds(part) == "8.4 s compiling (1 rows reused)"
+    assert compile_seconds(part.iloc[:2]) == "8.4 s compiling"

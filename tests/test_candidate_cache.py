@@ -197,7 +197,7 @@ def test_a_key_names_files_relative_to_the_repository_so_every_clone_computes_it
     file's name in a key is its path in the repository, never where the checkout lies."""
     import hashlib
 
-    from harness.run.baseline_cache import _hash_files, _name
+    from harness.core.content_key import file_name as _name, files_digest as _hash_files
 
     gate, ops = ROOT / "harness/judge/gate.py", ROOT / "harness/ops/base.py"
     assert _name(gate) == "harness/judge/gate.py" and _name(ROOT / "harness" / ".." / "harness/judge/gate.py") == "harness/judge/gate.py"

@@ -57,7 +57,7 @@ def test_the_committed_compile_record_stands_for_this_checkout(record):
 def test_the_committed_ptx_record_stands_for_this_checkout():
     pytest.importorskip("triton", reason="the PTX record is fla's GPU leg's: a TPU-side install has no triton")
     pytest.importorskip("torch", reason="the PTX record is fla's GPU leg's: a TPU-side install has no torch")
-    from harness.cli import ptx_leg_inputs
+    from harness.app.ptx_leg import leg_inputs as ptx_leg_inputs
     from harness.emulation import ptx
 
     key = json.loads((PTX_RECORD / "key.json").read_text())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -171,6 +172,30 @@ def test_the_heatmap_marks_failures_and_centres_the_scale_on_one(results):
         assert np.isnan(h.ratio[i, j]) and np.allclose(h.colors()[i, j, :3], to_rgb(html_report.NO_RATIO_COLOR))
     assert h.norm(1.0) == pytest.approx(0.5)
     assert not html_report.heatmap_data(passing).failing.any()
+
+
+def test_every_column_label_of_the_heatmap_is_clear_of_the_others_and_of_the_titles():
+    """Smoke's long tensor names side by side (conv_ht, dconv_weight, dconv_h0 once ran into each other): drawn on
+    Agg, no two column labels' boxes meet, none meets the cells, the axes' title or the figure's title."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    tensors = ["o", "ht", "conv_ht", "dconv_weight", "dconv_h0", "dconv_bias", "dA_log", "ddt_bias", "dg_gamma"]
+    cases = [f"case{i}" for i in range(3)]
+    shape = (len(cases), len(tensors))
+    h = html_report.Heatmap("rel_l2", cases, tensors, np.ones(shape), np.ones(shape, bool), np.zeros(shape, bool), 1)
+    fig = html_report.heatmap_figure(h, "a title")
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    ax = fig.axes[0]
+    labels = [t.get_window_extent(renderer) for t in ax.get_xticklabels()]
+    assert len(labels) == len(tensors) and all(b.width > 0 and b.height > 0 for b in labels)
+    for (i, a), (j, b) in itertools.combinations(enumerate(labels), 2):
+        assert not a.overlaps(b), f"labels {tensors[i]!r} and {tensors[j]!r} overlap"
+    others = {"the cells": ax.get_window_extent(renderer), "the axes' title": ax.title.get_window_extent(renderer),
+              "the figure's title": fig.texts[0].get_window_extent(renderer)}
+    for name, box in others.items():
+        hit = [tensors[i] for i, b in enumerate(labels) if b.overlaps(box)]
+        assert not hit, f"labels {hit} overlap {name}"
 
 
 def _unsettled(result) -> pd.DataFrame:

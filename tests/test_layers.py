@@ -18,28 +18,7 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_project_keeps_its_layers_and_has_no_cycles():
     run = lint_imports(ROOT)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "4 kept, 0 broken" in run.stdout, run.stdout[-2000:]
-
-
-def test_the_old_module_names_are_the_moved_modules_and_nothing_here_imports_them():
-    """harness/ grouped by stage (harness/_moved.py): ``harness.results`` is ``harness.core.results``, the same
-    object, private names and patches included; the project's own code names only the new paths."""
-    import importlib
-    import re
-
-    from harness._moved import MOVED
-
-    for old, new in MOVED.items():
-        module = importlib.import_module(old)
-        assert module is importlib.import_module(new) and module.__name__ == new and module.__spec__.name == new
-    from harness.results import RESULT_COLUMNS  # noqa: F401  (a name imported through the old path)
-    from harness import gate
-    assert gate is importlib.import_module("harness.judge.gate")
-    old_name = re.compile(r"\b(?:from|import) (" + "|".join(re.escape(m) for m in MOVED) + r")\b(?![.\w])")
-    users = [f"{p.relative_to(ROOT)}:{n}" for folder in ("harness", "tests", "benchmarks", "peers", "cases")
-             for p in (ROOT / folder).rglob("*.py") if p.name != "test_layers.py"
-             for n, line in enumerate(p.read_text().splitlines(), 1) if old_name.search(line)]
-    assert not users, f"old module names imported: {users[:5]}"
+    assert "7 kept, 0 broken" in run.stdout, run.stdout[-2000:]
 
 
 def test_an_upward_import_and_a_cycle_break_the_contracts(tmp_path):

@@ -1,4 +1,4 @@
-"""The PTX check (harness/emulation/ptx.py): the emulated GPU leg's assumptions (harness/emulation/gpu_model.py,
+"""The PTX check (harness/emulation/ptx/): the emulated GPU leg's assumptions (harness/emulation/gpu_model.py,
 probed from the emulation itself) against Triton's own sm_80 / sm_90 PTX of fla's kernels.
 
 Fast: hand-made TTIR/PTX snippets for each check, the facts the emulation gives, one real fla kernel compiled for
@@ -20,6 +20,7 @@ import pytest
 from harness.emulation import dots, gpu_model, ptx
 from harness.emulation.bits import round_to_tf32
 from harness.emulation.gpu_model import emulation_facts
+from harness.emulation.specialization import specialization_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -249,7 +250,7 @@ CHUNK_FWD_O_FP32 = {
     "attrs": [[[i], [["tt.divisibility", 16]]] for i in (0, 1, 2, 3, 4, 6)],
     "options": {"num_warps": 8, "num_ctas": 1, "num_stages": 3}, "launches": 1,
 }
-CHUNK_FWD_O_FP32["key"] = ptx.specialization_key(CHUNK_FWD_O_FP32)
+CHUNK_FWD_O_FP32["key"] = specialization_key(CHUNK_FWD_O_FP32)
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +320,7 @@ def test_a_fault_in_the_legs_default_rounding_is_seen_too(monkeypatch):
 
 def test_the_command_checks_a_launches_file_and_writes_its_csv(compiled, tmp_path, capsys):
     _, launches, _ = compiled
-    from harness.cli import ptx_leg_inputs
+    from harness.app.ptx_leg import leg_inputs as ptx_leg_inputs
 
     rc = ptx.sweep(suite="smoke", case=[], target="sm90", out=str(tmp_path / "out"), launches=str(launches),
                    backend="gpu", leg_inputs=ptx_leg_inputs)
@@ -341,7 +342,7 @@ def test_the_command_checks_a_launches_file_and_writes_its_csv(compiled, tmp_pat
     ("sm90", "no/such/launches.json", "--launches: no such file"),
 ])
 def test_bad_input_is_exit_2_with_one_line(tmp_path, capsys, target, launches, message):
-    from harness.cli import ptx_leg_inputs
+    from harness.app.ptx_leg import leg_inputs as ptx_leg_inputs
 
     assert ptx.sweep(suite="smoke", case=[], target=target, out=str(tmp_path), launches=launches, backend="gpu",
                      leg_inputs=ptx_leg_inputs) == 2
@@ -369,7 +370,7 @@ RECORD_ROWS = [ptx.Row("fla.ops.common.chunk_o.chunk_fwd_kernel_o@0123456789", t
 
 
 def smoke_leg():
-    from harness.cli import ptx_leg_inputs
+    from harness.app.ptx_leg import leg_inputs as ptx_leg_inputs
 
     return ptx_leg_inputs("gpu", "smoke", [])
 
@@ -399,14 +400,16 @@ def with_inputs(key: dict, **changes) -> dict:
     inputs = json.loads(json.dumps(key["inputs"]))
     for group, value in changes.items():
         inputs[group] = {**inputs[group], **value} if isinstance(value, dict) else value
-    return {"key": ptx._sha256(json.dumps(inputs, sort_keys=True).encode()), "inputs": inputs}
+    return {"key": ptx.digest(json.dumps(inputs, sort_keys=True).encode()), "inputs": inputs}
 
 
 def ptx_args(out, reuse=None, **kw) -> dict:
-    from harness.cli import ptx_leg_inputs
+    from harness.app.ptx_leg import leg_inputs as ptx_leg_inputs
+
+    from harness.app.ptx_leg import capture_command
 
     base = dict(suite="smoke", case=[], target="sm80,sm90", out=str(out), launches=None, reuse=reuse, backend="gpu",
-                leg_inputs=ptx_leg_inputs)
+                leg_inputs=ptx_leg_inputs, capture_command=capture_command)
     return {**base, **kw}
 
 
@@ -415,9 +418,9 @@ def sweep(monkeypatch):
     """The sweep's two slow steps, faked: each call is listed; the check gives ``sweep.rows``."""
     calls = []
 
-    def capture(parity_argv, out_json, log):
-        calls.append(("capture", parity_argv))
-        data = {"parity_argv": parity_argv, "rc": 0, "specializations": [CHUNK_FWD_O_FP32]}
+    def capture(command, out_json, log, **said):
+        calls.append(("capture", command))
+        data = {"parity_argv": command[3:], "rc": 0, "specializations": [CHUNK_FWD_O_FP32], **said}
         Path(out_json).write_text(json.dumps(data))
         return data
 
@@ -425,7 +428,7 @@ def sweep(monkeypatch):
         calls.append(("compile", list(targets)))
         return {"kernels": []}
 
-    monkeypatch.setattr(ptx, "capture", capture)
+    monkeypatch.setattr(ptx, "capture_launches", capture)
     monkeypatch.setattr(ptx, "compile_kernels", compile_kernels)
     monkeypatch.setattr(ptx, "check_compiled", lambda data, index, compiled_dir, facts: list(sweep.rows))
     sweep = argparse.Namespace(calls=calls, rows=RECORD_ROWS)
@@ -437,7 +440,7 @@ def no_sweep(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a verified record must not capture or compile")
 
-    monkeypatch.setattr(ptx, "capture", refuse)
+    monkeypatch.setattr(ptx, "capture_launches", refuse)
     monkeypatch.setattr(ptx, "compile_kernels", refuse)
 
 
@@ -459,7 +462,7 @@ def test_a_record_made_from_these_inputs_is_reused_without_capture_or_compile(cu
 
 def test_a_record_from_other_inputs_reruns_and_names_what_differs(current, tmp_path, capsys, sweep):
     files = sorted(current["inputs"]["files"])[:7]
-    assert "harness/emulation/ptx.py" in current["inputs"]["files"]
+    assert "harness/emulation/ptx/checks.py" in current["inputs"]["files"]
     old = with_inputs(current, versions={"triton": "3.8.0"}, files={f: "0" * 64 for f in files})
     record = make_record(tmp_path / "record", old)
     rc = ptx.sweep(**ptx_args(tmp_path / "out", reuse=str(record)))
@@ -472,7 +475,7 @@ def test_a_record_from_other_inputs_reruns_and_names_what_differs(current, tmp_p
     # the rerun's own key.json: this key, these rows
     key = json.loads((tmp_path / "out" / "key.json").read_text())
     assert key["key"] == current["key"] and key["inputs"] == current["inputs"]
-    assert key["rows_sha256"] == ptx._sha256((tmp_path / "out" / "ptx.csv").read_bytes())
+    assert key["rows_sha256"] == ptx.digest((tmp_path / "out" / "ptx.csv").read_bytes())
     checks = 2 * (len(ptx.ASSUMPTIONS) - 1)
     assert key["summary"] == {"kernels": {"sm80": 1, "sm90": 1}, "checks": checks, "match": checks, "mismatch": 0,
                               "n/a": 2, "error": 0}
@@ -515,7 +518,7 @@ def test_refreshing_a_record_in_place_then_reusing_it(current, tmp_path, capsys,
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == f"ptx: recorded: {record} now holds this sweep (key {current['key'][:12]}); commit it"
     assert (record / "ptx.csv").exists() and not (record / "ptx.csv.gz").exists()
-    monkeypatch.setattr(ptx, "capture", None)
+    monkeypatch.setattr(ptx, "capture_launches", None)
     monkeypatch.setattr(ptx, "compile_kernels", None)
     assert ptx.sweep(**ptx_args(tmp_path / "ci", reuse=str(record))) == 0
     assert "verified by content" in capsys.readouterr().out
@@ -532,7 +535,7 @@ def test_a_record_from_launches_keys_as_a_capture(current, tmp_path, capsys, swe
     assert [c[0] for c in sweep.calls] == ["compile"]
     key = json.loads((record / "key.json").read_text())
     assert key["key"] == current["key"] and key["launches_from"] == str(launches)
-    assert key["launches_sha256"] == ptx._sha256(launches.read_bytes())
+    assert key["launches_sha256"] == ptx.digest(launches.read_bytes())
     assert (record / "launches.json").read_bytes() == launches.read_bytes()
     capsys.readouterr()
     assert ptx.sweep(**ptx_args(tmp_path / "ci", reuse=str(record))) == 0
@@ -566,14 +569,14 @@ def test_a_missing_or_unreadable_record_is_exit_2_with_one_line(current, tmp_pat
 
 def test_the_content_key_covers_the_code_the_cases_and_versions(current, monkeypatch):
     from harness.run.baseline_cache import binding_fingerprint, sources_fingerprint
-    from harness.cli import ptx_leg_inputs
+    from harness.app.ptx_leg import leg_inputs as ptx_leg_inputs
     from harness.legs import make_leg
     from harness.ops import get_op
 
     inputs = current["inputs"]
-    assert current["key"] == ptx._sha256(json.dumps(inputs, sort_keys=True).encode())
-    for f in ("harness/emulation/ptx.py", "harness/emulation/gpu_model.py", "harness/emulation/ptx_arith.py"):
-        assert inputs["files"][f] == ptx._sha256((ROOT / f).read_bytes()), f
+    assert current["key"] == ptx.digest(json.dumps(inputs, sort_keys=True).encode())
+    for f in ("harness/emulation/ptx/checks.py", "harness/emulation/gpu_model.py", "harness/emulation/ptx_arith.py"):
+        assert inputs["files"][f] == ptx.digest((ROOT / f).read_bytes()), f
     from cases.suites import get_suite
 
     assert inputs["cases"] == [c.id for c in get_suite("smoke")]
@@ -590,11 +593,11 @@ def test_the_content_key_covers_the_code_the_cases_and_versions(current, monkeyp
     key = functools.partial(ptx.content_key, ["--suite", "smoke"], facts=inputs["facts"])
     assert key(TARGETS, leg_inputs=leg)["key"] == current["key"]
     versions = ptx.key_versions()
-    monkeypatch.setattr(ptx, "key_versions", lambda: {**versions, "triton": "3.10.0"})
+    monkeypatch.setattr(ptx.record, "key_versions", lambda: {**versions, "triton": "3.10.0"})
     assert key(TARGETS, leg_inputs=leg)["key"] != current["key"]
     monkeypatch.undo()
     files = ptx.key_files()
-    monkeypatch.setattr(ptx, "key_files", lambda: {**files, "harness/emulation/gpu_model.py": "0" * 64})
+    monkeypatch.setattr(ptx.record, "key_files", lambda: {**files, "harness/emulation/gpu_model.py": "0" * 64})
     assert key(TARGETS, leg_inputs=leg)["key"] != current["key"]
     monkeypatch.undo()
     moved = key(TARGETS, leg_inputs={**leg, "bindings": {**leg["bindings"], "kda": "0" * 64}})
@@ -633,7 +636,7 @@ def test_smoke_sweep_sm80_sm90(tmp_path):
     emulation holds wherever it applies (reports/ptx: 2011 checks, 0 mismatches); the exit status says so."""
     from harness.legs.registry import default_leg
 
-    from harness.cli import ptx_leg_inputs
+    from harness.app.ptx_leg import leg_inputs as ptx_leg_inputs
 
     rc = ptx.sweep(suite="smoke", case=[], target="sm80,sm90", out=str(tmp_path), launches=None,
                    backend=default_leg("baseline"), leg_inputs=ptx_leg_inputs)

@@ -13,6 +13,7 @@ from harness.legs import leg_spec, make_leg
 from harness.legs.base import Environment, Leg, LegOutput
 from harness.ops import get_op
 from harness.core.policy import Policy
+from harness.run.recipe import LegRecipe
 from harness.run.reference_cache import ReferenceCache
 from harness.core.results import read_results, rows_to_frame, settings_values, write_csv
 from harness.run.runner import Runner
@@ -83,7 +84,7 @@ def test_unsupported_and_error_rows_do_not_stop_the_run():
     # an invalid case is an error row too, and the run goes on to the next case
     bad = CASE.replace(variant="nope")
     all_rows = []  # through the command's own loop (harness.app.workers), in this process
-    Workers(1).run(Runner(FakeLeg(), ReferenceCache(None)), {}, [bad, CASE],
+    Workers(1).run(Runner(FakeLeg(), ReferenceCache(None)), LegRecipe(FakeLeg().name), [bad, CASE],
                    on_case=lambda case, rows: all_rows.extend(rows))
     assert all_rows[0]["status"] == "error" and "variant" in all_rows[0]["reason"]
     assert all_rows[-1]["status"] == "ok"

@@ -67,7 +67,7 @@ def test_the_command_line_is_read_once_into_the_records(tmp_path):
 
 
 def test_one_place_builds_a_runner_and_nothing_below_the_front_reads_a_command_line():
-    """Runner(...) appears in harness/ only in harness.app.workers.make_runner; no module but the front's reads
+    """Runner(...) appears in harness/ only in harness.run.recipe.LegRecipe.runner; no module but the front's reads
     an argparse namespace or a pytest config."""
     front = {"harness/cli.py", "harness/parser.py", "harness/pytest_plugin.py"}
     built, reads = [], []
@@ -79,9 +79,44 @@ def test_one_place_builds_a_runner_and_nothing_below_the_front_reads_a_command_l
                 built.append(f"{name}:{n}")
             if name not in front and re.search(r"\bargs\.(?!items\()\w|\bconfig\.option\b|argparse", code):
                 reads.append(f"{name}:{n}")
-    assert built == [f"harness/app/workers.py:{_line_of('harness/app/workers.py', 'return Runner(')}"], built
+    assert built == [f"harness/run/recipe.py:{_line_of('harness/run/recipe.py', 'return Runner(')}"], built
     assert reads == [], reads
 
 
 def _line_of(name: str, text: str) -> int:
     return next(n for n, line in enumerate((ROOT / name).read_text().splitlines(), 1) if text in line)
+
+
+def test_a_recipe_written_as_a_command_line_parses_back_to_the_same_recipe(tmp_path):
+    """LegRecipe.command_line is the one place a leg becomes a ``parity run``: its options and case time limit,
+    read back by the front (harness.cli._run_settings) and resolved by a run, give the same recipe."""
+    from harness.app.session import Run
+    from harness.run.recipe import LegRecipe
+
+    legs = LegOptions(ref_method="chunk", ref_dtype="float32", dot_precision="ieee", compile_targets=("v5e", "v7x"))
+    for leg in ("ref", "gpu", "tpu"):
+        recipe = LegRecipe.resolve(leg, legs.for_leg(leg), 120.0, suite="")
+        argv = recipe.command_line("python", [CASE], tmp_path, jobs=2)
+        assert argv[:3] == ["python", "-m", "harness.cli"] and argv[-2:] == ["--case", CASE]
+        args = build_parser().parse_args(argv[3:])
+        assert (args.backend, args.out, args.jobs, args.case) == (leg, str(tmp_path), "2", [CASE])
+        with Run(_run_settings(args)) as run:
+            again = run.recipe(leg)
+        assert (again.options, again.timeout) == (recipe.options, recipe.timeout), leg
+    quiet = LegRecipe.resolve("gpu", LegOptions().for_leg("gpu"))  # an unset option, no time limit: not written
+    assert "--dot-precision" not in quiet.command_line("python", [CASE], tmp_path)
+    assert "--case-timeout" not in quiet.command_line("python", [CASE], tmp_path)
+
+
+def test_each_verb_of_the_command_line_is_short_and_hands_over_to_a_run():
+    """cli.py holds no stage logic: every verb function is parse -> records -> a method -> exit status, 30 lines at
+    most; the sequence of ``parity all`` is the run's (harness.app.session.Run.all), not the front's."""
+    import ast
+
+    tree = ast.parse((ROOT / "harness" / "cli.py").read_text())
+    verbs = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body
+             if isinstance(n, ast.FunctionDef) and n.name.startswith("cmd_")}
+    assert len(verbs) >= 12 and all(n <= 30 for n in verbs.values()), verbs
+    body = ast.get_source_segment((ROOT / "harness" / "cli.py").read_text(), next(
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cmd_all"))
+    assert "run.all(" in body and ".leg(" not in body and ".gate(" not in body

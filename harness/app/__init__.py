@@ -8,6 +8,8 @@
 - **What the gate writes.** :func:`~harness.app.session.write_gate`: parity.csv, parity.md, parity.html and
   parity.png, and ``$GITHUB_STEP_SUMMARY``.
 - **What a binding receives.** :func:`binding_inputs`, for ``parity cases --inputs``.
+- **One case on one leg, for analysis scripts.** :func:`~harness.app.analysis.run_case` and
+  :func:`~harness.app.analysis.golden` (:mod:`harness.app.analysis`): tensors and errors against the golden.
 
 Every error is a ValueError with one line; each front end turns it into its own usage error.
 """
@@ -19,8 +21,9 @@ import importlib
 _EXPORTS = {
     "Selection": "selection", "case_from_id": "selection", "find_case": "selection", "load_cases": "selection",
     "result_in": "selection",
-    "Run": "session", "gate_case": "session", "report_gate": "session", "write_gate": "session",
+    "Outcome": "session", "Run": "session", "gate_case": "session", "write_gate": "session",
     "GateSettings": "settings", "LegOptions": "settings", "RunSettings": "settings",
+    "golden": "analysis", "run_case": "analysis", "rel_l2": "analysis",
 }
 """The layer's names, each from its module, imported when first asked for: a worker process imports
 :mod:`harness.app.workers` alone, not the gate's renderers."""

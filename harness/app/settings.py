@@ -4,9 +4,15 @@ pytest plugin from its options) and read by every stage; nothing below the front
 - :class:`LegOptions`: what each leg is built with, by its role (the reference's method and dtype, the
   baseline's dot precision, a candidate's real-TPU compile targets);
 - :class:`RunSettings`: which cases, where the rows go and under which rules (tag, force, resume), how many
-  cores, which caches, the legs' options, whether a progress bar shows;
-- :class:`GateSettings`: the policy (loaded once), the legs the gate compares, ``--allow-missing``, the
-  sequential test's cap on draws and where a JUnit report goes.
+  cores, which caches and where they are, the legs' options, whether a progress bar shows, and what ``parity all``
+  adds: the baseline's rows made elsewhere (and the Python that makes their missing draws), the further
+  candidates, whether each leg's causality is checked;
+- :class:`GateSettings`: the policy (loaded once), the legs the gate compares, ``--allow-missing``,
+  ``--allow-partial``, which rows a file gate judges, the sequential test's cap on draws, where a JUnit report
+  goes and the step summary the report is appended to.
+
+The environment's settings (``PARITY_CACHE_DIR``, ``GITHUB_STEP_SUMMARY``) are read by the front into these
+records (:func:`harness.core.cache_dir.default_cache_dir` is the rule), never by a stage.
 
 Each record checks itself when made: a bad value is a ValueError with one line, which each front end turns into
 its usage error (exit 2 on the CLI)."""
@@ -17,6 +23,7 @@ import dataclasses
 from pathlib import Path
 
 from harness.app.selection import Selection
+from harness.core.cache_dir import default_cache_dir
 from harness.compile.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 from harness.core.noise import LOOKS
 from harness.core.policy import Policy, default_policy
@@ -95,9 +102,22 @@ class RunSettings:
     legs: LegOptions = LegOptions()
     progress: bool = True  # a progress bar per leg (shown only on a terminal)
     case_timeout: float | None = None  # seconds a case may run, in a worker of its own (0: no limit); None: the legs'
+    cache_dir: Path | None = dataclasses.field(default_factory=default_cache_dir)  # the caches' root (None: none)
+    # parity all
+    baseline_rows: tuple[Path, ...] = ()  # the baseline's rows made elsewhere: the baseline is not run here
+    baseline_python: str | None = None  # the Python of that stack, which makes the draws those rows lack
+    candidates: tuple[str, ...] = ()  # further candidate legs, each gated against the baseline
+    causality: bool = True  # each leg's causality and isolation check
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "baseline_rows", tuple(Path(p) for p in self.baseline_rows))
+        if self.baseline_python and not self.baseline_rows:
+            raise ValueError("--baseline-python makes the baseline's missing draws for --baseline-rows: give the "
+                             "baseline's rows too")
+        for name in self.candidates:
+            if leg_spec(name).role != "candidate":
+                raise ValueError(f"--candidate {name} is the {leg_spec(name).role} leg, not a candidate")
         if not isinstance(self.jobs, int) or self.jobs < 1:
             raise ValueError(f"jobs={self.jobs!r} must be a whole number of cores, at least 1 (1: no workers)")
         if self.case_timeout is not None and not self.case_timeout >= 0:
@@ -129,10 +149,31 @@ class GateSettings:
     max_draws: int = LOOKS[-1]  # the sequential test's cap on input draws per case
     junit: Path | None = None  # also write the verdicts as JUnit XML here (checked by the front before any work)
     force: bool = False  # replace a JUnit file the gate did not write
+    allow_partial: bool = False  # parity gate: judge an interrupted run's partial file (never a pass)
+    cases: Selection | None = None  # parity gate: judge only these cases' rows and their draws (None: every case)
+    ops: tuple[str, ...] = ()  # parity gate: judge only these ops' rows (empty: every op)
+    step_summary: Path | None = None  # $GITHUB_STEP_SUMMARY: parity.md is appended there too (checked by the front)
 
     def __post_init__(self):
         if not isinstance(self.max_draws, int) or self.max_draws < 1:
             raise ValueError(f"--max-draws {self.max_draws}: give at least 1 (1 draws nothing more)")
+
+    def row_filter(self):
+        """Which rows of a file the gate judges (:attr:`cases`, :attr:`ops`): a function of the rows, or None for
+        every row. The cases are read here, once (a bad selection is a ValueError)."""
+        if self.cases is None and not self.ops:
+            return None
+        from harness.judge.gate import of_cases
+
+        ids = None if self.cases is None else {c.id for c in self.cases.cases()}
+        ops = set(self.ops)
+
+        def select(rows):
+            keep = of_cases(rows, ids) if ids is not None else rows["case_id"].notna() | rows["case_id"].isna()
+            if ops:
+                keep &= rows["op"].isin(ops)
+            return rows[keep].reset_index(drop=True)
+        return select
 
     def options(self, candidate_leg: str | None = None) -> dict:
         """:func:`harness.judge.gate.apply_gate`'s keywords, for this candidate or another (``--candidate``)."""

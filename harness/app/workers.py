@@ -8,9 +8,9 @@ N // 2 (:meth:`harness.legs.base.Leg.cores_per_case`). Rows stay the only interf
 - the parent walks the cases in order and settles where it stands every case that needs no leg run: an invalid
   or unsupported case, or one whose every run the leg's cache serves (a :class:`harness.run.runner.Runner` built
   with ``run_leg=False`` raises :class:`harness.run.runner.NotServed` for the others);
-- the others go to a pool of spawned processes. Each rebuilds the leg from its name and options (replaying the
-  ``--impl`` registrations), runs the whole case through a runner of its own with the parent's provenance, and
-  sends back the rows and its leg cache's hits and misses;
+- the others go to a pool of spawned processes. Each rebuilds the runner from the leg's recipe
+  (:class:`harness.run.recipe.LegRecipe`, replaying the ``--impl`` registrations), runs the whole case through it
+  with the parent's provenance, and sends back the rows and its leg cache's hits and misses;
 - the parent hands the rows on in case order, so a result file reads the same at any N.
 
 ``parity compile`` sends every case (its validation, inputs and libtpu compiles for each target) to the pool: a
@@ -23,7 +23,7 @@ runs past the case's time limit is stopped, its case becomes error rows that say
 the signal, the last lines of its stderr), a fresh worker takes the next case, and the other workers' cases go on.
 
 An outside implementation (``--impl``, an entry point) runs each case in a worker even at ``--jobs 1``, with a
-time limit (:data:`CANDIDATE_CASE_TIMEOUT`); ``--case-timeout`` sets the limit for every leg of a command, and
+time limit (:data:`harness.run.recipe.CANDIDATE_CASE_TIMEOUT`); ``--case-timeout`` sets the limit for every leg of a command, and
 with it every leg's cases run in workers. A command whose cases were lost so exits 4, not 1
 (:data:`LOST`; docs/faults.md).
 """
@@ -47,11 +47,9 @@ from typing import Any, Callable, Iterable
 
 from cases.case import Case
 
-from harness.run.baseline_cache import for_leg
 from harness.probes.causality import check_case, default_t0, refused_rows
 from harness.probes.compile_cases import case_rows, error_rows as compile_error_rows
-from harness.legs.registry import implementations, make_leg, register_implementation
-from harness.run.reference_cache import ReferenceCache
+from harness.run.recipe import CANDIDATE_CASE_TIMEOUT, TASKS, LegRecipe  # noqa: F401  (the pool's vocabulary)
 from harness.run.runner import NotServed, Runner
 from harness.core.status import Status
 
@@ -64,11 +62,6 @@ def _stop_if_asked() -> None:
     if STOP.is_set():
         raise KeyboardInterrupt
 
-
-CANDIDATE_CASE_TIMEOUT = 3600.0
-"""An outside implementation's case time limit (seconds), when ``--case-timeout`` does not set one: about ten times
-an interpret-mode case of the production suite here (this project's TPU leg, per program: 1813 s for its 5
-cases, reports/production)."""
 
 GIB_PER_JOB = 4
 """Memory a job may want: the float64 reference at the stress shape peaks at 3.75 GiB (reports/bench)."""
@@ -100,58 +93,26 @@ def parse_jobs(text: str, what: str = "--jobs") -> int:
     return jobs
 
 
+_JOB_NUMBERS = itertools.count()  # in the parent: one key per walk of a leg, never reused (an id() can be)
+_RUNNERS: dict[int, Runner] = {}  # in each worker: the runner of every walk it has served
+
+
 @dataclasses.dataclass(frozen=True)
-class LegJob:
-    """How a worker rebuilds one leg's runner: everything a spawned process cannot inherit."""
+class _Walk:
+    """What a worker is sent with each case: the leg's recipe, the parent's provenance (so every row of a file
+    carries one) and the key its runner is kept under there."""
 
-    key: str  # names the runner in each worker
-    leg: str
-    options: tuple[tuple[str, Any], ...]
-    provenance: tuple[tuple[str, Any], ...]  # the parent's, so every row of a file carries one provenance
-    reference_cache: str | None  # the parent's reference cache directory (None: in memory)
-    leg_cache: bool  # whether the parent's runner has a leg cache (a compile's has none)
-    read_cache: bool  # whether the leg's cache is read (--no-baseline-cache: written only)
-    implementations: tuple[tuple[str, str], ...]  # --impl and entry-point registrations, name -> target
-    task: str  # one of TASKS
-    targets: tuple[str, ...] = ()  # the TPU targets of a compile
-
-    @classmethod
-    def of(cls, runner: Runner, options: dict, task: str = "run", targets: tuple[str, ...] = ()) -> "LegJob":
-        if task not in TASKS:
-            raise ValueError(f"unknown task {task!r}; one of {', '.join(TASKS)}")
-        leg_cache = runner.leg_cache
-        directory = runner.cache.directory
-        return cls(key=f"{runner.leg.name}:{task}:{next(_JOB_NUMBERS)}", leg=runner.leg.name,
-                   options=tuple(sorted(options.items())), provenance=tuple(runner.provenance.items()),
-                   reference_cache=None if directory is None else str(directory), leg_cache=leg_cache is not None,
-                   read_cache=leg_cache is None or leg_cache.read,
-                   implementations=tuple(sorted(implementations().items())), task=task, targets=tuple(targets))
+    key: int
+    recipe: LegRecipe
+    provenance: tuple[tuple[str, Any], ...]
 
 
-TASKS = ("run", "causality", "compile")  # a case's rows: run_case, check_case (harness.probes.causality), case_rows
-_JOB_NUMBERS = itertools.count()  # in the parent: one key per job, never reused (an id() can be)
-_RUNNERS: dict[str, Runner] = {}  # in each worker: the runner of every job it has seen
-
-
-def make_runner(leg: str, options: dict, reference_cache: ReferenceCache, suite: str = "", leg_cache: bool = True,
-                read_cache: bool = True) -> Runner:
-    """The one place a :class:`harness.run.runner.Runner` is built: ``leg`` made with ``options``, over
-    ``reference_cache``, its rows' ``suite`` column, and the leg's output cache (when ``leg_cache`` and the leg
-    is cached at all; read unless ``read_cache`` is False). The run object (:class:`harness.app.session.Run`),
-    the pytest plugin and each worker process build theirs here."""
-    made = make_leg(leg, **options)
-    return Runner(made, reference_cache, suite=suite, leg_cache=for_leg(made, read=read_cache) if leg_cache else None)
-
-
-def _runner(job: LegJob) -> Runner:
-    runner = _RUNNERS.get(job.key)
+def _runner(walk: _Walk) -> Runner:
+    runner = _RUNNERS.get(walk.key)
     if runner is None:
-        for name, target in job.implementations:
-            register_implementation(name, target)
-        runner = make_runner(job.leg, dict(job.options), ReferenceCache(job.reference_cache),
-                             leg_cache=job.leg_cache, read_cache=job.read_cache)
-        runner.provenance = dict(job.provenance)
-        _RUNNERS[job.key] = runner
+        runner = walk.recipe.in_worker()
+        runner.provenance = dict(walk.provenance)
+        _RUNNERS[walk.key] = runner
     return runner
 
 
@@ -164,12 +125,12 @@ def settle(runner: Runner, case: Case, task: str, targets: tuple[str, ...] = ())
     return runner.run_case(case)
 
 
-def _work(job: LegJob, case: Case) -> tuple[list[dict], int, int]:
+def _work(walk: _Walk, case: Case) -> tuple[list[dict], int, int]:
     """In a worker: (the case's rows, the leg cache's hits and misses on it)."""
-    runner = _runner(job)
+    runner = _runner(walk)
     cache = runner.leg_cache
     before = (cache.hits, cache.misses) if cache is not None else (0, 0)
-    rows = settle(runner, case, job.task, job.targets)
+    rows = settle(runner, case, walk.recipe.task, walk.recipe.targets)
     after = (cache.hits, cache.misses) if cache is not None else (0, 0)
     return rows, after[0] - before[0], after[1] - before[1]
 
@@ -267,7 +228,7 @@ class _Pool:
         self._log_dir = tempfile.mkdtemp(prefix="parity-workers-")
         self._workers: list[_Worker] = []
 
-    def submit(self, job: LegJob, case: Case) -> concurrent.futures.Future:
+    def submit(self, job: _Walk, case: Case) -> concurrent.futures.Future:
         idle = next((w for w in self._workers if w.future is None), None)
         if idle is None:
             if len(self._workers) >= self.size:
@@ -338,9 +299,8 @@ class Workers:
     ``jobs == 1`` runs a leg's cases in this process, as a run without workers always has, unless the leg's cases
     have a time limit (``case_timeout``, else the leg spec's): then each runs in a worker of its own."""
 
-    def __init__(self, jobs: int, case_timeout: float | None = None):
+    def __init__(self, jobs: int):
         self.jobs = jobs
-        self.case_timeout = case_timeout  # seconds, for every leg (0: no limit, but in workers); None: the legs'
         self.sent = 0  # cases sent to a worker so far
         self.lost: list[str] = []  # the cases whose worker ended without their rows
         self._pool: _Pool | None = None
@@ -356,16 +316,7 @@ class Workers:
             self._pool.close(wait=wait)
             self._pool = None
 
-    def limit(self, leg_name: str) -> float | None:
-        """The time limit of one case of ``leg_name`` in seconds (0: none), or None when its cases may run in
-        this process: ``--case-timeout``, else :data:`CANDIDATE_CASE_TIMEOUT` for an outside implementation (a
-        leg registered from ``--impl`` or an entry point, whose library this project does not control), else None
-        (this project's legs)."""
-        if self.case_timeout is not None:
-            return self.case_timeout
-        return CANDIDATE_CASE_TIMEOUT if leg_name in implementations() else None
-
-    def _submit(self, job: LegJob, case: Case, size: int, timeout: float | None) -> concurrent.futures.Future:
+    def _submit(self, job: _Walk, case: Case, size: int, timeout: float | None) -> concurrent.futures.Future:
         if self._pool is not None and (self._pool.size, self._pool.timeout) != (size, timeout or None):
             self._pool.close()  # another leg's pool: at most `jobs` processes alive at once
             self._pool = None
@@ -374,14 +325,15 @@ class Workers:
         self.sent += 1
         return self._pool.submit(job, case)
 
-    def run(self, runner: Runner, options: dict, cases: Iterable[Case], on_case: Callable[[Case, list[dict]], None],
-            task: str = "run", targets: tuple[str, ...] = (), progress: str | None = None) -> None:
-        """Every case's rows for ``task`` (one of :data:`TASKS`; a compile's for ``targets``), handed to
-        ``on_case`` in case order. ``runner`` is the parent's, its leg built with ``options``: it settles what
-        needs no leg run, and its leg cache's counters take the workers' too. ``jobs // leg.cores_per_case()``
-        cases run at once (``jobs`` compiles); at one, all run here unless the leg's cases have a time limit.
+    def run(self, runner: Runner, recipe: LegRecipe, cases: Iterable[Case],
+            on_case: Callable[[Case, list[dict]], None], progress: str | None = None) -> None:
+        """Every case's rows for the recipe's task (one of :data:`TASKS`; a compile's for its targets), handed to
+        ``on_case`` in case order. ``runner`` is the parent's, built from ``recipe``: it settles what needs no leg
+        run, and its leg cache's counters take the workers' too. ``jobs // leg.cores_per_case()`` cases run at
+        once (``jobs`` compiles); at one, all run here unless the recipe gives its cases a time limit.
         ``progress``: a progress bar's label (None: no bar)."""
-        job = LegJob.of(runner, options, task, targets)
+        job = _Walk(next(_JOB_NUMBERS), recipe, tuple(runner.provenance.items()))
+        task, targets = recipe.task, recipe.targets
         cases = list(cases)
         bar = None
         if progress:
@@ -396,7 +348,7 @@ class Workers:
                 bar.update(1)
 
         at_once = max(1, self.jobs // (1 if task == "compile" else runner.leg.cores_per_case()))
-        timeout = self.limit(runner.leg.name)
+        timeout = recipe.timeout
         try:
             if at_once <= 1 and timeout is None:
                 for case in cases:
@@ -411,7 +363,7 @@ class Workers:
             if bar is not None:
                 bar.close()
 
-    def _run_pooled(self, runner: Runner, job: LegJob, cases: list[Case], hand_on, at_once: int,
+    def _run_pooled(self, runner: Runner, job: _Walk, cases: list[Case], hand_on, at_once: int,
                     timeout: float | None) -> None:
         probe = copy.copy(runner)  # the same leg, caches and counters; it raises NotServed where a run is needed
         probe.run_leg = False
@@ -437,11 +389,11 @@ class Workers:
         def settled_here(case: Case) -> list[dict] | None:
             """The case's rows when it needs no leg run (nothing does for a compile; nothing is settled here for a
             leg whose cases are isolated: asking whether it supports a case may trace its kernels), else None."""
-            if job.task == "compile" or timeout is not None:
+            if job.recipe.task == "compile" or timeout is not None:
                 return None
             counts = (cache.hits, cache.misses) if cache is not None else None
             try:
-                return settle(probe, case, job.task)
+                return settle(probe, case, job.recipe.task)
             except NotServed:
                 if counts is not None:  # the worker counts this case's runs itself
                     cache.hits, cache.misses = counts
@@ -460,7 +412,7 @@ class Workers:
         while queue:
             flush(block=True)
 
-    def _collect(self, runner: Runner, job: LegJob, case: Case, future: concurrent.futures.Future) -> list[dict]:
+    def _collect(self, runner: Runner, job: _Walk, case: Case, future: concurrent.futures.Future) -> list[dict]:
         """A finished case's rows; a worker that ended without them, or failed, makes error rows that say so."""
         try:
             rows, hits, misses = future.result()
@@ -478,11 +430,11 @@ class Workers:
         return rows
 
 
-def _failed(runner: Runner, job: LegJob, case: Case, reason: str) -> list[dict]:
+def _failed(runner: Runner, job: _Walk, case: Case, reason: str) -> list[dict]:
     """Error rows for a case no worker settled: result, compile or causality rows."""
-    if job.task == "compile":
-        return compile_error_rows(case, job.targets, runner, reason)
-    if job.task == "run":
+    if job.recipe.task == "compile":
+        return compile_error_rows(case, job.recipe.targets, runner, reason)
+    if job.recipe.task == "run":
         return runner.error_rows(case, reason)
     try:
         op = runner.op_of(case)

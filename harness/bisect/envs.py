@@ -82,14 +82,17 @@ class UvInstaller:
 
 
 class LegInProcess:
-    """``measure`` of :class:`harness.bisect.history.History`: ``parity run --backend LEG`` over the cases, in a
-    process of its own with the version's folder first on ``PYTHONPATH`` (None: this stack alone), into a scratch
-    folder kept between runs (``--resume`` continues a run cut short). ``options``: further ``parity run``
-    arguments (``--tpu-targets``, ``--case-timeout``). A run that makes no result file raises :class:`RunFailed`."""
+    """``measure`` of :class:`harness.bisect.history.History`: ``parity run`` of the leg ``recipe`` describes
+    (:meth:`harness.run.recipe.LegRecipe.command_line`) over the cases, in a process of its own with the version's
+    folder first on ``PYTHONPATH`` (None: this stack alone), into a scratch folder kept between runs (``--resume``
+    continues a run cut short). A run that makes no result file raises :class:`RunFailed`."""
 
-    def __init__(self, leg: str, options: tuple[str, ...] = (), python: str = sys.executable,
-                 impl: tuple[str, ...] = ()):
-        self.leg, self.options, self.python, self.impl = leg, tuple(options), python, tuple(impl)
+    def __init__(self, recipe, python: str = sys.executable):
+        self.recipe, self.python = recipe, python
+
+    @property
+    def leg(self) -> str:
+        return self.recipe.name
 
     def __call__(self, site: Path | None, case_ids: list[str], scratch: Path):
         from harness.core.results import read_results
@@ -98,10 +101,8 @@ class LegInProcess:
         root = Path(__file__).resolve().parents[2]  # this project, ahead of any installed copy of it
         paths = [str(site)] if site else []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [str(root), os.environ.get("PYTHONPATH", "")]))
-        resume = ["--resume"] if any(scratch.glob("*.partial.csv")) else []  # a run cut short: continue it
-        command = [self.python, "-m", "harness.cli", "run", "--backend", self.leg, "--out", str(scratch), *resume,
-                   "--no-progress", "--jobs", "1", *[a for i in self.impl for a in ("--impl", i)], *self.options,
-                   *[a for c in case_ids for a in ("--case", c)]]
+        resume = any(scratch.glob("*.partial.csv"))  # a run cut short: continue it
+        command = self.recipe.command_line(self.python, case_ids, scratch, jobs=1, resume=resume)
         before = {p: p.stat().st_mtime_ns for p in scratch.glob("*.csv")}
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         made = [p for p in scratch.glob("*.csv") if "partial" not in p.name and before.get(p) != p.stat().st_mtime_ns]

@@ -187,28 +187,29 @@ class Policy:
         rule = most_specific(self.rules, metric, op, dtype, tensor)
         return self.margins.get(metric, self.rel_margin) if rule is None else rule.margin
 
-    def allowed(self, metric: str, eps_gpu: float, **where) -> float:
-        return eps_gpu * (1.0 + self.margin(metric, **where)) + self.abs_floor.get(metric, 0.0)
+    def allowed(self, metric: str, eps_baseline: float, **where) -> float:
+        return eps_baseline * (1.0 + self.margin(metric, **where)) + self.abs_floor.get(metric, 0.0)
 
-    def passes(self, metric: str, eps_tpu: float, eps_gpu: float, **where) -> bool:
+    def passes(self, metric: str, eps_candidate: float, eps_baseline: float, **where) -> bool:
         """The point rule alone; a NaN on either side never passes (NaN comparisons are False).
         ``where``: ``op``, ``dtype``, ``tensor``, for the margin rules."""
-        return bool(eps_tpu <= self.allowed(metric, eps_gpu, **where))
+        return bool(eps_candidate <= self.allowed(metric, eps_baseline, **where))
 
     def bootstraps(self, metric: str) -> bool:
         return metric == "rel_l2" and self.alpha > 0
 
-    def judge(self, metric: str, eps_tpu: float, eps_gpu: float, gpu_blocks=None, tpu_blocks=None, **where):
+    def judge(self, metric: str, eps_candidate: float, eps_baseline: float, baseline_blocks=None,
+              candidate_blocks=None, **where):
         """``(passed, lower)``: the verdict on one metric, and the bootstrap lower bound of the ratio when
         one was needed (None otherwise). The bootstrap only ever clears an alarm that the blocks'
         noise explains; it never fails what the point rule passes."""
-        if self.passes(metric, eps_tpu, eps_gpu, **where):
+        if self.passes(metric, eps_candidate, eps_baseline, **where):
             return True, None
-        if not self.bootstraps(metric) or gpu_blocks is None or tpu_blocks is None:
+        if not self.bootstraps(metric) or baseline_blocks is None or candidate_blocks is None:
             return False, None
         from harness.core.noise import ratio_lower_bound
 
-        lower = ratio_lower_bound(gpu_blocks, tpu_blocks, self.alpha)
+        lower = ratio_lower_bound(baseline_blocks, candidate_blocks, self.alpha)
         return bool(lower <= 1.0 + self.margin(metric, **where)), lower
 
     def with_overrides(self, *, metrics=None, margin=None, floors=None, alpha=None) -> "Policy":

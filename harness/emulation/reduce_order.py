@@ -266,16 +266,14 @@ def sites_of_ttgir(ttgir: str) -> List[ReduceSite]:
         nvidia.load_dialects(ctx)
     except ImportError:  # pragma: no cover - a Triton build without the NVIDIA backend
         pass
-    module = ir.parse_mlir_module_from_str(ttgir, ctx) if hasattr(ir, "parse_mlir_module_from_str") else None
-    if module is None:
-        import tempfile
+    import tempfile
 
-        with tempfile.NamedTemporaryFile("w", suffix=".ttgir", delete=False) as fh:
-            fh.write(ttgir)
-        try:
-            module = ir.parse_mlir_module(fh.name, ctx)
-        finally:
-            os.unlink(fh.name)
+    with tempfile.NamedTemporaryFile("w", suffix=".ttgir", delete=False) as fh:  # Triton parses MLIR from a file only
+        fh.write(ttgir)
+    try:
+        module = ir.parse_mlir_module(fh.name, ctx)
+    finally:
+        os.unlink(fh.name)
     ops: list = []
     reshaped: Dict[int, object] = {}  # a tt.reshape's result -> its source
 

@@ -74,3 +74,28 @@ def baseline_of_record(rows: pd.DataFrame, native: pd.DataFrame) -> pd.DataFrame
     out = pd.concat([rows[~hit], replaced]).loc[rows.index] if hit.any() else rows.copy()
     out.attrs["native"] = int(hit.sum())
     return out
+
+
+def rows_made_elsewhere(paths, base: str, case_ids) -> pd.DataFrame:
+    """Leg ``base``'s rows of the cases ``case_ids`` and of their further draws, pooled from result files made on
+    another machine (``--baseline-rows``; a ValueError when a file is not the baseline's or the files lack a selected
+    case). A (case draw, tensor) in several files is taken from the first."""
+    from harness.judge.gate import of_cases
+
+    frames = []
+    for path in paths:
+        rows = read_results(path)
+        legs = sorted(rows["leg"].dropna().unique())
+        if legs != [base]:
+            raise ValueError(f"--baseline-rows {path} holds rows of {', '.join(legs) or 'no leg'}, not of the {base} "
+                             f"leg")
+        frames.append(rows)
+    rows = pd.concat(frames, ignore_index=True).drop_duplicates(["case_id", "tensor"])
+    wanted = list(case_ids)
+    missing = [i for i in wanted if i not in set(rows["case_id"])]
+    if missing:
+        named = " ".join(map(str, paths))
+        raise ValueError(f"--baseline-rows {named} lacks {len(missing)} of the {len(wanted)} selected cases (first: "
+                         f"{missing[0]}); make them where fla runs: parity run --backend {base} with the same "
+                         "selection")
+    return rows[of_cases(rows, wanted)].reset_index(drop=True)

@@ -40,22 +40,22 @@ STEP = 0.05
 """Derived margins are rounded up to a multiple of this."""
 
 
-def _judged(policy: Policy, metric: str, ratio: float, gpu_blocks, tpu_blocks) -> float:
+def _judged(policy: Policy, metric: str, ratio: float, baseline_blocks, candidate_blocks) -> float:
     """The statistic ``policy`` compares with 1 + margin (floors aside): the ratio, or for a bootstrapped
     metric the smaller of the ratio and its bootstrap lower bound."""
-    if not policy.bootstraps(metric) or gpu_blocks is None or tpu_blocks is None:
+    if not policy.bootstraps(metric) or baseline_blocks is None or candidate_blocks is None:
         return ratio
-    return min(ratio, ratio_lower_bound(gpu_blocks, tpu_blocks, policy.alpha))
+    return min(ratio, ratio_lower_bound(baseline_blocks, candidate_blocks, policy.alpha))
 
 
-def calibration_table(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+def calibration_table(baseline: pd.DataFrame, candidate: pd.DataFrame, policy: Policy) -> pd.DataFrame:
     """The false-alarm rate and the ratio noise band of ``policy`` per op × dtype × tensor × metric."""
-    parity = apply_gate(gpu, tpu, policy, allow_missing=True).parity
+    parity = apply_gate(baseline, candidate, policy, allow_missing=True).parity
     measured = parity[parity["metric"].isin(METRICS) & parity["eps_tpu"].notna()].copy()
-    facts = tpu.drop_duplicates("case_id").set_index("case_id")[["op", "dtype"]]
+    facts = candidate.drop_duplicates("case_id").set_index("case_id")[["op", "dtype"]]
     measured = measured.join(facts, on="case_id")
     blocks = [{(c, t): parse_blocks(b) for c, t, b in zip(df["case_id"], df["tensor"], df["rel_l2_blocks"])}
-              for df in (gpu, tpu)]  # baseline, candidate
+              for df in (baseline, candidate)]  # baseline, candidate
     alarms, judged = [], []
     for r in measured.to_dict("records"):
         key = (r["case_id"], r["tensor"])

@@ -165,10 +165,11 @@ def check_legs(df: pd.DataFrame, leg: str, role: str, name: str) -> None:
                                  f"made by the {leg} leg it claims")
 
 
-def _check_hashes(gpu: pd.DataFrame, tpu: pd.DataFrame) -> None:
-    both = gpu[KEY + ["input_sha256"]].merge(tpu[KEY + ["input_sha256"]], on=KEY, suffixes=("_gpu", "_tpu"))
-    both = both.dropna(subset=["input_sha256_gpu", "input_sha256_tpu"])  # error rows of invalid cases
-    stale = sorted(set(both.loc[both["input_sha256_gpu"] != both["input_sha256_tpu"], "case_id"]))
+def _check_hashes(baseline: pd.DataFrame, candidate: pd.DataFrame) -> None:
+    both = baseline[KEY + ["input_sha256"]].merge(candidate[KEY + ["input_sha256"]], on=KEY,
+                                                  suffixes=("_baseline", "_candidate"))
+    both = both.dropna(subset=["input_sha256_baseline", "input_sha256_candidate"])  # error rows of invalid cases
+    stale = sorted(set(both.loc[both["input_sha256_baseline"] != both["input_sha256_candidate"], "case_id"]))
     if stale:
         listed = "\n  ".join(stale[:20]) + ("\n  ..." if len(stale) > 20 else "")
         raise GateInputError(
@@ -176,10 +177,10 @@ def _check_hashes(gpu: pd.DataFrame, tpu: pd.DataFrame) -> None:
             f"not comparable; re-run the baseline with this version of the harness:\n  {listed}")
 
 
-def _ratio(eps_tpu: float, eps_gpu: float) -> float:
-    if eps_gpu == 0:
-        return 1.0 if eps_tpu == 0 else math.inf
-    return eps_tpu / eps_gpu
+def _ratio(eps_candidate: float, eps_baseline: float) -> float:
+    if eps_baseline == 0:
+        return 1.0 if eps_candidate == 0 else math.inf
+    return eps_candidate / eps_baseline
 
 
 def _apart(a: float, b: float, digits: int = 4) -> tuple[str, str]:
@@ -214,70 +215,72 @@ def side_labels(baseline_leg: str, candidate_leg: str) -> tuple[str, str]:
     return baseline_leg, candidate_leg
 
 
-def _judge(key, g, t, policy: Policy, allow_missing: bool, sides: tuple[str, str]) -> list[dict]:
+def _judge(key, baseline, candidate, policy: Policy, allow_missing: bool, sides: tuple[str, str]) -> list[dict]:
     """The verdicts of one (case, tensor) on one draw; a metric row's failure is then weighed against the
     other draws of the case by :func:`_pool_draws`. ``sides``: :func:`side_labels`."""
     b, c = sides
     case_id, tensor = key
-    base = {"case_id": case_id, "tensor": tensor,
-            "gpu_status": None if g is None else g["status"], "tpu_status": None if t is None else t["status"],
-            "gpu_mode": None if g is None else g["mode"], "tpu_mode": None if t is None else t["mode"],
-            "tpu_mxu_cost": None if t is None else t.get("mxu_cost"),
-            "input_sha256": (t if t is not None else g)["input_sha256"],
-            "repro": None if t is None else t.get("repro")}
+    shared = {"case_id": case_id, "tensor": tensor,  # the side columns keep the rule's names (SIDE_COLUMNS)
+              "gpu_status": None if baseline is None else baseline["status"],
+              "tpu_status": None if candidate is None else candidate["status"],
+              "gpu_mode": None if baseline is None else baseline["mode"],
+              "tpu_mode": None if candidate is None else candidate["mode"],
+              "tpu_mxu_cost": None if candidate is None else candidate.get("mxu_cost"),
+              "input_sha256": (candidate if candidate is not None else baseline)["input_sha256"],
+              "repro": None if candidate is None else candidate.get("repro")}
 
     def status_row(verdict, reason):
-        return [{**base, "metric": "status", "verdict": verdict, "reason": reason}]
+        return [{**shared, "metric": "status", "verdict": verdict, "reason": reason}]
 
-    if t is None or g is None:
-        where = f"candidate ({c})" if t is None else f"baseline ({b})"
+    if candidate is None or baseline is None:
+        where = f"candidate ({c})" if candidate is None else f"baseline ({b})"
         if allow_missing:
             return status_row("missing", f"not in the {where} file (allowed: --allow-missing)")
         return status_row("fail", f"not in the {where} file; pass --allow-missing to gate a deliberate subset")
-    g_status, t_status = g["status"], t["status"]
-    if t_status in FAILING:
-        return status_row("fail", f"{c} {t_status}: {t['reason']}")
-    if t_status == Status.UNSUPPORTED:
-        return status_row("unsupported", f"{c}: {t['reason']}")
-    if t_status == Status.NOT_PROVIDED:
-        if g_status == Status.OK and str(t["reason"]).startswith(FORWARD_ONLY):
-            return status_row("forward_only", f"{t['reason']}: not compared (the candidate is forward only)")
-        if g_status == Status.OK and str(t["reason"]).startswith(NO_GRADIENT):
-            return status_row("no_gradient", t["reason"])  # the binding's reason: not compared
-        if g_status == Status.OK:
+    b_status, c_status = baseline["status"], candidate["status"]
+    if c_status in FAILING:
+        return status_row("fail", f"{c} {c_status}: {candidate['reason']}")
+    if c_status == Status.UNSUPPORTED:
+        return status_row("unsupported", f"{c}: {candidate['reason']}")
+    if c_status == Status.NOT_PROVIDED:
+        if b_status == Status.OK and str(candidate["reason"]).startswith(FORWARD_ONLY):
+            return status_row("forward_only", f"{candidate['reason']}: not compared (the candidate is forward only)")
+        if b_status == Status.OK and str(candidate["reason"]).startswith(NO_GRADIENT):
+            return status_row("no_gradient", candidate["reason"])  # the binding's reason: not compared
+        if b_status == Status.OK:
             return status_row("fail", f"the {c} leg gives no such tensor but the {b} leg does")
         return status_row("not_provided", "neither leg gives this tensor")
-    # the TPU has numbers within its bound
-    if g_status == Status.ERROR:
-        return status_row("fail", f"the {b} baseline errored, so nothing is measured: {g['reason']}")
-    if g_status != Status.OK:
-        return status_row("bounds_only", f"{c} within its absolute bound; no {b} number ({b} {g_status}: "
-                                         f"{g['reason']})")
+    # the candidate has numbers within its bound
+    if b_status == Status.ERROR:
+        return status_row("fail", f"the {b} baseline errored, so nothing is measured: {baseline['reason']}")
+    if b_status != Status.OK:
+        return status_row("bounds_only", f"{c} within its absolute bound; no {b} number ({b} {b_status}: "
+                                         f"{baseline['reason']})")
     rows = []
-    blocks = parse_blocks(g.get("rel_l2_blocks")), parse_blocks(t.get("rel_l2_blocks"))
-    where = {"op": str(t.get("op", "")), "dtype": str(t.get("dtype", "")), "tensor": tensor}
+    blocks = parse_blocks(baseline.get("rel_l2_blocks")), parse_blocks(candidate.get("rel_l2_blocks"))
+    where = {"op": str(candidate.get("op", "")), "dtype": str(candidate.get("dtype", "")), "tensor": tensor}
     for metric in METRICS:
-        eps_g, eps_t = float(g[metric]), float(t[metric])
-        allowed = policy.allowed(metric, eps_g, **where)
+        eps_b, eps_c = float(baseline[metric]), float(candidate[metric])
+        allowed = policy.allowed(metric, eps_b, **where)
         limit = 1 + policy.margin(metric, **where)
-        passed, lower = policy.judge(metric, eps_t, eps_g, *blocks, **where)
-        shown_t, shown_allowed = _apart(eps_t, allowed)
+        passed, lower = policy.judge(metric, eps_c, eps_b, *blocks, **where)
+        shown_c, shown_allowed = _apart(eps_c, allowed)
         shown_lower, shown_limit = _apart(lower, limit) if lower is not None else ("", "")
         if metric not in policy.metrics:
             verdict, reason = "info", "not gated by the policy"
         elif passed and lower is not None:
-            verdict, reason = "pass", (f"eps_tpu {shown_t} > allowed {shown_allowed}, but within noise: bootstrap "
+            verdict, reason = "pass", (f"eps_tpu {shown_c} > allowed {shown_allowed}, but within noise: bootstrap "
                                        f"lower bound of the ratio {shown_lower} <= {shown_limit}")
         elif passed:
             verdict, reason = "pass", ""
         elif lower is not None:
-            verdict, reason = "fail", (f"eps_tpu {shown_t} > allowed {shown_allowed}, beyond noise: bootstrap "
+            verdict, reason = "fail", (f"eps_tpu {shown_c} > allowed {shown_allowed}, beyond noise: bootstrap "
                                        f"lower bound of the ratio {shown_lower} > {shown_limit}")
         else:
-            verdict, reason = "fail", f"eps_tpu {shown_t} > allowed {shown_allowed}"
+            verdict, reason = "fail", f"eps_tpu {shown_c} > allowed {shown_allowed}"
         # one draw decides a failure only where its bootstrap is trusted: rel_l2 on a large enough tensor
-        trusted = lower is not None and _numel(t) >= BOOTSTRAP_MIN_ELEMENTS
-        rows.append({**base, "metric": metric, "eps_gpu": eps_g, "eps_tpu": eps_t, "ratio": _ratio(eps_t, eps_g),
+        trusted = lower is not None and _numel(candidate) >= BOOTSTRAP_MIN_ELEMENTS
+        rows.append({**shared, "metric": metric, "eps_gpu": eps_b, "eps_tpu": eps_c, "ratio": _ratio(eps_c, eps_b),
                      "ratio_lower": lower, "allowed": allowed, "verdict": verdict, "reason": reason, "draws": 1,
                      **({} if trusted else {"_limit": limit})})
     return rows
@@ -379,23 +382,23 @@ def _pool_draws(rows: list[dict], policy: Policy) -> list[dict]:
     return rows
 
 
-def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_missing: bool = False,
+def apply_gate(baseline: pd.DataFrame, candidate: pd.DataFrame, policy: Policy, *, allow_missing: bool = False,
                baseline_leg: str | None = None, candidate_leg: str | None = None,
                names: tuple[str, str] = ("baseline", "candidate")) -> GateResult:
-    """Judge ``tpu`` (the candidate's rows) against ``gpu`` (the baseline's); see the module docstring. The legs
+    """Judge ``candidate``'s rows against ``baseline``'s; see the module docstring. The legs
     default to the registry's built-in baseline and candidate (:func:`harness.legs.registry.default_leg`)."""
     baseline_leg = baseline_leg or default_leg("baseline")
     candidate_leg = candidate_leg or default_leg("candidate")
-    gpu, tpu = check_results(gpu, names[0]), check_results(tpu, names[1])
-    check_legs(gpu, baseline_leg, "baseline", names[0])
-    check_legs(tpu, candidate_leg, "candidate", names[1])
-    _check_hashes(gpu, tpu)
-    g_rows = {tuple(k): r for k, r in zip(gpu[KEY].itertuples(index=False), gpu.to_dict("records"))}
-    t_rows = {tuple(k): r for k, r in zip(tpu[KEY].itertuples(index=False), tpu.to_dict("records"))}
-    keys = list(t_rows) + [k for k in g_rows if k not in t_rows]
+    baseline, candidate = check_results(baseline, names[0]), check_results(candidate, names[1])
+    check_legs(baseline, baseline_leg, "baseline", names[0])
+    check_legs(candidate, candidate_leg, "candidate", names[1])
+    _check_hashes(baseline, candidate)
+    b_rows = {tuple(k): r for k, r in zip(baseline[KEY].itertuples(index=False), baseline.to_dict("records"))}
+    c_rows = {tuple(k): r for k, r in zip(candidate[KEY].itertuples(index=False), candidate.to_dict("records"))}
+    keys = list(c_rows) + [k for k in b_rows if k not in c_rows]
     rows = []
     for key in keys:
-        rows.extend(_judge(key, g_rows.get(key), t_rows.get(key), policy, allow_missing,
+        rows.extend(_judge(key, b_rows.get(key), c_rows.get(key), policy, allow_missing,
                            side_labels(baseline_leg, candidate_leg)))
     parity = pd.DataFrame(_pool_draws(rows, policy), columns=PARITY_COLUMNS)
     gated = parity["metric"].isin(policy.metrics) & parity["verdict"].isin(["pass", "fail", "inconclusive"])
@@ -404,24 +407,24 @@ def apply_gate(gpu: pd.DataFrame, tpu: pd.DataFrame, policy: Policy, *, allow_mi
             "case_id": "*", "tensor": "*", "metric": "coverage", "verdict": "fail",
             "reason": f"no gated metric was compared ({len(keys)} (case, tensor) keys, none with numbers in both "
                       f"files): the gate measured nothing"}], columns=PARITY_COLUMNS)], ignore_index=True)
-    return GateResult(parity[PARITY_COLUMNS], policy, gpu, tpu, baseline_leg, candidate_leg)
+    return GateResult(parity[PARITY_COLUMNS], policy, baseline, candidate, baseline_leg, candidate_leg)
 
 
-def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool = False, select=None,
+def gate_files(baseline_csv: Path, candidate_csv: Path, policy: Policy, allow_partial: bool = False, select=None,
                **options) -> GateResult:
     """Read and check both files (one file is never compared with itself; the partial file of an unfinished run
     only with ``allow_partial``, and then the verdict says so), then :func:`apply_gate`; ``select``: the rows of each
     file to judge (a function of its rows; a selection of cases), else all."""
-    gpu_csv, tpu_csv = Path(gpu_csv), Path(tpu_csv)
-    if gpu_csv.exists() and tpu_csv.exists() and gpu_csv.samefile(tpu_csv):
-        raise GateInputError(f"{gpu_csv} is given as both the baseline and the candidate")
-    partial = tuple(str(p) for p in (gpu_csv, tpu_csv) if unfinished(p))
+    baseline_csv, candidate_csv = Path(baseline_csv), Path(candidate_csv)
+    if baseline_csv.exists() and candidate_csv.exists() and baseline_csv.samefile(candidate_csv):
+        raise GateInputError(f"{baseline_csv} is given as both the baseline and the candidate")
+    partial = tuple(str(p) for p in (baseline_csv, candidate_csv) if unfinished(p))
     if partial and not allow_partial:
         raise GateInputError(f"{partial[0]} is the partial file of a run that did not finish: finish it (the same "
                              f"command with --resume), or judge what it has with --allow-partial (never a pass)")
     # apply_gate checks both files (check_results), naming them
     frames = []
-    for path in (gpu_csv, tpu_csv):
+    for path in (baseline_csv, candidate_csv):
         rows = read_table(path)
         if select is not None and {"case_id", "op"} <= set(rows.columns):  # else the gate's check names the file
             rows = select(rows)
@@ -429,6 +432,6 @@ def gate_files(gpu_csv: Path, tpu_csv: Path, policy: Policy, allow_partial: bool
                 raise GateInputError(f"{path} holds no row of the selected cases: name cases it holds (--case, "
                                      f"--cases-file, --suite, --op), or gate the whole file")
         frames.append(rows)
-    result = apply_gate(*frames, policy, names=(str(gpu_csv), str(tpu_csv)), **options)
+    result = apply_gate(*frames, policy, names=(str(baseline_csv), str(candidate_csv)), **options)
     return dataclasses.replace(result, unfinished=partial)
 

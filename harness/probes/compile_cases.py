@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.run.baseline_cache import BaselineCache, _hash_files, cached, source_closure
+from harness.core.content_key import files_digest
+from harness.run.baseline_cache import BaselineCache, cached, source_closure
 from harness.legs.registry import default_leg
 from harness.legs.tpu import NATIVE, device_arrays, program
 from harness.run.runner import Refusal, Runner, impl_option
@@ -39,7 +40,7 @@ class ContentKeys:
 
     def __init__(self, leg):
         self.cache = BaselineCache(leg, directory=None) if cached(leg.name) else None
-        self.sources = _hash_files(compile_sources()) if self.cache is not None else ""
+        self.sources = files_digest(compile_sources()) if self.cache is not None else ""
 
     def __call__(self, op, case, target: str) -> str | None:
         if self.cache is None:

@@ -29,8 +29,10 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.cm import ScalarMappable
 from matplotlib.collections import LineCollection, PatchCollection
+from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.colors import LogNorm, to_rgba
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Rectangle
 
 from harness.core.results import atomic_write_bytes, atomic_write_text, provenance_line
@@ -53,6 +55,9 @@ MAX_DECADES = 6
 """The colour scale spans at most 10^-6..10^6; ratios beyond (and 0, ∞) take the end colours."""
 MAX_PIXELS = 60000
 """Agg's limit is 2^16 pixels a side: a taller heatmap is drawn at a lower resolution."""
+COLUMN_FONT = 8
+"""Points, for the tensor names over the columns. They stand upright: a column is CELL_W wide and a name such as
+``dconv_weight`` is wider than that lying down, so lying labels of neighbouring columns ran into each other."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,8 @@ def heatmap_figure(h: Heatmap, title: str, sides: tuple[str, str] = ("GPU", "TPU
         fig.text(0.5, 0.7, title, ha="center", va="center", fontsize=10, weight="bold")
         fig.text(0.5, 0.3, "no (case, tensor) rows to show", ha="center", va="center")
         return fig
-    top, bottom, legend_w = 1.2, 0.1, 2.6
+    labels_h = _longest_text_inches(h.tensors, COLUMN_FONT) + 0.05
+    top, bottom, legend_w = 0.85 + labels_h, 0.1, 2.6
     ax_w, ax_h = m * CELL_W, n * CELL_H
     width, height = ax_w + legend_w, max(ax_h, 2.6) + top + bottom
     fig = Figure(figsize=(width, height), dpi=DPI, facecolor="white")
@@ -135,13 +141,13 @@ def heatmap_figure(h: Heatmap, title: str, sides: tuple[str, str] = ("GPU", "TPU
         ax.add_collection(LineCollection(segments, colors=FAIL_COLOR, linewidths=2.5))
     ax.set_xlim(-0.5, m - 0.5)
     ax.set_ylim(n - 0.5, -0.5)
-    ax.set_xticks(range(m), h.tensors, fontsize=8)
+    ax.set_xticks(range(m), h.tensors, fontsize=COLUMN_FONT, rotation=90, ha="center", va="bottom")
     ax.set_yticks(range(n), h.cases, fontsize=7)
     ax.xaxis.tick_top()
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
-    ax.set_title(f"ε_{cand} / ε_{base} ({h.metric})", fontsize=10, pad=18, loc="left")
+    ax.set_title(f"ε_{cand} / ε_{base} ({h.metric})", fontsize=10, pad=8 + 72 * labels_h, loc="left")
     fig.text(0, 1 - 0.2 / height, title, fontsize=11, weight="bold", va="top")
     bar_h = min(max(ax_h, 2.6), 4.0) - 0.9
     cax = fig.add_axes(((ax_w + 0.35) / width, (height - top - bar_h) / height, 0.18 / width, bar_h / height))
@@ -152,6 +158,12 @@ def heatmap_figure(h: Heatmap, title: str, sides: tuple[str, str] = ("GPU", "TPU
              f"red: {cand} error larger\nblue: {cand} error smaller\ngrey: no ratio\noutlined X: fails the gate",
              fontsize=7.5, va="top", linespacing=1.4)
     return fig
+
+
+def _longest_text_inches(texts: list[str], fontsize: float) -> float:
+    """The width in inches of the widest of ``texts`` set in ``fontsize`` points (Agg's own text metrics)."""
+    renderer, font = RendererAgg(1, 1, DPI), FontProperties(size=fontsize)
+    return max(renderer.get_text_width_height_descent(t, font, ismath=False)[0] for t in texts) / DPI
 
 
 def png_bytes(fig: Figure) -> bytes:

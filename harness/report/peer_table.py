@@ -303,3 +303,30 @@ def html_page(t: dict[str, pd.DataFrame]) -> str:
     parts += [f"<li><b>{html.escape(f.candidate)}</b>: <a href='{html.escape(f.link)}'>{html.escape(f.title)}</a>"
               for f in t["findings"].itertuples(index=False)]
     return "\n".join(parts) + "</ul>\n"
+
+
+def write_pages(root, policy, native, check: bool = False, force: bool = False, say=print) -> bool:
+    """``root``/README.md and index.html from every report's rows under ``root`` (:func:`tables`), judged under
+    ``policy`` beside fla's ``native`` rows. ``check``: write nothing, and say whether the pages match the rows.
+    Returns False when ``check`` finds them stale. A README.md this did not write is a ValueError unless ``force``."""
+    from pathlib import Path
+
+    from harness.core.results import atomic_write_text
+
+    root = Path(root)
+    t = tables(root, policy, native)
+    pages = {root / "README.md": markdown(t), root / "index.html": html_page(t)}
+    if check:
+        stale = [str(p) for p, text in pages.items() if not p.exists() or p.read_text() != text]
+        say(f"peers: {', '.join(stale)} differ from the rows; run parity peers --root {root}" if stale
+            else f"peers: {root}/README.md and index.html match the rows")
+        return not stale
+    mine = root / "README.md"
+    if mine.exists() and not mine.read_text().startswith(HEAD.splitlines()[0]) and not force:
+        raise ValueError(f"{mine} was not written by parity peers; --force replaces it")
+    for path, text in pages.items():
+        atomic_write_text(path, text)
+    say(f"peers: {len(t['ops'])} rows (op, variant, dtype, gate form) x {len(t['ops'].columns) - 4} candidates "
+        f"-> {mine}, {root / 'index.html'}; judged against fla's "
+        + ", ".join(f"{mode} rows on {n}" for mode, n in sorted(t["judged"].items())))
+    return True

@@ -34,9 +34,9 @@ def _cost(x) -> str:
     return "–" if math.isnan(x) else f"{x:.2f}×"
 
 
-def compiled_note(tpu: pd.DataFrame) -> str:
+def compiled_note(candidate: pd.DataFrame) -> str:
     """Which real TPU targets the emulated TPU kernels were compiled for, and with which libtpu."""
-    emulated = tpu[tpu["mode"] == "emulated"]
+    emulated = candidate[candidate["mode"] == "emulated"]
     col = emulated["compiled_for"] if "compiled_for" in emulated.columns else pd.Series(dtype=object)
     targets = sorted({t for v in col.dropna() for t in str(v).split(",") if t})
     if not targets:

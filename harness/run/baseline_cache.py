@@ -75,7 +75,8 @@ from cases.inputs import Inputs
 
 from harness.legs.base import Leg, LegOutput
 from harness.ops.base import OpDescriptor
-from harness.run.reference_cache import _META, _checksum, default_cache_dir, entry_metadata
+from harness.core.content_key import files_digest
+from harness.run.reference_cache import META_ENTRY, arrays_checksum, default_cache_dir, entry_metadata
 
 _ROOT = Path(__file__).resolve().parents[2]  # the repository: harness/<stage>/<module>.py
 SUBDIR = "baselines"
@@ -100,9 +101,13 @@ def cached(leg_name: str) -> bool:
     return spec is not None and bool(spec.cache_sources)
 
 
-def for_leg(leg: Leg, read: bool = True) -> "BaselineCache | None":
-    """The cache a run of ``leg`` uses (at the default directory), or None for a leg that is not cached."""
-    return BaselineCache(leg, read=read) if cached(leg.name) else None
+def for_leg(leg: Leg, read: bool = True, cache_dir: Path | None | str = "default") -> "BaselineCache | None":
+    """The cache a run of ``leg`` uses (under the caches' root ``cache_dir``: "default" for the default one, None
+    for none, in memory), or None for a leg that is not cached."""
+    if not cached(leg.name):
+        return None
+    directory = "default" if cache_dir == "default" else (Path(cache_dir) / SUBDIR if cache_dir else None)
+    return BaselineCache(leg, directory, read=read)
 
 
 class BaselineCacheWarning(UserWarning):
@@ -115,28 +120,11 @@ def default_directory() -> Path | None:
     return None if base is None else base / SUBDIR
 
 
-def _name(path) -> str:
-    """A file's name in a key: relative to this repository (the same in every clone and checkout), or its full
-    path for a file outside it."""
-    resolved = Path(path).resolve()
-    return resolved.relative_to(_ROOT).as_posix() if resolved.is_relative_to(_ROOT) else str(resolved)
-
-
-def _hash_files(paths) -> str:
-    """sha256 of the files' names (:func:`_name`) and contents: a key that a clone elsewhere computes alike, so a
-    committed record (``parity compile --reuse``, ``parity ptx --reuse``) is verified in any checkout."""
-    h = hashlib.sha256()
-    for name, path in sorted({_name(p): p for p in paths}.items()):
-        h.update(name.encode())
-        h.update(Path(path).read_bytes())
-    return h.hexdigest()
-
-
 def sources_fingerprint(leg: str) -> str:
     """sha256 of the sources the cached leg ``leg``'s output depends on (:data:`_COMMON` and its own)."""
     from harness.legs.registry import leg_spec
 
-    return _hash_files(p for pattern in _COMMON + leg_spec(leg).cache_sources for p in _ROOT.glob(pattern))
+    return files_digest(p for pattern in _COMMON + leg_spec(leg).cache_sources for p in _ROOT.glob(pattern))
 
 
 def leg_inputs(leg_name: str, cases) -> dict:
@@ -233,7 +221,7 @@ def binding_fingerprint(op: OpDescriptor, leg: Leg) -> str | None:
         return None
     if leg.source_closure:
         files = [str(p) for p in source_closure(files)]
-    return hashlib.sha256((_hash_files(files) + json.dumps(dict(op.cotangents), sort_keys=True)).encode()).hexdigest()
+    return hashlib.sha256((files_digest(files) + json.dumps(dict(op.cotangents), sort_keys=True)).encode()).hexdigest()
 
 
 def _finite(out: LegOutput) -> bool:
@@ -333,9 +321,9 @@ class BaselineCache:
                                "git_commit": git_commit}}
         meta = {"format": FORMAT, "key": key, **served,
                 "tensors": {n: {"dtype": str(a.dtype), "shape": list(a.shape)} for n, a in arrays.items()},
-                "sha256": _checksum(arrays), "meta_sha256": _meta_checksum(served)}
+                "sha256": arrays_checksum(arrays), "meta_sha256": _meta_checksum(served)}
         raw = {n: a.view(f"u{a.dtype.itemsize}") for n, a in arrays.items()}  # bf16 has no npz dtype: its bits
-        raw[_META] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
+        raw[META_ENTRY] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
         path, tmp = self._path(key), None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -391,7 +379,7 @@ def _decode(arrays: dict[str, np.ndarray], key: str, label: str = LABEL) -> tupl
             out[name] = a
     except (TypeError, ValueError, KeyError) as exc:
         return f"its arrays do not match their metadata ({type(exc).__name__})"
-    if _checksum(out) != checksum:
+    if arrays_checksum(out) != checksum:
         return "its checksum does not match its values"
     out.update({name: None for name in absent})
     details = {**details, label.replace(" ", "_"): f"served from the cache: computed {computed.get('timestamp', '?')} "

@@ -34,13 +34,14 @@ from cases.inputs import Inputs
 
 from harness.ops.base import OpDescriptor, call_k_first, state_k_first
 from harness.ops.reductions import magnitude_name, magnitudes, reduction_of
+from harness.core.content_key import files_digest
 from harness.core.cache_dir import default_cache_dir  # noqa: F401  (the one rule; callers import it here too)
 
 _ROOT = Path(__file__).resolve().parents[2]  # the repository: harness/<stage>/<module>.py
 # what a golden result depends on besides its inputs: the references, and the descriptors that call them
 _SOURCES = ("references/*.py", "harness/ops/*.py", "cases/*.py")
 FORMAT = 2  # 1 was the bare npz without metadata
-_META = "__meta__"
+META_ENTRY = "__meta__"
 
 
 class ReferenceCacheWarning(UserWarning):
@@ -48,14 +49,11 @@ class ReferenceCacheWarning(UserWarning):
 
 
 def _references_fingerprint() -> str:
-    h = hashlib.sha256()
-    for path in sorted(p for pattern in _SOURCES for p in _ROOT.glob(pattern)):
-        h.update(str(path.relative_to(_ROOT)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
+    """The key of the goldens' sources (:data:`_SOURCES`: :func:`harness.core.content_key.files_digest`)."""
+    return files_digest(p for pattern in _SOURCES for p in _ROOT.glob(pattern))
 
 
-def _checksum(arrays: dict[str, np.ndarray]) -> str:
+def arrays_checksum(arrays: dict[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for name in sorted(arrays):
         a = arrays[name]
@@ -71,7 +69,7 @@ def _describe(a: np.ndarray) -> dict:
 
 def _metadata(key: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
     meta = {"format": FORMAT, "key": key, "tensors": {n: _describe(a) for n, a in arrays.items()},
-            "sha256": _checksum(arrays)}
+            "sha256": arrays_checksum(arrays)}
     return np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)  # no pickle needed to read
 
 
@@ -79,7 +77,7 @@ def entry_metadata(arrays: dict[str, np.ndarray], key: str, fmt: int) -> dict | 
     """The metadata of a loaded cache entry (popped from ``arrays``: its ``__meta__`` record), or what is wrong
     with it: none, unreadable, another format or key, tensors other than it lists. Shared by every on-disk
     cache here (this one, :mod:`harness.run.baseline_cache`)."""
-    raw = arrays.pop(_META, None)
+    raw = arrays.pop(META_ENTRY, None)
     if raw is None:
         return "it has no metadata (an older cache format)"
     try:
@@ -110,7 +108,7 @@ def _problem(arrays: dict[str, np.ndarray], key: str, expected: list[str]) -> st
             return f"its {name} is {a.dtype}, not float64"
         if _describe(a) != tensors[name]:
             return f"its {name} is {_describe(a)}, its metadata says {tensors[name]}"
-    if _checksum(arrays) != checksum:
+    if arrays_checksum(arrays) != checksum:
         return "its checksum does not match its values"
     return None
 
@@ -202,7 +200,7 @@ class ReferenceCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **result, **{_META: _metadata(key, result)})
+                np.savez(f, **result, **{META_ENTRY: _metadata(key, result)})
             os.replace(tmp, path)  # readers see the old file or the whole new one, never a torn one
         except OSError:
             # the cache is an optimisation; a read-only home must not fail a run

@@ -9,16 +9,7 @@ import sys
 
 import numpy as np
 
-from cases.inputs import make_inputs
-from harness.app import case_from_id
-from harness.legs.registry import make_leg
-from harness.ops import get_op
-from harness.run.reference_cache import ReferenceCache
-
-
-def rel(a, b, axis):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.sqrt(((a - b) ** 2).sum(axis) / (b ** 2).sum(axis))
+from harness.app.analysis import f64, golden, rel_l2 as rel, run_case
 
 
 def main(case_ids):
@@ -26,17 +17,15 @@ def main(case_ids):
 
     defaults = triton_interpreter.triton_emulation.__wrapped__.__kwdefaults__
     for case_id in case_ids:
-        case = case_from_id(case_id)
-        op = get_op(case.op)
-        x = make_inputs(case, op.inputs(case))
-        gold = np.asarray(ReferenceCache(None).get(op, case, x)["ht"], np.float64)
+        g = golden(case_id)
+        case, gold = g.case, f64(g.tensors["ht"])
         axes = tuple(range(1, gold.ndim))  # one value per packed sequence
         got = {}
         for arith in (True, False):
             defaults["ptx_arith"] = arith
-            got[f"fla, {'PTX' if arith else 'numpy'} arithmetic"] = make_leg("gpu").run(op, case, x).tensors["ht"]
+            got[f"fla, {'PTX' if arith else 'numpy'} arithmetic"] = run_case(g, "gpu").tensors["ht"]
         defaults["ptx_arith"] = True
-        got["this project's TPU kernel"] = make_leg("tpu", compile_targets=()).run(op, case, x).tensors["ht"]
+        got["this project's TPU kernel"] = run_case(g, "tpu").tensors["ht"]
         print(case_id)
         print(f"  sequence lengths {np.diff(case.cu_seqlens).tolist()}; ht rel_l2 per sequence, and over all:")
         for name, ht in got.items():

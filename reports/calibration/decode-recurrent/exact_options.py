@@ -5,11 +5,7 @@ once, patched in from this script's side, beside the kernel as shipped and fla (
 """
 
 import sys, numpy as np, jax, jax.numpy as jnp
-from cases.inputs import make_inputs
-from harness.app import case_from_id
-from harness.legs.registry import make_leg
-from harness.ops import get_op
-from harness.run.reference_cache import ReferenceCache
+from harness.app.analysis import f64, golden, run_case
 import kernels_tpu.kda.chunk as kc
 orig = kc._preprocess
 def exact_pre(q, k, g, beta, A_log, dt_bias, opts):
@@ -28,13 +24,13 @@ def exact_pre(q, k, g, beta, A_log, dt_bias, opts):
 base = sys.argv[1]
 for s in sys.argv[2:]:
     cid = base if s == "0" else base.replace(",h0,", f",h0,seed={s},")
-    case = case_from_id(cid); op = get_op(case.op); x = make_inputs(case, op.inputs(case))
-    gold = np.asarray(ReferenceCache(None).get(op, case, x)["ht"], np.float64)
-    fla = np.asarray(make_leg("gpu").run(op, case, x).tensors["ht"], np.float64)
+    g = golden(cid)
+    gold = f64(g.tensors["ht"])
+    fla = f64(run_case(g, "gpu").tensors["ht"])
     kc._preprocess = orig
-    tpu = np.asarray(make_leg("tpu", compile_targets=()).run(op, case, x).tensors["ht"], np.float64)
+    tpu = f64(run_case(g, "tpu").tensors["ht"])
     kc._preprocess = exact_pre; jax.clear_caches()
-    tpx = np.asarray(make_leg("tpu", compile_targets=()).run(op, case, x).tensors["ht"], np.float64)
+    tpx = f64(run_case(g, "tpu").tensors["ht"])
     kc._preprocess = orig; jax.clear_caches()
     r = lambda a: (np.abs(a-gold).max(), np.linalg.norm(a-gold)/np.linalg.norm(gold))
     print(f"seed {s}: fla max {r(fla)[0]:.3e} rel {r(fla)[1]:.3e} | tpu max {r(tpu)[0]:.3e} rel {r(tpu)[1]:.3e} | tpu exact-pre max {r(tpx)[0]:.3e} rel {r(tpx)[1]:.3e}", flush=True)

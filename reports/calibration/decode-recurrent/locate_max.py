@@ -5,18 +5,13 @@ this project's kernel, and each packed sequence's largest error (README.md quote
 """
 
 import sys, numpy as np
-from cases.inputs import make_inputs
-from harness.app import case_from_id
-from harness.legs.registry import make_leg
-from harness.ops import get_op
-from harness.run.reference_cache import ReferenceCache
+from harness.app.analysis import f64, golden, run_case
 base = sys.argv[1]
 for s in sys.argv[2:]:
     cid = base.replace("/lens=", "/lens=") if s == "0" else base.replace(",h0,", f",h0,seed={s},")
-    case = case_from_id(cid); op = get_op(case.op); x = make_inputs(case, op.inputs(case))
-    gold = np.asarray(ReferenceCache(None).get(op, case, x)["ht"], np.float64)
-    fla = np.asarray(make_leg("gpu").run(op, case, x).tensors["ht"], np.float64)
-    tpu = np.asarray(make_leg("tpu", compile_targets=()).run(op, case, x).tensors["ht"], np.float64)
+    g = golden(cid)
+    gold = f64(g.tensors["ht"])
+    fla, tpu = (f64(run_case(g, leg).tensors["ht"]) for leg in ("gpu", "tpu"))
     out = [f"seed {s}"]
     for name, a in (("fla", fla), ("tpu", tpu)):
         e = np.abs(a - gold); i = np.unravel_index(np.argmax(e), e.shape)

@@ -1,15 +1,11 @@
 import sys, numpy as np
 from harness.app import case_from_id
-from harness.ops import get_op
-from cases.inputs import make_inputs
-from harness.legs import make_leg
+from harness.app.analysis import golden, run_case
 cid = sys.argv[1]; seeds = range(int(sys.argv[2]))
-op = get_op(cid.split(".")[0])
-legs = {n: make_leg(n, **({"compile_targets": ()} if n == "tpu" else {})) for n in ("ref", "gpu", "tpu")}
 for s in seeds:
-    case = case_from_id(cid).replace(seed=s)
-    x = make_inputs(case, op.inputs(case))
-    out = {n: l.run(op, case, x).tensors for n, l in legs.items()}
+    g = golden(case_from_id(cid).replace(seed=s))
+    case, x = g.case, g.inputs
+    out = {n: run_case(g, n).tensors for n in ("ref", "gpu", "tpu")}
     r = np.asarray(out["ref"]["dg"], np.float64).ravel()
     eg = np.asarray(out["gpu"]["dg"], np.float64).ravel() - r
     et = np.asarray(out["tpu"]["dg"], np.float64).ravel() - r

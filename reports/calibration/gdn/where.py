@@ -4,15 +4,10 @@ Runs the GPU leg (emulated fla) and the TPU leg (interpret mode, no real-TPU com
 prints each leg's largest |ht - reference| with its index, per sequence and per head, beside |h0| and |ht|.
 """
 import sys, numpy as np
-from harness.app import case_from_id
-from harness.ops import get_op
-from cases.inputs import make_inputs
-from harness.legs import make_leg
-from harness.run.reference_cache import ReferenceCache
-cid = sys.argv[1]
-case = case_from_id(cid); op = get_op(case.op); x = make_inputs(case, op.inputs(case))
-ref = ReferenceCache(None).get(op, case, x)
-outs = {name: make_leg(name, **({"compile_targets": ()} if name == "tpu" else {})).run(op, case, x).tensors for name in ("gpu", "tpu")}
+from harness.app.analysis import golden, run_case
+g = golden(sys.argv[1])
+case, x, ref = g.case, g.inputs, g.tensors
+outs = {name: run_case(g, name).tensors for name in ("gpu", "tpu")}
 r = np.asarray(ref["ht"], np.float64)
 print("ht shape", r.shape, "cu", case.cu_seqlens)
 for name, t in outs.items():

@@ -26,37 +26,17 @@ import sys
 
 import numpy as np
 
-from cases.inputs import make_inputs
-from harness.app import case_from_id
-from harness.ops import get_op
-from harness.run.reference_cache import ReferenceCache
+from harness.app.analysis import f64, golden, rel_l2 as rel, run_case
 
 BLOCK = 64
 
 
-def f64(x):
-    return np.asarray(x, np.float64)
-
-
-def rel(a, b, axis=None):
-    a, b = f64(a), f64(b)
-    return np.sqrt(((a - b) ** 2).sum(axis) / (b ** 2).sum(axis))
-
-
 def where(case_id: str, legs: str) -> None:
-    from harness.legs.registry import make_leg
-
-    case = case_from_id(case_id)
-    op = get_op(case.op)
-    x = make_inputs(case, op.inputs(case))
-    gold = ReferenceCache(None).get(op, case, x)
+    g = golden(case_id)
+    case, gold = g.case, g.tensors
     print(case.id)
     for name in legs.split(","):
-        try:  # a TPU-like leg: no compile for real targets here
-            leg = make_leg(name, compile_targets=())
-        except TypeError:  # fla's
-            leg = make_leg(name)
-        out = leg.run(op, case, x).tensors
+        out = run_case(g, name).tensors  # a candidate: no compile for real targets here
         print(f"== {name}")
         for tensor, ref in gold.items():
             got = out.get(tensor)
@@ -104,13 +84,13 @@ def model(x, scale, bt, wy_eps=0.0, clamp=None):
 
 
 def maths(case_id: str, seeds: str = "0,1,2") -> None:
+    from harness.app import case_from_id
+
     base = case_from_id(case_id)
-    op = get_op(base.op)
     print(base.id)
     for seed in (int(s) for s in seeds.split(",")):
-        case = base.replace(seed=seed)
-        x = make_inputs(case, op.inputs(case))
-        gold = ReferenceCache(None).get(op, case, x)
+        g = golden(base.replace(seed=seed))
+        case, x, gold = g.case, g.inputs, g.tensors
         exact = model(x, case.resolved_scale, 256)
         line = [f"seed {seed}: exact model vs references.gdn2: o {rel(exact[0], gold['o']):.1e}, "
                 f"ht {rel(exact[1], gold['ht']):.1e}"]
@@ -129,9 +109,11 @@ def kernels(leg: str, dtype: str = "float16", targets: str = "v5e,v6e,v7x") -> N
     import jax
     import jax.numpy as jnp
 
+    from harness.app import case_from_id
     from harness.legs import external
     from harness.legs.registry import make_leg
     from harness.compile.tpu_compile import compile_for, kernel_equations
+    from harness.ops import get_op
 
     impl = make_leg(leg, compile_targets=()).impl
     case = case_from_id(f"gdn2.chunk/B1-T256-H1-K128-V128/{dtype}/g=logsigmoid/16/C64/h0,dht".replace(

@@ -12,36 +12,21 @@ import sys
 
 import numpy as np
 
-from cases.inputs import make_inputs
-from harness.app import case_from_id
+from harness.app.analysis import f64, golden, rel_l2 as rel, run_case
 from harness.legs import external
-from harness.legs.registry import make_leg
-from harness.ops import get_op
-from harness.run.reference_cache import ReferenceCache
 
 PADDED = "simple_gla.chunk/B1-T100-H1-K128-V128/bf16/g_gamma=alibi(L32,l0)/C64/h0,dht"
 FP16 = "simple_gla.chunk/B1-T128-H2-K128-V128/fp16/g_gamma=alibi(L32,l0)/C64/h0,dht"
 
 
-def f64(x):
-    return np.asarray(x, np.float64)
-
-
-def rel(a, b, axis=None):
-    a, b = f64(a), f64(b)
-    return np.sqrt(((a - b) ** 2).sum(axis) / (b ** 2).sum(axis))
-
-
 def run(case_id, exact=False):
-    case = case_from_id(case_id)
-    op = get_op(case.op)
-    x = make_inputs(case, op.inputs(case))
-    gold = ReferenceCache(None).get(op, case, x)
+    g = golden(case_id)
+    case, x, gold = g.case, g.inputs, g.tensors
     saved = external.mxu_rounding
     if exact:
         external.mxu_rounding = contextlib.nullcontext
     try:
-        out = make_leg("tops", compile_targets=()).run(op, case, x).tensors
+        out = run_case(g, "tops").tensors
     finally:
         external.mxu_rounding = saved
     return case, x, gold, out

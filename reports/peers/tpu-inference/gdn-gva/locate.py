@@ -10,32 +10,21 @@ import sys
 
 import numpy as np
 
-from cases.inputs import make_inputs
 from harness.app import case_from_id
+from harness.app.analysis import golden, rel_l2 as rel, run_case
 from harness.legs import external
-from harness.legs.registry import make_leg
-from harness.ops import get_op
-from harness.run.reference_cache import ReferenceCache
 
 CASE = ("gdn.fused_recurrent/B1-T27-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens=1+1+1+9+15,h0,"
         "use_beta_sigmoid_in_kernel=1,use_gate_in_kernel=1,use_qk_l2norm_in_kernel=1")
 
 
-def rel(a, b, axis):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.sqrt(((a - b) ** 2).sum(axis) / (b ** 2).sum(axis))
-
-
 def main(case_id=CASE, seed=0):
-    case = case_from_id(case_id).replace(seed=int(seed))
-    op = get_op(case.op)
-    x = make_inputs(case, op.inputs(case))
-    gold = ReferenceCache(None).get(op, case, x)
+    g = golden(case_from_id(case_id).replace(seed=int(seed)))
+    case, gold = g.case, g.tensors
     rows = {}
     for label, model in (("MXU model", external.mxu_rounding), ("exact f32 dots", contextlib.nullcontext)):
         external.mxu_rounding = model
-        leg = make_leg("tpu-inference", compile_targets=())
-        out = leg.run(op, case, x).tensors
+        out = run_case(g, "tpu-inference").tensors
         rows[label] = (rel(out["ht"], gold["ht"], (1, 2, 3)), rel(out["o"], gold["o"], (0, 2, 3)))
     lens = case.lens
     print(f"{case.id} seed {case.seed}\nrequest lengths {lens}")

@@ -12,16 +12,7 @@ import sys
 
 import numpy as np
 
-from cases.inputs import make_inputs
-from harness.app import case_from_id
-from harness.legs.registry import make_leg
-from harness.ops import get_op
-from harness.run.reference_cache import ReferenceCache
-
-
-def rel(got, want, axes) -> np.ndarray:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.sqrt(((got - want) ** 2).sum(axes) / (want ** 2).sum(axes))
+from harness.app.analysis import golden, rel_l2 as rel, run_case
 
 
 def spread(values) -> str:
@@ -30,13 +21,10 @@ def spread(values) -> str:
 
 
 def main(leg: str, case_id: str) -> None:
-    case = case_from_id(case_id)
-    op = get_op(case.op)
-    x = make_inputs(case, op.inputs(case))
-    gold = ReferenceCache(None).get(op, case, x)
+    g = golden(case_id)
+    case, gold = g.case, g.tensors
     offsets = case.cu_seqlens if case.cu_seqlens is not None else tuple(range(0, case.B * case.T + 1, case.T))
-    runs = {"fla (gpu)": make_leg("gpu").run(op, case, x).tensors,
-            leg: make_leg(leg, compile_targets=()).run(op, case, x).tensors}
+    runs = {"fla (gpu)": run_case(g, "gpu").tensors, leg: run_case(g, leg).tensors}
     print(case_id)
     print(f"  request lengths {np.diff(offsets).tolist()}")
     for name, out in runs.items():
