@@ -1,6 +1,7 @@
 """Where tokamax 0.0.17's Pallas KDA (candidate ``tokamax-kda``) goes wrong on a case (README.md, KDA findings).
 
-    python reports/peers/tokamax/locate_kda.py 'CASE_ID' [revisits] [exact] [highest=FILE:LINE,...] [seed=N]
+    python reports/peers/tokamax/locate_kda.py 'CASE_ID' [revisits] [exact] [highest=FILE:LINE,...] [seed=N] [chunks]
+        [leg=NAME]
 
 Runs the case through the candidate leg as ``parity run --backend tokamax-kda`` does (Pallas interpret mode, the MXU
 model), then prints rel-L2 against the float64 reference for every tensor, per packed sequence (o and the per-token
@@ -16,6 +17,13 @@ locating only (never in a gated row):
   source (``FILE:0``: all of that file's) run at ``Precision.HIGHEST`` (the MXU model then gives them its
   six-pass f32 product) where tokamax leaves the default: how much of the error those dots hold.
 - ``seed=N``: draw N of the case (``Case.seed``), as ``--draws`` makes it.
+
+Two words change only what is printed or which leg runs:
+
+- ``chunks``: also rel-L2 of each per-token tensor over each 64-token chunk, and over each 16-row band of a chunk's
+  rows (rows 0-15, 16-31, 32-47, 48-63 of every chunk pooled): where in the tensor the error sits.
+- ``leg=NAME``: run another leg on the same inputs (``leg=gpu``: fla under the Triton interpreter, on the 3.11
+  stack, where fla is installed), to compare the same cells.
 
 Runs on tokamax's environment (Python >= 3.12, ``pip install tokamax==0.0.17``).
 """
@@ -121,7 +129,8 @@ def main(case_id: str, *words: str) -> None:
                 lines.add((name, int(line)))
     op = get_op(case.op)
     inputs = make_inputs(case, op.inputs(case))
-    leg = make_leg("tokamax-kda")
+    leg_name = next((w[4:] for w in words if w.startswith("leg=")), "tokamax-kda")
+    leg = make_leg(leg_name)
     seen: list = []
     hits: list = []
     saved_mxu = external.mxu_rounding
@@ -136,8 +145,8 @@ def main(case_id: str, *words: str) -> None:
     finally:
         external.mxu_rounding = saved_mxu
     want = op.reference(case, inputs.as_float64(), method="chunk")
-    label = ", ".join(w for w in words if not w.startswith("seed=")) or "as gated"
-    print(f"{case.id}\n  tokamax-kda ({label}):")
+    label = ", ".join(w for w in words if not w.startswith(("seed=", "leg="))) or "as gated"
+    print(f"{case.id}\n  {leg_name} ({label}):")
     if lines:
         print(f"    raised to HIGHEST: {len(hits)} traced call(s) at " + ", ".join(f"{f}:{n}" for f, n in sorted(set(hits)))
               + ("; NONE matched" if not hits else ""))
@@ -155,8 +164,28 @@ def main(case_id: str, *words: str) -> None:
                  if eos > bos]
         cells += [f"{n} {_rel(np.asarray(got[n])[i], np.asarray(want[n])[i])}" for n in ("ht", "dh0") if n in got]
         print(f"    sequence {i} ({eos - bos} tokens): " + ", ".join(cells))
+    if "chunks" in words:
+        _print_chunks(case, got, want, per_token)
     heads = ", ".join(_rel(np.asarray(got["o"])[:, :, h], np.asarray(want["o"])[:, :, h]) for h in range(case.HV))
     print(f"    o per head: {heads}; whole: " + ", ".join(f"{n} {_rel(got[n], want[n])}" for n in got))
+
+
+CHUNK = 64
+BAND = 16
+
+
+def _print_chunks(case, got: dict, want: dict, names: list) -> None:
+    """rel-L2 of each per-token tensor per 64-token chunk of the [B, T, ...] layout, and per 16-row band of a
+    chunk's rows pooled over every chunk (a packed case's chunks are of the packed row, as the kernels see them
+    before their own alignment)."""
+    T = case.T
+    for name in names:
+        g, w = np.asarray(got[name], np.float64), np.asarray(want[name], np.float64)
+        chunks = [_rel(g[:, t:t + CHUNK], w[:, t:t + CHUNK]) for t in range(0, T, CHUNK)]
+        rows = np.arange(T) % CHUNK
+        bands = [_rel(g[:, (rows >= b) & (rows < b + BAND)], w[:, (rows >= b) & (rows < b + BAND)])
+                 for b in range(0, min(CHUNK, T), BAND)]
+        print(f"    {name} per chunk: {', '.join(chunks)}; per band of rows: {', '.join(bands)}")
 
 
 if __name__ == "__main__":
