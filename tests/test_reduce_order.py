@@ -137,6 +137,8 @@ def test_a_16_bit_sum_adds_the_halves_of_a_word_after_the_words():
                       lanes=((256, ), (512, ), (1, ), (2, ), (4, )), warps=((8, ), ))
     assert sum_levels(flat) == (("thread", 6), ("thread", 7), ("thread", 4), ("halves", 5), ("lane", 2),
                                 ("lane", 1), ("lane", 0), ("lane", 9), ("lane", 8), ("warp", 3))
+    # sm_80 adds a word's halves first (no add.bf16x2 there): the plain register order
+    assert sum_levels(KDA_BF16, packed=False) == (("thread", 0), ("thread", 1), ("lane", 3), ("lane", 2))
     # register bit 0 off the axis (a word holds two sums): the plain order, no halves level
     off = dataclasses.replace(KDA_BF16, registers=((0, 1), (2, 0)), lanes=((4, 0), (8, 0), (1, 0), (0, 2), (0, 4)))
     assert sum_levels(off) == (("thread", 1), ("lane", 0), ("lane", 3), ("lane", 2))
@@ -178,6 +180,7 @@ def test_a_16_bit_sums_packing_and_shuffles_are_held_against_the_ptx():
     unpacked = PTX_BF16.replace("fma.rn.bf16x2", "fma.rn.bf16").replace("add.bf16x2", "add.bf16")
     status, bad = check_ptx([KDA_BF16], unpacked)
     assert status == "mismatch" and "the PTX adds no 16-bit pair there" in bad[0]
+    assert check_ptx([KDA_BF16], unpacked, packed=False) == ("match", [])  # sm_80: halves first, nothing packed
 
 
 @pytest.mark.needs_leg("gpu")

@@ -33,7 +33,10 @@ by the compiler per kernel, specialization, ``num_warps`` and target. So the ord
    shuffles. Read in the PTX of fla's three bf16 sums (``chunk_o.py`` 273, ``kda/chunk_bwd.py`` 263,
    ``gdn2/chunk_bwd.py`` 194 on sm_90): ``mul.bf16x2``, ``fma.rn.bf16x2`` of the lower word's product into it,
    ``add.bf16x2`` over the words, then ``mov.b32 {_, hi}`` and an ``add.bf16x2`` of the halves. When register bit 0
-   does not move the axis, a word holds two different sums and the order is the plain one.
+   does not move the axis, a word holds two different sums and the order is the plain one. **sm_80** has no
+   ``add.bf16x2``: there Triton adds each word's halves first (``fma.rn.bf16x2`` by 1.0, after ``fma.rn.bf16x2`` of
+   the lower product into the upper), then the words: the plain register order, as for float32 (``parity ptx`` found
+   the difference on kda's, chunk_o's and gdn2's sums).
 3. **The interpreter.** A launch makes its sites current; a float32, bf16 or fp16 ``tl.sum`` finds its site by its
    call's source location (file, line and column, through the chain of jitted calls) and sums in that order. A sum with no site
    in the compile (the compiler removed it as dead, or it was folded into another op) keeps numpy's order; the
@@ -67,6 +70,7 @@ from .tensor_core import DEFAULT_ARCH as DEFAULT_TARGET  # one GPU generation fo
 
 TARGETS = {"sm_80": 80, "sm_90": 90, "sm_100": 100}  # the generations Triton 3.9's NVIDIA backend compiles for
 PACKED = ("bf16", "f16")  # element types Triton reduces two to a 32-bit word (the module doc)
+PACKS_FROM = 90  # the first generation whose 16-bit sums add the words before their halves (the module doc)
 
 Where = Tuple[Tuple[str, int, int], ...]
 
@@ -121,10 +125,11 @@ def _axis_bits(bases: Sequence[Sequence[int]], axis: int, what: str) -> List[int
     return bits
 
 
-def sum_levels(site: ReduceSite) -> Tuple[Tuple[str, int], ...]:
+def sum_levels(site: ReduceSite, packed: bool = True) -> Tuple[Tuple[str, int], ...]:
     """The pairwise levels of the site's reduction, first to last, as ``(where, bit)``: ``where`` is "thread",
     "halves" (a 16-bit sum's two halves of a word), "lane" or "warp", ``bit`` the bit of the axis coordinate whose two
-    values that level adds. Registers in register order, a 16-bit sum's register bit 0 after the others; lanes and
+    values that level adds. Registers in register order, a 16-bit sum's register bit 0 after the others when
+    ``packed`` (the target adds 16-bit words before their halves: sm_90 and later, :data:`PACKS_FROM`); lanes and
     warps from their highest bit to their lowest (the module doc). Every bit of the axis appears
     exactly once, or :class:`LayoutNotModelled` is raised."""
     axis = site.axis
@@ -132,7 +137,7 @@ def sum_levels(site: ReduceSite) -> Tuple[Tuple[str, int], ...]:
     lanes = [b for b in _axis_bits(site.lanes, axis, "lane") if b >= 0]
     warps = [b for b in _axis_bits(site.warps, axis, "warp") if b >= 0]
     halves = []
-    if site.element in PACKED and regs and regs[0] >= 0:  # the two halves of a word are added after the words
+    if packed and site.element in PACKED and regs and regs[0] >= 0:  # the two halves of a word are added after the words
         halves, regs = [("halves", regs[0])], regs[1:]
     levels = ([("thread", b) for b in regs if b >= 0] + halves + [("lane", b) for b in reversed(lanes)]
               + [("warp", b) for b in reversed(warps)])
@@ -438,13 +443,13 @@ def _rounds_agree(want: List[Tuple[str, List[int]]], got: List[List[int]]) -> bo
     return True
 
 
-def check_ptx(sites: Sequence[ReduceSite], ptx: str) -> Tuple[str, List[str]]:
+def check_ptx(sites: Sequence[ReduceSite], ptx: str, packed: bool = True) -> Tuple[str, List[str]]:
     """The order :func:`sum_levels` reads from the layouts held against the PTX: ("match", []) when every float
-    reduction's shuffle rounds agree with the PTX's (:func:`_rounds_agree`) and every 16-bit one that adds the halves
-    of a word last is packed there (:func:`ptx_packed_locations`), ("n/a", []) without one, else ("mismatch", what
-    differs)."""
+    reduction's shuffle rounds agree with the PTX's (:func:`_rounds_agree`) and, on a target that adds 16-bit words
+    before their halves (``packed``), every 16-bit one whose levels say so is packed there
+    (:func:`ptx_packed_locations`); ("n/a", []) without one, else ("mismatch", what differs)."""
     found = ptx_shuffle_rounds(ptx)
-    packed = ptx_packed_locations(ptx)
+    words = ptx_packed_locations(ptx)
     modelled = [s for s in sites if s.element in ("f32", ) + PACKED and s.where]
     if not modelled:
         return "n/a", []
@@ -456,7 +461,7 @@ def check_ptx(sites: Sequence[ReduceSite], ptx: str) -> Tuple[str, List[str]]:
         if not _rounds_agree(want, got):
             bad.append(f"{where}: layout says {[m for _, m in want]} "
                        f"({', '.join(k for k, _ in want) or 'no shuffle'}), PTX {got}")
-        if any(kind == "halves" for kind, _ in sum_levels(s)) and s.where[-1] not in packed:
+        if any(kind == "halves" for kind, _ in sum_levels(s, packed)) and s.where[-1] not in words:
             bad.append(f"{where}: the layout's halves level says the sum is packed, the PTX adds no 16-bit pair there")
     return ("mismatch" if bad else "match"), bad
 
@@ -531,6 +536,7 @@ class ReduceOrder:
         import triton
 
         self.target = target
+        self.packed = TARGETS[target] >= PACKS_FROM  # its 16-bit sums add the words first (the module doc)
         self._triton = triton.__version__
         # shared by every block of the process: one compile process, one specializer, the layouts read so far
         self._specializer, self._memory, self._lock = _PROCESS["specializer"], _PROCESS["memory"], _PROCESS["lock"]
@@ -733,7 +739,7 @@ def install(patcher, order: ReduceOrder) -> None:
                 product = None
             add, fma = arithmetic(input.dtype)
             values = data if input.dtype == tl.float32 else real(TH(data, input.dtype))
-            out = ordered_sum(values, axis, sum_levels(site), product=product, fma=fma, add=add)
+            out = ordered_sum(values, axis, sum_levels(site, order.packed), product=product, fma=fma, add=add)
             out = out if input.dtype == tl.float32 else encode(np.asarray(out, np.float32), input.dtype)
             order.matched[name] = order.matched.get(name, 0) + 1
             if self.keep_dims:  # as np.sum(..., keepdims=True) gives it

@@ -316,13 +316,14 @@ assert tuple(CHECKS) + ("reduce_order", ) == ASSUMPTIONS
 def check_reduce_order(kernel: str, target: str, ttgir: Optional[str], ptx: str) -> Row:
     """The emulation's float32 ``tl.sum`` order (``reduce_order``: read from each reduction's layout in this very
     compile) held against the PTX's ``shfl.sync.bfly`` rounds of the same source location."""
-    from ..reduce_order import check_ptx, sites_of_ttgir
+    from ..reduce_order import PACKS_FROM, check_ptx, sites_of_ttgir
 
-    expected = ("emulation: each float32 tl.sum adds in its layout's order (lanes' shfl.bfly from the highest mask, "
-                "then the warps' round after bar.sync)")
+    expected = ("emulation: each float32, bf16 or fp16 tl.sum adds in its layout's order (lanes' shfl.bfly from the "
+                "highest mask, then the warps' round after bar.sync; from sm_90 a 16-bit sum packed, its halves last)")
     if ttgir is None:
         return Row(kernel, target, "reduce_order", expected, "no TTGIR kept for this kernel", "error")
-    status, bad = check_ptx(sites_of_ttgir(ttgir), ptx)
+    packed = int("".join(ch for ch in target if ch.isdigit())) >= PACKS_FROM  # "sm90" -> 90
+    status, bad = check_ptx(sites_of_ttgir(ttgir), ptx, packed)
     found = {"n/a": "no float32 tt.reduce in the TTGIR", "match": "every float32 reduction's shuffle rounds as "
              "its layout gives"}.get(status, "; ".join(bad[:3]) + (f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""))
     return Row(kernel, target, "reduce_order", expected, found, status)
