@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 HERE = Path(__file__).resolve().parent
@@ -37,15 +37,13 @@ CASES = [
 ]
 
 
-def exact_once(a, b, c, model):
-    """The dot arithmetic of the leg before the tensor-core model: exact products, one rounding."""
-    return (np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64)) + np.asarray(c, np.float64)
-            ).astype(np.float32)
-
-
-def token_heads(case_id: str) -> int:
-    dims = dict((p[0], int(p[1:])) for p in case_id.split("/")[1].split("-") if p[0] in "BTH" and p[1:].isdigit())
-    return dims["B"] * dims["T"] * dims["H"]
+def _tensor_core_cost():
+    """reports/tensor-core/cost.py, whose ``exact_once`` (the dots before the tensor-core model) and ``token_heads``
+    this measurement shares."""
+    spec = importlib.util.spec_from_file_location("tensor_core_cost", HERE.parents[1] / "tensor-core" / "cost.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
@@ -64,6 +62,8 @@ def main() -> None:
     from harness.run.reference_cache import ReferenceCache
     from harness.run.runner import Runner
 
+    shared = _tensor_core_cost()
+    exact_once, token_heads = shared.exact_once, shared.token_heads
     shipped_session, model_chain = emulation.triton_emulation, dots.mma_chain
     variants = {"now": (shipped_session, model_chain),
                 "before": (functools.partial(shipped_session, reduce_order=False), exact_once)}
