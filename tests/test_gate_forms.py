@@ -196,7 +196,11 @@ def test_tpu_runs_a_per_channel_g_gamma_as_a_constant_g():
     got, want = _tpu(case, x), _tpu(as_g, _with(x, g_gamma=None, g=g))
     for name in ("o", "ht", "dq", "dk", "dv", "dh0"):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-    np.testing.assert_allclose(got["dg_gamma"], want["dg"].sum(axis=(0, 1)), rtol=1e-5)
+    # two float32 sums of the same B*T terms in different orders (the kernel's pinned halving order, numpy's here):
+    # each is within n * eps * sum|dg| of the exact sum (the standard bound for any order of n - 1 adds)
+    n = case.B * case.T
+    bound = 2 * n * np.finfo(np.float32).eps * np.abs(want["dg"]).sum(axis=(0, 1))
+    assert np.all(np.abs(got["dg_gamma"] - want["dg"].sum(axis=(0, 1))) <= bound)
 
 
 @pytest.mark.needs_leg("gpu")

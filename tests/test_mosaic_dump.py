@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 from jax.experimental import pallas as pl
 
-from harness import mosaic_dump, tpu_compile
+from harness.compile import mosaic_dump, tpu_compile
 from harness.compile.mosaic_dump import MISMATCH, UNVERIFIED, VERIFIED, Dot, DumpDir, DumpError, llo_phases, mismatch
 from harness.compile.tpu_compile import compile_for
 from harness.compile.tpu_env import MOSAIC_DUMP_OWNER, dump_mosaic_passes
