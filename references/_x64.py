@@ -4,6 +4,14 @@ Every reference computes inside :func:`float64_cpu`, which turns on 64-bit
 types for the duration of the call only, pins the work to the CPU device and
 sets the default matmul precision to HIGHEST. Results leave as numpy arrays
 whose dtype is checked, not assumed.
+
+It also holds the BLAS libraries loaded in the process (OpenBLAS: jaxlib's LAPACK custom calls, the chunk
+form's ``solve_triangular``, run on scipy's) to one thread for the call. Their worker threads spin for work
+while XLA:CPU's own thread pool holds the cores, so on this 2-core machine each small ``trsm`` waited on
+descheduled workers: 4 unit-lower 64x64 solves with 64 right-hand sides took 25-45 ms with OpenBLAS's default
+threads and 0.13 ms with one, bit for bit the same result (2026-11-28, reports/bench/2026-11-28-reference-cost).
+The results do not depend on it: a one-thread BLAS call is the same sequence of operations a threaded one
+splits, and the reference's tests compare the values, not the threads.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from typing import Iterator
 
 import jax
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 COMPUTE_DTYPES = ("float64", "float32")
 
@@ -20,7 +29,8 @@ COMPUTE_DTYPES = ("float64", "float32")
 @contextlib.contextmanager
 def float64_cpu(enable: bool = True) -> Iterator[None]:
     cpu = jax.devices("cpu")[0]
-    with jax.enable_x64(enable), jax.default_device(cpu), jax.default_matmul_precision("highest"):
+    with (jax.enable_x64(enable), jax.default_device(cpu), jax.default_matmul_precision("highest"),
+          threadpool_limits(limits=1, user_api="blas")):
         yield
 
 
