@@ -6,12 +6,13 @@ sets the default matmul precision to HIGHEST. Results leave as numpy arrays
 whose dtype is checked, not assumed.
 
 It also holds the BLAS libraries loaded in the process (OpenBLAS: jaxlib's LAPACK custom calls, the chunk
-form's ``solve_triangular``, run on scipy's) to one thread for the call. Their worker threads spin for work
-while XLA:CPU's own thread pool holds the cores, so on this 2-core machine each small ``trsm`` waited on
-descheduled workers: 4 unit-lower 64x64 solves with 64 right-hand sides took 25-45 ms with OpenBLAS's default
-threads and 0.13 ms with one, bit for bit the same result (2026-11-28, reports/bench/2026-11-28-reference-cost).
-The results do not depend on it: a one-thread BLAS call is the same sequence of operations a threaded one
-splits, and the reference's tests compare the values, not the threads.
+form's ``solve_triangular``, run on scipy's) to one thread for the call. With OpenBLAS's default threads (one per
+core) beside XLA:CPU's own thread pool, 4 unit-lower 64x64 solves with 64 right-hand sides took 25-45 ms on this
+2-core machine, and 0.13 ms with one thread, the same bits (2026-11-28, reports/bench/2026-11-28-reference-cost:
+most likely OpenBLAS's workers waiting for cores that XLA's pool holds; not traced further). One thread changes
+no value of smoke's references (the same report: every tensor bit for bit).
+jaxlib loads that library (through scipy's ``cython_lapack``) at its first LAPACK call, which the limit, taken
+on entry, would not see: this module imports it first.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Iterator
 
 import jax
 import numpy as np
+import scipy.linalg.cython_lapack  # noqa: F401 - loads the OpenBLAS jaxlib's LAPACK calls use (see below)
 from threadpoolctl import threadpool_limits
 
 COMPUTE_DTYPES = ("float64", "float32")
