@@ -7,8 +7,9 @@ cache's rounded ``h0``: docs/definitions.md, "A low-precision state cache"):
 - per request: its tokens' ``o`` rel-L2, its final state's rel-L2 (``ht``; with ``pool=S`` the slot it writes),
   and the floor a bf16/fp16 cache sets there: the rel-L2 of the exact final state rounded to the cache's dtype.
   A state whose error is that floor is the cache's rounding and nothing else;
-- for a state far off (rel-L2 > 0.5): which request's exact state it holds instead, if any (a state written to
-  another request's slot), or the largest error's place (head, key row, value column);
+- for a state far off (rel-L2 > 0.5): whether it came back all zeros, else which request's exact (nonzero) state
+  it holds instead, if any (a state written to another request's slot), else the largest error's place (head, key
+  row, value column);
 - per pool slot no request writes: whether it came back bit for bit.
 
     python reports/state-dtype/locate.py tpu-inference 'CASE_ID'
@@ -64,8 +65,11 @@ def main(leg_name: str, case_id: str, exact: str = "") -> None:
         g, w = np.asarray(got["ht"][where[i]], np.float64), np.asarray(want["ht"][where[i]], np.float64)
         floor = rel(quantize(w, cache), w)
         line = f"  request {i} ({eos - bos} tokens, ht[{where[i]}]): o {o}, ht {rel(g, w):.3e} (cache floor {floor:.3e})"
-        if rel(g, w) > 0.5:
-            others = {j: rel(g, want["ht"][where[j]]) for j in range(n) if j != i}
+        if rel(g, w) > 0.5 and not g.any():
+            line += "; comes back all zeros"
+        elif rel(g, w) > 0.5:
+            others = {j: rel(g, want["ht"][where[j]]) for j in range(n)
+                      if j != i and np.any(want["ht"][where[j]])}
             j = min(others, key=others.get) if others else None
             if j is not None and others[j] < 0.1:
                 line += f"; holds request {j}'s state (rel-L2 {others[j]:.3e} to it)"
