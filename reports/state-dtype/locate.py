@@ -33,24 +33,20 @@ def rel(got, want) -> float:
 
 
 def main(leg_name: str, case_id: str, exact: str = "") -> None:
-    from cases.inputs import make_inputs, quantize
-    from harness.app import case_from_id
+    from cases.inputs import quantize
+    from harness.app.analysis import golden, make
     from harness.legs import external
-    from harness.legs.registry import make_leg
-    from harness.ops import get_op
     from harness.ops.serving import slots, state_dtype
     from peers.mapping import requests
 
-    case = case_from_id(case_id)
-    op = get_op(case.op)
-    inputs = make_inputs(case, op.inputs(case))
-    want = op.reference(case, inputs.as_float64(), method="chunk")
-    leg = make_leg(leg_name, **({"compile_targets": ()} if leg_name == "tpu" else {}))
+    g0 = golden(case_id)  # the case's inputs and the harness's float64 golden, in memory
+    case, inputs, want = g0.case, g0.inputs, g0.tensors
+    leg = make(leg_name)  # as parity run makes it, a candidate compiling for no real TPU
     saved = external.mxu_rounding
     if exact:
         external.mxu_rounding = contextlib.nullcontext
     try:
-        got = leg.run(op, case, inputs).tensors
+        got = leg.run(g0.op, case, inputs).tensors
     finally:
         external.mxu_rounding = saved
     cache = state_dtype(case)
