@@ -4,6 +4,15 @@ Every reference computes inside :func:`float64_cpu`, which turns on 64-bit
 types for the duration of the call only, pins the work to the CPU device and
 sets the default matmul precision to HIGHEST. Results leave as numpy arrays
 whose dtype is checked, not assumed.
+
+It also holds the BLAS libraries loaded in the process (OpenBLAS: jaxlib's LAPACK custom calls, the chunk
+form's ``solve_triangular``, run on scipy's) to one thread for the call. With OpenBLAS's default threads (one per
+core) beside XLA:CPU's own thread pool, 4 unit-lower 64x64 solves with 64 right-hand sides took 25-45 ms on this
+2-core machine, and 0.13 ms with one thread, the same bits (2026-11-28, reports/bench/2026-11-28-reference-cost:
+most likely OpenBLAS's workers waiting for cores that XLA's pool holds; not traced further). One thread changes
+no value of smoke's references (the same report: every tensor bit for bit).
+jaxlib loads that library (through scipy's ``cython_lapack``) at its first LAPACK call, which the limit, taken
+on entry, would not see: this module imports it first.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ from typing import Iterator
 
 import jax
 import numpy as np
+import scipy.linalg.cython_lapack  # noqa: F401 - loads the OpenBLAS jaxlib's LAPACK calls use (see below)
+from threadpoolctl import threadpool_limits
 
 COMPUTE_DTYPES = ("float64", "float32")
 
@@ -20,7 +31,8 @@ COMPUTE_DTYPES = ("float64", "float32")
 @contextlib.contextmanager
 def float64_cpu(enable: bool = True) -> Iterator[None]:
     cpu = jax.devices("cpu")[0]
-    with jax.enable_x64(enable), jax.default_device(cpu), jax.default_matmul_precision("highest"):
+    with (jax.enable_x64(enable), jax.default_device(cpu), jax.default_matmul_precision("highest"),
+          threadpool_limits(limits=1, user_api="blas")):
         yield
 
 

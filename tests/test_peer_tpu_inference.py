@@ -173,3 +173,18 @@ def test_v3_an_empty_request_loses_its_carried_state_and_the_gate_fails(tmp_path
     verdicts = pd.read_csv(tmp_path / "tpu-inference-v3" / "parity.csv").groupby("tensor").verdict.agg(set)
     assert verdicts["ht"] == verdicts["conv_ht"] == {"fail"}, verdicts  # beyond the bf16 bound
     assert "pass" in verdicts["o"] and "fail" not in verdicts["o"], verdicts
+
+
+def test_v1_hangs_on_an_empty_request_between_two_with_tokens(tmp_path):
+    """reports/peers/tpu-inference/state-cache, finding 5: fused_gdn's recurrent kernel picks its double buffer and
+    the stores it waits for by request index, and a request with no tokens has no block: with requests 0 and 2
+    only, its epilogue waits for a store on buffer 1 that no request started. The case never returns; the runner
+    stops it at its time limit and says so, and the same requests without the empty one run."""
+    base = "gdn.chunk/B1-T16-H2-HV4-K128-V128/bf16/g=logsigmoid/16/C64/lens={},h0,use_beta_sigmoid_in_kernel=1"
+    args = ["run", "--backend", "tpu-inference", "--out", str(tmp_path), "--no-progress", "--tpu-targets", "v6e",
+            "--case-timeout", "40", "--case", base.format("8+0+8"), "--case", base.format("8+8")]
+    assert main(args) == 4  # a case lost to its time limit
+    rows = pd.read_csv(next(tmp_path.glob("tpu-inference.cases-*.csv"))).set_index(["case_id", "tensor"])
+    hung, ran = rows.loc[base.format("8+0+8")], rows.loc[base.format("8+8")]
+    assert (hung.status == "error").all() and hung.reason.str.contains("ran past --case-timeout").all(), hung.reason
+    assert ran.loc["o", "status"] == ran.loc["ht", "status"] == "ok", ran

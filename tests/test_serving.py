@@ -398,3 +398,26 @@ def test_the_wrapped_functions_a_cache_hashes_name_the_ops_modules():
     for fn in (kda.reference, kda.fla.forward, kda.fla.describe, kda.pallas.forward):
         assert _source_file(fn).endswith("harness/ops/kda.py"), fn
     assert "harness/ops/serving.py" in _COMMON
+
+
+def test_the_serving_peers_state_cache_and_drift_cases_are_forward_only_cache_cases():
+    """cases/peers/state-cache-peers.toml (the serving peers at a bf16/fp16 cache) and the drift table's cases
+    (reports/state-dtype/drift-cases.toml: each call at a bf16, an fp16 and a float32 cache) stay well-formed: every
+    peer case names a low-precision cache and compares its forward only, and each drift call comes at all three."""
+    from pathlib import Path
+
+    from cases.case_file import load_cases
+    from harness.ops import get_op
+    from harness.ops.serving import split, state_dtype
+
+    root = Path(__file__).resolve().parent.parent
+    peers = load_cases(root / "cases" / "peers" / "state-cache-peers.toml", get_op)
+    assert peers and all(state_dtype(c) in ("bfloat16", "float16") for c in peers)
+    for case in peers:
+        assert {t.name for t in get_op(case.op).tensors(case)} <= {"o", "ht", "conv_ht"}, case.id
+    drift = load_cases(root / "reports" / "state-dtype" / "drift-cases.toml", get_op)
+    calls: dict[str, set] = {}
+    for case in drift:
+        assert split(case)[1].get("decode") == 24, case.id
+        calls.setdefault(split(case)[0].id, set()).add(state_dtype(case))
+    assert all(dtypes == {"bfloat16", "float16", "float32"} for dtypes in calls.values()), calls

@@ -622,3 +622,25 @@ def test_the_emulated_leg_refuses_a_triton_its_fixes_do_not_patch():
     reason = emulation_problem("3.7.1")
     assert reason.startswith(f"the emulated GPU leg needs triton {EMULATED_TRITON}.x") and "found 3.7.1" in reason
     assert emulation_problem() is None  # this environment's triton (the cpu extra's pin) is the emulated one
+
+
+def test_the_emulated_leg_refuses_when_another_library_imported_triton_language_first():
+    """A library that imports ``triton.language`` before the GPU leg turns interpreter mode on leaves Triton's
+    built-ins compiled: the leg refuses every case with the reason and the fix, instead of an error row per tensor
+    ("Cannot call @triton.jit'd outside of the scope of a kernel"). In a fresh process each way round."""
+    import subprocess
+    import sys
+
+    probe = ("{first}\nfrom harness.legs import make_leg\nfrom harness.app import case_from_id\n"
+             "from harness.ops import get_op\nleg = make_leg('gpu')\n"
+             "case = case_from_id('simple_gla.fused_recurrent/B1-T16-H1-K64-V64/fp32/g=logsigmoid/16/C64/h0')\n"
+             "print(repr(leg.supports(get_op(case.op), case)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    late = subprocess.run([sys.executable, "-c", probe.format(first="import triton.language")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert late.returncode == 0, late.stderr[-2000:]
+    assert "triton.language was imported before the GPU leg" in late.stdout and "process of its own" in late.stdout
+    fresh = subprocess.run([sys.executable, "-c", probe.format(first="")], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert fresh.stdout.strip().splitlines()[-1] == "None"

@@ -54,6 +54,21 @@ BATCHED_GRID_ENV = "PARITY_BATCHED_GRID"
 the batched executor (harness/emulation/batched_grid.py); the rows are bit for bit the same either way."""
 
 
+def compiled_builtins_problem() -> str | None:
+    """Why fla cannot run interpreted in this process, when another library imported ``triton.language`` before
+    the GPU leg turned interpreter mode on: Triton decorates its own built-ins (``tl.sum``, ``tl.cdiv``...) when
+    ``triton.language`` is first imported, so they stay compiled ``JITFunction``s, and an interpreted kernel that
+    calls one fails ("Cannot call @triton.jit'd outside of the scope of a kernel") on every case."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(tl.sum, InterpretedFunction):
+        return None
+    return ("triton.language was imported before the GPU leg put this process in Triton interpreter mode (by "
+            "another leg's library), so Triton's built-ins are compiled and no fla kernel can run interpreted: run "
+            "the GPU leg in a process of its own (parity run --backend gpu), or that other leg in another command")
+
+
 def batched_grid_default() -> bool:
     return os.environ.get(BATCHED_GRID_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -93,6 +108,8 @@ class GpuLeg(Leg):
             # Triton decides interpreted vs compiled when a kernel is decorated:
             # this must happen before fla is first imported in the process.
             enable_interpreter_mode()
+            if self.refusal is None:
+                self.refusal = compiled_builtins_problem()
             # fla warns that it "rolls back to CPU" when Triton has no GPU: this leg asked for exactly that
             # (every row says emulated), so the warning only alarms
             warnings.filterwarnings("ignore", message="Triton is not supported on current platform",
