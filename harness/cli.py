@@ -10,12 +10,14 @@ interrupted by Ctrl-C or SIGTERM (the finished cases are kept: see --resume).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from harness.app.selection import Selection
 from harness.app.session import Interrupted, Outcome, Run, writable
-from harness.app.settings import GateSettings, LegOptions, RunSettings, check_file_size_limit, parse_case_timeout
+from harness.app.settings import (GateSettings, LegOptions, RunSettings, check_file_size_limit, environment_grids,
+                                  parse_case_timeout)
 from harness.app.workers import default_jobs, parse_jobs
 from harness.core.cache_dir import default_cache_dir
 from harness.legs.registry import check_implementation, leg_spec, parse_impl, register_implementation
@@ -44,14 +46,21 @@ def _select_cases(args) -> list:
 
 
 def _jobs(args) -> int:
-    return default_jobs() if args.jobs is None else parse_jobs(args.jobs)
+    return default_jobs(os.environ) if args.jobs is None else parse_jobs(args.jobs)
+
+
+def _leg_options(args, **options) -> LegOptions:
+    """The legs' options from the arguments, the grids from ``--grid`` or else the environment (read here once)."""
+    grids = environment_grids(os.environ)
+    if getattr(args, "grid", None):
+        grids = dict.fromkeys(grids, args.grid)
+    return LegOptions.parse(args.tpu_targets, **grids, **options)
 
 
 def _run_settings(args) -> RunSettings:
     """``parity run``, ``causality``, ``calibrate`` and ``all``'s run, from their arguments (and
     ``$PARITY_CACHE_DIR``, read here once)."""
-    legs = LegOptions.parse(args.tpu_targets, ref_method=args.ref_method, ref_dtype=args.ref_dtype,
-                            dot_precision=args.dot_precision)
+    legs = _leg_options(args, ref_method=args.ref_method, ref_dtype=args.ref_dtype, dot_precision=args.dot_precision)
     candidates = tuple(getattr(args, "candidate", None) or ())
     for name in candidates:  # parity all's further candidates: each registered and loading here, before any work
         if leg_spec(name).role == "candidate":
@@ -60,7 +69,8 @@ def _run_settings(args) -> RunSettings:
                        resume=getattr(args, "resume", False), jobs=_jobs(args),
                        reference_cache=not args.no_ref_cache, read_leg_cache=not args.no_baseline_cache, legs=legs,
                        progress=not args.no_progress, case_timeout=parse_case_timeout(args.case_timeout),
-                       cache_dir=default_cache_dir(), baseline_rows=tuple(getattr(args, "baseline_rows", None) or ()),
+                       cache_dir=default_cache_dir(os.environ),
+                       baseline_rows=tuple(getattr(args, "baseline_rows", None) or ()),
                        baseline_python=getattr(args, "baseline_python", None), candidates=candidates,
                        causality=not getattr(args, "no_causality", False))
 
@@ -96,8 +106,6 @@ def _out_dir(path) -> Path:
 
 def _step_summary() -> Path | None:
     """``$GITHUB_STEP_SUMMARY``, when set: a file the gate can append to, checked before any work."""
-    import os
-
     value = os.environ.get("GITHUB_STEP_SUMMARY")
     if not value:
         return None
@@ -226,7 +234,7 @@ def cmd_gate(args) -> int:
     from harness.app.selection import result_in
 
     gate = _gate_settings(args)
-    run = Run(RunSettings(out=_out_dir(args.out)))
+    run = Run(RunSettings(out=_out_dir(args.out), cache_dir=default_cache_dir(os.environ)))
     baseline = result_in(args.gpu_csv, gate.baseline_leg)
     candidate = result_in(args.tpu_csv, gate.candidate_leg)
     return run.gate_files(baseline, candidate, gate)
@@ -239,7 +247,7 @@ def cmd_compile(args) -> int:
     check_file_size_limit(targets)
     run = Run(RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, jobs=_jobs(args),
                           progress=not args.no_progress, reference_cache=False,
-                          case_timeout=parse_case_timeout(args.case_timeout)))
+                          case_timeout=parse_case_timeout(args.case_timeout), cache_dir=default_cache_dir(os.environ)))
     run.cases
     _out_dir(args.out)
     reuse = tuple(Path(p) for text in args.reuse or () for p in text.split(",") if p.strip())
@@ -286,8 +294,6 @@ def cmd_all(args) -> int:
 
 def cmd_bisect(args) -> int:
     """``parity bisect`` (:func:`harness.bisect.session.run_bisection`, docs/bisect.md)."""
-    import os
-
     from harness.bisect.session import BisectInterrupted, BisectRequest, run_bisection
 
     if not args.candidate:
@@ -295,8 +301,9 @@ def cmd_bisect(args) -> int:
     from harness.legs.registry import default_leg
     from harness.run.recipe import LegRecipe
 
-    legs, timeout = LegOptions.parse(args.tpu_targets), parse_case_timeout(args.case_timeout)
-    recipe, baseline = (LegRecipe.resolve(name, legs.for_leg(name), timeout, impl=tuple(args.impl))
+    legs, timeout = _leg_options(args), parse_case_timeout(args.case_timeout)
+    recipe, baseline = (LegRecipe.resolve(name, legs.for_leg(name), timeout, impl=tuple(args.impl),
+                                          cache_dir=default_cache_dir(os.environ))
                         for name in (args.candidate, default_leg("baseline")))
     cache = Path(args.cache or os.environ.get("PARITY_BISECT_CACHE")
                  or Path.home() / ".cache" / "linear-attn-parity" / "bisect")

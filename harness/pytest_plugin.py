@@ -154,19 +154,21 @@ def _settings(config):
     value stops the session with one line."""
     cached = getattr(config, "_parity_settings", None)
     if cached is None:
-        from harness.app.settings import GateSettings, LegOptions, RunSettings
+        from harness.app.settings import GateSettings, LegOptions, RunSettings, environment_grids
+        from harness.core.cache_dir import default_cache_dir
         from harness.core.policy import policy_from_options
 
         opts = config.option
         try:
-            legs = LegOptions.parse(opts.parity_tpu_targets)
+            legs = LegOptions.parse(opts.parity_tpu_targets, **environment_grids(os.environ))
         except ValueError as exc:
             raise pytest.UsageError(f"--parity-tpu-targets: {exc}") from None
         try:
             policy = policy_from_options(opts.parity_policy, opts.parity_gate_metrics, opts.parity_margin)
             cached = config._parity_settings = (
                 RunSettings(selection=_selection(config), out=Path(opts.parity_out), legs=legs,
-                            read_leg_cache=not opts.parity_no_baseline_cache, progress=False),
+                            read_leg_cache=not opts.parity_no_baseline_cache, progress=False,
+                            cache_dir=default_cache_dir(os.environ)),
                 GateSettings(policy=policy, candidate_leg=opts.parity_candidate))
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
@@ -174,28 +176,31 @@ def _settings(config):
 
 
 @pytest.fixture(scope="session")
-def reference_cache(request):
-    from harness.run.reference_cache import ReferenceCache
+def parity_run(request):
+    """The session's :class:`harness.app.session.Run`, over its settings: the one place its legs' recipes are
+    resolved and their runners built, as for ``parity run``."""
+    from harness.app.session import Run
 
-    return ReferenceCache(_settings(request.config)[0].cache_dir)
+    with Run(_settings(request.config)[0], say=lambda line: None) as run:
+        yield run
 
 
 @pytest.fixture(scope="session")
-def parity_runner(request, reference_cache):
-    """``parity_runner(leg)`` -> a Runner for that leg, built once per session (a cached leg's with its cache;
-    every candidate compiles for real TPUs first)."""
-    from harness.run.recipe import LegRecipe
+def reference_cache(parity_run):
+    return parity_run.reference_cache
+
+
+@pytest.fixture(scope="session")
+def parity_runner(parity_run):
+    """``parity_runner(leg)`` -> a Runner for that leg, built once per session from the run's recipe (a cached
+    leg's with its cache; every candidate compiles for real TPUs first)."""
     from harness.run.runner import Runner
 
-    settings, _ = _settings(request.config)
     runners = {}
 
     def get(leg: str) -> Runner:
         if leg not in runners:
-            recipe = LegRecipe.resolve(leg, settings.legs.for_leg(leg), suite=settings.selection.suite_label,
-                                       reference_cache=reference_cache.directory, cache_dir=settings.cache_dir,
-                                       read_cache=settings.read_leg_cache)
-            runners[leg] = recipe.runner(reference_cache)
+            runners[leg] = parity_run.runner(parity_run.recipe(leg))
         return runners[leg]
 
     return get

@@ -115,10 +115,10 @@ def test_the_row_and_the_settings_say_which_grid_ran():
     assert _leg(False).environment().settings["pallas_grid"] == "per program (jax's TPU interpret mode)"
 
 
-def test_the_batched_grid_is_the_default(monkeypatch):
-    """Unset or ``batched``: the batched grid; ``per-program`` (or ``batched_grid=False``): jax's per-program interpret
-    mode; both under the same compiler options, said in the settings (which key the cache); anything else refused."""
-    monkeypatch.delenv(tpu.TPU_GRID_ENV, raising=False)
+def test_the_batched_grid_is_the_default():
+    """The leg's default and ``batched_grid=True``: the batched grid; ``batched_grid=False``: jax's per-program
+    interpret mode; both under the same compiler options, said in the settings (which key the cache). The front's
+    choice (``--grid``, ``$PARITY_TPU_GRID``) reaches the leg as that keyword: tests/test_settings.py."""
     for leg in (tpu.TpuLeg(force_interpret=True, compile_targets=()),
                 tpu.TpuLeg(force_interpret=True, compile_targets=(), batched_grid=True)):
         ctx = leg.context()
@@ -126,14 +126,9 @@ def test_the_batched_grid_is_the_default(monkeypatch):
         settings = leg.environment().settings
         assert settings["pallas_grid"].startswith("parallel axes batched")
         assert settings["xla_compiler_options"] == dict(tpu.INTERPRET_COMPILER_OPTIONS)
-    monkeypatch.setenv(tpu.TPU_GRID_ENV, "per-program")
-    for leg in (tpu.TpuLeg(force_interpret=True, compile_targets=()),
-                tpu.TpuLeg(force_interpret=True, compile_targets=(), batched_grid=False)):
-        ctx = leg.context()
-        assert not ctx.batched_grid and ctx.compiler_options == tpu.INTERPRET_COMPILER_OPTIONS
-    monkeypatch.setenv(tpu.TPU_GRID_ENV, "fast")
-    with pytest.raises(ValueError, match="PARITY_TPU_GRID='fast': must be one of batched, per-program"):
-        tpu.TpuLeg(force_interpret=True, compile_targets=())
+    leg = tpu.TpuLeg(force_interpret=True, compile_targets=(), batched_grid=False)
+    ctx = leg.context()
+    assert not ctx.batched_grid and ctx.compiler_options == tpu.INTERPRET_COMPILER_OPTIONS
 
 
 # ------------------------------------------------------------------ synthetic kernels

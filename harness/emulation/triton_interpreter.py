@@ -118,6 +118,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
@@ -167,7 +168,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
                      dots: bool = True, loop_tensors: bool = True, autotune: bool = True,
                      ptx_arith: bool = True, batched_grid: bool = True,
                      batched_grid_max_programs: int = DEFAULT_MAX_PROGRAMS,
-                     reduce_order: bool = True) -> Iterator[EmulationSession]:
+                     reduce_order: bool = True, layouts_dir: Optional[Path] = None) -> Iterator[EmulationSession]:
     """Scoped H100-like numerics for the Triton interpreter (see module doc).
 
     dot_precision: default ``input_precision`` for float32 ``tl.dot`` in the
@@ -190,6 +191,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
     batched_grid_max_programs: at most this many programs per pass (memory).
     reduce_order: float32 ``tl.sum`` adds in the order of the kernel's layout compiled for the ``tensor_core``
         generation (``reduce_order`` module); False keeps numpy's order (the stock interpreter's).
+    layouts_dir: where the compiled layouts are kept between processes (``ReduceOrder``'s directory; None: the
+        shipped table and this process's memory only, a miss compiled again in each process).
 
     ``session.grid_launches`` lists, per launch, how it ran (kernel, grid,
     mode batched/split/sequential, groups, reason); ``settings["grid_launches"]``
@@ -251,7 +254,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
                 _install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
                                       tf32_rounding=tf32_rounding, tensor_core=tensor_core)
             if reduce_order:  # after bf16: a bf16 sum that finds no site keeps bf16_arith's tree
-                order = ReduceOrder(tensor_core)
+                order = ReduceOrder(tensor_core, layouts_dir)
                 install_reduce_order(patcher, order)
                 session.reduce_order = order
             _install_int1_comparisons(patcher)  # not a numerics choice: the interpreter's own type slip

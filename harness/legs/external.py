@@ -380,7 +380,7 @@ class ExternalLeg(TpuLeg):
     compile_note = TPU_HOST  # what ``parity compile``'s rows say of how the program was traced
 
     def __init__(self, name: str, target: str, force_interpret: bool = False,
-                 compile_targets: tuple[str, ...] | None = None, batched_grid: bool | None = None):
+                 compile_targets: tuple[str, ...] | None = None, batched_grid: bool = True):
         super().__init__(force_interpret=force_interpret, compile_targets=compile_targets, batched_grid=batched_grid)
         self.name, self.target = name, target
         self._impl = None
