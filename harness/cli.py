@@ -34,15 +34,15 @@ class UsageError(Exception):
 
 
 # ------------------------------------------------------------ settings, once
-def _selection(args) -> Selection:
+def selection_of(args) -> Selection:
     """The run's cases, as the pytest plugin selects them too (:class:`harness.app.selection.Selection`)."""
     return Selection(suite=getattr(args, "suite", "") or "", case_ids=tuple(getattr(args, "case", None) or ()),
                      cases_files=tuple(getattr(args, "cases_file", None) or ()), ops=tuple(getattr(args, "op", None) or ()),
                      draws=getattr(args, "draws", 1), shard=getattr(args, "shard", None))
 
 
-def _select_cases(args) -> list:
-    return _selection(args).cases()
+def select_cases(args) -> list:
+    return selection_of(args).cases()
 
 
 def _jobs(args) -> int:
@@ -57,7 +57,7 @@ def _leg_options(args, **options) -> LegOptions:
     return LegOptions.parse(args.tpu_targets, **grids, **options)
 
 
-def _run_settings(args) -> RunSettings:
+def run_settings(args) -> RunSettings:
     """``parity run``, ``causality``, ``calibrate`` and ``all``'s run, from their arguments (and
     ``$PARITY_CACHE_DIR``, read here once)."""
     legs = _leg_options(args, ref_method=args.ref_method, ref_dtype=args.ref_dtype, dot_precision=args.dot_precision)
@@ -65,7 +65,7 @@ def _run_settings(args) -> RunSettings:
     for name in candidates:  # parity all's further candidates: each registered and loading here, before any work
         if leg_spec(name).role == "candidate":
             check_implementation(name)
-    return RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, force=args.force,
+    return RunSettings(selection=selection_of(args), out=Path(args.out), tag=args.tag, force=args.force,
                        resume=getattr(args, "resume", False), jobs=_jobs(args),
                        reference_cache=not args.no_ref_cache, read_leg_cache=not args.no_baseline_cache, legs=legs,
                        progress=not args.no_progress, case_timeout=parse_case_timeout(args.case_timeout),
@@ -81,7 +81,7 @@ def _policy(args):
     return policy_from_options(args.policy, args.gate_metrics, args.margin, args.floor, args.alpha)
 
 
-def _gate_settings(args) -> GateSettings:
+def gate_settings(args) -> GateSettings:
     """``parity gate`` and ``all``'s gate, from their arguments (and ``$GITHUB_STEP_SUMMARY``, read here once):
     the policy loaded once, ``--junit`` and the step summary checked before any work."""
     extra = {"max_draws": args.max_draws} if hasattr(args, "max_draws") else {}  # parity all's cap on draws
@@ -196,7 +196,7 @@ def cmd_cases(args) -> int:
             case = case_from_id(text)
             print("\n".join(explain(case, get_op(case.op))))
         return EXIT_PASS
-    selection = _selection(args)
+    selection = selection_of(args)
     for case in selection.cases():
         op = get_op(case.op)
         print(f"{case.id}\t{','.join(op.tensor_names(case))}")
@@ -215,7 +215,7 @@ def cmd_cases(args) -> int:
 
 
 def cmd_run(args) -> int:
-    settings = _run_settings(args)
+    settings = run_settings(args)
     with Run(settings) as run:
         run.cases  # a bad selection: before the output directory is made
         _out_dir(settings.out)
@@ -223,7 +223,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_causality(args) -> int:
-    settings = _run_settings(args)
+    settings = run_settings(args)
     with Run(settings) as run:
         run.cases
         _out_dir(settings.out)
@@ -233,7 +233,7 @@ def cmd_causality(args) -> int:
 def cmd_gate(args) -> int:
     from harness.app.selection import result_in
 
-    gate = _gate_settings(args)
+    gate = gate_settings(args)
     run = Run(RunSettings(out=_out_dir(args.out), cache_dir=default_cache_dir(os.environ)))
     baseline = result_in(args.gpu_csv, gate.baseline_leg)
     candidate = result_in(args.tpu_csv, gate.candidate_leg)
@@ -245,7 +245,7 @@ def cmd_compile(args) -> int:
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
     check_file_size_limit(targets)
-    run = Run(RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, jobs=_jobs(args),
+    run = Run(RunSettings(selection=selection_of(args), out=Path(args.out), tag=args.tag, jobs=_jobs(args),
                           progress=not args.no_progress, reference_cache=False,
                           case_timeout=parse_case_timeout(args.case_timeout), cache_dir=default_cache_dir(os.environ)))
     run.cases
@@ -274,7 +274,7 @@ def cmd_merge(args) -> int:
 
 def cmd_calibrate(args) -> int:
     policy = _policy(args)
-    settings = _run_settings(args)
+    settings = run_settings(args)
     _out_dir(args.out)
     with Run(settings) as run:
         if not args.results:
@@ -284,8 +284,8 @@ def cmd_calibrate(args) -> int:
 
 def cmd_all(args) -> int:
     """``parity all`` (:meth:`harness.app.session.Run.all`): legs -> causality -> gate -> draws -> report."""
-    gate = _gate_settings(args)
-    settings = _run_settings(args)
+    gate = gate_settings(args)
+    settings = run_settings(args)
     with Run(settings) as run:
         run.cases  # a bad selection: before the output directory is made
         _out_dir(settings.out)
@@ -308,7 +308,7 @@ def cmd_bisect(args) -> int:
     cache = Path(args.cache or os.environ.get("PARITY_BISECT_CACHE")
                  or Path.home() / ".cache" / "linear-attn-parity" / "bisect")
     request = BisectRequest(
-        candidate=args.candidate, cases=tuple(_select_cases(args)), policy=_policy(args), versions=args.versions,
+        candidate=args.candidate, cases=tuple(select_cases(args)), policy=_policy(args), versions=args.versions,
         git=Path(args.git) if args.git else None, commits=args.commits, out=Path(args.out) if args.out else None,
         force=args.force, sweep=args.sweep, good=args.good, bad=args.bad, skip=tuple(args.skip),
         argv=tuple(args.argv), baseline_rows=tuple(Path(p) for p in args.baseline_rows), recipe=recipe,

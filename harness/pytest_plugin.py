@@ -97,7 +97,7 @@ def pytest_configure(config):
         check_implementation(config.option.parity_candidate)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if _selection(config).by_id:  # a bad id or case file stops the session at once, one line, not at collection
+    if selection_of(config).by_id:  # a bad id or case file stops the session at once, one line, not at collection
         _selected_cases(config)
 
 
@@ -106,7 +106,7 @@ def pytest_configure_node(node):  # xdist controller -> workers: share one run i
     node.workerinput["parity_run_id"] = node.config._parity_run_id
 
 
-def _selection(config):
+def selection_of(config):
     """The session's selection, as ``parity run`` makes it (:class:`harness.app.Selection`)."""
     from harness.app import Selection
 
@@ -121,7 +121,7 @@ def _selected_cases(config) -> list:
     cached = getattr(config, "_parity_cases", None)
     if cached is None:
         try:
-            cached = config._parity_cases = _selection(config).cases()
+            cached = config._parity_cases = selection_of(config).cases()
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     return cached
@@ -166,7 +166,7 @@ def _settings(config):
         try:
             policy = policy_from_options(opts.parity_policy, opts.parity_gate_metrics, opts.parity_margin)
             cached = config._parity_settings = (
-                RunSettings(selection=_selection(config), out=Path(opts.parity_out), legs=legs,
+                RunSettings(selection=selection_of(config), out=Path(opts.parity_out), legs=legs,
                             read_leg_cache=not opts.parity_no_baseline_cache, progress=False,
                             cache_dir=default_cache_dir(os.environ)),
                 GateSettings(policy=policy, candidate_leg=opts.parity_candidate))
@@ -255,7 +255,7 @@ def pytest_sessionfinish(session, exitstatus):
             p.unlink()
         if reporter is not None:
             reporter.write_line(f"parity: {leg} results -> {path}")
-            forward_only, no_gradient = _uncompared_rows(path)
+            forward_only, no_gradient = uncompared_rows(path)
             if forward_only:
                 reporter.write_line(f"parity: {leg} is FORWARD ONLY: {forward_only} gradient row(s) were not "
                                     f"compared; its PASS covers the forward tensors only", yellow=True, bold=True)
@@ -267,7 +267,7 @@ def pytest_sessionfinish(session, exitstatus):
         parts_dir.rmdir()
 
 
-def _uncompared_rows(path: Path) -> tuple[int, int]:
+def uncompared_rows(path: Path) -> tuple[int, int]:
     """(gradient rows a forward-only candidate did not give, gradient rows its bindings declare absent by design)."""
     import pandas as pd
 
@@ -284,7 +284,7 @@ def _write_result(df, out: Path, leg: str, config, run_id: str) -> Path:
     from harness.core.results import ReportError, write_csv
     from harness.run.result_file import ResultFile
 
-    selection = _selection(config)
+    selection = selection_of(config)
     path = out / selection.result_name(leg, cases=_selected_cases(config))
     try:
         with ResultFile(path, {"leg": leg, "suite": selection.suite_label}):

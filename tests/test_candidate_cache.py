@@ -45,7 +45,7 @@ def test_the_closure_follows_function_level_relative_and_package_imports_within_
 
 def _closure(op_name: str) -> set[str]:
     leg = make_leg("tpu")
-    files = [gc._source_file(fn) for fn in leg.sources(get_op(op_name))]
+    files = [gc.source_file(fn) for fn in leg.sources(get_op(op_name))]
     return {str(p.relative_to(ROOT)) for p in source_closure(files)}
 
 

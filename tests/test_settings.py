@@ -10,7 +10,7 @@ import pytest
 
 from harness.app.selection import Selection
 from harness.app.settings import GateSettings, LegOptions, RunSettings, environment_grids
-from harness.cli import _gate_settings, _run_settings, build_parser
+from harness.cli import gate_settings, run_settings, build_parser
 from harness.core.cache_dir import default_cache_dir
 from harness.core.policy import default_policy
 
@@ -94,13 +94,13 @@ def test_the_command_line_is_read_once_into_the_records(tmp_path, monkeypatch):
                                       "--ref-method", "chunk", "--tpu-targets", "v5e", "--dot-precision", "ieee",
                                       "--no-baseline-cache", "--no-ref-cache", "--no-progress", "--resume",
                                       "--margin", "0", "--alpha", "0", "--max-draws", "3", "--allow-missing"])
-    run, gate = _run_settings(args), _gate_settings(args)
+    run, gate = run_settings(args), gate_settings(args)
     assert run == RunSettings(selection=Selection(suite="smoke", case_ids=(CASE,)), out=tmp_path, tag="t",
                               resume=True, jobs=3, reference_cache=False, read_leg_cache=False,
                               legs=LegOptions(ref_method="chunk", dot_precision="ieee", compile_targets=("v5e",),
                                               pallas_grid="per-program"),
                               progress=False, cache_dir=tmp_path / "c")
-    both = _run_settings(build_parser().parse_args(["run", "--backend", "tpu", "--case", CASE, "--grid",
+    both = run_settings(build_parser().parse_args(["run", "--backend", "tpu", "--case", CASE, "--grid",
                                                           "batched"])).legs  # --grid wins over the environment
     assert (both.pallas_grid, both.triton_grid) == ("batched", "batched")
     assert (gate.max_draws, gate.allow_missing, gate.policy.alpha, gate.policy.margin("rel_l2")) == (3, True, 0, 0)
@@ -183,7 +183,7 @@ def _line_of(name: str, text: str) -> int:
 
 def test_a_recipe_written_as_a_command_line_parses_back_to_the_same_recipe(tmp_path):
     """LegRecipe.command_line is the one place a leg becomes a ``parity run``: its options and case time limit,
-    read back by the front (harness.cli._run_settings) and resolved by a run, give the same recipe."""
+    read back by the front (harness.cli.run_settings) and resolved by a run, give the same recipe."""
     from harness.app.session import Run
     from harness.run.recipe import LegRecipe
 
@@ -195,7 +195,7 @@ def test_a_recipe_written_as_a_command_line_parses_back_to_the_same_recipe(tmp_p
         assert argv[:3] == ["python", "-m", "harness.cli"] and argv[-2:] == ["--case", CASE]
         args = build_parser().parse_args(argv[3:])
         assert (args.backend, args.out, args.jobs, args.case) == (leg, str(tmp_path), "2", [CASE])
-        with Run(_run_settings(args)) as run:
+        with Run(run_settings(args)) as run:
             again = run.recipe(leg)
         assert (again.options, again.timeout) == (recipe.options, recipe.timeout), leg
     quiet = LegRecipe.resolve("gpu", LegOptions().for_leg("gpu"))  # an unset option, no time limit: not written

@@ -81,7 +81,7 @@ from harness.run.reference_cache import META_ENTRY, arrays_checksum, entry_metad
 _ROOT = Path(__file__).resolve().parents[2]  # the repository: harness/<stage>/<module>.py
 SUBDIR = "baselines"
 FORMAT = 1
-_COMMON = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/registry.py", "harness/ops/base.py",
+COMMON_SOURCES = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/registry.py", "harness/ops/base.py",
            "harness/ops/serving.py", "cases/case.py")
 """What every cached leg's output depends on; each leg adds its own (``LegSpec.cache_sources``)."""
 
@@ -119,10 +119,10 @@ def under(cache_dir: Path | None) -> Path | None:
 
 
 def sources_fingerprint(leg: str) -> str:
-    """sha256 of the sources the cached leg ``leg``'s output depends on (:data:`_COMMON` and its own)."""
+    """sha256 of the sources the cached leg ``leg``'s output depends on (:data:`COMMON_SOURCES` and its own)."""
     from harness.legs.registry import leg_spec
 
-    return files_digest(p for pattern in _COMMON + leg_spec(leg).cache_sources for p in _ROOT.glob(pattern))
+    return files_digest(p for pattern in COMMON_SOURCES + leg_spec(leg).cache_sources for p in _ROOT.glob(pattern))
 
 
 def leg_inputs(leg_name: str, cases) -> dict:
@@ -145,7 +145,7 @@ def leg_inputs(leg_name: str, cases) -> dict:
             "bindings": {name: binding_fingerprint(get_op(name), leg) for name in ops}}
 
 
-def _source_file(fn: Callable) -> str | None:
+def source_file(fn: Callable) -> str | None:
     """The file ``fn`` is defined in, through partials and ``functools.wraps`` wrappers in any nesting (a wrapper
     of a partial, as the serving options wrap a descriptor's ``functools.partial``, is the partial's function's)."""
     while True:
@@ -214,7 +214,7 @@ def binding_fingerprint(op: OpDescriptor, leg: Leg) -> str | None:
     lives in this repository (``Leg.source_closure``: the TPU kernels) hashes everything those modules
     import from it too (:func:`source_closure`)."""
     functions = leg.sources(op)
-    files = [_source_file(fn) for fn in functions]
+    files = [source_file(fn) for fn in functions]
     if not files or any(f is None or not os.path.isfile(f) for f in files):
         return None
     if leg.source_closure:
