@@ -325,9 +325,11 @@ def _compile_keys(edited: str | None, monkeypatch) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("edited, moved", [
-    # gdn2's kernels import kda's pieces, and so does kernels_tpu.gated_recurrent (simple_gla's and gla's decode:
-    # kda's Config and layout helpers)
-    ("kernels_tpu/kda/chunk.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
+    # gdn2's kernels import kda's pieces (its option checks and layout), and all three the shared delta-rule core;
+    # kernels_tpu.gated_recurrent (simple_gla's and gla's decode) shares only the call's config with them
+    ("kernels_tpu/kda/chunk.py", {"kda", "gdn", "gdn2"}),
+    ("kernels_tpu/delta_rule.py", {"kda", "gdn", "gdn2"}),
+    ("kernels_tpu/call_config.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
     ("kernels_tpu/gated_recurrent.py", {"simple_gla", "gla"}),
     ("kernels_tpu/gdn2/chunk.py", {"gdn2"}),
     ("kernels_tpu/gla/fused.py", {"gla"}),
