@@ -66,7 +66,8 @@ from op_contract import check_gdn2, gdn2_options
 from . import kda
 from .kda import METHODS, DeltaRule, backward, forward
 
-__all__ = ["chunk_gdn2", "chunk_gdn2_bwd", "preprocess", "wy_operands", "token_update", "METHODS", "GDN2"]
+__all__ = ["chunk_gdn2", "chunk_gdn2_bwd", "preprocess", "wy_operands", "token_update", "token_adjoint", "METHODS",
+           "GDN2"]
 
 _HI = lax.Precision.HIGHEST
 
@@ -98,8 +99,24 @@ def token_update(S, k, v, b, w):
     return S + k[..., :, None] * (w * v - erase)[..., None, :]
 
 
+def token_adjoint(S, k, v, b, w, dS_new):
+    """The adjoint of :func:`token_update` at the decayed state ``S``: the gradient ``dS_new`` w.r.t.
+    ``S_t = S + k r^T``, ``r = w * v - S^T (b * k)``, taken back to ``(dS, dk, dv, db, dw)``:
+
+    - ``dr = dS_new^T k`` [V], so ``dw = dr * v`` and ``dv = dr * w``;
+    - ``dk = dS_new r`` directly, and through the erase ``- S^T (b * k)``: ``d(b * k) = - S dr``, which gives
+      ``db = d(b * k) * k``, ``dk += d(b * k) * b`` and ``dS = dS_new - (b * k) dr^T``."""
+    bk = b * k
+    dr = jnp.einsum("bhk,bhkv->bhv", k, dS_new, precision=_HI)
+    r = w * v - jnp.einsum("bhk,bhkv->bhv", bk, S, precision=_HI)
+    dbk = -jnp.einsum("bhkv,bhv->bhk", S, dr, precision=_HI)
+    dk = jnp.einsum("bhkv,bhv->bhk", dS_new, r, precision=_HI) + dbk * b
+    dS = dS_new - bk[..., :, None] * dr[..., None, :]
+    return dS, dk, dr * w, dbk * k, dr * v
+
+
 GDN2 = DeltaRule(check=check_gdn2, options=gdn2_options, preprocess=preprocess, gates=("b", "w"),
-                 wy_operands=wy_operands, token_update=token_update)
+                 wy_operands=wy_operands, token_update=token_update, token_adjoint=token_adjoint)
 
 
 def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, *,

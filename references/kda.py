@@ -155,6 +155,22 @@ def kda_token_update(S, k, v, beta):
     return S + beta[..., None, None] * k[..., :, None] * (v - kS)[..., None, :]
 
 
+def kda_token_adjoint(S, k, v, beta, dS_new):
+    """The adjoint of :func:`kda_token_update` at the decayed state ``S``: the gradient ``dS_new`` w.r.t.
+    ``S_t = S + beta k u^T``, ``u = v - S^T k``, taken back to ``(dS, dk, dv, dbeta)``:
+
+    - ``a = dS_new^T k`` [V], so ``dbeta = a . u`` and ``du = beta a``;
+    - ``dv = du``; through ``u``'s ``- S^T k``: ``dk = beta dS_new u - S du`` and ``dS = dS_new - k du^T``."""
+    a = jnp.einsum("bhk,bhkv->bhv", k, dS_new, precision=_HI)
+    u = v - jnp.einsum("bhk,bhkv->bhv", k, S, precision=_HI)
+    du = beta[..., None] * a
+    dbeta = jnp.sum(a * u, axis=-1)
+    dk = (beta[..., None] * jnp.einsum("bhkv,bhv->bhk", dS_new, u, precision=_HI)
+          - jnp.einsum("bhkv,bhv->bhk", S, du, precision=_HI))
+    dS = dS_new - k[..., :, None] * du[..., None, :]
+    return dS, dk, du, dbeta
+
+
 def _chunk_step_wy(rule, scale, S, xs):
     """One chunk in WY form. S [B,H,K,V]; xs (q, k, v, g, *gates) each [B,H,C,...]; ``rule.wy_operands``
     gives the op's Akk and the right-hand sides of u and w."""
@@ -179,18 +195,92 @@ def _chunk_step_wy(rule, scale, S, xs):
 
 def _chunk_step_recurrent(rule, scale, S, xs):
     """One chunk, token by token. S [B,H,K,V]; xs (q, k, v, g, *gates) each [B,H,C,...]; ``rule.token_update``
-    is the op's update of the decayed state."""
-    xs = tuple(jnp.moveaxis(x, 2, 0) for x in xs)  # [C,B,H,...]
-
-    def token(S, x):
-        q, k, v, g, *gates = x
-        S = S * jnp.exp(g)[..., :, None]
-        S = rule.token_update(S, k, v, *gates)
-        o = scale * jnp.einsum("bhk,bhkv->bhv", q, S, precision=_HI)
-        return S, o
-
-    S, o = lax.scan(token, S, xs)
+    is the op's update of the decayed state. Its backward is the hand-written adjoint
+    (:func:`_token_loop_bwd`), not autodiff of the scan."""
+    S, o = _token_loop(rule, scale, S, tuple(jnp.moveaxis(x, 2, 0) for x in xs))  # tokens on axis 0: [C,B,H,...]
     return S, jnp.moveaxis(o, 0, 2)
+
+
+def _token(rule, scale, S, x):
+    """One token: ``S_t = update(Diag(exp g_t) S_{t-1})``, ``o_t = scale S_t^T q_t``."""
+    q, k, v, g, *gates = x
+    S = S * jnp.exp(g)[..., :, None]
+    S = rule.token_update(S, k, v, *gates)
+    o = scale * jnp.einsum("bhk,bhkv->bhv", q, S, precision=_HI)
+    return S, o
+
+
+TOKEN_SEGMENT = 16
+"""Tokens per segment of the token loop's backward (:func:`_token_loop_bwd`): it keeps the state entering each
+segment and recomputes a segment's states when it reaches it, so it holds ``C / TOKEN_SEGMENT + TOKEN_SEGMENT``
+states, not ``C`` (a stack of 64 states of ``[B,H,K,V]`` float64 costs more to write than the tokens' work)."""
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _token_loop(rule, scale, S0, xs):
+    """The chunk's tokens in order from S0 [B,H,K,V], xs each [C,B,H,...]: ``(S_C, o [C,B,H,V])``."""
+    return lax.scan(functools.partial(_token, rule, scale), S0, xs)
+
+
+def _token_loop_fwd(rule, scale, S0, xs):
+    """The forward, keeping only its inputs: the backward recomputes the states (under the chunks'
+    ``jax.checkpoint`` this runs when the backward reaches the chunk anyway)."""
+    return _token_loop(rule, scale, S0, xs), (S0, xs)
+
+
+def _segment_length(C: int) -> int:
+    """The longest segment of at most :data:`TOKEN_SEGMENT` tokens that divides the chunk."""
+    return max(d for d in range(1, min(TOKEN_SEGMENT, C) + 1) if C % d == 0)
+
+
+def _token_loop_bwd(rule, scale, res, cts):
+    """The adjoint of the token loop: the tokens in reverse, the carry ``dS`` the gradient w.r.t. ``S_t``
+    (from ``dS_C``, the chunk's outgoing state's). Per token, with ``S'_t = Diag(exp g_t) S_{t-1}``,
+    ``S_t = update(S'_t, k, v, gates)`` and ``o_t = scale S_t^T q_t``:
+
+    - ``o_t``: ``dq_t = scale S_t do_t`` and ``dS_t += scale q_t do_t^T``;
+    - the update: ``rule.token_adjoint`` gives ``dS'_t`` and the gradients of k, v and the gates;
+    - the decay: ``dS_{t-1} = Diag(exp g_t) dS'_t`` and ``dg_t[i] = exp(g_t[i]) sum_j S_{t-1}[i,j] dS'_t[i,j]
+      = sum_j S'_t[i,j] dS'_t[i,j]``, summed over the key channels when g is one decay per head ([...,1]).
+
+    The states ``S_{t-1}`` are recomputed by the forward's own token step (the same values): first the state
+    entering each segment of :func:`_segment_length` tokens, then, segment by segment in reverse, the segment's
+    states."""
+    S0, xs = res
+    dS_C, do = cts
+    C = xs[0].shape[0]
+    n = C // _segment_length(C)
+    segments = lambda x: x.reshape(n, C // n, *x.shape[1:])
+    xs_seg, do_seg = tuple(map(segments, xs)), segments(do)
+    step = functools.partial(_token, rule, scale)
+
+    def enter(S, x):  # the state entering each segment
+        return lax.scan(step, S, x)[0], S
+
+    _, S_enter = lax.scan(enter, S0, xs_seg)
+
+    def token(dS, x):
+        S_prev, (q, k, v, g, *gates), do = x
+        Sd = S_prev * jnp.exp(g)[..., :, None]  # S'_t
+        S = rule.token_update(Sd, k, v, *gates)  # S_t
+        dq = scale * jnp.einsum("bhkv,bhv->bhk", S, do, precision=_HI)
+        dS = dS + scale * q[..., :, None] * do[..., None, :]
+        dSd, dk, dv, *dgates = rule.token_adjoint(Sd, k, v, *gates, dS)
+        dg = jnp.sum(Sd * dSd, axis=-1)  # [B,H,K]
+        if g.shape[-1] != dg.shape[-1]:  # one decay per head, broadcast over the key channels
+            dg = jnp.sum(dg, axis=-1, keepdims=True)
+        return dSd * jnp.exp(g)[..., :, None], (dq, dk, dv, dg, *dgates)
+
+    def segment(dS, x):
+        S_e, xs, do = x
+        _, S_prev = lax.scan(lambda S, x: (step(S, x)[0], S), S_e, xs)  # the segment's S_{t-1}
+        return lax.scan(token, dS, (S_prev, xs, do), reverse=True)
+
+    dS0, dxs = lax.scan(segment, dS_C, (S_enter, xs_seg, do_seg), reverse=True)
+    return dS0, tuple(d.reshape(C, *d.shape[2:]) for d in dxs)
+
+
+_token_loop.defvjp(_token_loop_fwd, _token_loop_bwd)
 
 
 def _core(rule, tokens, h0, scale, chunk_size, method, offs=None):
@@ -244,6 +334,7 @@ class DeltaRule:
     gates: tuple[str, ...] = ("beta",)
     wy_operands: Callable = kda_wy_operands
     token_update: Callable = kda_token_update
+    token_adjoint: Callable = kda_token_adjoint
 
 
 def _setup(op: DeltaRule, q, k, v, g, gates, initial_state, A_log, dt_bias, scale, chunk_size, method, kw,
