@@ -223,9 +223,19 @@ def _token_loop(rule, scale, S0, xs):
 
 
 def _token_loop_fwd(rule, scale, S0, xs):
-    """The forward, keeping only its inputs: the backward recomputes the states (under the chunks'
-    ``jax.checkpoint`` this runs when the backward reaches the chunk anyway)."""
-    return _token_loop(rule, scale, S0, xs), (S0, xs)
+    """The forward by segments of :func:`_segment_length` tokens (the same steps in the same order), keeping the
+    state entering each segment for the backward. Under the chunks' ``jax.checkpoint`` this runs when the
+    backward reaches the chunk, so one chunk's ``C / TOKEN_SEGMENT`` states at a time."""
+    C = xs[0].shape[0]
+    n = C // _segment_length(C)
+    step = functools.partial(_token, rule, scale)
+
+    def segment(S, x):
+        S_new, o = lax.scan(step, S, x)
+        return S_new, (o, S)
+
+    S_C, (o, S_enter) = lax.scan(segment, S0, tuple(x.reshape(n, C // n, *x.shape[1:]) for x in xs))
+    return (S_C, o.reshape(C, *o.shape[2:])), (S_enter, xs)
 
 
 def _segment_length(C: int) -> int:
@@ -243,21 +253,15 @@ def _token_loop_bwd(rule, scale, res, cts):
     - the decay: ``dS_{t-1} = Diag(exp g_t) dS'_t`` and ``dg_t[i] = exp(g_t[i]) sum_j S_{t-1}[i,j] dS'_t[i,j]
       = sum_j S'_t[i,j] dS'_t[i,j]``, summed over the key channels when g is one decay per head ([...,1]).
 
-    The states ``S_{t-1}`` are recomputed by the forward's own token step (the same values): first the state
-    entering each segment of :func:`_segment_length` tokens, then, segment by segment in reverse, the segment's
-    states."""
-    S0, xs = res
+    The states ``S_{t-1}`` are recomputed by the forward's own token step (the same values), segment by segment
+    in reverse, each from the state entering it (kept by :func:`_token_loop_fwd`)."""
+    S_enter, xs = res
     dS_C, do = cts
     C = xs[0].shape[0]
     n = C // _segment_length(C)
     segments = lambda x: x.reshape(n, C // n, *x.shape[1:])
     xs_seg, do_seg = tuple(map(segments, xs)), segments(do)
     step = functools.partial(_token, rule, scale)
-
-    def enter(S, x):  # the state entering each segment
-        return lax.scan(step, S, x)[0], S
-
-    _, S_enter = lax.scan(enter, S0, xs_seg)
 
     def token(dS, x):
         S_prev, (q, k, v, g, *gates), do = x
