@@ -24,7 +24,7 @@ state pass are kda's: ``o = scale (q exp(G)) S_0 + scale tril(q-vs-k decayed sco
 ``S_C = Diag(exp G_C) S_0 + (k exp(G_C - G))^T delta``. ``method="recurrent"`` runs the token update
 (:func:`token_update`) instead. Both share kda's core and driver (:class:`references.kda.DeltaRule`): chunks
 under ``jax.checkpoint``, padding and packed sequences with zero tokens (k = 0, g = 0: ``S -> S`` exactly
-whatever b and w), the backward by ``jax.vjp``.
+whatever b and w), the backward by ``jax.vjp`` (the token loop's by :func:`token_adjoint`).
 
 Shapes (as fla-core 0.6.0, which asserts them): q, k, g, b [B,T,H,K]; v, w [B,T,H,V]; initial_state, ht
 [N,H,K,V]; o [B,T,H,V]. fla's gdn2 has no grouped value heads (v has q's H heads), and neither has the

@@ -41,13 +41,16 @@ A gate of ``-inf`` (a hard state reset) is not special-cased by fla and is not s
 The driver (:func:`forward`, :func:`backward`: contract, in-kernel options, value heads, float64 core) is
 shared with :mod:`references.gdn`, whose scalar gate is broadcast over the key channels, and with
 :mod:`references.gdn2`, whose per-channel erase and write gates replace beta in the update
-(:class:`DeltaRule`: its ``gates``, ``wy_operands`` and ``token_update``).
+(:class:`DeltaRule`: its ``gates``, ``wy_operands``, ``token_update`` and ``token_adjoint``).
 
 Two formulations check each other: ``method="recurrent"`` (token by token) and
 ``method="chunk"`` (WY form: per chunk ``Akk``, its unit-lower-triangular inverse, ``w``, ``u``,
 the delta-rule state pass and the output; the decayed key and query scores as matrix products,
 :func:`references._decay.decayed_scores`). Both run chunk by chunk under ``jax.checkpoint``,
-so the backward (``jax.vjp``) keeps only the ``NT`` chunk-start states.
+so the backward (``jax.vjp``) keeps only the ``NT`` chunk-start states. Within a chunk the token-by-token
+form's backward is written by hand (:func:`_token_loop_bwd`: the tokens in reverse, each op's
+``token_adjoint``, the states recomputed from one kept every 16 tokens), not autodiff of its scan, which cost
+about 9x the forward (reports/bench/2026-11-28-reference-check).
 
 All work runs inside ``jax.enable_x64(True)`` on the CPU device with HIGHEST matmul precision;
 nothing is set globally. Inputs may be numpy arrays of any float dtype (bfloat16 included),
@@ -78,7 +81,7 @@ METHODS = ("chunk", "recurrent")
 _HI = lax.Precision.HIGHEST
 
 __all__ = ["chunk_kda", "chunk_kda_bwd", "preprocess", "METHODS", "L2NORM_EPS", "DeltaRule", "forward", "backward",
-           "qk_beta_options", "kda_wy_operands", "kda_token_update"]
+           "qk_beta_options", "kda_wy_operands", "kda_token_update", "kda_token_adjoint"]
 
 
 def _to_np(x, dtype: str) -> np.ndarray:
@@ -330,7 +333,9 @@ class DeltaRule:
     which name their gradients (``"d" + name``); ``wy_operands`` ``(k, v, G, strict_scores, *gates) -> (Akk, u_rhs,
     w_rhs)`` and ``token_update`` ``(S, k, v, *gates) -> S_t`` are the op's update in the chunked WY form and
     token by token (:func:`kda_wy_operands`, :func:`kda_token_update`: kda's, which gdn shares). A zero token
-    (k = 0, g = 0) must leave the state unchanged: packing and padding rely on it."""
+    (k = 0, g = 0) must leave the state unchanged: packing and padding rely on it. ``token_adjoint``
+    ``(S, k, v, *gates, dS_t) -> (dS, dk, dv, *dgates)`` is the adjoint of ``token_update`` at ``S`` (the
+    recurrent form's hand-written backward, :func:`_token_loop_bwd`; :func:`kda_token_adjoint`)."""
 
     check: Callable
     options: Callable
