@@ -103,7 +103,7 @@ def bench_smoke(args) -> list[dict]:
             for label, path in EDITS.items():
                 with one_line_edit(path):
                     warm[label].append(parity_all(Path(out), env, args.jobs))
-    jobs = args.jobs or f"default ({default_jobs()})"
+    jobs = args.jobs or f"default ({default_jobs(os.environ)})"
     return [summary(f"parity all --suite smoke --jobs {jobs}, cold", cold, "s")] + [
         summary(f"parity all --suite smoke --jobs {jobs}, warm after an edit in {label}", values, "s")
         for label, values in warm.items()]

@@ -10,7 +10,7 @@ For each op (simple_gla, gdn, kda: chunk, forward + backward, bf16, K = V = 128,
 - ``ref``: both, one after the other: what a user waits for from the reference;
 - ``tpu``: the TPU leg's run as it runs by default (``TpuLeg``, no real-TPU compile): Pallas TPU interpret mode
   with the MXU model, every interpret-mode pallas_call by the batched grid interpreter
-  (``harness.legs.pallas_batched``);
+  (``harness.emulation.pallas_batched``);
 - ``tpu-per-program``: the same leg with ``batched_grid=False`` (jax's per-program interpret mode);
 - ``tpu-batched``: the same leg with ``batched_grid=True``, its tensors checked bit for bit against
   ``tpu-per-program``'s (``note``);

@@ -33,7 +33,7 @@ from jax.experimental import pallas as pl  # noqa: E402
 from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
 import harness.legs.tpu as tpu  # noqa: E402
-from harness.legs.pallas_batched import batched_interpret  # noqa: E402
+from harness.emulation.pallas_batched import batched_interpret  # noqa: E402
 from kernels_tpu import mxu  # noqa: E402
 from kernels_tpu.common import causal_mask, iota, masked_exp  # noqa: E402
 

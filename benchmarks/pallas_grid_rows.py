@@ -2,7 +2,7 @@
 
 For every case of the selection that the leg takes, runs the leg twice in one process on the case's draw-0
 inputs, both under XLA:CPU's fusion emitters: with every interpret-mode pallas_call by
-:mod:`harness.legs.pallas_batched` (its context's ``batched_grid``), and by jax's own per-program TPU interpret mode. Writes one CSV row per case: the
+:mod:`harness.emulation.pallas_batched` (its context's ``batched_grid``), and by jax's own per-program TPU interpret mode. Writes one CSV row per case: the
 tensors compared, those that are not bit for bit equal (NaN positions and signs included) or whose MXU tally
 columns differ, how each kernel's grid ran, and both wall times (first run in the process: compiles included).
 Exit 1 when any tensor differs.

@@ -534,7 +534,7 @@ def empty_state_cases() -> list[Case]:
     ]
 
 
-def _gdn_serving_smoke() -> list[Case]:
+def gdn_serving_smoke() -> list[Case]:
     """Qwen3-Next's gdn served: a pooled state buffer, a zero-length request, three decode steps after the
     prefill."""
     return [Case("gdn", "chunk", B=1, T=sum(ZERO_LENS), H=1, HV=2, K=128, V=128, dtype="bfloat16", gate=G,
@@ -731,7 +731,7 @@ def production_cases() -> list[Case]:
 
 # suite name -> the per-op case lists it is made of (adding an op adds its lists here)
 SUITES = {
-    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke, _gdn_serving_smoke,
+    "smoke": (_simple_gla_smoke, _gla_smoke, _kda_smoke, _kda_gva_and_decode, _gdn_smoke, gdn_serving_smoke,
               _gdn2_smoke, _gated_decode_smoke),
     "regressions": (_simple_gla_regressions, _gla_regressions, _kda_regressions, _kda_decode_regressions,
                     _gdn_regressions, packing_edge_cases, state_layout_cases, gate_masking_cases,

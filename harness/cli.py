@@ -10,12 +10,14 @@ interrupted by Ctrl-C or SIGTERM (the finished cases are kept: see --resume).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from harness.app.selection import Selection
 from harness.app.session import Interrupted, Outcome, Run, writable
-from harness.app.settings import GateSettings, LegOptions, RunSettings, check_file_size_limit, parse_case_timeout
+from harness.app.settings import (GateSettings, LegOptions, RunSettings, check_file_size_limit, environment_grids,
+                                  parse_case_timeout)
 from harness.app.workers import default_jobs, parse_jobs
 from harness.core.cache_dir import default_cache_dir
 from harness.legs.registry import check_implementation, leg_spec, parse_impl, register_implementation
@@ -32,35 +34,43 @@ class UsageError(Exception):
 
 
 # ------------------------------------------------------------ settings, once
-def _selection(args) -> Selection:
+def selection_of(args) -> Selection:
     """The run's cases, as the pytest plugin selects them too (:class:`harness.app.selection.Selection`)."""
     return Selection(suite=getattr(args, "suite", "") or "", case_ids=tuple(getattr(args, "case", None) or ()),
                      cases_files=tuple(getattr(args, "cases_file", None) or ()), ops=tuple(getattr(args, "op", None) or ()),
                      draws=getattr(args, "draws", 1), shard=getattr(args, "shard", None))
 
 
-def _select_cases(args) -> list:
-    return _selection(args).cases()
+def select_cases(args) -> list:
+    return selection_of(args).cases()
 
 
 def _jobs(args) -> int:
-    return default_jobs() if args.jobs is None else parse_jobs(args.jobs)
+    return default_jobs(os.environ) if args.jobs is None else parse_jobs(args.jobs)
 
 
-def _run_settings(args) -> RunSettings:
+def _leg_options(args, **options) -> LegOptions:
+    """The legs' options from the arguments, the grids from ``--grid`` or else the environment (read here once)."""
+    grids = environment_grids(os.environ)
+    if getattr(args, "grid", None):
+        grids = dict.fromkeys(grids, args.grid)
+    return LegOptions.parse(args.tpu_targets, **grids, **options)
+
+
+def run_settings(args) -> RunSettings:
     """``parity run``, ``causality``, ``calibrate`` and ``all``'s run, from their arguments (and
     ``$PARITY_CACHE_DIR``, read here once)."""
-    legs = LegOptions.parse(args.tpu_targets, ref_method=args.ref_method, ref_dtype=args.ref_dtype,
-                            dot_precision=args.dot_precision)
+    legs = _leg_options(args, ref_method=args.ref_method, ref_dtype=args.ref_dtype, dot_precision=args.dot_precision)
     candidates = tuple(getattr(args, "candidate", None) or ())
     for name in candidates:  # parity all's further candidates: each registered and loading here, before any work
         if leg_spec(name).role == "candidate":
             check_implementation(name)
-    return RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, force=args.force,
+    return RunSettings(selection=selection_of(args), out=Path(args.out), tag=args.tag, force=args.force,
                        resume=getattr(args, "resume", False), jobs=_jobs(args),
                        reference_cache=not args.no_ref_cache, read_leg_cache=not args.no_baseline_cache, legs=legs,
                        progress=not args.no_progress, case_timeout=parse_case_timeout(args.case_timeout),
-                       cache_dir=default_cache_dir(), baseline_rows=tuple(getattr(args, "baseline_rows", None) or ()),
+                       cache_dir=default_cache_dir(os.environ),
+                       baseline_rows=tuple(getattr(args, "baseline_rows", None) or ()),
                        baseline_python=getattr(args, "baseline_python", None), candidates=candidates,
                        causality=not getattr(args, "no_causality", False))
 
@@ -71,7 +81,7 @@ def _policy(args):
     return policy_from_options(args.policy, args.gate_metrics, args.margin, args.floor, args.alpha)
 
 
-def _gate_settings(args) -> GateSettings:
+def gate_settings(args) -> GateSettings:
     """``parity gate`` and ``all``'s gate, from their arguments (and ``$GITHUB_STEP_SUMMARY``, read here once):
     the policy loaded once, ``--junit`` and the step summary checked before any work."""
     extra = {"max_draws": args.max_draws} if hasattr(args, "max_draws") else {}  # parity all's cap on draws
@@ -96,8 +106,6 @@ def _out_dir(path) -> Path:
 
 def _step_summary() -> Path | None:
     """``$GITHUB_STEP_SUMMARY``, when set: a file the gate can append to, checked before any work."""
-    import os
-
     value = os.environ.get("GITHUB_STEP_SUMMARY")
     if not value:
         return None
@@ -188,7 +196,7 @@ def cmd_cases(args) -> int:
             case = case_from_id(text)
             print("\n".join(explain(case, get_op(case.op))))
         return EXIT_PASS
-    selection = _selection(args)
+    selection = selection_of(args)
     for case in selection.cases():
         op = get_op(case.op)
         print(f"{case.id}\t{','.join(op.tensor_names(case))}")
@@ -207,7 +215,7 @@ def cmd_cases(args) -> int:
 
 
 def cmd_run(args) -> int:
-    settings = _run_settings(args)
+    settings = run_settings(args)
     with Run(settings) as run:
         run.cases  # a bad selection: before the output directory is made
         _out_dir(settings.out)
@@ -215,7 +223,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_causality(args) -> int:
-    settings = _run_settings(args)
+    settings = run_settings(args)
     with Run(settings) as run:
         run.cases
         _out_dir(settings.out)
@@ -225,8 +233,8 @@ def cmd_causality(args) -> int:
 def cmd_gate(args) -> int:
     from harness.app.selection import result_in
 
-    gate = _gate_settings(args)
-    run = Run(RunSettings(out=_out_dir(args.out)))
+    gate = gate_settings(args)
+    run = Run(RunSettings(out=_out_dir(args.out), cache_dir=default_cache_dir(os.environ)))
     baseline = result_in(args.gpu_csv, gate.baseline_leg)
     candidate = result_in(args.tpu_csv, gate.candidate_leg)
     return run.gate_files(baseline, candidate, gate)
@@ -237,9 +245,9 @@ def cmd_compile(args) -> int:
 
     targets = parse_targets(args.target, COMPILE_DEFAULT_TARGETS)
     check_file_size_limit(targets)
-    run = Run(RunSettings(selection=_selection(args), out=Path(args.out), tag=args.tag, jobs=_jobs(args),
+    run = Run(RunSettings(selection=selection_of(args), out=Path(args.out), tag=args.tag, jobs=_jobs(args),
                           progress=not args.no_progress, reference_cache=False,
-                          case_timeout=parse_case_timeout(args.case_timeout)))
+                          case_timeout=parse_case_timeout(args.case_timeout), cache_dir=default_cache_dir(os.environ)))
     run.cases
     _out_dir(args.out)
     reuse = tuple(Path(p) for text in args.reuse or () for p in text.split(",") if p.strip())
@@ -266,7 +274,7 @@ def cmd_merge(args) -> int:
 
 def cmd_calibrate(args) -> int:
     policy = _policy(args)
-    settings = _run_settings(args)
+    settings = run_settings(args)
     _out_dir(args.out)
     with Run(settings) as run:
         if not args.results:
@@ -276,8 +284,8 @@ def cmd_calibrate(args) -> int:
 
 def cmd_all(args) -> int:
     """``parity all`` (:meth:`harness.app.session.Run.all`): legs -> causality -> gate -> draws -> report."""
-    gate = _gate_settings(args)
-    settings = _run_settings(args)
+    gate = gate_settings(args)
+    settings = run_settings(args)
     with Run(settings) as run:
         run.cases  # a bad selection: before the output directory is made
         _out_dir(settings.out)
@@ -286,8 +294,6 @@ def cmd_all(args) -> int:
 
 def cmd_bisect(args) -> int:
     """``parity bisect`` (:func:`harness.bisect.session.run_bisection`, docs/bisect.md)."""
-    import os
-
     from harness.bisect.session import BisectInterrupted, BisectRequest, run_bisection
 
     if not args.candidate:
@@ -295,13 +301,14 @@ def cmd_bisect(args) -> int:
     from harness.legs.registry import default_leg
     from harness.run.recipe import LegRecipe
 
-    legs, timeout = LegOptions.parse(args.tpu_targets), parse_case_timeout(args.case_timeout)
-    recipe, baseline = (LegRecipe.resolve(name, legs.for_leg(name), timeout, impl=tuple(args.impl))
+    legs, timeout = _leg_options(args), parse_case_timeout(args.case_timeout)
+    recipe, baseline = (LegRecipe.resolve(name, legs.for_leg(name), timeout, impl=tuple(args.impl),
+                                          cache_dir=default_cache_dir(os.environ))
                         for name in (args.candidate, default_leg("baseline")))
     cache = Path(args.cache or os.environ.get("PARITY_BISECT_CACHE")
                  or Path.home() / ".cache" / "linear-attn-parity" / "bisect")
     request = BisectRequest(
-        candidate=args.candidate, cases=tuple(_select_cases(args)), policy=_policy(args), versions=args.versions,
+        candidate=args.candidate, cases=tuple(select_cases(args)), policy=_policy(args), versions=args.versions,
         git=Path(args.git) if args.git else None, commits=args.commits, out=Path(args.out) if args.out else None,
         force=args.force, sweep=args.sweep, good=args.good, bad=args.bad, skip=tuple(args.skip),
         argv=tuple(args.argv), baseline_rows=tuple(Path(p) for p in args.baseline_rows), recipe=recipe,

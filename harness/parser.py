@@ -8,6 +8,7 @@ from pathlib import Path
 
 from harness.core.noise import LOOKS
 from harness.legs.registry import default_leg, legs
+from harness.legs.tpu import GRIDS
 from harness.app.workers import CANDIDATE_CASE_TIMEOUT, GIB_PER_JOB
 
 DEFAULT_OUT = Path("reports") / "runs"
@@ -79,6 +80,11 @@ def _add_run_options(p, resume: bool = True):
     p.add_argument("--tpu-targets", metavar="T,..",
                    help="TPU leg, when emulated: compile each case for these real TPU targets first, a case that "
                         "does not compile is an error (default v6e; of v4, v5e, v5p, v6e, v7x)")
+    p.add_argument("--grid", choices=GRIDS,
+                   help="the emulated legs: how each kernel launch's grid is walked: batched (every parallel program "
+                        "in one pass) or per-program (one program after another, the interpreters' own loops); the "
+                        "rows are bit for bit the same (default: $PARITY_TPU_GRID for the TPU leg and "
+                        "$PARITY_BATCHED_GRID for the GPU leg, else batched)")
     p.add_argument("--dot-precision", default=None, choices=("tf32", "tf32x3", "ieee"),
                    help="GPU leg: TRITON_F32_DEFAULT for f32 tl.dot without an explicit input_precision "
                         "(default: the environment's, else tf32 as on an H100)")

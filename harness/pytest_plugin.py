@@ -97,7 +97,7 @@ def pytest_configure(config):
         check_implementation(config.option.parity_candidate)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if _selection(config).by_id:  # a bad id or case file stops the session at once, one line, not at collection
+    if selection_of(config).by_id:  # a bad id or case file stops the session at once, one line, not at collection
         _selected_cases(config)
 
 
@@ -106,7 +106,7 @@ def pytest_configure_node(node):  # xdist controller -> workers: share one run i
     node.workerinput["parity_run_id"] = node.config._parity_run_id
 
 
-def _selection(config):
+def selection_of(config):
     """The session's selection, as ``parity run`` makes it (:class:`harness.app.Selection`)."""
     from harness.app import Selection
 
@@ -121,7 +121,7 @@ def _selected_cases(config) -> list:
     cached = getattr(config, "_parity_cases", None)
     if cached is None:
         try:
-            cached = config._parity_cases = _selection(config).cases()
+            cached = config._parity_cases = selection_of(config).cases()
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     return cached
@@ -154,19 +154,21 @@ def _settings(config):
     value stops the session with one line."""
     cached = getattr(config, "_parity_settings", None)
     if cached is None:
-        from harness.app.settings import GateSettings, LegOptions, RunSettings
+        from harness.app.settings import GateSettings, LegOptions, RunSettings, environment_grids
+        from harness.core.cache_dir import default_cache_dir
         from harness.core.policy import policy_from_options
 
         opts = config.option
         try:
-            legs = LegOptions.parse(opts.parity_tpu_targets)
+            legs = LegOptions.parse(opts.parity_tpu_targets, **environment_grids(os.environ))
         except ValueError as exc:
             raise pytest.UsageError(f"--parity-tpu-targets: {exc}") from None
         try:
             policy = policy_from_options(opts.parity_policy, opts.parity_gate_metrics, opts.parity_margin)
             cached = config._parity_settings = (
-                RunSettings(selection=_selection(config), out=Path(opts.parity_out), legs=legs,
-                            read_leg_cache=not opts.parity_no_baseline_cache, progress=False),
+                RunSettings(selection=selection_of(config), out=Path(opts.parity_out), legs=legs,
+                            read_leg_cache=not opts.parity_no_baseline_cache, progress=False,
+                            cache_dir=default_cache_dir(os.environ)),
                 GateSettings(policy=policy, candidate_leg=opts.parity_candidate))
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
@@ -174,28 +176,31 @@ def _settings(config):
 
 
 @pytest.fixture(scope="session")
-def reference_cache(request):
-    from harness.run.reference_cache import ReferenceCache
+def parity_run(request):
+    """The session's :class:`harness.app.session.Run`, over its settings: the one place its legs' recipes are
+    resolved and their runners built, as for ``parity run``."""
+    from harness.app.session import Run
 
-    return ReferenceCache(_settings(request.config)[0].cache_dir)
+    with Run(_settings(request.config)[0], say=lambda line: None) as run:
+        yield run
 
 
 @pytest.fixture(scope="session")
-def parity_runner(request, reference_cache):
-    """``parity_runner(leg)`` -> a Runner for that leg, built once per session (a cached leg's with its cache;
-    every candidate compiles for real TPUs first)."""
-    from harness.run.recipe import LegRecipe
+def reference_cache(parity_run):
+    return parity_run.reference_cache
+
+
+@pytest.fixture(scope="session")
+def parity_runner(parity_run):
+    """``parity_runner(leg)`` -> a Runner for that leg, built once per session from the run's recipe (a cached
+    leg's with its cache; every candidate compiles for real TPUs first)."""
     from harness.run.runner import Runner
 
-    settings, _ = _settings(request.config)
     runners = {}
 
     def get(leg: str) -> Runner:
         if leg not in runners:
-            recipe = LegRecipe.resolve(leg, settings.legs.for_leg(leg), suite=settings.selection.suite_label,
-                                       reference_cache=reference_cache.directory, cache_dir=settings.cache_dir,
-                                       read_cache=settings.read_leg_cache)
-            runners[leg] = recipe.runner(reference_cache)
+            runners[leg] = parity_run.runner(parity_run.recipe(leg))
         return runners[leg]
 
     return get
@@ -250,7 +255,7 @@ def pytest_sessionfinish(session, exitstatus):
             p.unlink()
         if reporter is not None:
             reporter.write_line(f"parity: {leg} results -> {path}")
-            forward_only, no_gradient = _uncompared_rows(path)
+            forward_only, no_gradient = uncompared_rows(path)
             if forward_only:
                 reporter.write_line(f"parity: {leg} is FORWARD ONLY: {forward_only} gradient row(s) were not "
                                     f"compared; its PASS covers the forward tensors only", yellow=True, bold=True)
@@ -262,7 +267,7 @@ def pytest_sessionfinish(session, exitstatus):
         parts_dir.rmdir()
 
 
-def _uncompared_rows(path: Path) -> tuple[int, int]:
+def uncompared_rows(path: Path) -> tuple[int, int]:
     """(gradient rows a forward-only candidate did not give, gradient rows its bindings declare absent by design)."""
     import pandas as pd
 
@@ -279,7 +284,7 @@ def _write_result(df, out: Path, leg: str, config, run_id: str) -> Path:
     from harness.core.results import ReportError, write_csv
     from harness.run.result_file import ResultFile
 
-    selection = _selection(config)
+    selection = selection_of(config)
     path = out / selection.result_name(leg, cases=_selected_cases(config))
     try:
         with ResultFile(path, {"leg": leg, "suite": selection.suite_label}):

@@ -60,7 +60,7 @@ from op_contract import check_gla, check_simple_gla
 from kernels_tpu import eft
 from kernels_tpu.common import (SUBLANES, BlockSizes, HeadPadding, Walk, check_limits, column_to_row, final_state,
                                 row_to_column, start_state, walk_pass)
-from kernels_tpu.kda.chunk import Config, _head_major, _make_config
+from kernels_tpu.call_config import Config, head_major, make_config
 from kernels_tpu.varlen import Packing
 
 F32 = jnp.float32
@@ -163,7 +163,7 @@ def _specs(walk: Walk, K: int, V: int):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 6))
-def _fwd_impl(cfg: Config, q, k, v, G, h0, save_states: bool):
+def recurrent_pass(cfg: Config, q, k, v, G, h0, save_states: bool):
     """Head-major float32 kernel rows: q, k, G [R,H,T,K]; v [R,H,T,V]; h0 [N,H,K,V] or None. Returns o [R,H,T,V],
     ht [N,H,K,V] and, with ``save_states``, each step's starting state hs [R,H,steps,K,V] (else None)."""
     R, H, T, K = q.shape
@@ -206,12 +206,12 @@ def _bwd_impl(cfg: Config, q, k, v, G, hs, do, dht):
 # ============================================================ custom_vjp core
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _core(cfg: Config, q, k, v, G, h0):
-    o, ht, _ = _fwd_impl(cfg, q, k, v, G, h0, False)
+    o, ht, _ = recurrent_pass(cfg, q, k, v, G, h0, False)
     return o, ht
 
 
 def _core_fwd(cfg: Config, q, k, v, G, h0):
-    o, ht, hs = _fwd_impl(cfg, q, k, v, G, h0, True)
+    o, ht, hs = recurrent_pass(cfg, q, k, v, G, h0, True)
     return (o, ht), (q, k, v, G, h0, hs)
 
 
@@ -245,7 +245,7 @@ def _run(cfg: Config, q, k, v, g, g_gamma, initial_state, per_channel: bool):
     G = total_log_decay(q, g, g_gamma, per_channel)
     pad = HeadPadding.of(q, v)
     rows = cfg.walk.to_rows
-    qh, kh, vh, Gh = (_head_major(rows(x)).astype(F32)
+    qh, kh, vh, Gh = (head_major(rows(x)).astype(F32)
                       for x in (pad.keys(q), pad.keys(k), pad.values(v), pad.keys(G)))
     h0 = None if initial_state is None else pad.state(initial_state.astype(F32))
     o, ht = _core(cfg, qh, kh, vh, Gh, h0)
@@ -257,7 +257,7 @@ def _call(check, per_channel, q, k, v, g, g_gamma, scale, initial_state, output_
           cu_seqlens):
     dims, scale = check(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens=cu_seqlens)
     check_limits(q, dims)
-    cfg = _make_config(scale, BLOCKS, interpret, None, q.dtype, Packing.of(cu_seqlens, q))
+    cfg = make_config(scale, BLOCKS, interpret, None, q.dtype, Packing.of(cu_seqlens, q))
     o, ht = _run(cfg, q, k, v, g, g_gamma, initial_state, per_channel)
     return o, final_state(ht if output_final_state else None, initial_state)
 

@@ -60,7 +60,7 @@ ENTRY = "atomic_gdn2.make_blr_trainable"
 
 # both of the wheel's packages must be its own: atomic_ops shadowed by gdn2-pallas's means the two were installed
 # together
-_LIB, _IMPORT_ERROR = mapping.import_provided("atomic_gdn2", DISTRIBUTION, INSTALL, ("atomic_gdn2", "atomic_ops"))
+_LIB, IMPORT_ERROR = mapping.import_provided("atomic_gdn2", DISTRIBUTION, INSTALL, ("atomic_gdn2", "atomic_ops"))
 
 REFUSED_OPTIONS = {
     "use_qk_l2norm_in_kernel": "its kernels take q and k as given (its layer normalises them outside)",
@@ -72,8 +72,8 @@ REFUSED_OPTIONS = {
 
 def supports(case) -> str | None:
     """None to run the case, else why atomic_gdn2 cannot take it (before anything is traced)."""
-    if _IMPORT_ERROR:
-        return _IMPORT_ERROR
+    if IMPORT_ERROR:
+        return IMPORT_ERROR
     if case.variant != "chunk":
         return f"atomic_gdn2 has no {case.variant} kernel: its one path is chunked ({ENTRY})"
     why = mapping.refused_options(case, ENTRY, REFUSED_OPTIONS)

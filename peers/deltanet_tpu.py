@@ -91,7 +91,7 @@ def _import():
         return None, f"deltanet-tpu could not be imported: {type(exc).__name__}: {exc}"
 
 
-_LIB, _IMPORT_ERROR = _import()
+_LIB, IMPORT_ERROR = _import()
 
 REFUSED_OPTIONS = {
     "use_gate_in_kernel": ("it has no A_log/dt_bias gate: g is the activated log decay (its one in-kernel law, "
@@ -110,8 +110,8 @@ PACKED = ("its packed sequences (cu_seqlens) take one initial_state per batch ro
 
 def supports(case) -> str | None:
     """None to run the case, else why deltanet-tpu cannot take it."""
-    if _IMPORT_ERROR:
-        return _IMPORT_ERROR
+    if IMPORT_ERROR:
+        return IMPORT_ERROR
     if case.variant != "chunk":
         return (f"deltanet-tpu has one chunked Pallas kernel (chunk_gdn2), bound to {case.op}.chunk; its decode "
                 f"steps are one-token pure-JAX functions, not fla's {case.variant} kernels")

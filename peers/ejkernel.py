@@ -104,7 +104,7 @@ def _import():
             compilation_cache.reset_cache()
 
 
-_ENTRY, _IMPORT_ERROR = _import()
+ENTRY, IMPORT_ERROR = _import()
 
 REFUSED_OPTIONS = {
     "use_gate_in_kernel": "no A_log/dt_bias gate (decay is the log decay itself)",
@@ -115,8 +115,8 @@ REFUSED_OPTIONS = {
 
 
 def supports(case) -> str | None:
-    if _IMPORT_ERROR:
-        return _IMPORT_ERROR
+    if IMPORT_ERROR:
+        return IMPORT_ERROR
     if case.op != "gdn":
         return (f"ejkernel's Pallas gated_delta_rule is gdn's maths (one decay per head); {case.op} does not map "
                 f"(its kda operation has one decay per head too, not fla's per-channel gate)")
@@ -142,7 +142,7 @@ def _pallas_step(case) -> bool:
 def forward(case, a, ctx):
     del ctx  # the candidate leg forces interpret mode itself
     try:
-        o, ht = _ENTRY(a["q"], a["k"], a["v"], a["beta"], a["g"], initial_state=a.get("h0"),
+        o, ht = ENTRY(a["q"], a["k"], a["v"], a["beta"], a["g"], initial_state=a.get("h0"),
                        use_qk_l2norm=bool(case.opt.get("use_qk_l2norm_in_kernel")))
     except (ValueError, NotImplementedError) as exc:
         import ejkernel

@@ -44,12 +44,12 @@ def _import():
         return None, f"flywheel-tpu could not be imported: {type(exc).__name__}: {exc}"
 
 
-_KERNEL, _IMPORT_ERROR = _import()
+_KERNEL, IMPORT_ERROR = _import()
 
 
 def supports(case) -> str | None:
-    if _IMPORT_ERROR:
-        return _IMPORT_ERROR
+    if IMPORT_ERROR:
+        return IMPORT_ERROR
     if case.op != "gdn":
         return (f"flywheel-tpu's fused_conv1d_gdn is the gated delta rule with a scalar decay per head (gdn); "
                 f"{case.op} does not map (its fused_conv1d_kda is not bound)")

@@ -74,7 +74,7 @@ KERNELS = {"forward": ("A scores", "B WY block solve", "C recompute"), "backward
 """Its pallas_calls, by the names its source gives their stages (the kernels themselves are unnamed lambdas)."""
 
 
-_LIB, _IMPORT_ERROR = mapping.import_provided("atomic_ops", DISTRIBUTION, INSTALL)  # outside any trace: docs/legs.md
+_LIB, IMPORT_ERROR = mapping.import_provided("atomic_ops", DISTRIBUTION, INSTALL)  # outside any trace: docs/legs.md
 
 REFUSED_OPTIONS = {
     "use_qk_l2norm_in_kernel": "it takes q and k as given (no l2norm)",
@@ -86,8 +86,8 @@ REFUSED_OPTIONS = {
 
 def supports(case) -> str | None:
     """None to run the case, else why gdn2-pallas cannot take it (before anything is traced)."""
-    if _IMPORT_ERROR:
-        return _IMPORT_ERROR
+    if IMPORT_ERROR:
+        return IMPORT_ERROR
     if case.variant != "chunk":
         return (f"gdn2-pallas has no {case.variant} kernel: its one Pallas path is chunked "
                 f"({ENTRY}); its token-serial reference is a pure-JAX scan, not a decode kernel")

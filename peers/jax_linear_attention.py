@@ -100,7 +100,7 @@ def off_hopper() -> str | None:
             f"its default impl='auto' would run plain JAX here (jla.ops.chunked), silently, not its kernels")
 
 
-_LIB, _IMPORT_ERROR = mapping.import_provided("jla.ops", DISTRIBUTION, INSTALL, ("jla",))
+_LIB, IMPORT_ERROR = mapping.import_provided("jla.ops", DISTRIBUTION, INSTALL, ("jla",))
 
 
 def supports(case) -> str | None:
@@ -108,8 +108,8 @@ def supports(case) -> str | None:
     why = off_hopper()
     if why:
         return why
-    if _IMPORT_ERROR:
-        return _IMPORT_ERROR
+    if IMPORT_ERROR:
+        return IMPORT_ERROR
     if case.variant != "chunk":
         return (f"its Mosaic GPU kernels are chunked ({ENTRY}(kind, ..., impl='mosaic_gpu')) and it has no decode "
                 f"kernel: fla's {case.op}.{case.variant} does not map")

@@ -81,7 +81,7 @@ def _import_kernels() -> tuple[dict, str | None]:
         return {}, f"sglang-jax's kernels could not be imported: {type(exc).__name__}: {exc}"
 
 
-_MODULES, _IMPORT_ERROR = _import_kernels()
+_MODULES, IMPORT_ERROR = _import_kernels()
 
 
 def _entry(key) -> object:
@@ -90,7 +90,7 @@ def _entry(key) -> object:
 
 
 def _installed() -> str | None:
-    return _IMPORT_ERROR
+    return IMPORT_ERROR
 
 
 def _gdn_key(case) -> tuple[str, str]:

@@ -191,11 +191,11 @@ def _import_op():
         return None, f"tokamax could not be imported: {type(exc).__name__}: {exc}"
 
 
-_OP, _OP_ERROR = _import_op()
+OP, OP_ERROR = _import_op()
 
 
 def supports(case) -> str | None:
-    return _OP_ERROR or serving_refusal(case)
+    return OP_ERROR or serving_refusal(case)
 
 
 def serving_refusal(case) -> str | None:
@@ -282,7 +282,7 @@ def conv1d_gdn(case, a, op) -> dict:
 
 def forward(case, a, ctx):
     del ctx  # the candidate leg forces interpret mode itself (module doc)
-    return conv1d_gdn(case, a, _OP)
+    return conv1d_gdn(case, a, OP)
 
 
 def describe(case) -> dict:
@@ -426,7 +426,7 @@ def _import_kda_op():
     return (None, why) if why else (_generation_checked(cls)(), None)
 
 
-_KDA_OP, _KDA_OP_ERROR = _import_kda_op()
+KDA_OP, KDA_OP_ERROR = _import_kda_op()
 
 KDA_MOSAIC_REFUSED = {
     "allow_neg_eigval": "no allow_neg_eigval (beta, post-activation, must lie in [0, 1]: base._validate_beta)",
@@ -435,7 +435,7 @@ KDA_MOSAIC_REFUSED = {
 
 
 def supports_kda_mosaic(case) -> str | None:
-    return _KDA_OP_ERROR or kda_mosaic_refusal(case)
+    return KDA_OP_ERROR or kda_mosaic_refusal(case)
 
 
 def kda_mosaic_refusal(case) -> str | None:
@@ -506,7 +506,7 @@ def kda_mosaic_call(case, a, op) -> dict:
 
 def forward_kda_mosaic(case, a, ctx):
     del ctx  # the candidate leg forces interpret mode itself (module doc)
-    return kda_mosaic_call(case, a, _KDA_OP)
+    return kda_mosaic_call(case, a, KDA_OP)
 
 
 def describe_kda_mosaic(case) -> dict:

@@ -67,14 +67,14 @@ INSTALL = ("pip install --no-deps 'tops @ git+https://github.com/primatrix/palla
 try:  # at import, outside any trace (see the module doc)
     import tops.ops as _ops
     import tops.ops.gla as _gla
-    _IMPORT_ERROR = None
+    IMPORT_ERROR = None
 except ModuleNotFoundError as exc:
     _ops = _gla = None
-    _IMPORT_ERROR = (f"tops is not installed ({INSTALL})" if (exc.name or "").partition(".")[0] == "tops"
+    IMPORT_ERROR = (f"tops is not installed ({INSTALL})" if (exc.name or "").partition(".")[0] == "tops"
                      else f"tops could not be imported: {type(exc).__name__}: {exc}")
 except Exception as exc:  # noqa: BLE001 - any import failure is the reason for every row
     _ops = _gla = None
-    _IMPORT_ERROR = f"tops could not be imported: {type(exc).__name__}: {exc}"
+    IMPORT_ERROR = f"tops could not be imported: {type(exc).__name__}: {exc}"
 
 KDA_OPTIONS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "use_gate_in_kernel", "lower_bound",
                "safe_gate", "allow_neg_eigval", "conv1d", "conv1d_bias")
@@ -95,8 +95,8 @@ ZERO_DG_GAMMA = ("tops' simple_gla backward returns zeros for g_gamma by design 
 
 
 def _refusal(case) -> str | None:
-    if _IMPORT_ERROR:
-        return _IMPORT_ERROR
+    if IMPORT_ERROR:
+        return IMPORT_ERROR
     if (case.op, case.variant) not in ENTRY:
         return f"tops has no entry point for {case.op}.{case.variant}"
     return None

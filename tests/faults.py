@@ -39,9 +39,9 @@ def first_k_tile_only(q, k, qg, S, *, policy):
 
 def inverse_grad_missing_transpose(Tm, dTm, *, policy):
     """kda's gradient through (I + L)^{-1} with one transpose dropped: -Tm^T dTm Tm instead of -Tm^T dTm Tm^T."""
-    from kernels_tpu.kda.chunk import TN, _dot
+    from kernels_tpu.delta_rule import TN, dot
 
-    return -_dot(_dot(Tm, dTm, TN, policy=policy), Tm, policy=policy)
+    return -dot(dot(Tm, dTm, TN, policy=policy), Tm, policy=policy)
 
 
 # ------------------------------------------------------------------ graded precision regressions
@@ -97,13 +97,13 @@ def scores_rounded_twice(bits: int):
     """The intra-chunk scores rounded to ``bits`` where they are formed, before the decay or scale is
     applied, and then again as the next dot's operand: simple_gla (both variants), gla's g_gamma path, kda."""
     from kernels_tpu.gla import fused
-    from kernels_tpu.kda import chunk as kda_chunk
+    from kernels_tpu import delta_rule
     from kernels_tpu.simple_gla import chunk as sg_chunk
 
     def intra_scores(q, k, D, policy):
         return round_fraction(sg_chunk.mm(q, k, policy, sg_chunk.NT_T), bits) * D
 
-    real_tiles, real_pairs = fused.k_tile_reduction, kda_chunk._pair_scores
+    real_tiles, real_pairs = fused.k_tile_reduction, delta_rule.pair_scores
 
     def k_tile_reduction(*args, **kw):
         scores, o_inter = real_tiles(*args, **kw)
@@ -112,7 +112,7 @@ def scores_rounded_twice(bits: int):
     def pair_scores(*args, **kw):
         return round_fraction(real_pairs(*args, **kw), bits)
 
-    return {"intra_scores": intra_scores, "k_tile_reduction": k_tile_reduction, "_pair_scores": pair_scores}
+    return {"intra_scores": intra_scores, "k_tile_reduction": k_tile_reduction, "pair_scores": pair_scores}
 
 
 def f32_dots_fewer_bits(bits: int):

@@ -20,6 +20,7 @@ this is a test tool, never imported by the harness.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,7 +35,8 @@ from faults import REGRESSIONS, apply_regression, unsettled  # noqa: E402
 
 from cases.suites import get_suite  # noqa: E402
 from harness.app import gate_case  # noqa: E402
-from harness.run.baseline_cache import BaselineCache  # noqa: E402
+from harness.core.cache_dir import default_cache_dir  # noqa: E402
+from harness.run.baseline_cache import for_leg  # noqa: E402
 from harness.core.policy import Policy, default_policy  # noqa: E402
 from harness.run.reference_cache import ReferenceCache  # noqa: E402
 from harness.core.results import atomic_write_text, read_results, write_csv  # noqa: E402
@@ -128,9 +130,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     gpu = read_results(Path(args.gpu_results))
     gpu = gpu[gpu["draw"].fillna(0).astype(int) == 0]
-    policy, cache = default_policy(), ReferenceCache("default")
+    root = default_cache_dir(os.environ)
+    policy, cache = default_policy(), ReferenceCache(root)
     gpu_leg = make_leg("gpu")
-    gpu_runner = Runner(gpu_leg, cache, leg_cache=BaselineCache(gpu_leg))  # the deciding draws, kept on disk
+    gpu_runner = Runner(gpu_leg, cache, leg_cache=for_leg(gpu_leg, cache_dir=root))  # the deciding draws, on disk
     rows, out = [], Path(args.out)
     for name in args.regression or list(REGRESSIONS):
         print(f"{name}:")

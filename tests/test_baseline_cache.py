@@ -71,7 +71,7 @@ def _entries(directory):
     return sorted((directory).glob("*.npz")) if directory.exists() else []
 
 
-def _frame(rows) -> pd.DataFrame:
+def result_frame(rows) -> pd.DataFrame:
     return rows_to_frame(rows).drop(columns=VOLATILE)
 
 
@@ -87,7 +87,7 @@ def test_a_hit_gives_the_rows_of_the_run_it_stored(leg, real, tmp_path, monkeypa
     assert calls == [CASE.id], "a hit must not run the leg"
     assert (runner.leg_cache.hits, runner.leg_cache.misses) == (1, 0)
     # every column the gate reads, wall_s included (the original run's time), is the fresh run's
-    pd.testing.assert_frame_equal(_frame(served), _frame(fresh))
+    pd.testing.assert_frame_equal(result_frame(served), result_frame(fresh))
     for f, s in zip(fresh, served):
         note = json.loads(s["details"]).pop("baseline_cache")
         assert note.startswith("served from the cache: computed ") and "baseline_cache" not in json.loads(f["details"])
@@ -296,7 +296,7 @@ def test_a_damaged_entry_is_recomputed_and_replaced(leg, real, tmp_path, monkeyp
     with pytest.warns(BaselineCacheWarning, match=problem):
         again = _runner(leg, tmp_path).run_case(CASE)
     assert len(calls) == 2  # recomputed
-    pd.testing.assert_frame_equal(_frame(again).drop(columns="wall_s"), _frame(fresh).drop(columns="wall_s"))
+    pd.testing.assert_frame_equal(result_frame(again).drop(columns="wall_s"), result_frame(fresh).drop(columns="wall_s"))
     runner = _runner(leg, tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error", BaselineCacheWarning)
@@ -450,7 +450,7 @@ def test_a_bindings_source_file_is_found_through_partials_and_wrappers():
 
     part = functools.partial(delta_rule.differentiable, gates=("b", "w"))
     wrapped = functools.wraps(part)(wrapper)
-    assert gc._source_file(wrapped) == gc._source_file(part) == delta_rule.__file__
-    assert gc._source_file(functools.partial(wrapped)) == delta_rule.__file__
+    assert gc.source_file(wrapped) == gc.source_file(part) == delta_rule.__file__
+    assert gc.source_file(functools.partial(wrapped)) == delta_rule.__file__
     for name in ("simple_gla", "gla", "kda", "gdn", "gdn2"):
         assert gc.binding_fingerprint(get_op(name), make_leg("tpu")) is not None, name

@@ -45,18 +45,20 @@ def test_the_closure_follows_function_level_relative_and_package_imports_within_
 
 def _closure(op_name: str) -> set[str]:
     leg = make_leg("tpu")
-    files = [gc._source_file(fn) for fn in leg.sources(get_op(op_name))]
+    files = [gc.source_file(fn) for fn in leg.sources(get_op(op_name))]
     return {str(p.relative_to(ROOT)) for p in source_closure(files)}
 
 
 def test_each_ops_key_covers_its_own_kernels_and_the_shared_ones_and_no_other_ops():
-    shared = {"kernels_tpu/common.py", "kernels_tpu/mxu.py", "kernels_tpu/varlen.py", "kernels_tpu/interpret.py"}
+    shared = {"kernels_tpu/common.py", "kernels_tpu/mxu.py", "kernels_tpu/varlen.py", "kernels_tpu/interpret.py",
+              "kernels_tpu/call_config.py"}
     own = {"simple_gla": "kernels_tpu/simple_gla/", "gla": "kernels_tpu/gla/", "kda": "kernels_tpu/kda/",
            "gdn": "kernels_tpu/gdn/", "gdn2": "kernels_tpu/gdn2/"}
     assert set(own) == set(OPS)
-    # gdn runs on kda's kernels with its scalar decay broadcast over K; gdn2's are kda's with two operands changed;
-    # simple_gla's and gla's decode kernel (kernels_tpu.gated_recurrent) takes kda's Config and head-major layout
-    uses = {"gdn": {"kda"}, "gdn2": {"kda"}, "simple_gla": {"kda"}, "gla": {"kda"}}
+    # gdn runs on kda's kernels with its scalar decay broadcast over K; gdn2's are kda's with two operands changed
+    # (its decode kernel is kda's with the erase keys apart); simple_gla's and gla's share only the call's Config
+    # and layout (kernels_tpu.call_config) with them
+    uses = {"gdn": {"kda"}, "gdn2": {"kda"}}
     for name in OPS:
         closure = _closure(name)
         assert shared <= closure, name
@@ -87,7 +89,9 @@ def _keys(tmp_path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("edited, moved", [
-    ("kernels_tpu/kda/chunk.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
+    ("kernels_tpu/kda/chunk.py", {"kda", "gdn", "gdn2"}),
+    ("kernels_tpu/delta_rule.py", {"kda", "gdn", "gdn2"}),
+    ("kernels_tpu/call_config.py", {"simple_gla", "gla", "kda", "gdn", "gdn2"}),
     ("kernels_tpu/gated_recurrent.py", {"simple_gla", "gla"}),
     ("kernels_tpu/gdn2/chunk.py", {"gdn2"}),
     ("kernels_tpu/simple_gla/fused_chunk.py", {"simple_gla"}),

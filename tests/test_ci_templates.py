@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.cli import _selection, build_parser
+from harness.cli import selection_of, build_parser
 from harness.run.result_file import result_name
 from harness.run.runner import parse_shard
 
@@ -190,7 +190,7 @@ def test_emulated_shards_merge_into_the_gate(tmp_path):
         args = _parity(argv)
         if job == "legs":
             assert args.verb == "run" and args.out == "shards"
-            written[args.backend].add(_selection(args).result_name(args.backend, tag=getattr(args, "tag", None)))
+            written[args.backend].add(selection_of(args).result_name(args.backend, tag=getattr(args, "tag", None)))
     assert all(len(names) == len(shards) for names in written.values()), written
 
     # the artifacts of every shard, downloaded into one directory (merge-multiple)

@@ -123,9 +123,9 @@ def test_dropped_k_tile_reduction_is_caught_by_the_gate(cache, gpu_rows, inject)
 def test_missing_transpose_in_the_inverse_gradient_is_caught_by_the_gate(cache, gpu_rows, inject):
     """dX = -Aᵀ dA Aᵀ with one transpose dropped: kda's dk, dg and dbeta go wrong."""
     from faults import inverse_grad_missing_transpose
-    from kernels_tpu.kda import chunk
+    from kernels_tpu import delta_rule
 
-    inject(chunk, "inverse_grad", inverse_grad_missing_transpose)
+    inject(delta_rule, "inverse_grad", inverse_grad_missing_transpose)
     case = Case("kda", "chunk", B=1, T=64, H=2, K=128, V=128, dtype="float32", gate=Gate(), chunk_size=64, h0=True,
                 dht=True)
     rows, result = _tpu_verdicts(case, get_op("kda").pallas.forward, gpu_rows(case, cache), cache)

@@ -79,14 +79,14 @@ def test_a_librarys_own_device_check_is_named_as_such(tmp_path, monkeypatch, fau
 
 
 def test_only_a_refusal_of_the_cpu_in_an_emulated_run_gets_the_device_note():
-    from harness.run.runner import PLATFORM_NOTE, _platform_refusal
+    from harness.run.runner import PLATFORM_NOTE, platform_refusal
 
     for said in ("NotImplementedError: Not supported on cpu.", "kernel requires a TPU", "only supported on TPU v6+",
                  "not implemented for the CPU backend"):
-        assert _platform_refusal(said, "emulated") == said + PLATFORM_NOTE, said
+        assert platform_refusal(said, "emulated") == said + PLATFORM_NOTE, said
     for said in ("kernel not implemented for this case", "K must be a multiple of 128", "shape not supported"):
-        assert _platform_refusal(said, "emulated") == said, said
-    assert _platform_refusal("Not supported on cpu.", "native") == "Not supported on cpu."  # a device's own word
+        assert platform_refusal(said, "emulated") == said, said
+    assert platform_refusal("Not supported on cpu.", "native") == "Not supported on cpu."  # a device's own word
 
 
 # ------------------------------------------------------------------------------------------ parity cases --explain
@@ -168,7 +168,7 @@ def made_apart(tmp_path, monkeypatch):
 
 
 def _run_taking_gpu(tmp_path, files, read_results, python):
-    from harness.app.session import Run, _FoldedDraws
+    from harness.app.session import Run, FoldedDraws
     from harness.app.settings import RunSettings
 
     out = tmp_path / "all"
@@ -178,7 +178,7 @@ def _run_taking_gpu(tmp_path, files, read_results, python):
     tpu = out / files["tpu"].name
     tpu.write_bytes(files["tpu"].read_bytes())
     run.frames["tpu"], run.paths["tpu"] = read_results(tpu), tpu
-    return run, _FoldedDraws(run, ("gpu", "tpu")), out
+    return run, FoldedDraws(run, ("gpu", "tpu")), out
 
 
 @pytest.mark.needs_leg("gpu")

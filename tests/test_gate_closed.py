@@ -14,7 +14,7 @@ from harness.cli import main
 from harness.core.results import read_results, write_csv
 from harness.run.result_file import ResultFile
 from harness.run.runner import Runner
-from test_runner_and_gate import CASE, FakeLeg, _frame
+from test_runner_and_gate import CASE, FakeLeg, result_frame
 
 SMALL = "simple_gla.chunk/B1-T64-H2-K64-V64/bf16/g=logsigmoid/16/C64"  # a small suite case (regressions)
 SMALL_KDA = "kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,lower_bound=-5,use_gate_in_kernel=1"
@@ -24,8 +24,8 @@ SMALL_KDA = "kda.chunk/B1-T64-H1-K128-V128/bf16/g=logsigmoid/16/C64/h0,lower_bou
 def files(tmp_path):
     """gpu.csv and tpu.csv of two cases that pass the gate, and a function to run the gate CLI on two files."""
     other = CASE.replace(seed=1)
-    gpu = pd.concat([_frame("gpu"), _rows("gpu", other)], ignore_index=True)
-    tpu = pd.concat([_frame("tpu"), _rows("tpu", other)], ignore_index=True)
+    gpu = pd.concat([result_frame("gpu"), _rows("gpu", other)], ignore_index=True)
+    tpu = pd.concat([result_frame("tpu"), _rows("tpu", other)], ignore_index=True)
     write_csv(gpu, tmp_path / "gpu.csv")
     write_csv(tpu, tmp_path / "tpu.csv")
 
@@ -72,7 +72,7 @@ def test_missing_candidate_rows_fail_unless_allowed(files):
 # 2. the repro never replaces the suite's result; concurrent runs cannot both write ------------------
 def test_a_case_run_writes_its_own_file_and_a_locked_file_refuses(tmp_path, capsys):
     out = tmp_path / "runs"
-    suite_file = _write(_frame("ref").assign(suite="smoke"), out / "ref.csv")
+    suite_file = _write(result_frame("ref").assign(suite="smoke"), out / "ref.csv")
     before = suite_file.read_bytes()
     assert main(["run", "--backend", "ref", "--case", SMALL, "--out", str(out), "--no-progress",
                  "--no-ref-cache"]) == 0
@@ -87,7 +87,7 @@ def test_a_case_run_writes_its_own_file_and_a_locked_file_refuses(tmp_path, caps
 
 
 def test_a_run_of_another_suite_or_leg_does_not_overwrite_without_force(tmp_path):
-    path = _write(_frame("ref").assign(suite="regressions"), tmp_path / "ref.csv")
+    path = _write(result_frame("ref").assign(suite="regressions"), tmp_path / "ref.csv")
     with pytest.raises(ValueError, match="holds a result of suite regressions.*--force"):
         with ResultFile(path, {"leg": "ref", "suite": "smoke"}):
             pass
@@ -170,7 +170,7 @@ def test_the_gate_checks_the_legs(files, capsys):
     assert "the baseline must come from the gpu leg" in _err(capsys)
     assert gate(tmp / "gpu.csv", _write(gpu, tmp / "gpu2.csv")) == 2
     assert "the candidate must come from the tpu leg" in _err(capsys)
-    ref = pd.concat([_frame("ref"), _rows("ref", CASE.replace(seed=1))], ignore_index=True)
+    ref = pd.concat([result_frame("ref"), _rows("ref", CASE.replace(seed=1))], ignore_index=True)
     assert gate(tmp / "gpu.csv", _write(ref, tmp / "ref.csv")) == 2
     assert "its rows are from ref" in _err(capsys)
     relabelled = _write(tpu.assign(leg="gpu"), tmp / "relabelled.csv")

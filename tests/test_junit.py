@@ -13,15 +13,15 @@ from harness.judge.gate import apply_gate
 from harness.report.junit import GATE_CLASSNAME, junit_tree, write_junit
 from harness.core.policy import Policy
 from harness.core.results import ReportError, write_csv
-from test_runner_and_gate import CASE, _frame
+from test_runner_and_gate import CASE, result_frame
 
 
 @pytest.fixture(scope="module")
 def frames():
     """A gpu and a tpu frame of one case: dq 10x worse on the TPU (a parity failure), dk all zeros (a bound
     failure), dh0 not provided by the GPU (bounds_only), the other tensors equal (passes)."""
-    gpu = _frame("gpu", edit={"dh0": lambda x: None})
-    tpu = _frame("tpu", edit={"dq": lambda x: x * (1 + 1e-5), "dk": lambda x: np.zeros_like(x)})
+    gpu = result_frame("gpu", edit={"dh0": lambda x: None})
+    tpu = result_frame("tpu", edit={"dq": lambda x: x * (1 + 1e-5), "dk": lambda x: np.zeros_like(x)})
     return gpu, tpu
 
 

@@ -167,7 +167,7 @@ def test_the_most_specific_margin_rule_wins():
         Policy(rules=(MarginRule("bogus", 1.0),))
 
 
-def _with_tpu_blocks(tpu: pd.DataFrame, tensor: str, blocks: np.ndarray) -> pd.DataFrame:
+def with_tpu_blocks(tpu: pd.DataFrame, tensor: str, blocks: np.ndarray) -> pd.DataFrame:
     """``tpu`` with one tensor's rel_l2 blocks (and so its rel_l2) replaced, as a TPU kernel would have made them."""
     out = tpu.copy()
     i = out.index[out["tensor"] == tensor][0]
@@ -179,22 +179,22 @@ def _with_tpu_blocks(tpu: pd.DataFrame, tensor: str, blocks: np.ndarray) -> pd.D
 def test_the_gate_reports_what_the_bootstrap_cleared_and_what_it_did_not():
     from harness.judge.gate import apply_gate
     from harness.report.reports import markdown
-    from test_runner_and_gate import _frame
+    from test_runner_and_gate import result_frame
 
-    gpu, tpu = _frame("gpu"), _frame("gpu").assign(leg="tpu")
-    tpu["versions"] = _frame("tpu")["versions"]
+    gpu, tpu = result_frame("gpu"), result_frame("gpu").assign(leg="tpu")
+    tpu["versions"] = result_frame("tpu")["versions"]
     g = parse_blocks(gpu.loc[gpu["tensor"] == "o", "rel_l2_blocks"].iloc[0])
     assert len(g) == 32
     one = g.copy()
     one[-1] += 0.1236 * g.sum()  # ratio sqrt(1.1236) = 1.06, all of the excess in the last block
     policy = Policy(metrics=("rel_l2",), rel_margin=0.05, alpha=0.01)
-    result = apply_gate(gpu, _with_tpu_blocks(tpu, "o", one), policy)
+    result = apply_gate(gpu, with_tpu_blocks(tpu, "o", one), policy)
     o = result.parity[(result.parity["tensor"] == "o") & (result.parity["metric"] == "rel_l2")].iloc[0]
     assert result.passed and o["verdict"] == "pass" and o["ratio"] == pytest.approx(1.06, rel=1e-5)
     assert o["ratio_lower"] <= 1.05 and "within noise" in o["reason"]
     assert "within sampling noise" in markdown(result)
     # the same excess spread over every block is beyond the draw's noise: one draw does not decide it
-    result = apply_gate(gpu, _with_tpu_blocks(tpu, "o", 1.1236 * g), policy)
+    result = apply_gate(gpu, with_tpu_blocks(tpu, "o", 1.1236 * g), policy)
     assert not result.passed and result.failures.empty
     assert "beyond noise" in result.inconclusive.iloc[0]["reason"] and result.draws_needed == 3
 
@@ -253,14 +253,14 @@ def _gate_draws(ratios, numel, policy):
     """The gate over one case's draws, draw d's tensor ``o`` every block ``ratios[d]`` times the baseline's
     error (so the block bootstrap confirms the ratio), every tensor ``numel`` elements (None: as made)."""
     from harness.judge.gate import apply_gate
-    from test_runner_and_gate import _frame
+    from test_runner_and_gate import result_frame
 
     gpu, tpu = [], []
-    g0 = _frame("gpu")
+    g0 = result_frame("gpu")
     blocks = parse_blocks(g0.loc[g0["tensor"] == "o", "rel_l2_blocks"].iloc[0])
     for seed, r in enumerate(ratios):
-        g, t = g0.copy(), g0.assign(leg="tpu", versions=_frame("tpu")["versions"])
-        t = _with_tpu_blocks(t, "o", blocks * r**2)  # every block r times worse: beyond one draw's noise
+        g, t = g0.copy(), g0.assign(leg="tpu", versions=result_frame("tpu")["versions"])
+        t = with_tpu_blocks(t, "o", blocks * r**2)  # every block r times worse: beyond one draw's noise
         case_id = g0["case_id"].iloc[0] + (f",seed={seed}" if seed else "")
         for df in (g, t):
             df["case_id"], df["draw"] = case_id, seed
@@ -273,7 +273,7 @@ def _gate_draws(ratios, numel, policy):
 
 def test_the_gate_pools_the_draws_in_the_files():
     from harness.judge.gate import apply_gate
-    from test_runner_and_gate import _frame
+    from test_runner_and_gate import result_frame
 
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
 
@@ -282,7 +282,7 @@ def test_the_gate_pools_the_draws_in_the_files():
         draws.last = result.baseline, result.candidate
         return result, o
 
-    assert (_frame("gpu")["numel"] < BOOTSTRAP_MIN_ELEMENTS).all()  # the case's tensors are small: 256 elements
+    assert (result_frame("gpu")["numel"] < BOOTSTRAP_MIN_ELEMENTS).all()  # the case's tensors are small: 256 elements
     result, o = draws([1.45])  # one draw past the margin: not decided, and not a pass
     assert list(o["verdict"]) == ["inconclusive"] and not result.passed and result.draws_needed == 3
     assert "run with --draws 3" in o["reason"].iloc[0] and result.headline.startswith("INCONCLUSIVE")
@@ -349,18 +349,18 @@ def test_the_sequential_gate_draws_for_the_undecided_comparisons_only():
     passed although dq's new draws are 3x (each a failure if judged alone). Capped at one draw, nothing is drawn
     and o stays inconclusive; evidence that cannot give the draws leaves it inconclusive too."""
     from harness.judge.sequential import sequential_gate
-    from test_runner_and_gate import CASE, _frame
+    from test_runner_and_gate import CASE, result_frame
 
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
-    g0 = _frame("gpu")
+    g0 = result_frame("gpu")
     blocks = {t: parse_blocks(g0.loc[g0["tensor"] == t, "rel_l2_blocks"].iloc[0]) for t in ("o", "dq")}
 
     def rows(leg, case):
-        df = _frame("gpu", case=case)
+        df = result_frame("gpu", case=case)
         if leg == "tpu":
-            df = df.assign(leg="tpu", versions=_frame("tpu", case=case)["versions"])
-            df = _with_tpu_blocks(df, "o", blocks["o"] * (1.45 if case.seed == 0 else 1.0) ** 2)
-            df = _with_tpu_blocks(df, "dq", blocks["dq"] * (1.0 if case.seed == 0 else 3.0) ** 2)
+            df = df.assign(leg="tpu", versions=result_frame("tpu", case=case)["versions"])
+            df = with_tpu_blocks(df, "o", blocks["o"] * (1.45 if case.seed == 0 else 1.0) ** 2)
+            df = with_tpu_blocks(df, "dq", blocks["dq"] * (1.0 if case.seed == 0 else 3.0) ** 2)
         return df
 
     class Draws:
@@ -397,8 +397,8 @@ def test_the_sequential_gate_draws_for_the_undecided_comparisons_only():
 
 def test_a_reason_prints_its_numbers_apart():
     """Issue 48: a bound just past its limit never reads "1.05 > 1.05"; equal numbers print alike."""
-    from harness.judge.gate import _apart
+    from harness.judge.gate import shown_apart
 
-    assert _apart(1.05004, 1.05) == ("1.05004", "1.05")
-    assert _apart(1.068, 1.053) == ("1.068", "1.053")  # four digits suffice
-    assert _apart(2.0, 2.0) == ("2", "2")
+    assert shown_apart(1.05004, 1.05) == ("1.05004", "1.05")
+    assert shown_apart(1.068, 1.053) == ("1.068", "1.053")  # four digits suffice
+    assert shown_apart(2.0, 2.0) == ("2", "2")

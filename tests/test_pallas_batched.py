@@ -1,4 +1,4 @@
-"""The batched Pallas grid interpreter (harness/legs/pallas_batched.py) against today's per-program interpret mode,
+"""The batched Pallas grid interpreter (harness/emulation/pallas_batched.py) against today's per-program interpret mode,
 bit for bit: the TPU leg's rows of small cases (every tensor and the MXU tally columns) and synthetic kernels
 (an "arbitrary" axis accumulating into an output block; parallel programs writing one block must fall back)."""
 
@@ -18,7 +18,7 @@ from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 import harness.legs.tpu as tpu  # noqa: E402
 from cases.case import Case  # noqa: E402
 from cases.inputs import make_inputs  # noqa: E402
-from harness.legs.pallas_batched import batched_interpret, plan_rows, unavailable  # noqa: E402
+from harness.emulation.pallas_batched import batched_interpret, plan_rows, unavailable  # noqa: E402
 from harness.ops import get_op  # noqa: E402
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}: every call runs per program")
@@ -84,7 +84,7 @@ def test_leg_rows_bit_equal(case_id):
     "gla.chunk/B1-T128-H1-K128-V128/fp32/g=logsigmoid/10/C64/h0,dht",
     "gla.chunk/B1-T128-H1-K128-V128/fp16/g=logsigmoid/10/C64/h0,dht",
     # a smoke case whose backward's in-kernel sums XLA:CPU ordered differently batched (dg: 333 elements) until
-    # they were pinned (harness.legs.pallas_batched.pinned_sum_p)
+    # they were pinned (harness.emulation.pallas_batched.pinned_sum_p)
     "gla.chunk/B1-T128-H2-K128-V128/bf16/g=logsigmoid/16/C64/h0,dht",
 ])
 def test_gla_rows_bit_equal(case_id):
@@ -94,7 +94,7 @@ def test_gla_rows_bit_equal(case_id):
 def test_pinned_sums_halve_and_batch_bit_for_bit():
     """[1, u, u, u] with u = 2^-24 (half an ulp of 1): in order, each add rounds back to 1 (a tie, to even); halved,
     (1 + u) + (u + u) = 1 + 2^-23, one ulp up. And a batch of rows sums each row as it sums alone."""
-    from harness.legs.pallas_batched import pinned_sum_p
+    from harness.emulation.pallas_batched import pinned_sum_p
 
     u = 2.0 ** -24
     x = np.array([[1.0, u, u, u], [u, u, u, 1.0]], np.float32)
@@ -111,14 +111,14 @@ def test_pinned_sums_halve_and_batch_bit_for_bit():
 
 
 def test_the_row_and_the_settings_say_which_grid_ran():
-    assert _leg(True).environment().settings["pallas_grid"] == "parallel axes batched (harness.legs.pallas_batched)"
+    assert _leg(True).environment().settings["pallas_grid"] == "parallel axes batched (harness.emulation.pallas_batched)"
     assert _leg(False).environment().settings["pallas_grid"] == "per program (jax's TPU interpret mode)"
 
 
-def test_the_batched_grid_is_the_default(monkeypatch):
-    """Unset or ``batched``: the batched grid; ``per-program`` (or ``batched_grid=False``): jax's per-program interpret
-    mode; both under the same compiler options, said in the settings (which key the cache); anything else refused."""
-    monkeypatch.delenv(tpu.TPU_GRID_ENV, raising=False)
+def test_the_batched_grid_is_the_default():
+    """The leg's default and ``batched_grid=True``: the batched grid; ``batched_grid=False``: jax's per-program
+    interpret mode; both under the same compiler options, said in the settings (which key the cache). The front's
+    choice (``--grid``, ``$PARITY_TPU_GRID``) reaches the leg as that keyword: tests/test_settings.py."""
     for leg in (tpu.TpuLeg(force_interpret=True, compile_targets=()),
                 tpu.TpuLeg(force_interpret=True, compile_targets=(), batched_grid=True)):
         ctx = leg.context()
@@ -126,14 +126,9 @@ def test_the_batched_grid_is_the_default(monkeypatch):
         settings = leg.environment().settings
         assert settings["pallas_grid"].startswith("parallel axes batched")
         assert settings["xla_compiler_options"] == dict(tpu.INTERPRET_COMPILER_OPTIONS)
-    monkeypatch.setenv(tpu.TPU_GRID_ENV, "per-program")
-    for leg in (tpu.TpuLeg(force_interpret=True, compile_targets=()),
-                tpu.TpuLeg(force_interpret=True, compile_targets=(), batched_grid=False)):
-        ctx = leg.context()
-        assert not ctx.batched_grid and ctx.compiler_options == tpu.INTERPRET_COMPILER_OPTIONS
-    monkeypatch.setenv(tpu.TPU_GRID_ENV, "fast")
-    with pytest.raises(ValueError, match="PARITY_TPU_GRID='fast': must be one of batched, per-program"):
-        tpu.TpuLeg(force_interpret=True, compile_targets=())
+    leg = tpu.TpuLeg(force_interpret=True, compile_targets=(), batched_grid=False)
+    ctx = leg.context()
+    assert not ctx.batched_grid and ctx.compiler_options == tpu.INTERPRET_COMPILER_OPTIONS
 
 
 # ------------------------------------------------------------------ synthetic kernels
@@ -370,7 +365,7 @@ def test_runs_in_a_fresh_process():
 import jax, jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from harness.legs.pallas_batched import batched_interpret, plan_rows
+from harness.emulation.pallas_batched import batched_interpret, plan_rows
 
 def kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...] * 2.0

@@ -23,7 +23,7 @@ HAVE = importlib.util.find_spec("atomic_gdn2") is not None
 if HAVE:
     from peers import atomic_ops as binding_module
 
-    HAVE = binding_module._IMPORT_ERROR is None
+    HAVE = binding_module.IMPORT_ERROR is None
 if not HAVE and os.environ.get("PARITY_REQUIRE_ATOMIC_OPS") == "1":
     raise ImportError("atomic-ops is not installed here, or is shadowed by gdn2-pallas (see peers/atomic_ops.py), "
                       "and PARITY_REQUIRE_ATOMIC_OPS=1 requires it")

@@ -24,7 +24,7 @@ HAVE = importlib.util.find_spec("atomic_ops") is not None
 if HAVE:
     from peers import gdn2_pallas
 
-    HAVE = gdn2_pallas._IMPORT_ERROR is None
+    HAVE = gdn2_pallas.IMPORT_ERROR is None
 if not HAVE and os.environ.get("PARITY_REQUIRE_GDN2_PALLAS") == "1":
     raise ImportError("gdn2-pallas is not installed (pip install --no-deps gdn2-pallas==0.1.1), and "
                       "PARITY_REQUIRE_GDN2_PALLAS=1 requires it")

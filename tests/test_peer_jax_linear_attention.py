@@ -57,7 +57,7 @@ def on_hopper(monkeypatch):
     """As on an H100 with it installed: the machine check passes and the library is the stand-in."""
     lib = _Jla()
     monkeypatch.setattr(jla_binding, "off_hopper", lambda: None)
-    monkeypatch.setattr(jla_binding, "_IMPORT_ERROR", None)
+    monkeypatch.setattr(jla_binding, "IMPORT_ERROR", None)
     monkeypatch.setattr(jla_binding, "_LIB", lib)
     return lib
 

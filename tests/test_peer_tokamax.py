@@ -125,7 +125,7 @@ def test_supported_on_keeps_tokamax_generation_test_off_a_tpu(target, supported)
     from harness.legs.external import tpu_info_for
 
     with tpu_info_for(target):
-        assert tk._OP.supported_on(jax.devices("cpu")[0]) is supported
+        assert tk.OP.supported_on(jax.devices("cpu")[0]) is supported
 
 
 def _tokamax_version() -> str:
@@ -266,7 +266,7 @@ def test_kda_op_supported_on_keeps_tokamax_generation_test_off_a_tpu(target, sup
     from harness.legs.external import tpu_info_for
 
     with tpu_info_for(target):
-        assert tk._KDA_OP.supported_on(jax.devices("cpu")[0]) is supported
+        assert tk.KDA_OP.supported_on(jax.devices("cpu")[0]) is supported
 
 
 @needs_kda_op
@@ -346,9 +346,9 @@ def test_finding_an_empty_sequence_shifts_every_later_sequence_onto_another_stat
     want = KDA.reference(case, inputs.as_float64())
     alone = dataclasses.replace(case, lens=(16,))  # sequence 1's tokens as the only sequence
     with interpreted:
-        got = tk.kda_mosaic_call(case, a, tk._KDA_OP)
-        own = tk.kda_mosaic_call(alone, {**a, "h0": a["h0"][1:]}, tk._KDA_OP)  # from its own state: right
-        shifted = tk.kda_mosaic_call(alone, {**a, "h0": a["h0"][:1]}, tk._KDA_OP)  # from sequence 0's
+        got = tk.kda_mosaic_call(case, a, tk.KDA_OP)
+        own = tk.kda_mosaic_call(alone, {**a, "h0": a["h0"][1:]}, tk.KDA_OP)  # from its own state: right
+        shifted = tk.kda_mosaic_call(alone, {**a, "h0": a["h0"][:1]}, tk.KDA_OP)  # from sequence 0's
     assert _rel(own["o"], want["o"]) < 1e-3 and _rel(own["ht"][0], want["ht"][1]) < 1e-3  # the mapping is right
     assert _rel(got["o"], want["o"]) > 0.1, "sequence 1's tokens ran from its own state: the finding is fixed"
     assert _rel(got["o"], shifted["o"]) < 1e-6  # they ran from sequence 0's state ...
@@ -371,7 +371,7 @@ def test_finding_the_varlen_backward_revisits_a_state_gradient_block():
     case = case_from_id("kda.chunk/B1-T64-H1-K128-V128/fp32/g=logsigmoid/16/C64/lens=32+32,h0,dht")
     _, a, interpreted = _interpreted(case)
     with interpreted, pytest.raises(Exception, match=r"Revisited block .* of output 5"):
-        out, pullback = jax.vjp(lambda x: tk.kda_mosaic_call(case, x, tk._KDA_OP), a)
+        out, pullback = jax.vjp(lambda x: tk.kda_mosaic_call(case, x, tk.KDA_OP), a)
         jax.block_until_ready(pullback(out))
 
 

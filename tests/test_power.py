@@ -108,15 +108,15 @@ def test_a_catch_is_decided_over_draws_as_parity_all_decides_it():
     """A comparison one draw leaves inconclusive is not a catch by itself: gate_case, given the GPU's draws,
     runs both legs at the sequential test's draws (the GPU's only where the baseline lacks them) and the
     pooled verdict decides."""
-    from test_noise import _with_tpu_blocks
-    from test_runner_and_gate import CASE, _frame
+    from test_noise import with_tpu_blocks
+    from test_runner_and_gate import CASE, result_frame
 
     from harness.core.metrics import parse_blocks
     from harness.core.policy import Policy
     from harness.app import gate_case
 
     policy = Policy(metrics=("rel_l2",), rel_margin=0.15, alpha=0.01)
-    g0 = _frame("gpu")
+    g0 = result_frame("gpu")
     blocks = parse_blocks(g0.loc[g0["tensor"] == "o", "rel_l2_blocks"].iloc[0])
 
     class Draws:  # a Runner's run_case: the rows of draw case.seed, o r times worse on the TPU than on the GPU
@@ -127,7 +127,7 @@ def test_a_catch_is_decided_over_draws_as_parity_all_decides_it():
             self.ran.append(case.seed)
             df = g0.copy()
             if self.leg == "tpu":
-                df = _with_tpu_blocks(g0.assign(leg="tpu", versions=_frame("tpu")["versions"]), "o",
+                df = with_tpu_blocks(g0.assign(leg="tpu", versions=result_frame("tpu")["versions"]), "o",
                                       blocks * self.ratios[case.seed] ** 2)
             return df.assign(case_id=case.id, draw=case.seed).to_dict("records")
 

@@ -63,7 +63,7 @@ def test_the_emulation_states_its_facts_by_behaviour(facts):
 @pytest.fixture
 def stock_facts(monkeypatch):
     """The facts of the emulation without its PTX arithmetic (ptx_arith off): numpy's, rounded at every step."""
-    monkeypatch.setattr(gpu_model, "_install_ptx_arithmetic", lambda patcher: None)
+    monkeypatch.setattr(gpu_model, "install_ptx_arithmetic", lambda patcher: None)
     f = emulation_facts()
     assert (f.contraction, f.f32_divide, f.f32_sqrt, f.exp2_subnormals) == ("none", "ieee", "ieee", "kept")
     return f

@@ -67,16 +67,16 @@ def test_parity_op_takes_a_comma_list(pytester):
 def test_counting_uncompared_rows_reads_a_file_without_reasons_quietly(tmp_path, recwarn):
     """A result file whose reasons are all empty (every row ok) is read without a warning: pandas would read the
     column as floats, and filling those with "" warns (Pandas4Warning)."""
-    from harness.pytest_plugin import _uncompared_rows
+    from harness.pytest_plugin import uncompared_rows
     from harness.core.status import FORWARD_ONLY, NO_GRADIENT
 
     path = tmp_path / "rows.csv"
     pd.DataFrame({"tensor": ["o", "dq"], "reason": [None, None]}).to_csv(path, index=False)
-    assert _uncompared_rows(path) == (0, 0)
+    assert uncompared_rows(path) == (0, 0)
     assert not recwarn.list, [str(w.message) for w in recwarn.list]
     pd.DataFrame({"tensor": ["o", "dq", "dg"], "reason": [None, f"{FORWARD_ONLY} dq", f"{NO_GRADIENT}: why"]}).to_csv(
         path, index=False)
-    assert _uncompared_rows(path) == (1, 1)
+    assert uncompared_rows(path) == (1, 1)
 
 
 def test_tpu_compile_targets_reach_the_tpu_leg(pytester):

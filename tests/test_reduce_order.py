@@ -187,13 +187,13 @@ def test_a_16_bit_sums_packing_and_shuffles_are_held_against_the_ptx():
 def test_fla_decode_kernels_sum_in_the_compiled_order_with_every_sum_matched(tmp_path, monkeypatch):
     """fla's fused_recurrent forward and backward (simple_gla fp32) under the emulation: every float32 sum found its
     site in the sm_90 compile, and the layouts were kept in the cache directory."""
-    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path))
     from harness.app import case_from_id
     from harness.legs import make_leg
     from harness.run.reference_cache import ReferenceCache
     from harness.run.runner import Runner
 
     leg = make_leg("gpu")
+    leg.keep_caches_under(tmp_path)
     rows = Runner(leg, ReferenceCache(None)).run_case(case_from_id(
         "simple_gla.fused_recurrent/B1-T16-H1-K64-V64/fp32/g=logsigmoid/16/C64/h0,dht"))
     assert all(r["status"] in ("ok", "not_provided") for r in rows), [(r["tensor"], r["reason"]) for r in rows]
@@ -221,7 +221,6 @@ def test_shipped_layouts_serve_exactly_their_keys(tmp_path, monkeypatch):
                                                                      "sites": [s.as_dict()]}).encode()))
     monkeypatch.setattr(reduce_order, "SHIPPED", tmp_path / "shipped.json.gz")
     monkeypatch.setitem(reduce_order._PROCESS, "shipped", None)
-    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "empty"))
     assert reduce_order.ship(tmp_path) == 1
-    order = reduce_order.ReduceOrder("sm_90")
+    order = reduce_order.ReduceOrder("sm_90", tmp_path / "empty")
     assert order._load("abc") == [s] and order._load("abd") is None

@@ -90,13 +90,13 @@ def test_unsupported_and_error_rows_do_not_stop_the_run():
     assert all_rows[-1]["status"] == "ok"
 
 
-def _frame(leg, case=CASE, **kw):
+def result_frame(leg, case=CASE, **kw):
     return rows_to_frame(Runner(FakeLeg(leg, **kw), ReferenceCache(None)).run_case(case))
 
 
 def test_gate_verdicts():
-    gpu = _frame("gpu", edit={"dg": lambda x: x * (1 + 1e-5), "dh0": lambda x: None})
-    tpu = _frame("tpu", edit={"dq": lambda x: x * (1 + 1e-5), "dk": lambda x: np.zeros_like(x)})
+    gpu = result_frame("gpu", edit={"dg": lambda x: x * (1 + 1e-5), "dh0": lambda x: None})
+    tpu = result_frame("tpu", edit={"dq": lambda x: x * (1 + 1e-5), "dk": lambda x: np.zeros_like(x)})
     res = apply_gate(gpu, tpu, Policy())
     v = {(r["tensor"], r["metric"]): r for r in res.parity.to_dict("records")}
     assert v[("o", "rel_l2")]["verdict"] == "pass"  # equal errors pass the strict rule
@@ -112,8 +112,8 @@ def test_gate_verdicts():
 
 
 def test_gate_refuses_stale_baseline():
-    gpu = _frame("gpu")
-    tpu = _frame("tpu")
+    gpu = result_frame("gpu")
+    tpu = result_frame("tpu")
     gpu["input_sha256"] = "0" * 64
     with pytest.raises(GateInputError, match="different inputs") as info:
         apply_gate(gpu, tpu, Policy())
@@ -121,8 +121,8 @@ def test_gate_refuses_stale_baseline():
 
 
 def test_gate_unsupported_and_missing():
-    gpu = _frame("gpu")
-    tpu = _frame("tpu", unsupported="TPU kernels need K and V to be multiples of 128")
+    gpu = result_frame("gpu")
+    tpu = result_frame("tpu", unsupported="TPU kernels need K and V to be multiples of 128")
     res = apply_gate(gpu, tpu, Policy())
     # every row unsupported: nothing was compared, and a gate that measured nothing fails
     assert set(res.parity["verdict"]) == {"unsupported", "fail"} and not res.passed
@@ -134,7 +134,7 @@ def test_gate_unsupported_and_missing():
 
 
 def test_cli_gate_exit_codes(tmp_path):
-    gpu, tpu = _frame("gpu"), _frame("tpu", edit={"o": lambda x: x * (1 + 1e-3)})
+    gpu, tpu = result_frame("gpu"), result_frame("tpu", edit={"o": lambda x: x * (1 + 1e-3)})
     write_csv(gpu, tmp_path / "gpu.csv")
     write_csv(tpu, tmp_path / "tpu.csv")
     # the strict rule (no noise allowance): a draw's failure is final, exit 1
@@ -162,7 +162,7 @@ def test_cli_gate_exit_codes(tmp_path):
 
 
 def test_csv_round_trip_keeps_metrics(tmp_path):
-    df = _frame("tpu")
+    df = result_frame("tpu")
     back = read_results(write_csv(df, tmp_path / "tpu.csv"))
     for metric in ("rel_l2", "max_abs", "ulp_p99"):  # bit-exact: the gate compares values read back
         np.testing.assert_array_equal(back[metric].to_numpy(float), df[metric].to_numpy(float))
@@ -234,16 +234,16 @@ def test_parity_all_gates_each_candidate_on_the_draws_it_ran():
     from harness.judge.sequential import drawn_by as _drawn_by
 
     drawn = CASE.replace(seed=1)
-    gpu = pd.concat([_frame("gpu"), _frame("gpu", case=drawn)], ignore_index=True)
-    tpu = _frame("tpu")
+    gpu = pd.concat([result_frame("gpu"), result_frame("gpu", case=drawn)], ignore_index=True)
+    tpu = result_frame("tpu")
     assert set(_drawn_by(gpu, tpu, [CASE])["case_id"]) == {CASE.id}
     assert apply_gate(_drawn_by(gpu, tpu, [CASE]), tpu, Policy()).passed
     assert not apply_gate(gpu, tpu, Policy()).passed  # the files alone: the draw is missing, and fails
-    both = pd.concat([tpu, _frame("tpu", case=drawn)], ignore_index=True)
+    both = pd.concat([tpu, result_frame("tpu", case=drawn)], ignore_index=True)
     partial = both[~((both["case_id"] == drawn.id) & (both["tensor"] == "dq"))]
     res = apply_gate(_drawn_by(gpu, partial, [CASE]), partial, Policy())
     assert not res.passed and list(res.failures[["case_id", "tensor"]].itertuples(index=False)) == [(drawn.id, "dq")]
-    only_drawn = _frame("tpu", case=drawn)
+    only_drawn = result_frame("tpu", case=drawn)
     res = apply_gate(_drawn_by(gpu, only_drawn, [CASE]), only_drawn, Policy())
     assert not res.passed and set(res.failures["case_id"]) == {CASE.id}
 
@@ -251,17 +251,17 @@ def test_parity_all_gates_each_candidate_on_the_draws_it_ran():
 def test_an_error_carrying_a_callbacks_traceback_is_named_by_the_inner_exception():
     """jax's CpuCallback errors embed the traceback of what a callback raised (Pallas's TPU interpreter checks
     run as callbacks): the row's reason is that exception, not the first frame of its traceback."""
-    from harness.run.runner import _short_error
+    from harness.run.runner import short_error
 
     inner = ("INTERNAL: CpuCallback error calling callback: Traceback (most recent call last):\n"
              '  File "/x/callback.py", line 816, in _wrapped_callback\n'
              '  File "/x/interpret_pallas_call.py", line 290, in _check_for_revisiting\n'
              "RuntimeError: Revisited block (0, 1) of output 0 in iteration (1, 0, 0).\n"
              "The block was previously visited in iterations (0, 0, 1).")
-    assert _short_error(RuntimeError(inner)) == (
+    assert short_error(RuntimeError(inner)) == (
         "RuntimeError: in a callback, RuntimeError: Revisited block (0, 1) of output 0 in iteration (1, 0, 0). The "
         "block was previously visited in iterations (0, 0, 1).")
-    assert _short_error(ValueError("plain\nmessage")) == "ValueError: plain message"
+    assert short_error(ValueError("plain\nmessage")) == "ValueError: plain message"
 
 
 def test_settings_values_reads_one_key_of_the_rows_settings():

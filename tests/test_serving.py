@@ -366,7 +366,7 @@ def test_gate_parameter_gradient_is_the_sum_the_bound_describes():
 
 def test_the_peers_serving_cases_file_is_the_suites_serving_cases():
     from cases.case_file import load_cases
-    from cases.suites import _gdn_serving_smoke
+    from cases.suites import gdn_serving_smoke
 
     from pathlib import Path
 
@@ -374,7 +374,7 @@ def test_the_peers_serving_cases_file_is_the_suites_serving_cases():
 
     path = Path(__file__).resolve().parent.parent / "cases" / "peers" / "serving.toml"
     listed = [c.id for c in load_cases(path, get_op)]
-    assert listed == [c.id for c in serving_cases() + _gdn_serving_smoke()]
+    assert listed == [c.id for c in serving_cases() + gdn_serving_smoke()]
 
 
 def test_the_peers_state_cache_file_is_the_suites_state_cache_cases():
@@ -391,13 +391,13 @@ def test_the_peers_state_cache_file_is_the_suites_state_cache_cases():
 def test_the_wrapped_functions_a_cache_hashes_name_the_ops_modules():
     """A leg's cache keys on the files its functions come from (harness.run.baseline_cache.binding_fingerprint): the
     served wrappers lead it to the op's own modules, and serving.py is hashed for every leg besides."""
-    from harness.run.baseline_cache import _COMMON, _source_file
+    from harness.run.baseline_cache import COMMON_SOURCES, source_file
 
     kda = REGISTRY["kda"]
-    assert _source_file(kda.differentiable).endswith("harness/ops/delta_rule.py")
+    assert source_file(kda.differentiable).endswith("harness/ops/delta_rule.py")
     for fn in (kda.reference, kda.fla.forward, kda.fla.describe, kda.pallas.forward):
-        assert _source_file(fn).endswith("harness/ops/kda.py"), fn
-    assert "harness/ops/serving.py" in _COMMON
+        assert source_file(fn).endswith("harness/ops/kda.py"), fn
+    assert "harness/ops/serving.py" in COMMON_SOURCES
 
 
 def test_the_serving_peers_state_cache_and_drift_cases_are_forward_only_cache_cases():

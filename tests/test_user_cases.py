@@ -10,7 +10,7 @@ from cases.case import Case, Gate
 from cases.case_file import CaseFileError
 from cases.suites import SUITES, get_suite, with_draws
 from harness.app import case_from_id, find_case, load_cases
-from harness.cli import _select_cases, build_parser, main
+from harness.cli import select_cases, build_parser, main
 
 pytest_plugins = ["pytester"]
 
@@ -211,7 +211,7 @@ def test_every_selecting_verb_takes_ids_and_files(verb, tmp_path):
     suite_case = get_suite("regressions")[0]
     args = build_parser().parse_args([verb, *extra, "--cases-file", str(path), "--case", suite_case.id,
                                       "--case", USER])
-    cases = _select_cases(args)
+    cases = select_cases(args)
     draws = getattr(args, "draws", 1)
     assert [c.id for c in cases[::draws]] == [suite_case.id, USER]  # --case first, each case once
 

@@ -513,7 +513,7 @@ class Run:
         legs and folded into their result files (so ``parity gate`` on the files gives the same verdict), a leg
         whose rows were taken (:meth:`take`) making its own where it runs, or saying how."""
         options = gate.options(candidate) if options is None else options
-        return sequential_gate(_FoldedDraws(self, (base, candidate)), self.cases, gate.policy, options,
+        return sequential_gate(FoldedDraws(self, (base, candidate)), self.cases, gate.policy, options,
                                max_draws=gate.max_draws, say=self.say)
 
     def compile(self, runner: Runner, recipe: LegRecipe, cases: list[Case],
@@ -522,7 +522,7 @@ class Run:
         self.workers.run(runner, recipe, cases, on_case=on_case, progress=self._progress("compile"))
 
 
-class _FoldedDraws:
+class FoldedDraws:
     """The sequential test's evidence in a run: the two legs' rows, and more draws made by running each leg on
     those it lacks (into a scratch file, then folded into the leg's result file)."""
 

@@ -11,8 +11,9 @@ pytest plugin from its options) and read by every stage; nothing below the front
   ``--allow-partial``, which rows a file gate judges, the sequential test's cap on draws, where a JUnit report
   goes and the step summary the report is appended to.
 
-The environment's settings (``PARITY_CACHE_DIR``, ``GITHUB_STEP_SUMMARY``) are read by the front into these
-records (:func:`harness.core.cache_dir.default_cache_dir` is the rule), never by a stage.
+The environment's settings (``PARITY_CACHE_DIR``, ``PARITY_TPU_GRID``, ``PARITY_BATCHED_GRID``,
+``GITHUB_STEP_SUMMARY``) are read by the front into these records (:func:`harness.core.cache_dir.default_cache_dir`
+and :func:`environment_grids` are the rules; the front hands them ``os.environ``), never by a stage.
 
 Each record checks itself when made: a bad value is a ValueError with one line, which each front end turns into
 its usage error (exit 2 on the CLI)."""
@@ -23,11 +24,11 @@ import dataclasses
 from pathlib import Path
 
 from harness.app.selection import Selection
-from harness.core.cache_dir import default_cache_dir
 from harness.compile.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 from harness.core.noise import LOOKS
 from harness.core.policy import Policy, default_policy
 from harness.legs.registry import default_leg, leg_spec
+from harness.legs.tpu import GRIDS
 
 DUMP_ROOM = 64 * 2**20
 """The smallest file size limit (``ulimit -f``) a TPU compile starts under, in bytes: libtpu writes each kernel's
@@ -37,7 +38,24 @@ some 40 lines of C++ (``Check failed ... File too large``) when one does not fit
 REF_METHODS = ("recurrent", "chunk")
 REF_DTYPES = ("float64", "float32")
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
-PALLAS_GRIDS = ("batched", "per-program")  # harness.legs.tpu.TPU_GRIDS
+GRID_ENVIRONMENT = {"pallas_grid": "PARITY_TPU_GRID", "triton_grid": "PARITY_BATCHED_GRID"}
+"""The environment variables the front reads into :class:`LegOptions`' grids (``--grid`` overrides both)."""
+_OFF = ("0", "false", "no", "off")  # PARITY_BATCHED_GRID's older values for per-program
+
+
+def environment_grids(environ) -> dict:
+    """:class:`LegOptions`' grids from ``environ`` (the front's ``os.environ``): ``PARITY_TPU_GRID`` for the emulated
+    TPU leg and ``PARITY_BATCHED_GRID`` for the emulated GPU leg, each ``batched`` or ``per-program`` (the latter
+    also ``0``/``false``/``no``/``off``, its older spelling); unset or empty: batched. Anything else is a ValueError
+    that names the variable."""
+    grids = {}
+    for field, name in GRID_ENVIRONMENT.items():
+        value = environ.get(name, "").strip().lower() or GRIDS[0]
+        value = GRIDS[1] if field == "triton_grid" and value in _OFF else value
+        if value not in GRIDS:
+            raise ValueError(f"{name}={environ.get(name)!r}: must be one of {', '.join(GRIDS)}")
+        grids[field] = value
+    return grids
 
 
 def check_file_size_limit(targets, limit: int | None = None) -> None:
@@ -62,13 +80,15 @@ class LegOptions:
     ref_dtype: str = "float64"  # the reference leg's compute dtype
     dot_precision: str | None = None  # the baseline's TRITON_F32_DEFAULT (None: the environment's, else tf32)
     compile_targets: tuple[str, ...] = LEG_DEFAULT_TARGETS  # real TPUs an emulated candidate compiles each case for
-    pallas_grid: str | None = None  # an emulated candidate's grid: batched or per-program (None: PARITY_TPU_GRID's, else batched)
+    pallas_grid: str = GRIDS[0]  # an emulated candidate's grid walk: batched or per-program (harness.legs.tpu.GRIDS)
+    triton_grid: str = GRIDS[0]  # the emulated baseline's: batched (harness/emulation/batched_grid.py) or per-program
 
     def __post_init__(self):
         for name, value, allowed in (("ref_method", self.ref_method, REF_METHODS),
                                      ("ref_dtype", self.ref_dtype, REF_DTYPES),
                                      ("dot_precision", self.dot_precision, (None, *DOT_PRECISIONS)),
-                                     ("pallas_grid", self.pallas_grid, (None, *PALLAS_GRIDS))):
+                                     ("pallas_grid", self.pallas_grid, GRIDS),
+                                     ("triton_grid", self.triton_grid, GRIDS)):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} must be one of {', '.join(map(str, allowed))}")
         parse_targets(",".join(self.compile_targets), LEG_DEFAULT_TARGETS)  # an unknown target: a ValueError
@@ -86,9 +106,8 @@ class LegOptions:
         if role == "reference":
             return {"method": self.ref_method, "compute_dtype": self.ref_dtype}
         if role == "baseline":
-            return {"dot_precision": self.dot_precision}
-        grid = None if self.pallas_grid is None else self.pallas_grid == "batched"
-        return {"compile_targets": self.compile_targets, "batched_grid": grid}
+            return {"dot_precision": self.dot_precision, "batched_grid": self.triton_grid == GRIDS[0]}
+        return {"compile_targets": self.compile_targets, "batched_grid": self.pallas_grid == GRIDS[0]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +125,7 @@ class RunSettings:
     legs: LegOptions = LegOptions()
     progress: bool = True  # a progress bar per leg (shown only on a terminal)
     case_timeout: float | None = None  # seconds a case may run, in a worker of its own (0: no limit); None: the legs'
-    cache_dir: Path | None = dataclasses.field(default_factory=default_cache_dir)  # the caches' root (None: none)
+    cache_dir: Path | None = None  # the caches' root (None: none; the front gives harness.core.cache_dir's)
     # parity all
     baseline_rows: tuple[Path, ...] = ()  # the baseline's rows made elsewhere: the baseline is not run here
     baseline_python: str | None = None  # the Python of that stack, which makes the draws those rows lack

@@ -67,7 +67,7 @@ GIB_PER_JOB = 4
 """Memory a job may want: the float64 reference at the stress shape peaks at 3.75 GiB (reports/bench)."""
 
 
-def default_jobs(environ=os.environ, cpus: int | None = None, memory_gib: float | None = None) -> int:
+def default_jobs(environ, cpus: int | None = None, memory_gib: float | None = None) -> int:
     """``PARITY_JOBS`` when set, else one per CPU this process may use (``cpus``), at most one per
     :data:`GIB_PER_JOB` of physical memory (``memory_gib``), at least 1."""
     if environ.get("PARITY_JOBS"):

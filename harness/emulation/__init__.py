@@ -8,7 +8,11 @@ its module docstring. It is assembled from one module per fix: ``setup``
 ``loop_vars`` (tensor loop variables), ``handles`` (float values in and out
 of interpreter tensors), ``bf16_arith`` (bf16 rounding), ``dots`` (tl.dot
 numerics), ``comparisons`` (int1 comparison results) and ``fla_gather``
-(fla's gather-free path).
+(fla's gather-free path); ``batched_grid`` runs a launch's programs in one pass.
+
+The emulated TPU leg's interpreters live here too: ``pallas_batched`` (the
+batched Pallas grid interpreter, ``batched_grid``'s twin for ``pallas_call``)
+and ``pallas_refs`` (ref reshapes in Pallas's TPU interpreter).
 """
 
 from .triton_interpreter import (  # noqa: F401

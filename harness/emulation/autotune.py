@@ -119,7 +119,7 @@ def _autotuner_classes() -> List[type]:
     return out
 
 
-def _install_autotune_pin(patcher: Patcher, rule: AutotuneRule, recorder: _AutotuneRecorder) -> None:
+def install_autotune_pin(patcher: Patcher, rule: AutotuneRule, recorder: _AutotuneRecorder) -> None:
     if isinstance(rule, str) and rule not in ("first", "last"):
         raise ValueError(f"unknown autotune rule {rule!r}")
     run = _make_pinned_run(rule)
@@ -175,7 +175,7 @@ def pinned_autotune(rule: AutotuneRule = "first") -> Iterator[EmulationSession]:
     with LOCK:
         patcher = Patcher()
         try:
-            _install_autotune_pin(patcher, rule, session._recorder)
+            install_autotune_pin(patcher, rule, session._recorder)
             yield session
         finally:
             patcher.restore()

@@ -282,7 +282,7 @@ class _Memory:
             view[idx] = old
 
 
-def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], None],
+def install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], None],
                           max_programs: int = DEFAULT_MAX_PROGRAMS) -> None:
     """Replace ``GridExecutor.__call__`` and wrap the builder (outermost) as the module doc says. Call it after every
     numerics patch. ``record`` receives one dict per launch."""
@@ -479,7 +479,7 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
     # splits the group, as any other divergence
     from . import loop_vars
 
-    stock_range = loop_vars._tensor_range
+    stock_range = loop_vars.tensor_range
 
     def tensor_range(range_fn, *args, **kwargs):
         per = [a for a in args if isinstance(a, tl.tensor) and _lead(a.handle.data) > 1]
@@ -513,7 +513,7 @@ def _install_batched_grid(patcher: Patcher, record: Callable[[Dict[str, Any]], N
             vals = starts[:1] + k * steps[:1] if uniform else starts + k * steps
             yield tl.tensor(TensorHandle(vals.astype(npty), ty), ty)
 
-    patcher.set_attr(loop_vars, "_tensor_range", tensor_range)
+    patcher.set_attr(loop_vars, "tensor_range", tensor_range)
 
     stock_patch_lang_tensor = interp._patch_lang_tensor
 

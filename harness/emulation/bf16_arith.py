@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bits import _f64_to_bf16_bits, _round_bf16_f32, bf16_bits_to_f32, f32_to_bf16_bits
+from .bits import f64_to_bf16_bits, round_bf16_f32, bf16_bits_to_f32, f32_to_bf16_bits
 from .handles import encode, real
 from .patcher import Patcher
 
 
-def _install_bf16_arithmetic(patcher: Patcher) -> None:
+def install_bf16_arithmetic(patcher: Patcher) -> None:
     import triton.language as tl
     import triton.runtime.interpreter as interp
     from triton._C.libtriton import ir as _ir
@@ -64,7 +64,7 @@ def _install_bf16_arithmetic(patcher: Patcher) -> None:
         if is_bf16(z):
             xs, ys, zs = np.broadcast_arrays(real(x), real(y), real(z))
             out = xs.astype(np.float64) * ys + zs
-            return TensorHandle(_f64_to_bf16_bits(out), z.dtype.scalar)
+            return TensorHandle(f64_to_bf16_bits(out), z.dtype.scalar)
         return orig_fma(x, y, z)
 
     def _wrap_f32(name):
@@ -137,7 +137,7 @@ def _install_bf16_arithmetic(patcher: Patcher) -> None:
             while x.shape[-1] > 1:  # pairwise tree, RNE after each add
                 n = x.shape[-1]
                 h = n // 2
-                s = _round_bf16_f32(x[..., :h] + x[..., h:2 * h])
+                s = round_bf16_f32(x[..., :h] + x[..., h:2 * h])
                 x = np.concatenate([s, x[..., 2 * h:]], axis=-1) if n % 2 else s
             res = x[..., 0]
             if self.keep_dims:
@@ -167,7 +167,7 @@ def _install_bf16_arithmetic(patcher: Patcher) -> None:
         def _seq(self, input, op):
             x = np.moveaxis(bf16_bits_to_f32(input.handle.data), self.axis, 0).copy()
             for i in range(1, x.shape[0]):  # sequential, RNE after each step
-                x[i] = _round_bf16_f32(op(x[i - 1], x[i]))
+                x[i] = round_bf16_f32(op(x[i - 1], x[i]))
             return [self.to_tensor(f32_to_bf16_bits(np.moveaxis(x, 0, self.axis)), input.dtype)]
 
         def cumsum(self, input):

@@ -39,7 +39,7 @@ def f32_to_bf16_bits(x: np.ndarray, rounding: str = "rne") -> np.ndarray:
     return out.astype(np.uint16)
 
 
-def _f64_to_bf16_bits(x: np.ndarray, rounding: str = "rne") -> np.ndarray:
+def f64_to_bf16_bits(x: np.ndarray, rounding: str = "rne") -> np.ndarray:
     """Round float64 values straight to bf16 (no double rounding via f32).
 
     The rounding is done on the float64 bit pattern (keep 7 of 52 fraction
@@ -64,7 +64,7 @@ def _f64_to_bf16_bits(x: np.ndarray, rounding: str = "rne") -> np.ndarray:
     return np.where(tiny | ~finite, via32, direct).astype(np.uint16)
 
 
-def _round_bf16_f32(x: np.ndarray) -> np.ndarray:
+def round_bf16_f32(x: np.ndarray) -> np.ndarray:
     """float32 -> nearest bf16 value, returned as float32."""
     return bf16_bits_to_f32(f32_to_bf16_bits(x))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from .patcher import Patcher
 
 
-def _install_int1_comparisons(patcher: Patcher) -> None:
+def install_int1_comparisons(patcher: Patcher) -> None:
     """Wrap every ``create_icmp*`` / ``create_fcmp*`` of the interpreter's builder so its handle is int1 (see the
     module doc). The wrapped call still goes through ``binary_op`` (bf16_arith's, when installed)."""
     import numpy as np

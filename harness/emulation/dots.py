@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .bits import _round_bf16_f32, round_to_tf32
+from .bits import round_bf16_f32, round_to_tf32
 from .handles import encode, real
 from .patcher import Patcher
 from .tensor_core import mma_chain, model_for
@@ -26,7 +26,7 @@ _BF16_SPLIT_PASSES = {"BF16x3": (2, ((1, 0), (0, 1), (0, 0))),
                       "BF16x6": (3, ((1, 1), (2, 0), (0, 2), (1, 0), (0, 1), (0, 0)))}
 
 
-def _install_dot_numerics(patcher: Patcher, *, force_dot_precision: Optional[str], tf32_rounding: str,
+def install_dot_numerics(patcher: Patcher, *, force_dot_precision: Optional[str], tf32_rounding: str,
                           tensor_core: str) -> None:
     import triton.language as tl
     import triton.runtime.interpreter as interp
@@ -110,7 +110,7 @@ def _bf16_pieces(x: np.ndarray, n: int) -> List[np.ndarray]:
     """f32 ``x`` as ``n`` bf16 pieces (each rounded to nearest even) whose sum approximates it."""
     out, rest = [], x.astype(np.float32)
     for _ in range(n):
-        piece = _round_bf16_f32(rest)
+        piece = round_bf16_f32(rest)
         out.append(piece)
         rest = (rest - piece).astype(np.float32)
     return out

@@ -8,7 +8,7 @@ from typing import List
 from .patcher import Patcher
 
 
-def _install_fla_gather_fallback(patcher: Patcher) -> List[str]:
+def install_fla_gather_fallback(patcher: Patcher) -> List[str]:
     """The interpreter has no ``tl.gather``; fla picks it at call time from a module
     global (``USE_GATHER=IS_GATHER_SUPPORTED``, e.g. kda's safe-gate intra kernel).
     Point the already-imported fla modules at their gather-free path for the block.

@@ -2,8 +2,8 @@
 (``harness.emulation.ptx``) tests against Triton's own sm_80 / sm_90 output.
 
 Each fact is **measured from the emulation itself**, not restated by hand: :func:`emulation_facts` installs the
-emulation's own patches (``dots._install_dot_numerics``, ``bf16_arith._install_bf16_arithmetic``,
-``ptx_arith._install_ptx_arithmetic``, with the defaults ``triton_emulation()`` gives the GPU leg) on the Triton
+emulation's own patches (``dots.install_dot_numerics``, ``bf16_arith.install_bf16_arithmetic``,
+``ptx_arith.install_ptx_arithmetic``, with the defaults ``triton_emulation()`` gives the GPU leg) on the Triton
 interpreter's builder for the length of a probe, feeds it values whose results tell the rounding apart, and
 restores everything. A change to the emulation (or a fault a test patches into it) changes the facts, and so what
 the PTX must show. The facts that are statements rather than behaviour (the GPU's ``ex2.approx``) quote
@@ -50,10 +50,10 @@ from typing import Dict, Tuple
 import numpy as np
 
 from .autotune import LOCK
-from .bf16_arith import _install_bf16_arithmetic
-from .dots import _install_dot_numerics
+from .bf16_arith import install_bf16_arithmetic
+from .dots import install_dot_numerics
 from .patcher import Patcher
-from .ptx_arith import _install_ptx_arithmetic
+from .ptx_arith import install_ptx_arithmetic
 from .tensor_core import MODELS
 from .triton_interpreter import triton_emulation
 
@@ -161,11 +161,11 @@ def emulation_facts() -> EmulationFacts:
     with LOCK:
         patcher = Patcher()
         try:
-            _install_bf16_arithmetic(patcher)
+            install_bf16_arithmetic(patcher)
             if ptx_arith:
-                _install_ptx_arithmetic(patcher)
+                install_ptx_arithmetic(patcher)
             if dots:
-                _install_dot_numerics(patcher, force_dot_precision=None, tf32_rounding=tf32_rounding,
+                install_dot_numerics(patcher, force_dot_precision=None, tf32_rounding=tf32_rounding,
                                       tensor_core=tensor_core)
             b = interp.interpreter_builder
             P = ir.INPUT_PRECISION

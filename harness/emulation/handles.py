@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bits import _f64_to_bf16_bits, bf16_bits_to_f32, f32_to_bf16_bits
+from .bits import f64_to_bf16_bits, bf16_bits_to_f32, f32_to_bf16_bits
 
 
 def real(h) -> np.ndarray:
@@ -31,6 +31,6 @@ def encode(values: np.ndarray, t, rounding: str = "rne") -> np.ndarray:
 
     if t == tl.bfloat16:
         if values.dtype == np.float64 or values.dtype.kind in "iu":
-            return _f64_to_bf16_bits(values.astype(np.float64), rounding)
+            return f64_to_bf16_bits(values.astype(np.float64), rounding)
         return f32_to_bf16_bits(values, rounding)  # (converts to float32 itself)
     return values.astype(interp._get_np_dtype(t))

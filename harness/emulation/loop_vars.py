@@ -10,7 +10,7 @@ import numpy as np
 from .patcher import Patcher
 
 
-def _tensor_range(range_fn, *args, **kwargs):
+def tensor_range(range_fn, *args, **kwargs):
     """Iterate a kernel ``range``/``tl.range`` loop yielding scalar tensors.
 
     Compiled Triton's induction variable is an int32 scalar (int64 when a bound
@@ -33,7 +33,7 @@ def _tensor_range(range_fn, *args, **kwargs):
 
 class _InductionVarTransformer(ast.NodeTransformer):
     """``for x in range(...)`` / ``for x in tl.range(...)`` ->
-    ``for x in __import__(<this module>)._tensor_range(range, ...)``.
+    ``for x in __import__(<this module>).tensor_range(range, ...)``.
 
     ``static_range`` is left alone (its variable is a constexpr when compiled).
     ``__import__`` keeps the kernel module's globals untouched.
@@ -50,10 +50,10 @@ class _InductionVarTransformer(ast.NodeTransformer):
                 mod = ast.Call(func=ast.Name(id="__import__", ctx=ast.Load()), args=[ast.Constant(value=__name__)],
                                keywords=[
                                    ast.keyword(arg="fromlist",
-                                               value=ast.List(elts=[ast.Constant(value="_tensor_range")],
+                                               value=ast.List(elts=[ast.Constant(value="tensor_range")],
                                                               ctx=ast.Load()))
                                ])
-                helper = ast.Attribute(value=mod, attr="_tensor_range", ctx=ast.Load())
+                helper = ast.Attribute(value=mod, attr="tensor_range", ctx=ast.Load())
                 node.iter = ast.copy_location(ast.Call(func=helper, args=[f, *it.args], keywords=it.keywords), it)
         return node
 
@@ -75,7 +75,7 @@ def _make_rewriter_cls():
     return _EmuFunctionRewriter
 
 
-def _install_induction_vars(patcher: Patcher) -> None:
+def install_induction_vars(patcher: Patcher) -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
     rewriter_cls = _make_rewriter_cls()

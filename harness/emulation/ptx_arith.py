@@ -95,7 +95,7 @@ def keep_product(src, dst):
     return dst
 
 
-def _install_ptx_arithmetic(patcher: Patcher) -> None:
+def install_ptx_arithmetic(patcher: Patcher) -> None:
     """Patch the interpreter's builder as the module doc says (after ``bf16_arith``, whose patches these call)."""
     import triton.language as tl
     import triton.runtime.interpreter as interp

@@ -470,11 +470,8 @@ def check_ptx(sites: Sequence[ReduceSite], ptx: str, packed: bool = True) -> Tup
 # serving the sites to the interpreter
 
 
-def _cache_dir() -> Optional[Path]:
-    from harness.core.cache_dir import default_cache_dir
-
-    root = default_cache_dir()
-    return None if root is None else root / "reduce-layouts"
+LAYOUTS_SUBDIR = "reduce-layouts"
+"""Where compiled layouts are kept under the caches' root (harness.core.cache_dir)."""
 
 
 class _Server:
@@ -528,14 +525,16 @@ _PROCESS: dict = {"specializer": [None], "memory": {}, "lock": threading.Lock(),
 
 class ReduceOrder:
     """Sites per launch, compiled once per (kernel source, specialization, target, Triton version) and kept on disk
-    under the cache directory (``reduce-layouts/``)."""
+    under ``directory`` (the caches' root's ``reduce-layouts/``, :data:`LAYOUTS_SUBDIR`; None: the shipped table and
+    memory only)."""
 
-    def __init__(self, target: str = DEFAULT_TARGET):
+    def __init__(self, target: str = DEFAULT_TARGET, directory: Optional[Path] = None):
         if target not in TARGETS:
             raise ValueError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
         import triton
 
         self.target = target
+        self.directory = None if directory is None else Path(directory)
         self.packed = TARGETS[target] >= PACKS_FROM  # its 16-bit sums add the words first (the module doc)
         self._triton = triton.__version__
         # shared by every block of the process: one compile process, one specializer, the layouts read so far
@@ -579,7 +578,7 @@ class ReduceOrder:
             return table
 
     def _load(self, key: str) -> Optional[List[ReduceSite]]:
-        d = _cache_dir()
+        d = self.directory
         path = None if d is None else d / f"{key}.json.gz"
         if path is None or not path.exists():
             shipped = _shipped().get(key)
@@ -591,7 +590,7 @@ class ReduceOrder:
             return None  # a torn or foreign file is compiled again
 
     def _store(self, key: str, rec: dict, sites: List[ReduceSite]) -> None:
-        d = _cache_dir()
+        d = self.directory
         if d is None:
             return
         d.mkdir(parents=True, exist_ok=True)

@@ -118,20 +118,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
 
-from .batched_grid import DEFAULT_MAX_PROGRAMS, _install_batched_grid, summarize
-from .autotune import LOCK, AutotuneRecord, AutotuneRule, EmulationSession, _install_autotune_pin, pinned_autotune
-from .bf16_arith import _install_bf16_arithmetic
+from .batched_grid import DEFAULT_MAX_PROGRAMS, install_batched_grid, summarize
+from .autotune import LOCK, AutotuneRecord, AutotuneRule, EmulationSession, install_autotune_pin, pinned_autotune
+from .bf16_arith import install_bf16_arithmetic
 from .bits import bf16_bits_to_f32, f32_to_bf16_bits, round_to_tf32
-from .comparisons import _install_int1_comparisons
-from .dots import _install_dot_numerics
-from .fla_gather import _install_fla_gather_fallback
-from .loop_vars import _install_induction_vars
+from .comparisons import install_int1_comparisons
+from .dots import install_dot_numerics
+from .fla_gather import install_fla_gather_fallback
+from .loop_vars import install_induction_vars
 from .patcher import MISSING, Patcher
-from .ptx_arith import _install_ptx_arithmetic
+from .ptx_arith import install_ptx_arithmetic
 from .reduce_order import ReduceOrder, install as install_reduce_order
 from .tensor_core import DEFAULT_ARCH, EMULATED_ARCHS
 from .setup import (EMULATED_TRITON, emulation_problem, enable_interpreter_mode, interpreter_mode_enabled,  # noqa: F401
@@ -167,7 +168,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
                      dots: bool = True, loop_tensors: bool = True, autotune: bool = True,
                      ptx_arith: bool = True, batched_grid: bool = True,
                      batched_grid_max_programs: int = DEFAULT_MAX_PROGRAMS,
-                     reduce_order: bool = True) -> Iterator[EmulationSession]:
+                     reduce_order: bool = True, layouts_dir: Optional[Path] = None) -> Iterator[EmulationSession]:
     """Scoped H100-like numerics for the Triton interpreter (see module doc).
 
     dot_precision: default ``input_precision`` for float32 ``tl.dot`` in the
@@ -190,6 +191,8 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
     batched_grid_max_programs: at most this many programs per pass (memory).
     reduce_order: float32 ``tl.sum`` adds in the order of the kernel's layout compiled for the ``tensor_core``
         generation (``reduce_order`` module); False keeps numpy's order (the stock interpreter's).
+    layouts_dir: where the compiled layouts are kept between processes (``ReduceOrder``'s directory; None: the
+        shipped table and this process's memory only, a miss compiled again in each process).
 
     ``session.grid_launches`` lists, per launch, how it ran (kernel, grid,
     mode batched/split/sequential, groups, reason); ``settings["grid_launches"]``
@@ -240,22 +243,22 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
         patcher = Patcher()
         try:
             if autotune:
-                _install_autotune_pin(patcher, autotune_rule, session._recorder)
+                install_autotune_pin(patcher, autotune_rule, session._recorder)
             if loop_tensors:
-                _install_induction_vars(patcher)
+                install_induction_vars(patcher)
             if bf16:
-                _install_bf16_arithmetic(patcher)
+                install_bf16_arithmetic(patcher)
             if ptx_arith:  # after bf16: its fma and divisions go through bf16_arith's patches
-                _install_ptx_arithmetic(patcher)
+                install_ptx_arithmetic(patcher)
             if dots:
-                _install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
+                install_dot_numerics(patcher, force_dot_precision=dot_precision if force_dot_precision else None,
                                       tf32_rounding=tf32_rounding, tensor_core=tensor_core)
             if reduce_order:  # after bf16: a bf16 sum that finds no site keeps bf16_arith's tree
-                order = ReduceOrder(tensor_core)
+                order = ReduceOrder(tensor_core, layouts_dir)
                 install_reduce_order(patcher, order)
                 session.reduce_order = order
-            _install_int1_comparisons(patcher)  # not a numerics choice: the interpreter's own type slip
-            session.settings["fla_gather_disabled_in"] = _install_fla_gather_fallback(patcher)
+            install_int1_comparisons(patcher)  # not a numerics choice: the interpreter's own type slip
+            session.settings["fla_gather_disabled_in"] = install_fla_gather_fallback(patcher)
             if dot_precision is not None:
                 # core.dot resolves input_precision=None from this knob at every
                 # interpreted call, exactly like TRITON_F32_DEFAULT at compile
@@ -273,7 +276,7 @@ def triton_emulation(dot_precision: Optional[str] = None, *, force_dot_precision
 
                 patcher.add_undo(undo_knob)
             if batched_grid:  # last: it wraps the numerics patches above, outermost
-                _install_batched_grid(patcher, record_launch, batched_grid_max_programs)
+                install_batched_grid(patcher, record_launch, batched_grid_max_programs)
             # A GPU computes exp2 of a masked-out exponent to inf without a word, and the kernel's mask drops it;
             # numpy's interpreter warns ("overflow encountered in exp2") on rows that end up finite. Every row
             # counts its own NaN and Inf, so nothing is hidden by keeping numpy as quiet as the hardware.

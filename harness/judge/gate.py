@@ -183,7 +183,7 @@ def _ratio(eps_candidate: float, eps_baseline: float) -> float:
     return eps_candidate / eps_baseline
 
 
-def _apart(a: float, b: float, digits: int = 4) -> tuple[str, str]:
+def shown_apart(a: float, b: float, digits: int = 4) -> tuple[str, str]:
     """``a`` and ``b`` printed with the fewest significant digits (at least ``digits``) that tell them apart, so
     that a comparison near its limit never reads "1.05 > 1.05"; equal numbers print alike."""
     for d in range(digits, 18):
@@ -264,8 +264,8 @@ def _judge(key, baseline, candidate, policy: Policy, allow_missing: bool, sides:
         allowed = policy.allowed(metric, eps_b, **where)
         limit = 1 + policy.margin(metric, **where)
         passed, lower = policy.judge(metric, eps_c, eps_b, *blocks, **where)
-        shown_c, shown_allowed = _apart(eps_c, allowed)
-        shown_lower, shown_limit = _apart(lower, limit) if lower is not None else ("", "")
+        shown_c, shown_allowed = shown_apart(eps_c, allowed)
+        shown_lower, shown_limit = shown_apart(lower, limit) if lower is not None else ("", "")
         if metric not in policy.metrics:
             verdict, reason = "info", "not gated by the policy"
         elif passed and lower is not None:
@@ -362,12 +362,12 @@ def _pool_draws(rows: list[dict], policy: Policy) -> list[dict]:
             unused = "" if i < used else f" (this draw is not used: the first {used} decided)"
             if decision == "fail":
                 r["verdict"] = "fail"
-                shown_lower, shown_limit = _apart(lower, limit)
+                shown_lower, shown_limit = shown_apart(lower, limit)
                 r["reason"] = own + (f"over {used} draws the ratio's geometric mean is {mean:.4g}, its lower bound "
                                      f"{shown_lower} > {shown_limit}{unused}")
             elif decision == "pass":
                 r["verdict"] = "pass"
-                shown_mean, shown_limit = _apart(mean, limit)
+                shown_mean, shown_limit = shown_apart(mean, limit)
                 r["reason"] = own + (f"but over {used} draws the ratio's geometric mean is {shown_mean} <= "
                                      f"{shown_limit}: this draw is within the draws' spread{unused}")
             else:

@@ -84,6 +84,11 @@ class Leg:
             return ()
         return binding.forward, binding.supports, binding.describe, op.differentiable
 
+    def keep_caches_under(self, root) -> None:
+        """Where a leg that keeps caches of its own (beyond its outputs' cache, harness.run.baseline_cache) keeps
+        them: the caches' root the run was given (None: none). Called once by the recipe that builds the leg's
+        runner; most legs keep none."""
+
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
         """None when this leg can run the case, else the reason it cannot."""
         binding = self.binding(op)

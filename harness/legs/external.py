@@ -61,6 +61,20 @@ INTERPRET_CHIP = "v6e"
 
 # ------------------------------------------------------------------------------- MXU rounding of any dot
 _local = threading.local()
+
+
+@contextlib.contextmanager
+def unmodelled_dots():
+    """Dots bound in this thread inside the block go through as they are, not through the MXU model: the model's
+    own passes, and an analysis that builds its own model of a dot (reports/bisect/ejkernel)."""
+    inside = getattr(_local, "inside", False)
+    _local.inside = True
+    try:
+        yield
+    finally:
+        _local.inside = inside
+
+
 INTERPRETER_EVAL = "_interpret_jaxpr"
 """The function of Pallas's TPU interpreter that binds a traced kernel's eqns one by one (jax 0.10 - 0.12)."""
 
@@ -72,7 +86,7 @@ def _modeled_dot_general(original):
 
         from kernels_tpu import mxu
 
-        from .pallas_batched import replaying
+        from harness.emulation.pallas_batched import replaying
 
         a, b = args
         floats = all(jnp.issubdtype(x.dtype, jnp.floating) for x in (a, b))
@@ -135,12 +149,8 @@ def modeled_dot_p():
 
     def evaluate(a, b, *, passes, dimension_numbers, precision):
         del precision  # the passes say it
-        inside = getattr(_local, "inside", False)
-        _local.inside = True  # the passes' own dots are the model's
-        try:
+        with unmodelled_dots():  # the passes' own dots are the model's
             return mxu.modeled_dot(a, b, passes, dimension_numbers, record=False)
-        finally:
-            _local.inside = inside
 
     def abstract(a, b, *, passes, dimension_numbers, precision):
         del passes, precision
@@ -380,7 +390,7 @@ class ExternalLeg(TpuLeg):
     compile_note = TPU_HOST  # what ``parity compile``'s rows say of how the program was traced
 
     def __init__(self, name: str, target: str, force_interpret: bool = False,
-                 compile_targets: tuple[str, ...] | None = None, batched_grid: bool | None = None):
+                 compile_targets: tuple[str, ...] | None = None, batched_grid: bool = True):
         super().__init__(force_interpret=force_interpret, compile_targets=compile_targets, batched_grid=batched_grid)
         self.name, self.target = name, target
         self._impl = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -49,11 +50,6 @@ def to_numpy(t) -> np.ndarray:
 
 
 FLA_DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
-BATCHED_GRID_ENV = "PARITY_BATCHED_GRID"
-"""``0`` runs every emulated launch with the interpreter's stock sequential loop (one pass per program) instead of
-the batched executor (harness/emulation/batched_grid.py); the rows are bit for bit the same either way."""
-
-
 def compiled_builtins_problem() -> str | None:
     """Why fla cannot run interpreted in this process, when another library imported ``triton.language`` before
     the GPU leg turned interpreter mode on: Triton decorates its own built-ins (``tl.sum``, ``tl.cdiv``...) when
@@ -69,21 +65,19 @@ def compiled_builtins_problem() -> str | None:
             "the GPU leg in a process of its own (parity run --backend gpu), or that other leg in another command")
 
 
-def batched_grid_default() -> bool:
-    return os.environ.get(BATCHED_GRID_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 class GpuLeg(Leg):
     """fla's Triton kernels: native on CUDA, else through the Triton interpreter (harness/emulation)."""
 
     def __init__(self, dot_precision: str | None = None, force_emulation: bool = False,
-                 batched_grid: bool | None = None):
+                 batched_grid: bool = True):
         """``dot_precision`` plays TRITON_F32_DEFAULT for f32 dots that do not set
         ``input_precision`` themselves; None keeps the process setting (else tf32),
         exactly as a native run resolves it. ``batched_grid`` (emulated runs): all
-        programs of a launch in one interpreter pass (True) or the stock loop
-        (False); None reads PARITY_BATCHED_GRID (default on)."""
-        self.batched_grid = batched_grid_default() if batched_grid is None else bool(batched_grid)
+        programs of a launch in one interpreter pass (True, the default: the batched
+        executor, harness/emulation/batched_grid.py) or the interpreter's stock loop,
+        one program after another (False); the rows are bit for bit the same."""
+        self.batched_grid = bool(batched_grid)
+        self.layouts_dir = None  # the emulation's compiled-layouts cache: :meth:`keep_caches_under`
         if dot_precision not in DOT_PRECISIONS:
             raise ValueError(f"{dot_precision=} must be one of {DOT_PRECISIONS}")
         from harness.emulation import emulation_problem, enable_interpreter_mode, native_cuda_available
@@ -116,6 +110,12 @@ class GpuLeg(Leg):
                                     category=UserWarning)
             import fla.ops  # noqa: F401 - load the kernels now so scoped emulation patches reach them
 
+    def keep_caches_under(self, root) -> None:
+        """The emulation keeps the layouts it compiles (harness.emulation.reduce_order) under the caches' root."""
+        from harness.emulation.reduce_order import LAYOUTS_SUBDIR
+
+        self.layouts_dir = None if root is None else Path(root) / LAYOUTS_SUBDIR
+
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
         return self.refusal or super().supports(op, case)
 
@@ -124,7 +124,8 @@ class GpuLeg(Leg):
 
         if self.native:
             return pinned_autotune()
-        return triton_emulation(dot_precision=self.dot_precision, batched_grid=self.batched_grid)
+        return triton_emulation(dot_precision=self.dot_precision, batched_grid=self.batched_grid,
+                                layouts_dir=self.layouts_dir)
 
     def environment(self) -> Environment:
         from harness.emulation import triton_versions

@@ -78,7 +78,9 @@ BUILTIN = (
             cache_sources=("harness/emulation/**/*.py", "harness/legs/gpu.py")),
     LegSpec("tpu", "candidate", "this project's Pallas kernels: native on a TPU, else interpret mode", "libtpu",
             ("jax",), "pip install -e '.[tpu]'", _builder("harness.legs.tpu", "TpuLeg"),
-            cache_sources=("harness/legs/tpu.py", "harness/compile/tpu_compile.py", "harness/compile/tpu_env.py")),
+            # its interpret mode's grid walk and ref reshapes too (the GPU leg's glob over-includes those: safe)
+            cache_sources=("harness/legs/tpu.py", "harness/compile/tpu_compile.py", "harness/compile/tpu_env.py",
+                           "harness/emulation/pallas_batched.py", "harness/emulation/pallas_refs.py")),
 )
 
 _LEGS: dict[str, LegSpec] = {spec.name: spec for spec in BUILTIN}

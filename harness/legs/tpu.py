@@ -42,8 +42,8 @@ class TpuContext:
     interpret: Any  # None natively, a pltpu.InterpretParams in interpret mode
     mxu_model: bool
     compiler_options: tuple[tuple[str, Any], ...] = ()  # XLA options of the eager run's two programs
-    # interpret mode: the parallel grid axes of each pallas_call in one pass (harness.legs.pallas_batched), the
-    # default; False: jax's per-program interpret mode (the same rows, bit for bit: TPU_GRIDS)
+    # interpret mode: the parallel grid axes of each pallas_call in one pass (harness.emulation.pallas_batched), the
+    # default; False: jax's per-program interpret mode (the same rows, bit for bit: GRIDS)
     batched_grid: bool = False
 
 
@@ -65,23 +65,14 @@ the same matrix library at both levels. Which a TPU's vector unit does is not mo
 # what the loop emitters did to the rows and verdicts when the leg used them).
 
 
-TPU_GRID_ENV = "PARITY_TPU_GRID"
-"""How the emulated TPU leg walks each interpret-mode pallas_call's grid. ``batched`` (the default): the batched
-grid interpreter (:mod:`harness.legs.pallas_batched`: the parallel programs together, each kernel's carry-free part
-before the sequential walk), 3-24x faster on long sequences. ``per-program``: jax's own TPU interpret mode, one
-program after another. Both compile with :data:`INTERPRET_COMPILER_OPTIONS` (XLA:CPU's fusion emitters) and give
-the same rows bit for bit (benchmarks/pallas_grid_rows.py; reports/bench/2026-11-28-default-grid). The rows
-record which ran (settings ``pallas_grid``, and each kernel's plan in the row's details) and are cached apart."""
-TPU_GRIDS = ("batched", "per-program")
-
-
-def tpu_grid_default() -> bool:
-    """Whether :data:`TPU_GRID_ENV` asks for the batched grid, the default (a value outside :data:`TPU_GRIDS` is
-    refused)."""
-    value = os.environ.get(TPU_GRID_ENV, "").strip().lower() or TPU_GRIDS[0]
-    if value not in TPU_GRIDS:
-        raise ValueError(f"{TPU_GRID_ENV}={value!r}: must be one of {', '.join(TPU_GRIDS)}")
-    return value == "batched"
+GRIDS = ("batched", "per-program")
+"""How an emulated leg walks each kernel launch's grid (its ``batched_grid`` keyword; ``parity run --grid``;
+harness.app.settings.LegOptions). ``batched`` (the default): for this leg the batched grid interpreter
+(:mod:`harness.emulation.pallas_batched`: the parallel programs together, each kernel's carry-free part before the
+sequential walk), 3-24x faster on long sequences. ``per-program``: jax's own TPU interpret mode, one program after
+another. Both compile with :data:`INTERPRET_COMPILER_OPTIONS` (XLA:CPU's fusion emitters) and give the same rows
+bit for bit (benchmarks/pallas_grid_rows.py; reports/bench/2026-11-28-default-grid). The rows record which ran
+(settings ``pallas_grid``, and each kernel's plan in the row's details) and are cached apart."""
 
 
 CLEAR_ABOVE = 0.25
@@ -173,16 +164,16 @@ def _stages(binding, case: Case, ctx: TpuContext, diff_names: tuple[str, ...]):
     def backward(vjp, cotangents):
         return vjp(cotangents)
 
-    plans: list = []  # how each interpret-mode pallas_call ran (harness.legs.pallas_batched.KernelPlan)
+    plans: list = []  # how each interpret-mode pallas_call ran (harness.emulation.pallas_batched.KernelPlan)
     if not ctx.compiler_options:
         return outputs_of, forward_vjp, backward, plans
     fns = (outputs_of, forward_vjp, backward)
     if ctx.batched_grid:
-        from .pallas_batched import batched_interpret
+        from harness.emulation.pallas_batched import batched_interpret
 
         fns = tuple(batched_interpret(f, plans) for f in fns)
     else:  # jax's per-program interpret mode, its kernels' sums in the batched grid's order
-        from .pallas_batched import pinned_sums
+        from harness.emulation.pallas_batched import pinned_sums
 
         fns = tuple(pinned_sums(f) for f in fns)
     options = dict(ctx.compiler_options)
@@ -191,8 +182,8 @@ def _stages(binding, case: Case, ctx: TpuContext, diff_names: tuple[str, ...]):
 
 def kernel_grids(binding, case: Case, ctx: TpuContext, diff_names: tuple[str, ...]) -> list[str]:
     """``"<kernel>: <how its grid ran>"`` for each interpret-mode pallas_call of the case's programs (traced by
-    then): batched over which axes, or per program and why (:func:`harness.legs.pallas_batched.plan_rows`)."""
-    from .pallas_batched import plan_rows
+    then): batched over which axes, or per program and why (:func:`harness.emulation.pallas_batched.plan_rows`)."""
+    from harness.emulation.pallas_batched import plan_rows
 
     return [f"{name}: {how}" for name, how in plan_rows(_stages(binding, case.replace(seed=0), ctx, diff_names)[3])]
 
@@ -238,12 +229,12 @@ class TpuLeg(Leg):
     source_closure = True  # the kernels are this repository's: a cached output is keyed by all they import
 
     def __init__(self, force_interpret: bool = False, compile_targets: tuple[str, ...] | None = None,
-                 batched_grid: bool | None = None):
-        """``batched_grid`` (emulated runs): the batched grid interpreter (True) or jax's per-program interpret
-        mode (False); None reads :data:`TPU_GRID_ENV`."""
+                 batched_grid: bool = True):
+        """``batched_grid`` (emulated runs): the batched grid interpreter (True, the default) or jax's
+        per-program interpret mode (False): :data:`GRIDS`."""
         from harness.compile.tpu_compile import LEG_DEFAULT_TARGETS, parse_targets
 
-        self.batched_grid = tpu_grid_default() if batched_grid is None else bool(batched_grid)
+        self.batched_grid = bool(batched_grid)
 
         self.native = tpu_available() and not force_interpret
         targets = LEG_DEFAULT_TARGETS if compile_targets is None else tuple(compile_targets)
@@ -296,7 +287,7 @@ class TpuLeg(Leg):
         if ctx.compiler_options:
             settings["xla_compiler_options"] = dict(ctx.compiler_options)
         if ctx.compiler_options:  # interpret mode: which grid interpreter ran
-            settings["pallas_grid"] = ("parallel axes batched (harness.legs.pallas_batched)" if ctx.batched_grid
+            settings["pallas_grid"] = ("parallel axes batched (harness.emulation.pallas_batched)" if ctx.batched_grid
                                        else "per program (jax's TPU interpret mode)")
         if not self.native:
             settings["compile_targets"] = ",".join(self.compile_targets)

@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.core.results import atomic_write_bytes, atomic_write_text, write_csv
-from harness.report.peer_table import _md_table
+from harness.report.peer_table import md_table
 
 _MARK = {"pass": ("o", "tab:blue"), "fail": ("X", "tab:red"), "inconclusive": ("D", "tab:orange")}
 
@@ -106,9 +106,9 @@ def write(out: Path, table: pd.DataFrame, versions: list[dict], crossings: list[
           f"{meta['what']}", "",
           f"Command: `{meta['command']}`", "",
           "## First crossing of each comparison", "", *words, "",
-          "## Versions", "", "\n".join(_md_table(state)), "",
+          "## Versions", "", "\n".join(md_table(state)), "",
           "## Ratio to the baseline and verdict, per version (rel_l2; `ratio verdict`)", "",
-          "\n".join(_md_table(grid)), "", "![ratio over versions](history.png)", ""]
+          "\n".join(md_table(grid)), "", "![ratio over versions](history.png)", ""]
     if meta.get("notes"):
         md[4:4] = ["Notes: " + "; ".join(meta["notes"]), ""]
     atomic_write_text(out / "history.md", "\n".join(md))

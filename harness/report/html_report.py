@@ -38,7 +38,7 @@ from matplotlib.patches import Rectangle
 from harness.core.results import atomic_write_bytes, atomic_write_text, provenance_line
 
 from harness.judge.gate import side_labels
-from harness.report.reports import _fmt, eps_labels, gate_notes
+from harness.report.reports import fmt, eps_labels, gate_notes
 if TYPE_CHECKING:
     from harness.judge.gate import GateResult
 
@@ -246,9 +246,9 @@ $rows
 def _row_html(r: dict) -> str:
     cells = [f"<td><code>{html.escape(str(r['case_id']))}</code></td>", f"<td>{html.escape(str(r['tensor']))}</td>",
              f"<td>{html.escape(str(r['metric']))}</td>",
-             *(f'<td class="num">{html.escape(_fmt(r[c]))}</td>' for c in ("eps_gpu", "eps_tpu", "ratio")),
+             *(f'<td class="num">{html.escape(fmt(r[c]))}</td>' for c in ("eps_gpu", "eps_tpu", "ratio")),
              f'<td class="verdict">{html.escape(str(r["verdict"]))}</td>',
-             f"<td>{html.escape(_fmt(r['reason']))}</td>", f"<td><code>{html.escape(_fmt(r['repro']))}</code></td>"]
+             f"<td>{html.escape(fmt(r['reason']))}</td>", f"<td><code>{html.escape(fmt(r['repro']))}</code></td>"]
     css = ' class="fail"' if r["verdict"] in ("fail", "inconclusive") else ""
     return f"<tr{css}>{''.join(cells)}</tr>"
 

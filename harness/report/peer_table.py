@@ -57,7 +57,7 @@ STACK = ("jax", "libtpu")
 FINDINGS = "findings.toml"
 
 
-def _result_file(folder: Path, stem: str) -> Path | None:
+def result_file(folder: Path, stem: str) -> Path | None:
     return next((p for p in (folder / f"{stem}.csv", folder / f"{stem}.csv.gz") if p.exists()), None)
 
 
@@ -97,7 +97,7 @@ def all_rows(root: Path, policy: Policy, native: pd.DataFrame | None = None) -> 
     inputs, else its own."""
     tables = []
     for folder in report_folders(root):
-        own = read_table(_result_file(folder, default_leg("baseline")))
+        own = read_table(result_file(folder, default_leg("baseline")))
         baseline = own if native is None else baseline_of_record(own, native)
         candidates = candidate_frames(folder)
         if not candidates:
@@ -252,7 +252,7 @@ def tables(root: Path, policy: Policy, native: pd.DataFrame | None = None) -> di
         names).dropna(how="all").reset_index(), "findings": found}
 
 
-def _md_table(frame: pd.DataFrame) -> list[str]:
+def md_table(frame: pd.DataFrame) -> list[str]:
     cols = list(frame.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in frame.itertuples(index=False):
@@ -277,11 +277,11 @@ share a case, the newest one's rows count. Definitions: `harness/report/peer_tab
 def markdown(t: dict[str, pd.DataFrame]) -> str:
     lines = [HEAD]
     for op, frame in t["ops"].groupby("op", sort=True):
-        lines += [f"## {op}", ""] + _md_table(frame.drop(columns="op")) + [""]
+        lines += [f"## {op}", ""] + md_table(frame.drop(columns="op")) + [""]
     lines += ["## Compiled for real TPUs", "",
               "Cases each candidate ran (not refused); how many of them compiled for each target (libtpu, "
               "deviceless); the Pallas kernels per case (Mosaic's count, else the count traced: a case with none "
-              "ran plain JAX or XLA); the jax and libtpu its rows ran on.", ""] + _md_table(t["compile"]) + [""]
+              "ran plain JAX or XLA); the jax and libtpu its rows ran on.", ""] + md_table(t["compile"]) + [""]
     lines += ["## Located findings", ""]
     counts = t["findings"].groupby("candidate").size()
     lines += [", ".join(f"{c}: {n}" for c, n in counts.items()) + "." if len(counts) else "None declared.", ""]

@@ -16,7 +16,7 @@ from harness.core.status import NO_GRADIENT
 
 
 # ------------------------------------------------------------- the gate's report
-def _fmt(x) -> str:
+def fmt(x) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA:
         return ""
     if isinstance(x, float):
@@ -166,8 +166,8 @@ def markdown(result: GateResult) -> str:
         lines += ["", "### Failures", "", f"| case | tensor | metric | {eb} | {ec} | ratio | reason | repro |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in fails.to_dict("records"):
-            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {_fmt(r['eps_gpu'])} | "
-                         f"{_fmt(r['eps_tpu'])} | {_fmt(r['ratio'])} | {r['reason']} | `{_fmt(r['repro'])}` |")
+            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {fmt(r['eps_gpu'])} | "
+                         f"{fmt(r['eps_tpu'])} | {fmt(r['ratio'])} | {r['reason']} | `{fmt(r['repro'])}` |")
     undecided = result.inconclusive
     if len(undecided):
         more = f"`--draws {result.draws_needed}`" if result.draws_needed else "no more draws (the cap)"
@@ -177,8 +177,8 @@ def markdown(result: GateResult) -> str:
                   f"with {more} (`parity all` does so itself).", "",
                   f"| case | tensor | metric | {eb} | {ec} | ratio | draws | reason |", "|---|---|---|---|---|---|---|---|"]
         for r in undecided.to_dict("records"):
-            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {_fmt(r['eps_gpu'])} | "
-                         f"{_fmt(r['eps_tpu'])} | {_fmt(r['ratio'])} | {_fmt(r['draws'])} | {r['reason']} |")
+            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {r['metric']} | {fmt(r['eps_gpu'])} | "
+                         f"{fmt(r['eps_tpu'])} | {fmt(r['ratio'])} | {fmt(r['draws'])} | {r['reason']} |")
     rel = p[p["metric"] == "rel_l2"]
     if len(rel):
         lines += ["", "<details><summary>rel_l2 per case and tensor</summary>", "",
@@ -187,8 +187,8 @@ def markdown(result: GateResult) -> str:
                   "", f"| case | tensor | {eb} | {ec} | ratio | bootstrap bound | TPU MXU cost | verdict |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rel.to_dict("records"):
-            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {_fmt(r['eps_gpu'])} | {_fmt(r['eps_tpu'])} | "
-                         f"{_fmt(r['ratio'])} | {_fmt(r['ratio_lower'])} | {_cost(r.get('tpu_mxu_cost'))} | "
+            lines.append(f"| `{r['case_id']}` | {r['tensor']} | {fmt(r['eps_gpu'])} | {fmt(r['eps_tpu'])} | "
+                         f"{fmt(r['ratio'])} | {fmt(r['ratio_lower'])} | {_cost(r.get('tpu_mxu_cost'))} | "
                          f"{r['verdict']} |")
         lines += ["", "</details>"]
     other = p[(p["metric"] == "status") & (p["verdict"] != "fail")]

@@ -76,12 +76,12 @@ from cases.inputs import Inputs
 from harness.legs.base import Leg, LegOutput
 from harness.ops.base import OpDescriptor
 from harness.core.content_key import files_digest
-from harness.run.reference_cache import META_ENTRY, arrays_checksum, default_cache_dir, entry_metadata
+from harness.run.reference_cache import META_ENTRY, arrays_checksum, entry_metadata
 
 _ROOT = Path(__file__).resolve().parents[2]  # the repository: harness/<stage>/<module>.py
 SUBDIR = "baselines"
 FORMAT = 1
-_COMMON = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/registry.py", "harness/ops/base.py",
+COMMON_SOURCES = ("harness/legs/__init__.py", "harness/legs/base.py", "harness/legs/registry.py", "harness/ops/base.py",
            "harness/ops/serving.py", "cases/case.py")
 """What every cached leg's output depends on; each leg adds its own (``LegSpec.cache_sources``)."""
 
@@ -101,30 +101,28 @@ def cached(leg_name: str) -> bool:
     return spec is not None and bool(spec.cache_sources)
 
 
-def for_leg(leg: Leg, read: bool = True, cache_dir: Path | None | str = "default") -> "BaselineCache | None":
-    """The cache a run of ``leg`` uses (under the caches' root ``cache_dir``: "default" for the default one, None
-    for none, in memory), or None for a leg that is not cached."""
+def for_leg(leg: Leg, read: bool = True, cache_dir: Path | None = None) -> "BaselineCache | None":
+    """The cache a run of ``leg`` uses (under the caches' root ``cache_dir``; None: in memory only), or None for a
+    leg that is not cached."""
     if not cached(leg.name):
         return None
-    directory = "default" if cache_dir == "default" else (Path(cache_dir) / SUBDIR if cache_dir else None)
-    return BaselineCache(leg, directory, read=read)
+    return BaselineCache(leg, under(cache_dir), read=read)
 
 
 class BaselineCacheWarning(UserWarning):
     """A baseline cache entry was not used: it is recomputed and replaced."""
 
 
-def default_directory() -> Path | None:
-    """``<reference cache directory>/baselines``; None when ``PARITY_CACHE_DIR`` is set empty."""
-    base = default_cache_dir()
-    return None if base is None else base / SUBDIR
+def under(cache_dir: Path | None) -> Path | None:
+    """The legs' output cache under the caches' root ``cache_dir`` (``<root>/baselines``); None for none."""
+    return None if cache_dir is None else Path(cache_dir) / SUBDIR
 
 
 def sources_fingerprint(leg: str) -> str:
-    """sha256 of the sources the cached leg ``leg``'s output depends on (:data:`_COMMON` and its own)."""
+    """sha256 of the sources the cached leg ``leg``'s output depends on (:data:`COMMON_SOURCES` and its own)."""
     from harness.legs.registry import leg_spec
 
-    return files_digest(p for pattern in _COMMON + leg_spec(leg).cache_sources for p in _ROOT.glob(pattern))
+    return files_digest(p for pattern in COMMON_SOURCES + leg_spec(leg).cache_sources for p in _ROOT.glob(pattern))
 
 
 def leg_inputs(leg_name: str, cases) -> dict:
@@ -147,7 +145,7 @@ def leg_inputs(leg_name: str, cases) -> dict:
             "bindings": {name: binding_fingerprint(get_op(name), leg) for name in ops}}
 
 
-def _source_file(fn: Callable) -> str | None:
+def source_file(fn: Callable) -> str | None:
     """The file ``fn`` is defined in, through partials and ``functools.wraps`` wrappers in any nesting (a wrapper
     of a partial, as the serving options wrap a descriptor's ``functools.partial``, is the partial's function's)."""
     while True:
@@ -216,7 +214,7 @@ def binding_fingerprint(op: OpDescriptor, leg: Leg) -> str | None:
     lives in this repository (``Leg.source_closure``: the TPU kernels) hashes everything those modules
     import from it too (:func:`source_closure`)."""
     functions = leg.sources(op)
-    files = [_source_file(fn) for fn in functions]
+    files = [source_file(fn) for fn in functions]
     if not files or any(f is None or not os.path.isfile(f) for f in files):
         return None
     if leg.source_closure:
@@ -232,8 +230,8 @@ class BaselineCache:
     """Leg outputs by (case, inputs, environment, sources). ``read=False`` recomputes every run and rewrites
     its entry (``--no-baseline-cache``); ``directory=None`` disables the cache."""
 
-    def __init__(self, leg: Leg, directory: Path | None | str = "default", read: bool = True):
-        self.directory = default_directory() if directory == "default" else (Path(directory) if directory else None)
+    def __init__(self, leg: Leg, directory: Path | None = None, read: bool = True):
+        self.directory = Path(directory) if directory else None
         self.read = read
         self.leg = leg
         from harness.legs.registry import role_of

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.legs.registry import LegSpec, implementations, leg_spec, make_leg, register_implementation
+from harness.legs.tpu import GRIDS
 from harness.run.baseline_cache import for_leg
 from harness.run.reference_cache import ReferenceCache
 from harness.run.runner import Runner
@@ -28,8 +29,16 @@ an interpret-mode case of the production suite here (this project's TPU leg, per
 cases, reports/production)."""
 
 _FLAGS = {"method": "--ref-method", "compute_dtype": "--ref-dtype", "dot_precision": "--dot-precision",
-          "compile_targets": "--tpu-targets"}
+          "compile_targets": "--tpu-targets", "batched_grid": "--grid"}
 """Each leg option's ``parity run`` flag (harness.parser): what :meth:`LegRecipe.command_line` writes."""
+
+
+def _flag_value(value) -> str:
+    """An option's value as its flag takes it: targets joined by commas, a grid by its name (harness.legs.tpu.GRIDS:
+    ``batched`` for True, ``per-program`` for False)."""
+    if isinstance(value, bool):
+        return GRIDS[0] if value else GRIDS[1]
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 def case_timeout(leg: str, given: float | None) -> float | None:
@@ -50,7 +59,7 @@ class LegRecipe:
     options: tuple[tuple[str, Any], ...] = ()  # make_leg's keywords, sorted by name
     suite: str = ""  # the rows' suite column
     reference_cache: Path | None = None  # the goldens' cache directory (None: in memory)
-    cache_dir: Path | None | str = "default"  # the caches' root, the leg's output cache under it (None: none)
+    cache_dir: Path | None = None  # the caches' root: the leg's output cache and its own under it (None: none)
     leg_cache: bool = True  # use the leg's output cache, where it has one
     read_cache: bool = True  # read that cache (False: recompute, rewrite the entries)
     timeout: float | None = None  # seconds a case may run, in a worker of its own (0: no limit); None: in process
@@ -83,6 +92,7 @@ class LegRecipe:
         over ``reference_cache`` (default: one at the recipe's directory), its rows' suite column, and the leg's
         output cache where the recipe uses one."""
         made = make_leg(self.name, **self.keywords)
+        made.keep_caches_under(self.cache_dir)
         cache = for_leg(made, read=self.read_cache, cache_dir=self.cache_dir) if self.leg_cache else None
         return Runner(made, reference_cache or ReferenceCache(self.reference_cache), suite=self.suite,
                       leg_cache=cache)
@@ -100,7 +110,7 @@ class LegRecipe:
         flags = []
         for key, value in self.options:
             if value is not None:
-                flags += [_FLAGS[key], ",".join(value) if isinstance(value, tuple) else str(value)]
+                flags += [_FLAGS[key], _flag_value(value)]
         if self.timeout is not None and self.timeout != case_timeout(self.name, None):
             flags += ["--case-timeout", f"{self.timeout:g}"]
         return [python, "-m", "harness.cli", "run", "--backend", self.name, "--out", str(out),

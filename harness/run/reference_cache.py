@@ -35,7 +35,6 @@ from cases.inputs import Inputs
 from harness.ops.base import OpDescriptor, call_k_first, state_k_first
 from harness.ops.reductions import magnitude_name, magnitudes, reduction_of
 from harness.core.content_key import files_digest
-from harness.core.cache_dir import default_cache_dir  # noqa: F401  (the one rule; callers import it here too)
 
 _ROOT = Path(__file__).resolve().parents[2]  # the repository: harness/<stage>/<module>.py
 # what a golden result depends on besides its inputs: the references, and the descriptors that call them
@@ -120,8 +119,9 @@ def expected_names(op: OpDescriptor, case: Case) -> list[str]:
 
 
 class ReferenceCache:
-    def __init__(self, directory: Path | None | str = "default"):
-        self.directory = default_cache_dir() if directory == "default" else (Path(directory) if directory else None)
+    def __init__(self, directory: Path | None = None):
+        """Goldens kept in memory, and under ``directory`` on disk when given (the front's cache root)."""
+        self.directory = Path(directory) if directory else None
         self._memory: dict[str, dict[str, np.ndarray]] = {}
         self._fingerprint = _references_fingerprint()
         self.hits = 0

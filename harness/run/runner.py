@@ -77,7 +77,7 @@ def repro(leg: str, case_id: str) -> str:
 EMBEDDED_TRACEBACK = "Traceback (most recent call last):"
 
 
-def _short_error(exc: BaseException) -> str:
+def short_error(exc: BaseException) -> str:
     """The exception's type and message on one line, plus where in our code it surfaced. An error that carries
     the traceback of another raised inside a callback (jax's ``CpuCallback error``, e.g. a check of Pallas's TPU
     interpreter) is named by that one's last line, which says what happened."""
@@ -104,7 +104,7 @@ PLATFORM_NOTE = ("; this is the library's own device check, not the case: it ask
                  "reference in its place: docs/legs.md#a-library-that-checks-its-device")
 
 
-def _platform_refusal(message: str, mode: str) -> str:
+def platform_refusal(message: str, mode: str) -> str:
     """``message``, with :data:`PLATFORM_NOTE` after it when it is a library's refusal of the CPU an emulated
     (``mode``) run found; on a real device such a refusal is the library's word on that device, kept as it is."""
     return message + PLATFORM_NOTE if mode == "emulated" and PLATFORM_CHECK.search(message) else message
@@ -226,7 +226,7 @@ class Runner:
             op.validate(case)
             inputs = make_inputs(case, op.inputs(case))
         except Exception as exc:  # noqa: BLE001 - an invalid case is rows, never an abort
-            raise Refusal(op, Status.ERROR, f"invalid case: {_short_error(exc)}",
+            raise Refusal(op, Status.ERROR, f"invalid case: {short_error(exc)}",
                           **{TRACEBACK: _traceback(exc)}) from None
         try:
             reason = self.leg.supports(op, case)
@@ -235,10 +235,10 @@ class Runner:
             # the TPU-side legs ask the kernels by tracing the binding's forward: say so when that is what raised
             what = ("forward failed while tracing for the refusal check"
                     if binding is not None and _raised_through(exc, binding.forward) else "supports failed")
-            raise Refusal(op, Status.ERROR, f"{what}: {_short_error(exc)}", input_sha256=inputs.sha256,
+            raise Refusal(op, Status.ERROR, f"{what}: {short_error(exc)}", input_sha256=inputs.sha256,
                           **{TRACEBACK: _traceback(exc)}) from None
         if reason:
-            raise Refusal(op, Status.UNSUPPORTED, _platform_refusal(reason, self.provenance["mode"]),
+            raise Refusal(op, Status.UNSUPPORTED, platform_refusal(reason, self.provenance["mode"]),
                           input_sha256=inputs.sha256)
         try:
             self.no_gradient(op, case)
@@ -256,7 +256,7 @@ class Runner:
         try:
             declared = dict(binding.no_gradient(case))
         except Exception as exc:  # noqa: BLE001 - the binding's own bug is the case's error rows
-            raise ValueError(f"the {self.leg.name} binding's no_gradient failed: {_short_error(exc)}") from None
+            raise ValueError(f"the {self.leg.name} binding's no_gradient failed: {short_error(exc)}") from None
         inputs = op.differentiable(case)
         for name, why in declared.items():
             if name not in inputs:
@@ -307,7 +307,7 @@ class Runner:
         try:
             return self.leg.preflight(op, case, inputs)
         except Exception as exc:  # noqa: BLE001
-            return f"preflight failed: {_short_error(exc)}", {}
+            return f"preflight failed: {short_error(exc)}", {}
 
     def _run(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[LegOutput, float]:
         """(the leg's output, its wall time)."""
@@ -316,10 +316,10 @@ class Runner:
             out = self.leg.run(op, case, inputs)
         except NotImplementedError as exc:
             # the kernel's own validation: a valid case this leg does not implement
-            raise Refusal(op, Status.UNSUPPORTED, _platform_refusal(_short_error(exc), self.provenance["mode"]),
+            raise Refusal(op, Status.UNSUPPORTED, platform_refusal(short_error(exc), self.provenance["mode"]),
                           input_sha256=inputs.sha256) from None
         except Exception as exc:  # noqa: BLE001 - a failing case is rows, never an abort
-            raise Refusal(op, Status.ERROR, _platform_refusal(_short_error(exc), self.provenance["mode"]),
+            raise Refusal(op, Status.ERROR, platform_refusal(short_error(exc), self.provenance["mode"]),
                           input_sha256=inputs.sha256,
                           wall_s=time.perf_counter() - t0, **{TRACEBACK: _traceback(exc)}) from None
         return out, time.perf_counter() - t0
@@ -347,7 +347,7 @@ class Runner:
             try:
                 golden = self.cache.get(op, case, inputs)
             except Exception as exc:  # noqa: BLE001
-                raise Refusal(op, Status.ERROR, f"reference failed: {_short_error(exc)}",
+                raise Refusal(op, Status.ERROR, f"reference failed: {short_error(exc)}",
                               **{**common, "input_sha256": inputs.sha256, TRACEBACK: _traceback(exc)}) from None
         except Refusal as r:
             return self._rows_for_all(r.op, case, r.status, r.reason, **r.columns)
@@ -403,7 +403,7 @@ def _backward_error(row: dict, exc: BaseException) -> dict:
     if row["status"] in (Status.NOT_PROVIDED,) and row["reason"].startswith(NO_GRADIENT):
         return row  # declared absent by design: nothing was asked of the backward for it
     return {**row, "status": Status.ERROR, "reason": f"the backward failed after the forward ran: "
-                                                     f"{_short_error(exc)}", TRACEBACK: _traceback(exc)}
+                                                     f"{short_error(exc)}", TRACEBACK: _traceback(exc)}
 
 
 def _preflight_error(row: dict, problem: str) -> dict:

@@ -38,7 +38,7 @@ the inputs, the backward walks the chunks in reverse, recomputes the intra-chunk
 gradient over its input in place.
 
 Shared with kda, imported, not repeated: the chunk step (``dlt``, ``o``, ``S'`` from ``W``, ``U``, ``Aqk``:
-:func:`kernels_tpu.kda.chunk.chunk_step`) and its backward but for the erase side (``chunk_step_grads`` back to
+:func:`kernels_tpu.delta_rule.chunk_step`) and its backward but for the erase side (``chunk_step_grads`` back to
 ``dA``, ``dx`` and ``d(e exp G)``; ``chunk_qkg_grads`` from there to dq, dk, dG), the pair scores and their two
 adjoints (sub-chunked, every exponent <= 0: nothing overflows for any gate), the unit-lower inverse and its
 gradient, the configuration, the dot
@@ -62,9 +62,10 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from kernels_tpu.common import BlockSizes, HeadPadding, Walk, check_limits, final_state, start_state, walk_pass
-from kernels_tpu.kda.chunk import (Config, _chunk_cumsum, _dot, _head_major, _load, _make_config, _pair_cols,
-                                   _pair_rows, _pair_scores, _preprocess, _public_o, _unit_lower_inverse,
-                                   check_options, chunk_qkg_grads, chunk_step, chunk_step_grads)
+from kernels_tpu.call_config import Config, head_major, make_config, public_o
+from kernels_tpu.delta_rule import (chunk_cumsum, chunk_qkg_grads, chunk_step, chunk_step_grads, dot, load, pair_cols,
+                                    pair_rows, pair_scores, preprocess, unit_lower_inverse)
+from kernels_tpu.kda.chunk import check_options
 from kernels_tpu.varlen import Packing
 from op_contract import check_gdn2, gdn2_options, kda_options
 
@@ -74,13 +75,13 @@ F32 = jnp.float32
 # ============================================================ in-kernel maths
 def _intra(q, k, e, x, G, *, scale, bc, policy):
     """Intra-chunk quantities shared by forward and backward: e the erase key b*k, x the gated value w*v."""
-    A = _pair_scores(e, k, G, strict=True, bc=bc, policy=policy)  # erase key of row r against key of row s
-    Tm = _unit_lower_inverse(A, policy=policy)
+    A = pair_scores(e, k, G, strict=True, bc=bc, policy=policy)  # erase key of row r against key of row s
+    Tm = unit_lower_inverse(A, policy=policy)
     eG = jnp.exp(G)
     eg = e * eG
-    W = _dot(Tm, eg, policy=policy)
-    U = _dot(Tm, x, policy=policy)
-    Aqk = scale * _pair_scores(q, k, G, strict=False, bc=bc, policy=policy)
+    W = dot(Tm, eg, policy=policy)
+    U = dot(Tm, x, policy=policy)
+    Aqk = scale * pair_scores(q, k, G, strict=False, bc=bc, policy=policy)
     return A, Tm, eG, eg, W, U, Aqk
 
 
@@ -98,7 +99,7 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, *r
 
     start_state(S_scr, h0_ref, begins)
 
-    q, k, v, G, b, w = map(_load, (q_ref, k_ref, v_ref, G_ref, b_ref, w_ref))
+    q, k, v, G, b, w = map(load, (q_ref, k_ref, v_ref, G_ref, b_ref, w_ref))
     S = S_scr[...]
     hs_ref[...] = S
     _, _, eG, _, W, U, Aqk = _intra(q, k, b * k, w * v, G, scale=cfg.scale, bc=bc, policy=pol)
@@ -120,15 +121,15 @@ def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, hs
 
     start_state(dS_scr, dht_ref, begins)
 
-    q, k, v, G, b, w, do = map(_load, (q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, do_ref))
+    q, k, v, G, b, w, do = map(load, (q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, do_ref))
     e, x = b * k, w * v
     S = hs_ref[...]
     dS = dS_scr[...]
     _, Tm, eG, eg, W, U, Aqk = _intra(q, k, e, x, G, scale=cfg.scale, bc=bc, policy=pol)
     st = chunk_step_grads(q, k, G, S, dS, do, Tm, eG, eg, x, W, U, Aqk, scale=cfg.scale, policy=pol)
     # A = pairs(e, k): row r reads the erase key, column s the key
-    xe = _pair_rows(st.dL, k, G, strict=True, **pairs)
-    yk = _pair_cols(st.dL, e, G, strict=True, **pairs)
+    xe = pair_rows(st.dL, k, G, strict=True, **pairs)
+    yk = pair_cols(st.dL, e, G, strict=True, **pairs)
     de = xe + st.dkw * eG  # eg = e * exp G
     # e = b * k: dk += de * b
     dq, dk, dG = chunk_qkg_grads(q, k, G, S, dS, eG, eg, st, dk_L=yk, dk_kw=de * b, dG_L=e * xe - k * yk,
@@ -241,7 +242,7 @@ def _validate(q, k, v, g, b, w, scale, initial_state, chunk_size, opts: dict, A_
 
 
 NO_BETA = np.zeros((), np.float32)
-"""kda's :func:`~kernels_tpu.kda.chunk._preprocess` also maps kda's beta; gdn2 has none, so it gets this scalar and
+"""kda's :func:`~kernels_tpu.delta_rule.preprocess` also maps kda's beta; gdn2 has none, so it gets this scalar and
 its result is dropped (b and w are used as given, as in fla)."""
 
 
@@ -250,13 +251,13 @@ def _kernel_operands(cfg: Config, q, k, v, g, b, w, initial_state, A_log, dt_bia
     K and V lane-padded (g, b with 0 on the padded key channels, w on the padded value channels), the tokens in
     the walk's rows (zero tokens: the identity), head-major, and G the chunk-local cumulative gate. Returns the
     HeadPadding and (q, k, v, G, b, w, h0)."""
-    q, k, g, _ = _preprocess(q, k, g, NO_BETA, A_log, dt_bias, kda_options(opts))
+    q, k, g, _ = preprocess(q, k, g, NO_BETA, A_log, dt_bias, kda_options(opts))
     pad = HeadPadding.of(q, v)
     rows = cfg.walk.to_rows
-    qh, kh, gh, bh = (_head_major(rows(pad.keys(x))) for x in (q, k, g, b))
-    vh, wh = (_head_major(rows(pad.values(x))) for x in (v, w))
+    qh, kh, gh, bh = (head_major(rows(pad.keys(x))) for x in (q, k, g, b))
+    vh, wh = (head_major(rows(pad.values(x))) for x in (v, w))
     h0 = None if initial_state is None else pad.state(initial_state.astype(F32))
-    return pad, (qh, kh, vh, _chunk_cumsum(gh, cfg.blocks.chunk_size), bh, wh, h0)
+    return pad, (qh, kh, vh, chunk_cumsum(gh, cfg.blocks.chunk_size), bh, wh, h0)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 10))
@@ -264,14 +265,14 @@ def _run(cfg: Config, q, k, v, g, b, w, initial_state, A_log, dt_bias, opts_item
     """Options, layout and the custom-VJP core, jitted (cfg and options static)."""
     pad, operands = _kernel_operands(cfg, q, k, v, g, b, w, initial_state, A_log, dt_bias, dict(opts_items))
     o, ht = _gdn2(cfg, *operands)
-    return _public_o(cfg, pad, o, q), pad.unpad_state(ht)
+    return public_o(cfg, pad, o, q), pad.unpad_state(ht)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 10))
 def _fwd_only(cfg: Config, q, k, v, g, b, w, initial_state, A_log, dt_bias, opts_items: tuple):
     pad, operands = _kernel_operands(cfg, q, k, v, g, b, w, initial_state, A_log, dt_bias, dict(opts_items))
     o, _, ht = _fwd_impl(cfg, *operands)
-    return _public_o(cfg, pad, o, q), pad.unpad_state(ht)
+    return public_o(cfg, pad, o, q), pad.unpad_state(ht)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -285,7 +286,7 @@ def _bwd_only(cfg: Config, opts_items: tuple, primals: dict, do, dht):
 
 
 # ============================================================ public API
-def _setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model, cu_seqlens, options,
+def setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model, cu_seqlens, options,
            f32_precision=None, **grads):
     """Validated config and options; ``grads`` are the backward's cotangents (do, dht) to check too."""
     options = dict(options)
@@ -295,7 +296,7 @@ def _setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_mo
                       cu_seqlens=cu_seqlens, **grads)
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
-    cfg = _make_config(scale, BlockSizes(chunk_size=chunk_size), interpret, mxu_model, q.dtype,
+    cfg = make_config(scale, BlockSizes(chunk_size=chunk_size), interpret, mxu_model, q.dtype,
                        Packing.of(cu_seqlens, q), f32_precision)
     return cfg, tuple(sorted(opts.items())), A_log, dt_bias
 
@@ -326,7 +327,7 @@ def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_st
     Returns:
       (o [B, T, H, V] in q's dtype, ht [N, H, K, V] float32 or None).
     """
-    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model,
+    cfg, opts, A_log, dt_bias = setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model,
                                        cu_seqlens, options)
     o, ht = _run(cfg, q, k, v, g, b, w, initial_state, A_log, dt_bias, opts)
     return o, final_state(ht if output_final_state else None, initial_state)
@@ -337,7 +338,7 @@ def chunk_gdn2_fwd(q, k, v, g, b, w, scale=None, initial_state=None, output_fina
     """Forward only: (o, ht or None), the forward kernel without the VJP machinery. Args as chunk_gdn2, plus
     ``dot_precision`` (one of ``kernels_tpu.mxu.PRECISIONS``, as :func:`kernels_tpu.kda.chunk_kda_fwd`): the
     precision of every f32-operand dot in place of the policy's table."""
-    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model,
+    cfg, opts, A_log, dt_bias = setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model,
                                        cu_seqlens, options, f32_precision=dot_precision)
     o, ht = _fwd_only(cfg, q, k, v, g, b, w, initial_state, A_log, dt_bias, opts)
     return o, final_state(ht if output_final_state else None, initial_state)
@@ -351,7 +352,7 @@ def chunk_gdn2_bwd(q, k, v, g, b, w, do, dht=None, scale=None, initial_state=Non
     Returns dict(dq, dk, dv, dg, db, dw, dh0, dA_log, ddt_bias), each in its input's dtype; dh0 is None without
     initial_state, dA_log / ddt_bias None unless use_gate_in_kernel and given.
     """
-    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model,
+    cfg, opts, A_log, dt_bias = setup(q, k, v, g, b, w, scale, initial_state, chunk_size, interpret, mxu_model,
                                        cu_seqlens, options, do=do, dht=dht)
     K = q.shape[-1]
     H, V = v.shape[2:]

@@ -30,8 +30,10 @@ import jax
 import jax.numpy as jnp
 
 from kernels_tpu.common import check_limits, chunk_rows, final_state
-from kernels_tpu.kda.chunk import _head_major, _make_config, _preprocess, check_options, kernel_layout
-from kernels_tpu.kda.recurrent import BLOCKS, TOKENS, _fwd_impl
+from kernels_tpu.call_config import head_major, make_config
+from kernels_tpu.delta_rule import preprocess
+from kernels_tpu.kda.chunk import check_options, kernel_layout
+from kernels_tpu.kda.recurrent import BLOCKS, TOKENS, recurrent_pass
 from kernels_tpu.varlen import Packing
 from op_contract import check_gdn2, gdn2_options
 
@@ -53,15 +55,15 @@ def _grouped(q, k, v):
 @functools.partial(jax.jit, static_argnums=(0, 10))
 def _run(cfg, q, k, v, g, b, w, initial_state, A_log, dt_bias, opts_items: tuple):
     opts = dict(opts_items)
-    q, k, g, _ = _preprocess(q, k, g, jnp.zeros(q.shape[:3], F32), A_log, dt_bias, {**_NO_OPTIONS, **opts})
+    q, k, g, _ = preprocess(q, k, g, jnp.zeros(q.shape[:3], F32), A_log, dt_bias, {**_NO_OPTIONS, **opts})
     k = k.astype(F32)
     erase = b.astype(F32) * k  # fla's b_bk
     written = w.astype(F32) * v.astype(F32)  # fla's b_w * b_v
     pad, (qh, kh, vh, gh, beta_h, h0) = kernel_layout(cfg, q, k, written, g, jnp.ones(v.shape[:3], F32),
                                                       initial_state, None, None, _NO_OPTIONS)
-    eh = _head_major(cfg.walk.to_rows(pad.keys(erase)))
+    eh = head_major(cfg.walk.to_rows(pad.keys(erase)))
     qh, kh, vh, gh, eh = (x.astype(F32) for x in (qh, kh, vh, gh, eh))
-    o, ht = _fwd_impl(cfg, qh, kh, vh, gh, chunk_rows(beta_h.astype(F32), TOKENS), h0, eh)
+    o, ht = recurrent_pass(cfg, qh, kh, vh, gh, chunk_rows(beta_h.astype(F32), TOKENS), h0, eh)
     return pad.unpad_values(cfg.walk.to_tokens(jnp.swapaxes(o, 1, 2))), pad.unpad_state(ht)
 
 
@@ -83,6 +85,6 @@ def fused_recurrent_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, outpu
     check_limits(qg, dims)
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
-    cfg = _make_config(scale, BLOCKS, interpret, None, q.dtype, Packing.of(cu_seqlens, q))
+    cfg = make_config(scale, BLOCKS, interpret, None, q.dtype, Packing.of(cu_seqlens, q))
     o, ht = _run(cfg, qg, kg, v, g, b, w, initial_state, A_log, dt_bias, tuple(sorted(opts.items())))
     return o.astype(q.dtype), final_state(ht if output_final_state else None, initial_state)

@@ -26,8 +26,10 @@ ht (:class:`kernels_tpu.common.Walk`). The chunk axis is sequential (``"arbitrar
 the f32 state (or its gradient) in VMEM scratch. The forward also writes the chunk-start states
 ``[R, H, NT, K, V]`` (f32), the only residual besides the inputs; the backward walks the chunks in
 reverse through its index maps and recomputes the intra-chunk quantities. The chunk step and its backward but
-for the erase side (:func:`chunk_step`, :func:`chunk_step_grads`, :func:`chunk_qkg_grads`) are gdn2's too
-(:mod:`kernels_tpu.gdn2.chunk`): only how ``L`` is made from the keys differs.
+for the erase side (:func:`~kernels_tpu.delta_rule.chunk_step`, ``chunk_step_grads``, ``chunk_qkg_grads``) are
+gdn2's too (:mod:`kernels_tpu.gdn2.chunk`): only how ``L`` is made from the keys differs. They, the pairwise
+scores and the triangular inverse live in :mod:`kernels_tpu.delta_rule`; the call's configuration and head-major
+layout in :mod:`kernels_tpu.call_config`.
 
 Gate stability (``g <= 0``): every exponential is of a non-positive number. ``exp G``,
 ``exp(G_C - G)`` are <= 1. Pairwise decays are evaluated on sub-chunks of ``sub_chunk`` rows:
@@ -48,245 +50,33 @@ the gate is also a jax op (its gradient, a reverse cumsum, comes from autodiff).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from op_contract import check_kda, kda_options
-from kernels_tpu import mxu
-from kernels_tpu.common import (BlockSizes, HeadPadding, Walk, causal_mask, check_limits, chunk_rows, column_to_row,
-                                final_state, iota, masked_exp, row_to_column, start_state, value_heads, walk_pass)
-from kernels_tpu.interpret import resolve_interpret, resolve_mxu_model
-from kernels_tpu.varlen import ChunkWalk, Packing
+from kernels_tpu.call_config import Config, head_major, make_config, public_o
+from kernels_tpu.common import (BlockSizes, HeadPadding, Walk, check_limits, chunk_rows, column_to_row, final_state,
+                                row_to_column, start_state, value_heads, walk_pass)
+from kernels_tpu.delta_rule import (F32, chunk_cumsum, chunk_qkg_grads, chunk_step,
+                                    chunk_step_grads, dot, load, pair_cols, pair_rows, pair_scores,
+                                    preprocess, unit_lower_inverse)
+from kernels_tpu.varlen import Packing
 
-F32 = jnp.float32
-NN, TN, NT_T = mxu.NN, mxu.TN, mxu.NT_T  # a @ b, a.T @ b, a @ b.T (kernels_tpu.mxu)
-L2NORM_EPS = 1e-6  # as fla l2norm_fwd (its eps when none is given)
-
-
-# ============================================================ configuration
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """Static configuration of one call (hashable: a ``custom_vjp`` nondiff argument)."""
-
-    scale: float
-    blocks: BlockSizes
-    interpret: Any  # False, or a pltpu.InterpretParams
-    mxu_model: bool
-    dtype: str  # the public q/k/v dtype: picks the dot policy
-    packing: Packing  # the public token axis's sequences (cu_seqlens), laid out by self.walk
-    f32_precision: Any = None  # None: the policy's table; the decode path asks for f32-accurate dots
-
-    @property
-    def policy(self) -> mxu.Policy:
-        return mxu.policy_for(self.dtype, self.mxu_model, self.f32_precision)
-
-    @property
-    def walk(self) -> ChunkWalk:
-        """The chunks the kernels walk: packed sequences chunk-aligned in one row, no padding rows."""
-        return ChunkWalk(self.packing, self.blocks.chunk_size)
-
-
-# ============================================================ in-kernel maths
-def _dot(a, b, dims=NN, *, policy: mxu.Policy):
-    """A kernel dot through the one precision policy (operands here are f32: see ``_load``)."""
-    return policy.dot(a, b, dims)
-
-
-def _diag_decay(G_i, strict: bool):
-    """exp(G_r - G_s) on one diagonal sub-chunk, [bc, bc, K]; exponent masked before exp."""
-    mask = causal_mask(G_i.shape[0], strict=strict, trailing=1)
-    return masked_exp(G_i[:, None, :] - G_i[None, :, :], mask)
-
-
-def _pair_scores(a, b, G, *, strict: bool, bc: int, policy: mxu.Policy):
-    """P[r,s] = sum_d a[r,d] b[s,d] exp(G[r,d]-G[s,d]) for s<r (strict) or s<=r, else 0. [C,C]."""
-    C = a.shape[0]
-    rows = []
-    for i in range(C // bc):
-        r0 = i * bc
-        a_i, G_i = a[r0:r0 + bc], G[r0:r0 + bc]
-        parts = []
-        if r0:
-            ref = G[r0:r0 + 1]
-            a_n = a_i * jnp.exp(G_i - ref)
-            b_n = b[:r0] * jnp.exp(ref - G[:r0])
-            parts.append(_dot(a_n, b_n, NT_T, policy=policy))
-        e = _diag_decay(G_i, strict)
-        parts.append(jnp.sum(a_i[:, None, :] * b[r0:r0 + bc][None, :, :] * e, axis=-1))
-        if r0 + bc < C:
-            parts.append(jnp.zeros((bc, C - r0 - bc), F32))
-        rows.append(jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
-    return jnp.concatenate(rows, axis=0)
-
-
-def _pair_rows(dP, b, G, *, strict: bool, bc: int, policy: mxu.Policy):
-    """X[r] = sum_s dP[r,s] b[s] exp(G[r]-G[s]) over the causal pairs. [C,K]."""
-    C = b.shape[0]
-    rows = []
-    for i in range(C // bc):
-        r0 = i * bc
-        G_i = G[r0:r0 + bc]
-        e = _diag_decay(G_i, strict)
-        x = jnp.sum(dP[r0:r0 + bc, r0:r0 + bc][:, :, None] * b[r0:r0 + bc][None, :, :] * e, axis=1)
-        if r0:
-            ref = G[r0:r0 + 1]
-            b_n = b[:r0] * jnp.exp(ref - G[:r0])
-            x = x + _dot(dP[r0:r0 + bc, :r0], b_n, policy=policy) * jnp.exp(G_i - ref)
-        rows.append(x)
-    return jnp.concatenate(rows, axis=0)
-
-
-def _pair_cols(dP, a, G, *, strict: bool, bc: int, policy: mxu.Policy):
-    """Y[s] = sum_r dP[r,s] a[r] exp(G[r]-G[s]) over the causal pairs. [C,K]."""
-    C, K = a.shape
-    diag = []
-    for i in range(C // bc):
-        r0 = i * bc
-        e = _diag_decay(G[r0:r0 + bc], strict)
-        diag.append(jnp.sum(dP[r0:r0 + bc, r0:r0 + bc][:, :, None] * a[r0:r0 + bc][:, None, :] * e, axis=0))
-    y = jnp.concatenate(diag, axis=0)
-    for i in range(1, C // bc):
-        r0 = i * bc
-        ref = G[r0:r0 + 1]
-        a_n = a[r0:r0 + bc] * jnp.exp(G[r0:r0 + bc] - ref)
-        part = _dot(dP[r0:r0 + bc, :r0], a_n, TN, policy=policy) * jnp.exp(ref - G[:r0])
-        y = y + jnp.concatenate([part, jnp.zeros((C - r0, K), F32)], axis=0)
-    return y
-
-
-def inverse_grad(Tm, dTm, *, policy: mxu.Policy):
-    """Gradient through Tm = (I + L)^{-1}: dL = -Tm^T dTm Tm^T (the caller keeps its strictly lower part)."""
-    return -_dot(_dot(Tm, dTm, TN, policy=policy), Tm, NT_T, policy=policy)
-
-
-def _unit_lower_inverse(L, *, policy: mxu.Policy):
-    """(I + L)^{-1} for strictly lower-triangular L by forward substitution, one row per step:
-    row r = e_r - L[r, :] @ Tm (rows >= r of Tm are still those of I, and L[r, s>=r] = 0)."""
-    C = L.shape[0]
-    rid, cid = iota((C, C), 0), iota((C, C), 1)
-    eye = (rid == cid).astype(F32)
-
-    def body(r, Tm):
-        sel = rid == r
-        l_r = jnp.sum(jnp.where(sel, L, 0.0), axis=0, keepdims=True)  # [1, C]
-        e_r = jnp.sum(jnp.where(sel, eye, 0.0), axis=0, keepdims=True)
-        row = e_r - _dot(l_r, Tm, policy=policy)
-        return jnp.where(sel, row, Tm)
-
-    return lax.fori_loop(1, C, body, eye)
-
-
+# ============================================================ kda's intra-chunk quantities
 def _intra(q, k, v, G, beta, *, scale, bc, policy):
     """Intra-chunk quantities shared by forward and backward."""
-    M = _pair_scores(k, k, G, strict=True, bc=bc, policy=policy)
-    Tm = _unit_lower_inverse(beta * M, policy=policy)
+    M = pair_scores(k, k, G, strict=True, bc=bc, policy=policy)
+    Tm = unit_lower_inverse(beta * M, policy=policy)
     eG = jnp.exp(G)
     kbg = beta * k * eG
     vb = beta * v
-    w = _dot(Tm, kbg, policy=policy)
-    u = _dot(Tm, vb, policy=policy)
-    Aqk = scale * _pair_scores(q, k, G, strict=False, bc=bc, policy=policy)
+    w = dot(Tm, kbg, policy=policy)
+    u = dot(Tm, vb, policy=policy)
+    Aqk = scale * pair_scores(q, k, G, strict=False, bc=bc, policy=policy)
     return M, Tm, eG, kbg, vb, w, u, Aqk
-
-
-# ============================================================ the delta-rule chunk step (kda's and gdn2's)
-# kda and gdn2 (kernels_tpu.gdn2.chunk) run the same chunk once their intra-chunk quantities are formed: the
-# decayed erase keys kw and the written values x (kda: beta k exp G and beta v; gdn2: b k exp G and w v), the
-# inverse Tm = (I + L)^{-1}, W = Tm kw and U = Tm x. They differ only in how L is made from the keys, so each
-# kernel does the chain rule back through L and kw itself, between chunk_step_grads and chunk_qkg_grads.
-def chunk_step(q, k, G, S, eG, W, U, Aqk, *, scale, policy: mxu.Policy):
-    """One chunk's output and the state it hands on, from the state S entering it::
-
-        dlt = U - W S                                the new values
-        o   = scale (q * exp G) S + Aqk dlt
-        S'  = exp(G_C) * S + (k * exp(G_C - G))^T dlt
-
-    Returns (o, S')."""
-    C = G.shape[0]
-    dlt = U - _dot(W, S, policy=policy)
-    o = scale * _dot(q * eG, S, policy=policy) + _dot(Aqk, dlt, policy=policy)
-    G_last = G[C - 1:C]  # [1, K]
-    kdec = k * jnp.exp(G_last - G)
-    S_new = jnp.exp(G_last).T * S + _dot(kdec, dlt, TN, policy=policy)
-    return o, S_new
-
-
-class StepGrads(NamedTuple):
-    """:func:`chunk_step_grads`: the gradients the chunk step hands back, and the step's own terms that the key and
-    gate gradients (:func:`chunk_qkg_grads`) reuse rather than recompute."""
-
-    dS_prev: Any  # [K, V] the state entering the chunk
-    dL: Any  # [C, C] through Tm = (I + L)^{-1}, strictly lower
-    dx: Any  # [C, V] Tm^T dU: the written values'
-    dkw: Any  # [C, K] Tm^T dW: the decayed erase keys'
-    dAqk: Any  # [C, C] causal
-    dqg: Any  # [C, K] of qg = q * exp G
-    qg: Any
-    dkdec: Any  # [C, K] of kdec = k * exp(G_C - G)
-    kdec: Any
-    dec_last: Any  # [1, K] exp(G_C)
-
-
-def chunk_step_grads(q, k, G, S, dS, do, Tm, eG, kw, x, W, U, Aqk, *, scale, policy: mxu.Policy) -> StepGrads:
-    """The transposes of :func:`chunk_step` (do, and dS the gradient of the state it hands on), then of
-    U = Tm x, W = Tm kw and Tm = (I + L)^{-1}: up to dL, dx and dkw, where the two ops part."""
-    pol = policy
-    C = G.shape[0]
-    dlt = U - _dot(W, S, policy=pol)
-    G_last = G[C - 1:C]
-    dec_last = jnp.exp(G_last)  # [1, K]
-    kdec = k * jnp.exp(G_last - G)
-    qg = q * eG
-
-    # o = scale qg S + Aqk dlt ;  S' = dec_last^T * S + kdec^T dlt
-    d_dlt = _dot(Aqk, do, TN, policy=pol) + _dot(kdec, dS, policy=pol)  # Aqk^T do + kdec dS'
-    dAqk = jnp.where(causal_mask(C), _dot(do, dlt, NT_T, policy=pol), 0.0)
-    dqg = scale * _dot(do, S, NT_T, policy=pol)
-    dkdec = _dot(dlt, dS, NT_T, policy=pol)
-    # dlt = U - W S
-    dW = -_dot(d_dlt, S, NT_T, policy=pol)
-    dS_prev = (scale * _dot(qg, do, TN, policy=pol) + dec_last.T * dS
-               - _dot(W, d_dlt, TN, policy=pol))
-    # U = Tm x, W = Tm kw
-    dTm = _dot(d_dlt, x, NT_T, policy=pol) + _dot(dW, kw, NT_T, policy=pol)
-    dx = _dot(Tm, d_dlt, TN, policy=pol)  # Tm^T dU
-    dkw = _dot(Tm, dW, TN, policy=pol)  # Tm^T dW
-    # Tm = (I + L)^{-1}  ->  dL = -Tm^T dTm Tm^T (strictly lower part)
-    dL = jnp.where(causal_mask(C, strict=True), inverse_grad(Tm, dTm, policy=pol), 0.0)
-    return StepGrads(dS_prev, dL, dx, dkw, dAqk, dqg, qg, dkdec, kdec, dec_last)
-
-
-def chunk_qkg_grads(q, k, G, S, dS, eG, kw, st: StepGrads, *, dk_L, dk_kw, dG_L, scale, bc: int,
-                    policy: mxu.Policy):
-    """dq, dk, dG: the query side (Aqk = scale pairs(q, k)) and the step's terms around the op's own, dk_L and
-    dG_L (back through L) and dk_kw (back through kw)::
-
-        dk = dk_L + yq + dk_kw + dkdec * exp(G_C - G)
-        dG = dG_L + q * xq - k * yq + dkw * kw + dqg * qg - dkdec * kdec   (+ through G_C, on the last row)
-
-    The sums run left to right in this order: the op's terms first, so each kernel's rounding is its own."""
-    C = G.shape[0]
-    dP = scale * st.dAqk
-    xq = _pair_rows(dP, k, G, strict=False, bc=bc, policy=policy)
-    yq = _pair_cols(dP, q, G, strict=False, bc=bc, policy=policy)
-    G_last = G[C - 1:C]
-    dq = xq + st.dqg * eG
-    dk = dk_L + yq + dk_kw + st.dkdec * jnp.exp(G_last - G)
-    dG = dG_L + q * xq - k * yq + st.dkw * kw + st.dqg * st.qg - st.dkdec * st.kdec
-    dG_last = (jnp.sum(st.dkdec * st.kdec, axis=0, keepdims=True)
-               + st.dec_last * jnp.sum(S * dS, axis=1, keepdims=True).T)
-    dG = dG + jnp.where(iota((C, 1), 0) == C - 1, dG_last, 0.0)
-    return dq, dk, dG
-
-
-def _load(ref):
-    return ref[...].astype(F32)
 
 
 # ============================================================ kernels
@@ -303,7 +93,7 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, *refs,
 
     start_state(S_scr, h0_ref, begins)
 
-    q, k, v, G, beta = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref))
+    q, k, v, G, beta = map(load, (q_ref, k_ref, v_ref, G_ref, beta_ref))
     beta = row_to_column(beta)
     S = S_scr[...]
     hs_ref[...] = S
@@ -326,7 +116,7 @@ def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref
 
     start_state(dS_scr, dht_ref, begins)
 
-    q, k, v, G, beta, do = map(_load, (q_ref, k_ref, v_ref, G_ref, beta_ref, do_ref))
+    q, k, v, G, beta, do = map(load, (q_ref, k_ref, v_ref, G_ref, beta_ref, do_ref))
     beta = row_to_column(beta)
     S = hs_ref[...]
     dS = dS_scr[...]
@@ -336,8 +126,8 @@ def _bwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, G_ref, beta_ref, hs_ref
     dbeta = jnp.sum(st.dL * M, axis=1, keepdims=True)
     dM = beta * st.dL
     # M = pairs(k, k): k is both sides of every pair
-    xk = _pair_rows(dM, k, G, strict=True, **pairs)
-    yk = _pair_cols(dM, k, G, strict=True, **pairs)
+    xk = pair_rows(dM, k, G, strict=True, **pairs)
+    yk = pair_cols(dM, k, G, strict=True, **pairs)
     # kbg = beta * k * exp G: dk gets beta exp G dkbg (its beta and G sides: dbeta below, dG in chunk_qkg_grads)
     dq, dk, dG = chunk_qkg_grads(q, k, G, S, dS, eG, kbg, st, dk_L=xk + yk, dk_kw=beta * eG * st.dkw,
                                  dG_L=k * (xk - yk), scale=cfg.scale, **pairs)
@@ -464,61 +254,18 @@ def check_options(opts: dict) -> None:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
 
 
-def _make_config(scale, blocks: BlockSizes, interpret, mxu_model, dtype, packing: Packing,
-                 f32_precision=None) -> Config:
-    interpret = resolve_interpret(interpret)
-    mxu_model = resolve_mxu_model(mxu_model, interpret)
-    mxu.policy_for(dtype, mxu_model, f32_precision)  # a bad precision is a ValueError before tracing
-    return Config(scale=scale, blocks=blocks, interpret=interpret,
-                  mxu_model=mxu_model, dtype=jnp.dtype(dtype).name, packing=packing, f32_precision=f32_precision)
-
-
-def _preprocess(q, k, g, beta, A_log, dt_bias, opts):
-    """fla's in-kernel options as float32 jax ops (differentiable)."""
-    if opts["use_qk_l2norm_in_kernel"]:
-        # cast once: two casts of x would round two cotangent parts to x.dtype separately
-        q, k = (xf * lax.rsqrt(jnp.sum(xf * xf, -1, keepdims=True) + L2NORM_EPS)
-                for xf in (q.astype(F32), k.astype(F32)))
-    g = g.astype(F32)
-    if opts["use_gate_in_kernel"]:
-        H, K = g.shape[-2:]
-        x = g if dt_bias is None else g + dt_bias.astype(F32).reshape(H, K)
-        if opts["lower_bound"] is None:
-            g = -jnp.exp(A_log.astype(F32)).reshape(H, 1) * jax.nn.softplus(x)
-        else:
-            if A_log is not None:
-                x = jnp.exp(A_log.astype(F32)).reshape(H, 1) * x
-            g = opts["lower_bound"] * jax.nn.sigmoid(x)
-    beta = beta.astype(F32)
-    if opts["use_beta_sigmoid_in_kernel"]:
-        beta = jax.nn.sigmoid(beta) * (2.0 if opts["allow_neg_eigval"] else 1.0)
-    return q, k, g, beta
-
-
-def _head_major(x):
-    """Kernel rows [R,L,H,...] -> [R,H,L,...]. fp16 is widened to f32: Mosaic loads no fp16."""
-    (x,) = mxu.widen_fp16(x)
-    return jnp.swapaxes(x, 1, 2)
-
-
-def _chunk_cumsum(g, C):
-    """Chunk-local inclusive cumsum over T of head-major g [B,H,T,K]."""
-    B, H, T, K = g.shape
-    return jnp.cumsum(g.reshape(B, H, T // C, C, K), axis=3).reshape(B, H, T, K)
-
-
 def kernel_layout(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: dict):
     """Options applied (public tokens, true K), then the layout every kda kernel walks: K and V lane-padded (g
     with 0: decay 1), the tokens in the walk's rows (whole chunks; zero tokens with g = 0 and beta = 0 leave the
     state unchanged, so the padding is exact), head-major. Returns the HeadPadding that slices results back and
     (q, k, v, g [R,H,T,K|V], beta [R,H,T], h0)."""
-    q, k, g, beta = _preprocess(q, k, g, beta, A_log, dt_bias, opts)
+    q, k, g, beta = preprocess(q, k, g, beta, A_log, dt_bias, opts)
     q, k = (value_heads(x, v) for x in (q, k))
     pad = HeadPadding.of(q, v)
     rows = cfg.walk.to_rows
-    qh, kh, vh, gh = (_head_major(rows(x)) for x in (pad.keys(q), pad.keys(k), pad.values(v), pad.keys(g)))
+    qh, kh, vh, gh = (head_major(rows(x)) for x in (pad.keys(q), pad.keys(k), pad.values(v), pad.keys(g)))
     h0 = None if initial_state is None else pad.state(initial_state.astype(F32))
-    return pad, (qh, kh, vh, gh, _head_major(rows(beta)), h0)
+    return pad, (qh, kh, vh, gh, head_major(rows(beta)), h0)
 
 
 def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: dict):
@@ -526,12 +273,7 @@ def _kernel_operands(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bia
     rows: the HeadPadding and (q, k, v, G, beta, h0)."""
     C = cfg.blocks.chunk_size
     pad, (qh, kh, vh, gh, beta_h, h0) = kernel_layout(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
-    return pad, (qh, kh, vh, _chunk_cumsum(gh, C), chunk_rows(beta_h, C), h0)
-
-
-def _public_o(cfg: Config, pad: HeadPadding, o, like):
-    """Head-major kernel rows of o -> [B, T, H, V]: real tokens, true V, in the dtype of ``like`` (q)."""
-    return pad.unpad_values(cfg.walk.to_tokens(jnp.swapaxes(o, 1, 2))).astype(like.dtype)
+    return pad, (qh, kh, vh, chunk_cumsum(gh, C), chunk_rows(beta_h, C), h0)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9))
@@ -539,11 +281,11 @@ def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_item
     """Options, layout and the custom-VJP core, jitted (cfg and options static)."""
     pad, operands = _kernel_operands(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, dict(opts_items))
     o, ht = _kda(cfg, *operands)
-    return _public_o(cfg, pad, o, q), pad.unpad_state(ht)
+    return public_o(cfg, pad, o, q), pad.unpad_state(ht)
 
 
 # ============================================================ public API
-def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, cu_seqlens, options,
+def setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_model, cu_seqlens, options,
            f32_precision=None, blocks=None, **grads):
     """Validated config and options; ``grads`` are the backward's cotangents (do, dht) to check too; ``blocks``
     the tiling when it is not the chunk kernels' (chunk_size then gives the tokens per grid step)."""
@@ -555,7 +297,7 @@ def _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret, mxu_mo
     if not opts["use_gate_in_kernel"]:
         A_log = dt_bias = None  # ignored without the in-kernel gate, as in fla
     blocks = BlockSizes(chunk_size=chunk_size) if blocks is None else blocks
-    cfg = _make_config(scale, blocks, interpret, mxu_model, q.dtype, Packing.of(cu_seqlens, q), f32_precision)
+    cfg = make_config(scale, blocks, interpret, mxu_model, q.dtype, Packing.of(cu_seqlens, q), f32_precision)
     return cfg, tuple(sorted(opts.items())), A_log, dt_bias
 
 
@@ -589,7 +331,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Returns:
       (o [B, T, HV, V] in q's dtype (as fla), ht [N, HV, K, V] float32 or None).
     """
-    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
+    cfg, opts, A_log, dt_bias = setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
                                        mxu_model, cu_seqlens, options)
     o, ht = _run(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
     return o, final_state(ht if output_final_state else None, initial_state)
@@ -601,7 +343,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final
     ``dot_precision`` (one of ``kernels_tpu.mxu.PRECISIONS``): the precision of every f32-operand dot in place
     of the policy's table. The decode path asks for ``HIGHEST``: fla decodes with float32 elementwise products,
     which a bf16x3 dot of the carried state does not match (docs/precision.md)."""
-    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
+    cfg, opts, A_log, dt_bias = setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
                                        mxu_model, cu_seqlens, options, f32_precision=dot_precision)
     o, ht = _fwd_only(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
     return o, final_state(ht if output_final_state else None, initial_state)
@@ -611,7 +353,7 @@ def chunk_kda_fwd(q, k, v, g, beta, scale=None, initial_state=None, output_final
 def _fwd_only(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_items: tuple):
     pad, operands = _kernel_operands(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, dict(opts_items))
     o, _, ht = _fwd_impl(cfg, *operands)
-    return _public_o(cfg, pad, o, q), pad.unpad_state(ht)
+    return public_o(cfg, pad, o, q), pad.unpad_state(ht)
 
 
 def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None, chunk_size=64,
@@ -622,7 +364,7 @@ def chunk_kda_bwd(q, k, v, g, beta, do, dht=None, scale=None, initial_state=None
     Returns dict(dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias), each in its input's dtype;
     dh0 is None without initial_state, dA_log / ddt_bias None unless use_gate_in_kernel and given.
     """
-    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
+    cfg, opts, A_log, dt_bias = setup(q, k, v, g, beta, scale, initial_state, chunk_size, interpret,
                                        mxu_model, cu_seqlens, options, do=do, dht=dht)
     K = q.shape[-1]
     HV, V = v.shape[2:]

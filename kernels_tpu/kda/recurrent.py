@@ -46,7 +46,8 @@ from jax.experimental import pallas as pl
 from kernels_tpu import eft
 from kernels_tpu.common import (SUBLANES, BlockSizes, Walk, chunk_rows, final_state, iota, row_to_column, start_state,
                                 walk_pass)
-from kernels_tpu.kda.chunk import Config, _setup, kernel_layout
+from kernels_tpu.call_config import Config
+from kernels_tpu.kda.chunk import kernel_layout, setup
 
 F32 = jnp.float32
 TOKENS = SUBLANES
@@ -93,7 +94,7 @@ def _fwd_kernel(slot_ref, edge_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, *refs,
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _fwd_impl(cfg: Config, q, k, v, g, beta, h0, e=None):
+def recurrent_pass(cfg: Config, q, k, v, g, beta, h0, e=None):
     """Head-major float32 kernel rows: q, k, g [R,H,T,K]; v [R,H,T,V]; beta [R,H,NT,1,TOKENS]; h0 [N,H,K,V] or
     None; e [R,H,T,K], the erase keys, or None (the keys). Returns o [R,H,T,V] and ht [N,H,K,V], float32."""
     R, H, T, K = q.shape
@@ -121,7 +122,7 @@ def _run(cfg: Config, q, k, v, g, beta, initial_state, A_log, dt_bias, opts_item
     pad, (qh, kh, vh, gh, beta_h, h0) = kernel_layout(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias,
                                                       dict(opts_items))
     qh, kh, vh, gh = (x.astype(F32) for x in (qh, kh, vh, gh))
-    o, ht = _fwd_impl(cfg, qh, kh, vh, gh, chunk_rows(beta_h.astype(F32), TOKENS), h0)
+    o, ht = recurrent_pass(cfg, qh, kh, vh, gh, chunk_rows(beta_h.astype(F32), TOKENS), h0)
     return pad.unpad_values(cfg.walk.to_tokens(jnp.swapaxes(o, 1, 2))).astype(q.dtype), pad.unpad_state(ht)
 
 
@@ -133,7 +134,7 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
     initial_state [N,HV,K,V] (float32, or a state cache's bf16/fp16: ht comes back in its dtype,
     kernels_tpu.common.final_state); cu_seqlens; fla's in-kernel options), without a chunk size or an MXU
     model: the kernel has no chunks and no dots. o is rounded once from float32 to q's dtype, as fla's."""
-    cfg, opts, A_log, dt_bias = _setup(q, k, v, g, beta, scale, initial_state, TOKENS, interpret, None,
+    cfg, opts, A_log, dt_bias = setup(q, k, v, g, beta, scale, initial_state, TOKENS, interpret, None,
                                        cu_seqlens, options, blocks=BLOCKS)
     o, ht = _run(cfg, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
     return o, final_state(ht if output_final_state else None, initial_state)

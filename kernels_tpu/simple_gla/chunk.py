@@ -340,8 +340,8 @@ _chunk_simple_gla = differentiable(lambda cfg: 1, backward)
 
 
 # ============================================================ public API
-def _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-            *, do=None, dht=None, num_steps=1, cu_seqlens=None):
+def resolve_config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
+                   *, do=None, dht=None, num_steps=1, cu_seqlens=None):
     scale, blocks = validate(q, k, v, g, g_gamma, scale, initial_state, chunk_size, num_steps=num_steps, do=do,
                              dht=dht, cu_seqlens=cu_seqlens)
     return make_config(q, g, g_gamma, scale, blocks, output_final_state, interpret, mxu_model, cu_seqlens)
@@ -371,8 +371,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     Returns:
       (o [B, T, H, V] in the input dtype, ht [N, H, K, V] float32 or None).
     """
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  cu_seqlens=cu_seqlens)
+    cfg = resolve_config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret,
+                         mxu_model, cu_seqlens=cu_seqlens)
     o, ht = _chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
     return o, final_state(ht, initial_state)
 
@@ -380,8 +380,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
 def chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
                          chunk_size=64, interpret=None, mxu_model=None, *, cu_seqlens=None):
     """Forward only (no VJP): (o [B, T, H, V], ht [N, H, K, V] f32 or None). Args as chunk_simple_gla."""
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  cu_seqlens=cu_seqlens)
+    cfg = resolve_config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret,
+                         mxu_model, cu_seqlens=cu_seqlens)
     o, ht = forward(cfg, 1, q, k, v, g, g_gamma, initial_state)
     return o, final_state(ht, initial_state)
 
@@ -395,6 +395,6 @@ def chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None
     dg [B, T, H] f32 (g only), dg_gamma [H] f32 (g_gamma only), dh0 [N, H, K, V] f32
     (initial_state only)); entries that do not apply are None.
     """
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret, mxu_model,
-                  do=do, dht=dht, cu_seqlens=cu_seqlens)
+    cfg = resolve_config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret,
+                         mxu_model, do=do, dht=dht, cu_seqlens=cu_seqlens)
     return backward(cfg, q, k, v, g, g_gamma, initial_state, do, dht)

@@ -26,8 +26,8 @@ from jax.experimental import pallas as pl
 from kernels_tpu import mxu
 from kernels_tpu.common import Walk, chunk_map, chunk_states_map, final_state, start_state, walk_pass
 
-from .chunk import (PARALLEL, _config, dh_chunk, differentiable, dq_dk_dg_chunk, dv_chunk, finish_grads,
-                    forward, fwd_impl)
+from .chunk import (PARALLEL, dh_chunk, differentiable, dq_dk_dg_chunk, dv_chunk, finish_grads, forward, fwd_impl,
+                    resolve_config)
 from .common import F32, Config, causal_decay, chunk_gates, gate_specs, kernel_operands, split_refs
 
 
@@ -167,8 +167,8 @@ def fused_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_st
     num_steps: chunks per forward grid step (falls back to the largest divisor of NT = ceil(T /
     chunk_size) not above it; packed sequences walk one chunk per step).
     """
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  num_steps=num_steps, cu_seqlens=cu_seqlens)
+    cfg = resolve_config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret,
+                         mxu_model, num_steps=num_steps, cu_seqlens=cu_seqlens)
     o, ht = _fused_chunk_simple_gla(cfg, q, k, v, g, g_gamma, initial_state)
     return o, final_state(ht, initial_state)
 
@@ -177,8 +177,8 @@ def fused_chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initia
                                output_final_state=False, chunk_size=64, interpret=None, mxu_model=None, num_steps=2,
                                *, cu_seqlens=None):
     """Forward only: (o [B, T, H, V], ht [N, H, K, V] f32 or None)."""
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret, mxu_model,
-                  num_steps=num_steps, cu_seqlens=cu_seqlens)
+    cfg = resolve_config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, output_final_state, interpret,
+                         mxu_model, num_steps=num_steps, cu_seqlens=cu_seqlens)
     o, ht = forward(cfg, cfg.blocks.num_steps, q, k, v, g, g_gamma, initial_state)
     return o, final_state(ht, initial_state)
 
@@ -186,6 +186,6 @@ def fused_chunk_simple_gla_fwd(q, k, v, g=None, g_gamma=None, scale=None, initia
 def fused_chunk_simple_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initial_state=None,
                                chunk_size=64, interpret=None, mxu_model=None, num_steps=2, *, cu_seqlens=None):
     """Two-pass backward; args and returned dict as chunk_simple_gla_bwd."""
-    cfg = _config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret, mxu_model,
-                  do=do, dht=dht, num_steps=num_steps, cu_seqlens=cu_seqlens)
+    cfg = resolve_config(q, k, v, g, g_gamma, scale, initial_state, chunk_size, dht is not None, interpret,
+                         mxu_model, do=do, dht=dht, num_steps=num_steps, cu_seqlens=cu_seqlens)
     return backward(cfg, q, k, v, g, g_gamma, initial_state, do, dht)

@@ -24,7 +24,7 @@ from harness.core.results import read_results, read_table  # noqa: E402
 from harness.judge.baseline import native_rows  # noqa: E402
 from harness.judge.fidelity import MOVE_COLUMNS, verdict_moves  # noqa: E402
 from harness.legs.registry import default_leg  # noqa: E402
-from harness.report.peer_table import _result_file, report_folders  # noqa: E402
+from harness.report.peer_table import result_file, report_folders  # noqa: E402
 
 PEERS = ROOT / "reports" / "peers"
 
@@ -55,7 +55,7 @@ def main() -> None:
     policy = policy_from_options(None, None, None, None, None)
     native = native_rows([HERE])
     cut = lambda rows: rows[rows["case_id"].str.contains(args.cases, regex=False)]  # noqa: E731
-    jobs = [] if args.only_extra else [(_result_file(folder, default_leg("baseline")), path)
+    jobs = [] if args.only_extra else [(result_file(folder, default_leg("baseline")), path)
                                        for folder in report_folders(PEERS) for path in candidate_files(folder)]
     jobs += [(HERE / "gpu-smoke-regressions.emulated.csv.gz", path.resolve()) for path in args.extra]
     print("| candidate | file | verdicts | vs emulated fla | vs baseline of record | of which native | changed |\n"

@@ -135,9 +135,9 @@ def test_fp32_h0_dht_explicit_api():
 
 def test_fault_inverse_grad_missing_transpose_is_caught(inject):
     from faults import inverse_grad_missing_transpose
-    from kernels_tpu.kda import chunk
+    from kernels_tpu import delta_rule
 
-    inject(chunk, "inverse_grad", inverse_grad_missing_transpose)
+    inject(delta_rule, "inverse_grad", inverse_grad_missing_transpose)
     inp, do, dht, (o_r, ht_r, g_r) = fp32_case()
     o, ht, grads = explicit(inp, do, dht)
     # the fault lives in the backward of the triangular inverse: the forward, dq and dv are untouched

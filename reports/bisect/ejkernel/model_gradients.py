@@ -26,11 +26,8 @@ from kernels_tpu import mxu
 
 def bit_mask(passes, dims, precision):
     def model(a, b):
-        external._local.inside = True
-        try:
+        with external.unmodelled_dots():
             return mxu.modeled_dot(a, b, passes, dims, record=False)
-        finally:
-            external._local.inside = False
     return model
 
 
@@ -40,12 +37,9 @@ def custom_vjp(passes, dims, precision):
         return bit_mask(passes, dims, precision)(a, b)
 
     def backward(operands, cotangent):
-        external._local.inside = True
-        try:
+        with external.unmodelled_dots():
             pullback = jax.vjp(lambda a, b: lax.dot_general(a, b, dims, precision=precision,
                                                             preferred_element_type=jnp.float32), *operands)[1]
-        finally:
-            external._local.inside = False
         return pullback(cotangent)
 
     model.defvjp(lambda a, b: (model(a, b), (a, b)), backward)
@@ -70,10 +64,10 @@ class Swapped:
 def main():
     import importlib.metadata
 
-    from peers.ejkernel import _ENTRY, _IMPORT_ERROR
+    from peers.ejkernel import ENTRY, IMPORT_ERROR
 
-    if _IMPORT_ERROR:
-        sys.exit(_IMPORT_ERROR)
+    if IMPORT_ERROR:
+        sys.exit(IMPORT_ERROR)
     rng = np.random.default_rng(0)
     B, T, H, K, V = 1, 32, 1, 64, 64
     q, k = (jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32) for _ in range(2))
@@ -83,7 +77,7 @@ def main():
     h0 = jnp.asarray(rng.standard_normal((B, H, K, V)) * 0.1, jnp.float32)
 
     def loss(q, k, v, beta, g, h0):
-        o, ht = _ENTRY(q, k, v, beta, g, initial_state=h0, use_qk_l2norm=True)
+        o, ht = ENTRY(q, k, v, beta, g, initial_state=h0, use_qk_l2norm=True)
         return jnp.sum(o * jnp.cos(o)) + jnp.sum(ht.astype(jnp.float32) * 0.5)
 
     names = ("dq", "dk", "dv", "dbeta", "dg", "dh0")

@@ -7,7 +7,7 @@ once, patched in from this script's side, beside the kernel as shipped and fla (
 import sys, numpy as np, jax, jax.numpy as jnp
 from harness.app.analysis import f64, golden, run_case
 import kernels_tpu.kda.chunk as kc
-orig = kc._preprocess
+orig = kc.preprocess
 def exact_pre(q, k, g, beta, A_log, dt_bias, opts):
     # float64-accurate, correctly rounded to f32 (via pure_callback numpy)
     def f(q, k, beta):
@@ -27,10 +27,10 @@ for s in sys.argv[2:]:
     g = golden(cid)
     gold = f64(g.tensors["ht"])
     fla = f64(run_case(g, "gpu").tensors["ht"])
-    kc._preprocess = orig
+    kc.preprocess = orig
     tpu = f64(run_case(g, "tpu").tensors["ht"])
-    kc._preprocess = exact_pre; jax.clear_caches()
+    kc.preprocess = exact_pre; jax.clear_caches()
     tpx = f64(run_case(g, "tpu").tensors["ht"])
-    kc._preprocess = orig; jax.clear_caches()
+    kc.preprocess = orig; jax.clear_caches()
     r = lambda a: (np.abs(a-gold).max(), np.linalg.norm(a-gold)/np.linalg.norm(gold))
     print(f"seed {s}: fla max {r(fla)[0]:.3e} rel {r(fla)[1]:.3e} | tpu max {r(tpu)[0]:.3e} rel {r(tpu)[1]:.3e} | tpu exact-pre max {r(tpx)[0]:.3e} rel {r(tpx)[1]:.3e}", flush=True)

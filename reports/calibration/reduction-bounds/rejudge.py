@@ -8,6 +8,7 @@ kappa = ||a|| / ||r||, and the error relative to the terms, rel_sum = rel_l2 / k
 the rel_l2 bound of harness/core/policy.py at 36b3fe3, the commit before bounds over contributions) and after
 (rel_sum <= the bound over contributions) are both evaluated. Writes one line per row to OUT.csv.
 """
+import os
 import subprocess
 import sys
 import types
@@ -21,6 +22,7 @@ from harness.core.metrics import condition_number
 from harness.ops import get_op
 from harness.ops.reductions import magnitude_name, reduction_of
 from harness.core.policy import CONTRIBUTIONS, bound_for
+from harness.core.cache_dir import default_cache_dir
 from harness.run.reference_cache import ReferenceCache
 
 BEFORE = "36b3fe3"
@@ -32,7 +34,7 @@ exec(compile(source.stdout.replace("from .metrics import METRICS", "from harness
              "old_policy", "exec"), old_policy.__dict__)
 
 out, files = sys.argv[1], sys.argv[2:]
-cache = ReferenceCache()
+cache = ReferenceCache(default_cache_dir(os.environ))
 lines = []
 for path in files:
     df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"input_sha256": str})

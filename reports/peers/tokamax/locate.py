@@ -69,9 +69,9 @@ def main(mode: str, case_id: str, exact: str = "") -> None:
     op = get_op(case.op)
     inputs = make_inputs(case, op.inputs(case))
     leg = make_leg("tokamax")
-    saved_op, saved_mxu = tk._OP, external.mxu_rounding
+    saved_op, saved_mxu = tk.OP, external.mxu_rounding
     if mode == "padded":
-        tk._OP = padded(saved_op)
+        tk.OP = padded(saved_op)
     if exact:
         external.mxu_rounding = contextlib.nullcontext
     try:
@@ -80,7 +80,7 @@ def main(mode: str, case_id: str, exact: str = "") -> None:
         print(f"  the run raised {type(exc).__name__}: {str(exc).splitlines()[-1][:300]}")
         return
     finally:
-        tk._OP, external.mxu_rounding = saved_op, saved_mxu
+        tk.OP, external.mxu_rounding = saved_op, saved_mxu
     want = op.reference(case, inputs.as_float64(), method="chunk")
     offsets, _ = requests(case)
     print(f"  tokamax{' (request arrays padded)' if mode == 'padded' else ''}{' (every dot exact)' if exact else ''}:")
