@@ -24,7 +24,7 @@ state pass are kda's: ``o = scale (q exp(G)) S_0 + scale tril(q-vs-k decayed sco
 ``S_C = Diag(exp G_C) S_0 + (k exp(G_C - G))^T delta``. ``method="recurrent"`` runs the token update
 (:func:`token_update`) instead. Both share kda's core and driver (:class:`references.kda.DeltaRule`): chunks
 under ``jax.checkpoint``, padding and packed sequences with zero tokens (k = 0, g = 0: ``S -> S`` exactly
-whatever b and w), the backward by ``jax.vjp``.
+whatever b and w), the backward by ``jax.vjp`` (the token loop's by :func:`token_adjoint`).
 
 Shapes (as fla-core 0.6.0, which asserts them): q, k, g, b [B,T,H,K]; v, w [B,T,H,V]; initial_state, ht
 [N,H,K,V]; o [B,T,H,V]. fla's gdn2 has no grouped value heads (v has q's H heads), and neither has the
@@ -66,7 +66,8 @@ from op_contract import check_gdn2, gdn2_options
 from . import kda
 from .kda import METHODS, DeltaRule, backward, forward
 
-__all__ = ["chunk_gdn2", "chunk_gdn2_bwd", "preprocess", "wy_operands", "token_update", "METHODS", "GDN2"]
+__all__ = ["chunk_gdn2", "chunk_gdn2_bwd", "preprocess", "wy_operands", "token_update", "token_adjoint", "METHODS",
+           "GDN2"]
 
 _HI = lax.Precision.HIGHEST
 
@@ -98,8 +99,24 @@ def token_update(S, k, v, b, w):
     return S + k[..., :, None] * (w * v - erase)[..., None, :]
 
 
+def token_adjoint(S, k, v, b, w, dS_new):
+    """The adjoint of :func:`token_update` at the decayed state ``S``: the gradient ``dS_new`` w.r.t.
+    ``S_t = S + k r^T``, ``r = w * v - S^T (b * k)``, taken back to ``(dS, dk, dv, db, dw)``:
+
+    - ``dr = dS_new^T k`` [V], so ``dw = dr * v`` and ``dv = dr * w``;
+    - ``dk = dS_new r`` directly, and through the erase ``- S^T (b * k)``: ``d(b * k) = - S dr``, which gives
+      ``db = d(b * k) * k``, ``dk += d(b * k) * b`` and ``dS = dS_new - (b * k) dr^T``."""
+    bk = b * k
+    dr = jnp.einsum("bhk,bhkv->bhv", k, dS_new, precision=_HI)
+    r = w * v - jnp.einsum("bhk,bhkv->bhv", bk, S, precision=_HI)
+    dbk = -jnp.einsum("bhkv,bhv->bhk", S, dr, precision=_HI)
+    dk = jnp.einsum("bhkv,bhv->bhk", dS_new, r, precision=_HI) + dbk * b
+    dS = dS_new - bk[..., :, None] * dr[..., None, :]
+    return dS, dk, dr * w, dbk * k, dr * v
+
+
 GDN2 = DeltaRule(check=check_gdn2, options=gdn2_options, preprocess=preprocess, gates=("b", "w"),
-                 wy_operands=wy_operands, token_update=token_update)
+                 wy_operands=wy_operands, token_update=token_update, token_adjoint=token_adjoint)
 
 
 def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, *,
