@@ -51,6 +51,18 @@ def with_grid(leg, batched: bool):
     return leg
 
 
+def _one_line(exc) -> str:
+    return "" if exc is None else f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+
+
+def _run(leg, op, case, inputs):
+    """``(output, None)``, or ``(None, the exception)`` when the run raises: a row either way, never a crash."""
+    try:
+        return leg.run(op, case, inputs), None
+    except Exception as exc:  # noqa: BLE001 - the leg's failure is a result here
+        return None, exc
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--leg", default="tpu")
@@ -82,23 +94,38 @@ def main() -> int:
     rows = []
     for i, case in enumerate(cases):
         op = get_op(case.op)
-        refusal = batched.supports(op, case)
+        try:
+            refusal = batched.supports(op, case)
+        except Exception as exc:  # noqa: BLE001 - the implementation fails while the leg asks what it takes
+            rows.append(dict(case=case.id, error=f"supports: {_one_line(exc)}"))  # as a run makes it an error row
+            print(f"[{i + 1}/{len(cases)}] ERROR (both modes: the leg's supports) {case.id}", flush=True)
+            continue
         if refusal:
             continue
         inputs = make_inputs(case, op.inputs(case))
         row = dict(case=case.id, mode="emulated (Pallas TPU interpret mode on the CPU)", input_sha256=inputs.sha256)
-        try:
-            t0 = time.perf_counter()
-            a = plain.run(op, case, inputs)
-            t1 = time.perf_counter()
-            b = batched.run(op, case, inputs)
-            t2 = time.perf_counter()
-        except NotImplementedError:  # the kernels refuse the case while tracing
+        t0 = time.perf_counter()
+        a, error_a = _run(plain, op, case, inputs)
+        t1 = time.perf_counter()
+        b, error_b = _run(batched, op, case, inputs)
+        t2 = time.perf_counter()
+        if isinstance(error_a, NotImplementedError) and isinstance(error_b, NotImplementedError):
+            continue  # the kernels refuse the case while tracing, in both modes
+        if error_a is not None or error_b is not None:
+            same = type(error_a) is type(error_b) and _one_line(error_a) == _one_line(error_b)
+            row.update(error=f"per program: {_one_line(error_a)} | batched: {_one_line(error_b)}",
+                       differ="" if same else "raised in one mode only, or differently")
+            rows.append(row)
+            print(f"[{i + 1}/{len(cases)}] ERROR ({'the same in both modes' if same else 'DIFFERS'}) {case.id}",
+                  flush=True)
             continue
         names = sorted(n for n in a.tensors if a.tensors[n] is not None)
         differ = [n for n in names if b.tensors.get(n) is None or _bits(a.tensors[n]) != _bits(b.tensors[n])]
-        if _columns(a) != _columns(b):
-            differ.append("mxu columns")
+        columns_a, columns_b = _columns(a), _columns(b)
+        if columns_a != columns_b:
+            differ.append("mxu columns: " + ", ".join(f"{k} {columns_a.get(k)} -> {columns_b.get(k)}"
+                                                      for k in sorted(set(columns_a) | set(columns_b))
+                                                      if columns_a.get(k) != columns_b.get(k)))
         row.update(tensors=len(names), differ=";".join(differ), per_program_s=round(t1 - t0, 2),
                    batched_s=round(t2 - t1, 2), grids=" | ".join(b.details.get("pallas_grid", [])))
         rows.append(row)
@@ -111,7 +138,8 @@ def main() -> int:
         print(f"the {args.leg} leg takes none of these cases")
         return 2
     n_diff = int(table["differ"].fillna("").astype(bool).sum())
-    print(f"{len(table)} cases, {int(table['tensors'].sum())} tensors: {n_diff} cases differ; "
+    n_error = int(table["error"].notna().sum()) if "error" in table else 0
+    print(f"{len(table)} cases ({n_error} raised), {int(table['tensors'].fillna(0).sum())} tensors: {n_diff} cases differ; "
           f"per program {table['per_program_s'].sum():.0f} s, batched {table['batched_s'].sum():.0f} s")
     return int(n_diff > 0)
 
