@@ -385,3 +385,48 @@ print(plan_rows(b.plans))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "('double', 'batched over axes (0,) of grid (2,)')" in out.stdout
+
+
+# ------------------------------------------------------------------ a replay is a replay
+def _bf16_dot_kernel(a_ref, b_ref, o_ref):
+    o_ref[...] = jax.lax.dot_general(a_ref[...], b_ref[...], (((1,), (0,)), ((), ())),
+                                     preferred_element_type=jnp.float32)
+
+
+def _bf16_dots(a, b):
+    n = a.shape[0]
+    return pl.pallas_call(
+        _bf16_dot_kernel, grid=(n,),
+        in_specs=[pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0)), pl.BlockSpec((128, 128), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((n, 8, 128), jnp.float32),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        interpret=pltpu.InterpretParams(), name="bf16_dots")(a, b)
+
+
+def test_a_dot_is_seen_fresh_once_however_the_grid_is_walked(monkeypatch):
+    """A model that rewrites or counts dots where they are traced (an outside candidate's MXU model,
+    harness.legs.external) sees each dot of the program once, fresh, and every later bind of it as a replay
+    (``replaying()``): the batched walk re-traces each kernel (islands, state discharge) and re-binds the calls around
+    it. Before that re-trace was a replay, the batched grid counted each bf16 dot of a candidate's kernel again (its
+    MXU tally differed from the per-program run's; reports/bench/2026-11-29-pallas-grid-sglang-jax)."""
+    from harness.emulation import pallas_batched
+
+    fresh = []
+    original = jax.lax.dot_general_p.bind
+
+    def bind(*args, **params):
+        if not pallas_batched.replaying():
+            fresh.append(tuple(x.dtype for x in args))
+        return original(*args, **params)
+
+    monkeypatch.setattr(jax.lax.dot_general_p, "bind", bind)
+    a = jax.random.normal(jax.random.key(0), (3, 8, 128), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(1), (128, 128), jnp.bfloat16)
+    seen = {}
+    for name, transform in (("batched", batched_interpret), ("per-program", pallas_batched.pinned_sums)):
+        jax.clear_caches()  # the kernel traced again: its dot is fresh once more
+        fresh.clear()
+        jax.block_until_ready(transform(_bf16_dots)(a, b))
+        seen[name] = list(fresh)
+    assert seen["batched"] == seen["per-program"] == [(jnp.bfloat16, jnp.bfloat16)], seen
