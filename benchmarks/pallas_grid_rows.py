@@ -94,16 +94,16 @@ def main() -> int:
     rows = []
     for i, case in enumerate(cases):
         op = get_op(case.op)
+        inputs = make_inputs(case, op.inputs(case))
+        row = dict(case=case.id, mode="emulated (Pallas TPU interpret mode on the CPU)", input_sha256=inputs.sha256)
         try:
             refusal = batched.supports(op, case)
         except Exception as exc:  # noqa: BLE001 - the implementation fails while the leg asks what it takes
-            rows.append(dict(case=case.id, error=f"supports: {_one_line(exc)}"))  # as a run makes it an error row
+            rows.append({**row, "error": f"supports: {_one_line(exc)}"})  # as a run makes it an error row
             print(f"[{i + 1}/{len(cases)}] ERROR (both modes: the leg's supports) {case.id}", flush=True)
             continue
         if refusal:
             continue
-        inputs = make_inputs(case, op.inputs(case))
-        row = dict(case=case.id, mode="emulated (Pallas TPU interpret mode on the CPU)", input_sha256=inputs.sha256)
         t0 = time.perf_counter()
         a, error_a = _run(plain, op, case, inputs)
         t1 = time.perf_counter()
