@@ -152,8 +152,8 @@ def _tpu_leg(name: str):
     ``tpu-batched``."""
     from harness.legs.tpu import TpuLeg
 
-    grid = {"tpu": None, "tpu-per-program": False, "tpu-batched": True}[name]
-    return TpuLeg(force_interpret=True, compile_targets=(), batched_grid=grid)
+    grid = {"tpu": {}, "tpu-per-program": dict(batched_grid=False), "tpu-batched": dict(batched_grid=True)}[name]
+    return TpuLeg(force_interpret=True, compile_targets=(), **grid)  # "tpu": the leg's own default, not a keyword
 
 
 def mode(leg: str) -> str:

@@ -38,3 +38,13 @@ def test_limit_is_flops_over_the_rate_of_their_shape_class():
     rates = {"CKxKC": 1.0, "CCxCV": 2.0, "CKxKV": 4.0, "solve": 2.0}
     # per chunk: 24/1 + 24/2 + 24/4 + 0 = 42 s; two chunks
     assert cpu_legs.limit_seconds("simple_gla", case, rates) == pytest.approx(84.0)
+
+
+def test_the_tpu_leg_it_times_is_the_legs_default_grid():
+    """``tpu`` is the leg as a user runs it: until 2026-11-29 the benchmark passed ``batched_grid=None``, which the
+    leg reads as False, so its "default" rows were the per-program walk (75x the limit instead of about 24x)."""
+    from harness.legs.tpu import TpuLeg
+
+    assert cpu_legs._tpu_leg("tpu").batched_grid == TpuLeg(force_interpret=True, compile_targets=()).batched_grid
+    assert cpu_legs._tpu_leg("tpu-batched").batched_grid is True
+    assert cpu_legs._tpu_leg("tpu-per-program").batched_grid is False
