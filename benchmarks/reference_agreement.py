@@ -36,7 +36,6 @@ def dump(out: Path, suites: str) -> None:
     from harness.legs.ref import RefLeg
     from harness.ops import get_op
     from harness.ops.base import call_k_first
-
     from harness.run.runner import mapping_share
 
     out.mkdir(parents=True, exist_ok=True)
