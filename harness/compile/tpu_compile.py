@@ -53,6 +53,7 @@ from harness.compile.mosaic_dump import check as check_mxu
 from harness.core.schema import COMPILE_MODE, KERNEL_COLUMNS, MEMORY_COLUMNS, MOSAIC_COLUMNS  # noqa: F401
 from harness.core.status import Status
 from harness.compile.tpu_env import prepare_environment
+from harness.compile.xla_cache import not_written
 
 TARGETS = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2", "v7x": "TPU7x:2x2x1"}
 """Target name -> jax topology name (``get_topology_desc(topology_name=...)``)."""
@@ -104,6 +105,14 @@ def target_device(target: str):
         topo = topologies.get_topology_desc(topology_name=TARGETS[target], platform="tpu")
         _DEVICES[target] = topo.devices[0]
     return _DEVICES[target]
+
+
+def compile_lowered(lowered):
+    """``lowered.compile()`` for a TPU target, never written to jax's persistent cache: what a compile for a TPU
+    is read for (Mosaic's dump, the compiled module) must come from running the compiler
+    (:mod:`harness.compile.xla_cache`)."""
+    with not_written():
+        return lowered.compile()
 
 
 def first_error_line(exc: BaseException) -> str:
@@ -362,7 +371,7 @@ def compile_for(fn, args, target: str) -> CompileResult:
             lowered = traced.lower()
             kernels = Kernels(kernels.traced, kernels.interpreted, mosaic_kernels(lowered.as_text()))
             stage = "compile"
-            compiled = lowered.compile()
+            compiled = compile_lowered(lowered)
             mxu = read_mxu(bodies)
     except Exception as exc:  # noqa: BLE001 - every refusal becomes a result
         # a NotImplementedError while tracing is the kernels' own refusal of a valid case

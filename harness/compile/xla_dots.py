@@ -149,7 +149,7 @@ def read(fn, args, target: str) -> XlaDots:
         import numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-        from harness.compile.tpu_compile import native_pallas, target_device
+        from harness.compile.tpu_compile import compile_lowered, native_pallas, target_device
 
         device = target_device(target)
         sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
@@ -159,6 +159,6 @@ def read(fn, args, target: str) -> XlaDots:
         sites, kernel = dot_sites(traced.jaxpr)
         if not sites:
             return XlaDots(sites, kernel)
-        return XlaDots(sites, kernel, mxu_sites(traced.lower().compile().as_text()))
+        return XlaDots(sites, kernel, mxu_sites(compile_lowered(traced.lower()).as_text()))
     except Exception as exc:  # noqa: BLE001 - the run goes on with every dot rounded, and its rows say why
         return XlaDots(reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200])

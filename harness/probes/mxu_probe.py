@@ -439,7 +439,7 @@ def refusal_for_target(name: str, grid: int, target: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a refusal is the answer
         return f"refused by jax {versions['jax']}'s Pallas TPU lowering: {first_line(exc)}"
     try:
-        lowered.compile()
+        tpu_compile.compile_lowered(lowered)
     except Exception as exc:  # noqa: BLE001
         return f"refused by libtpu {versions['libtpu']} for {target}: {first_line(exc)}"
     return None
