@@ -36,15 +36,12 @@ def dump(out: Path, suites: str) -> None:
     from harness.legs.ref import RefLeg
     from harness.ops import get_op
     from harness.ops.base import call_k_first
-    from harness.run.runner import mapping_share
+    from harness.run.runner import drop_compiles_if_crowded
 
     out.mkdir(parents=True, exist_ok=True)
     cases = [c for s in suites.split(",") for c in get_suite(s)]
     for i, case in enumerate(dict.fromkeys(cases)):
-        if mapping_share() > 0.5:  # as the runner does: every compiled program keeps its mappings (vm.max_map_count)
-            import jax
-
-            jax.clear_caches()
+        drop_compiles_if_crowded()  # as the runner does: every compiled program keeps its mappings
         op = get_op(case.op)
         inputs = make_inputs(case, op.inputs(case))
         for method in ("chunk", "recurrent"):

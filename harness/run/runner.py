@@ -151,6 +151,19 @@ def mapping_share() -> float:
         return 0.0
 
 
+def drop_compiles_if_crowded() -> bool:
+    """Drop jax's compiled functions once this process holds half the memory mappings it may: every compiled CPU
+    executable holds mappings of its own, and a process has at most ``vm.max_map_count`` (65530 by default; one
+    process walking the 3600 case-draws of smoke and regressions, reports/calibration/fresh24, grew by 250 to 900
+    mappings a minute and was killed by LLVM's ``mmap error: 12`` after 1335 of them). Whether it dropped them."""
+    if mapping_share() <= 0.5:
+        return False
+    import jax  # the legs and the reference load it anyway; the runner itself needs it only here
+
+    jax.clear_caches()
+    return True
+
+
 class Runner:
     """Runs one leg over cases; rows carry the run's provenance."""
 
@@ -325,18 +338,12 @@ class Runner:
         return out, time.perf_counter() - t0
 
     def _keep_compiles_for(self, case: Case) -> None:
-        """Drop jax's compiled functions on a new case once the process holds half the memory mappings it may.
-
-        Every compiled CPU executable holds memory mappings of its own, and a process has at most
-        ``vm.max_map_count`` (65530 by default): one process walking the 3600 case-draws of smoke and regressions
-        (reports/calibration/fresh24) grew by 250 to 900 mappings a minute and was killed by LLVM's
-        ``mmap error: 12`` after 1335 of them. Draws of one case (ids that differ only in ``seed=N``) always keep
-        the leg's and the reference's compiles, and so do the cases of a short run, which share many."""
+        """On a new case, :func:`drop_compiles_if_crowded`. Draws of one case (ids that differ only in ``seed=N``)
+        always keep the leg's and the reference's compiles, and so do the cases of a short run, which share
+        many."""
         key = case.replace(seed=0)
-        if self._compiled_for is not None and key != self._compiled_for and mapping_share() > 0.5:
-            import jax  # the legs and the reference load it anyway; the runner itself needs it only here
-
-            jax.clear_caches()
+        if self._compiled_for is not None and key != self._compiled_for:
+            drop_compiles_if_crowded()
         self._compiled_for = key
 
     def run_case(self, case: Case) -> list[dict]:
