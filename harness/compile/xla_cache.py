@@ -9,7 +9,7 @@ its results are the same bits.
 **Where.** ``<cache root>/xla/<host>``: the root is :func:`harness.core.cache_dir.default_cache_dir`'s (no cache
 when ``PARITY_CACHE_DIR`` is set empty), ``<host>`` a digest of what XLA:CPU compiles for (:func:`host_key`).
 jax's key holds the program, jaxlib's version, the XLA flags, the compile options and the devices, but on the CPU
-its platform version is the word ``cpu``: the host's instruction set, which decides whether a ``a * b + c``
+its platform version is the word ``cpu``: the host's instruction set, which decides whether ``a * b + c``
 contracts and how wide a reduction is vectorised, is not in it. The directory puts it there, so a cache shared
 between machines (a home directory on a network disk, a CI cache restored on another runner) never serves one
 CPU's code on another.
@@ -24,6 +24,8 @@ compiles, so a compile for a TPU target must run: it is never written (:func:`no
 compile-only client could not load one back anyway. On a machine with a TPU attached the native legs compile for
 the TPU itself, and jax's setting is left as the user has it.
 
+**Not with jaxlib 0.9**, whose loader writes to stderr for every entry (:data:`SILENT_LOADER`).
+
 **Decided once, by the front.** The first process that imports the harness (the CLI, pytest) puts jax's own
 variables in its environment, and the processes it starts inherit them: a test that points ``PARITY_CACHE_DIR``
 at a directory of its own, for its rows, still shares the programs. The user's own ``JAX_COMPILATION_CACHE_DIR``,
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import math
 import os
 import platform
@@ -73,11 +76,30 @@ def host_key(cpuinfo: str | None = None, machine: str | None = None) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+SILENT_LOADER = (0, 10)
+"""The first jaxlib whose XLA:CPU loads an entry back without a word on stderr. jaxlib 0.9.2 writes two lines for
+every entry it loads, on the machine that compiled it (measured in CI's tops stack): ``Assume version
+compatibility. PjRt-IFRT does not track XLA executable versions.`` and ``Loading XLA:CPU AOT result. Target machine
+feature +prefer-no-gather is not supported on the host machine`` (a tuning flag its check does not know, not an
+instruction). 0.10.2 and 0.12 load silently. The harness starts silently (tests/test_tpu_env.py), so with an
+older jaxlib it keeps no cache."""
+
+
+def loads_silently(jaxlib_version: str | None = None) -> bool:
+    """Whether ``jaxlib_version`` (the installed jaxlib's when None) is :data:`SILENT_LOADER` or later."""
+    if jaxlib_version is None:
+        try:
+            jaxlib_version = importlib.metadata.version("jaxlib")
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    return tuple(int(n) for n in re.findall(r"\d+", jaxlib_version)[:2]) >= SILENT_LOADER
+
+
 def cache_directory(environ=os.environ, device_globs=TPU_DEVICE_GLOBS) -> Path | None:
     """Where this process's cache goes (module doc); None where the harness keeps none: no cache root, a TPU
-    attached, or the user's own ``JAX_COMPILATION_CACHE_DIR``."""
+    attached, the user's own ``JAX_COMPILATION_CACHE_DIR``, or a jaxlib that loads an entry noisily."""
     root = default_cache_dir(environ)
-    if root is None or tpu_attached(device_globs) or environ.get(DIRECTORY):
+    if root is None or tpu_attached(device_globs) or environ.get(DIRECTORY) or not loads_silently():
         return None
     return root / SUBDIRECTORY / host_key()
 
