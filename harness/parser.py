@@ -64,10 +64,9 @@ def _add_run_options(p, resume: bool = True):
                    help="overwrite a result file of another suite, or discard an interrupted run's partial file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--jobs", "-j", metavar="N",
-                   help="use up to N cores: each leg runs N // (the cores one of its cases keeps busy: 2 for the "
-                        "emulated TPU leg, else 1) cases at once, each in a worker process (default: $PARITY_JOBS, "
-                        f"else one per CPU and per {GIB_PER_JOB} GiB of memory; 1: no workers); cases the caches "
-                        "serve never start one, and the rows come out in case order at any N")
+                   help="use up to N cores: each leg runs N cases at once, each in a worker process (default: "
+                        f"$PARITY_JOBS, else one per CPU and per {GIB_PER_JOB} GiB of memory; 1: no workers); cases "
+                        "the caches serve never start one, and the rows come out in case order at any N")
     _add_case_timeout(p)
     p.add_argument("--no-ref-cache", action="store_true", help="do not read or write the on-disk reference cache")
     p.add_argument("--no-baseline-cache", "--no-gpu-cache", dest="no_baseline_cache", action="store_true",

@@ -111,21 +111,62 @@ def test_a_worker_that_dies_is_error_rows(tmp_path, monkeypatch):
     assert rows["reason"].str.contains(r"lost: its process ended \(exit code 7\)").all(), rows["reason"].tolist()
 
 
-@pytest.mark.heavy  # whole commands through real legs, cold and warm, at --jobs 1 and 2: pytest -m heavy (.ci/run)
-@pytest.mark.needs_leg("tpu")
-def test_the_emulated_tpu_leg_counts_two_cores_a_case(tmp_path, monkeypatch, sent):
-    """Its real-TPU compile runs in a thread beside its run: two cores, so --jobs 2 runs it in this process."""
-    from harness.legs.tpu import TpuLeg
+class _FakeWorker:
+    """Test side: a worker with no process; its case's rows are the name of the worker that took it."""
 
-    assert TpuLeg(force_interpret=True).cores_per_case() == 2  # compiles for v6e beside the run
-    # the causality pass: no compile, but its runs reuse the leg run's programs where they were compiled
-    assert TpuLeg(force_interpret=True, compile_targets=()).cores_per_case() == 2
-    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
-    case = "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64"
-    for jobs, expected in (("2", 0), ("4", 1)):
-        assert main(["run", "--backend", "tpu", "--case", case, "--out", str(tmp_path / jobs), "--no-progress",
-                     "--jobs", jobs, "--no-baseline-cache"]) == 0
-        assert sent[-1] == expected
+    def __init__(self, context, log_dir):
+        import types
+
+        self.name = f"w{len(_FakeWorker.started)}"
+        _FakeWorker.started.append(self)
+        self.conn = types.SimpleNamespace(send=lambda message: None)
+        self.future, self.deadline, self.seen = None, float("inf"), set()
+
+    def stop(self):
+        pass
+
+
+def _fake_poll(pool):
+    """Every busy worker answers at once, its rows the worker's name."""
+    for w in pool._workers:
+        if w.future is not None:
+            future, w.future = w.future, None
+            future.set_result(([{"worker": w.name}], 0, 0))
+
+
+def test_a_case_goes_back_to_the_worker_that_held_it(monkeypatch):
+    """A second pass of one command (the causality pass after a leg's) sends each case to the worker whose
+    programs it compiled, taking a later waiting case when that worker is busy, and hands the rows on in case
+    order."""
+    import types
+
+    import harness.app.workers as workers
+    from harness.app.selection import case_from_id
+
+    _FakeWorker.started = []
+    monkeypatch.setattr(workers, "_Worker", _FakeWorker)
+    monkeypatch.setattr(workers._Pool, "poll", _fake_poll)
+    cases = {n: case_from_id(f"simple_gla.chunk/B1-T{64 + n}-H1-K64-V64/fp32/g=logsigmoid/16/C64") for n in range(6)}
+    runner = types.SimpleNamespace(leg_cache=None)
+    job = workers._Walk(0, types.SimpleNamespace(task="causality"), ())
+    pool = workers.Workers(jobs=2)
+
+    def walk(order):
+        got = []
+        pool._run_pooled(runner, job, [cases[n] for n in order], lambda case, rows: got.append((case, rows)),
+                         at_once=2, timeout=60.0)  # a time limit: no case is settled in the parent
+        assert [case for case, _ in got] == [cases[n] for n in order]  # case order
+        return {n: rows[0]["worker"] for n, (_, rows) in zip(order, got)}
+
+    first = walk(range(6))
+    assert first == {0: "w0", 1: "w1", 2: "w0", 3: "w1", 4: "w0", 5: "w1"}
+    # 0 and 2 were w0's: 0 goes to w0, so w1 takes 3 (its own) ahead of 2, and 2 waits for w0
+    second = walk([0, 2, 3, 5])
+    assert second == {n: first[n] for n in (0, 2, 3, 5)}
+    assert len(_FakeWorker.started) == 2  # the pool's workers served both passes
+    # without the walk's choice (every waiting case ranked alike: the oldest first), 2 would have gone to w1
+    monkeypatch.setattr(workers._Pool, "rank", lambda self, case: 1)
+    assert walk([0, 2])[2] == "w1"
 
 
 @pytest.mark.heavy  # whole commands through real legs, cold and warm, at --jobs 1 and 2: pytest -m heavy (.ci/run)

@@ -1,9 +1,10 @@
 """Cases across worker processes: ``parity run|all|causality|calibrate|compile --jobs N``.
 
 An emulated leg spends nearly all of a case tracing and compiling it (the Triton interpreter, Pallas interpret
-mode). ``--jobs N`` is a number of cores: a leg whose case keeps one core busy runs N cases at once, in N
-processes; the emulated TPU leg, whose case keeps two busy (its real-TPU compile runs beside its run), runs
-N // 2 (:meth:`harness.legs.base.Leg.cores_per_case`). Rows stay the only interface:
+mode). ``--jobs N`` is a number of cores, and every leg runs N cases at once, in N processes. The emulated TPU
+leg's case runs its real-TPU compile in a thread beside its run, yet keeps only about 1.4 cores busy, most of it
+one thread tracing: on 2 cores two of its workers give its smoke cases in 25% less time than one
+(reports/bench/2026-11-29-tpu-workers). Rows stay the only interface:
 
 - the parent walks the cases in order and settles where it stands every case that needs no leg run: an invalid
   or unsupported case, or one whose every run the leg's cache serves (a :class:`harness.run.runner.Runner` built
@@ -12,6 +13,9 @@ N // 2 (:meth:`harness.legs.base.Leg.cores_per_case`). Rows stay the only interf
   (:class:`harness.run.recipe.LegRecipe`, replaying the ``--impl`` registrations), runs the whole case through it
   with the parent's provenance, and sends back the rows and its leg cache's hits and misses;
 - the parent hands the rows on in case order, so a result file reads the same at any N.
+
+A case goes, where it can, to the worker that held it in an earlier pass of the same command (:data:`CHOICE`):
+the causality pass after a leg's then reuses the programs that worker compiled for the case's run.
 
 ``parity compile`` sends every case (its validation, inputs and libtpu compiles for each target) to the pool: a
 compile keeps one core busy whatever the leg, and there is no cache to settle anything in the parent.
@@ -92,6 +96,11 @@ def parse_jobs(text: str, what: str = "--jobs") -> int:
         raise ValueError(f"{what} {text!r} must be a whole number of cores, at least 1 (1: no workers)")
     return jobs
 
+
+CHOICE = 2
+"""Waiting cases a free worker may choose among, per case run at once (:meth:`Workers._run_pooled`): enough that a
+case usually reaches the worker that ran it in an earlier pass (the causality pass after the leg's: there its
+programs are compiled, elsewhere they are traced and compiled again), few enough that rows come out soon."""
 
 _JOB_NUMBERS = itertools.count()  # in the parent: one key per walk of a leg, never reused (an id() can be)
 _RUNNERS: dict[int, Runner] = {}  # in each worker: the runner of every walk it has served
@@ -196,7 +205,8 @@ def _stderr_excerpt(path: str, lines: tuple[int, int] = STDERR_LINES) -> str:
 
 
 class _Worker:
-    """One spawned process (never forked: the parent has jax's and torch's threads running) and the case it holds."""
+    """One spawned process (never forked: the parent has jax's and torch's threads running), the case it holds and
+    the cases it has held (``seen``: their programs are compiled in it)."""
 
     def __init__(self, context, log_dir: str):
         fd, self.log = tempfile.mkstemp(prefix="worker-", suffix=".stderr", dir=log_dir)
@@ -207,6 +217,7 @@ class _Worker:
         child.close()
         self.future: concurrent.futures.Future | None = None
         self.deadline = float("inf")
+        self.seen: set[str] = set()
 
     def stop(self) -> None:
         if self.process.is_alive():
@@ -228,8 +239,18 @@ class _Pool:
         self._log_dir = tempfile.mkdtemp(prefix="parity-workers-")
         self._workers: list[_Worker] = []
 
+    def rank(self, case: Case) -> int:
+        """How well a worker free now suits the case: 0, one that held it before is idle (a causality pass after
+        the leg's, another leg of the same case: its programs are compiled there); 1, no live worker held it;
+        2, the one that did is busy."""
+        homes = [w for w in self._workers if case.id in w.seen]
+        if any(w.future is None for w in homes):
+            return 0
+        return 2 if homes else 1
+
     def submit(self, job: _Walk, case: Case) -> concurrent.futures.Future:
-        idle = next((w for w in self._workers if w.future is None), None)
+        idle = min((w for w in self._workers if w.future is None), default=None,
+                   key=lambda w: case.id not in w.seen)  # the case's own worker first
         if idle is None:
             if len(self._workers) >= self.size:
                 raise RuntimeError("every worker holds a case")  # the caller keeps at most `size` in flight
@@ -242,6 +263,7 @@ class _Pool:
             self._workers.remove(idle)
             return self.submit(job, case)
         idle.future = concurrent.futures.Future()
+        idle.seen.add(case.id)
         idle.deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
         return idle.future
 
@@ -329,8 +351,8 @@ class Workers:
             on_case: Callable[[Case, list[dict]], None], progress: str | None = None) -> None:
         """Every case's rows for the recipe's task (one of :data:`TASKS`; a compile's for its targets), handed to
         ``on_case`` in case order. ``runner`` is the parent's, built from ``recipe``: it settles what needs no leg
-        run, and its leg cache's counters take the workers' too. ``jobs // leg.cores_per_case()`` cases run at
-        once (``jobs`` compiles); at one, all run here unless the recipe gives its cases a time limit.
+        run, and its leg cache's counters take the workers' too. ``jobs`` cases run at once; at one, all run
+        here unless the recipe gives its cases a time limit.
         ``progress``: a progress bar's label (None: no bar)."""
         job = _Walk(next(_JOB_NUMBERS), recipe, tuple(runner.provenance.items()))
         task, targets = recipe.task, recipe.targets
@@ -347,7 +369,7 @@ class Workers:
             if bar is not None:
                 bar.update(1)
 
-        at_once = max(1, self.jobs // (1 if task == "compile" else runner.leg.cores_per_case()))
+        at_once = self.jobs
         timeout = recipe.timeout
         try:
             if at_once <= 1 and timeout is None:
@@ -368,21 +390,33 @@ class Workers:
         probe = copy.copy(runner)  # the same leg, caches and counters; it raises NotServed where a run is needed
         probe.run_leg = False
         cache = runner.leg_cache
-        queue: collections.deque[tuple[Case, Any]] = collections.deque()  # (case, rows or a future), case order
+        # [case, its rows, its future, or None while it waits for a worker], in case order
+        queue: collections.deque[list] = collections.deque()
 
         def running() -> list[concurrent.futures.Future]:
             return [r for _, r in queue if isinstance(r, concurrent.futures.Future) and not r.done()]
 
-        def flush(block: bool = False) -> None:
+        def waiting() -> list[list]:
+            return [entry for entry in queue if entry[1] is None]
+
+        def dispatch() -> None:
+            """Give each free worker one of the first :data:`CHOICE` * ``at_once`` waiting cases: one it held
+            before, else one no worker held, else the oldest (:meth:`_Pool.rank`)."""
+            while (ready := waiting()) and len(running()) < at_once:
+                rank = self._pool.rank if self._pool is not None else (lambda case: 1)
+                entry = min(ready[:CHOICE * at_once], key=lambda e: rank(e[0]))  # the oldest of the best
+                entry[1] = self._submit(job, entry[0], at_once, timeout)
+
+        def flush() -> None:
             while queue:
                 _stop_if_asked()
                 case, result = queue[0]
                 if isinstance(result, concurrent.futures.Future):
-                    while block and not result.done():
-                        self._pool.poll()
                     if not result.done():
                         return
                     result = self._collect(runner, job, case, result)
+                elif result is None:  # waits for a worker
+                    return
                 queue.popleft()
                 hand_on(case, result)
 
@@ -399,18 +433,24 @@ class Workers:
                     cache.hits, cache.misses = counts
                 return None
 
-        for case in cases:
-            rows = settled_here(case)
-            if rows is None:
-                while len(running()) >= at_once:
-                    self._pool.poll()
-                    flush()
-                queue.append((case, self._submit(job, case, at_once, timeout)))
-            else:
-                queue.append((case, rows))
+        def step() -> None:
+            """Start what can start, hand on what is done; when nothing can start, wait for a worker."""
+            dispatch()
             flush()
+            if waiting() and len(running()) >= at_once:
+                self._pool.poll()
+                flush()
+
+        for case in cases:  # a choice of waiting cases first, then one more for each that starts
+            queue.append([case, settled_here(case)])
+            flush()
+            while len(waiting()) >= CHOICE * at_once:
+                step()
         while queue:
-            flush(block=True)
+            step()
+            if queue and not waiting():  # the rest is running: wait for the next to finish
+                self._pool.poll()
+                flush()
 
     def _collect(self, runner: Runner, job: _Walk, case: Case, future: concurrent.futures.Future) -> list[dict]:
         """A finished case's rows; a worker that ended without them, or failed, makes error rows that say so."""

@@ -100,12 +100,6 @@ class Leg:
         """Called before a case's preflight and run (which may overlap): the place for per-process upkeep
         between cases (the TPU leg frees the compiled programs of the shapes it is done with)."""
 
-    def cores_per_case(self) -> int:
-        """How many cores one case keeps busy: :mod:`harness.app.workers` runs ``--jobs`` // this many cases at
-        once. One, unless the preflight runs beside the run (:class:`harness.run.runner.Runner` gives it a thread)
-        and is as heavy as a run (the emulated TPU leg's real-TPU compile)."""
-        return 1
-
     def preflight(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[str | None, dict]:
         """A check before ``run``: (an error reason, or None to go on; extra columns for the case's rows).
 

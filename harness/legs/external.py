@@ -456,9 +456,6 @@ class ExternalLeg(TpuLeg):
         with tpu_info_for(INTERPRET_CHIP):  # the refusal check traces the forward, as the run does
             return super().supports(op, case)
 
-    def cores_per_case(self) -> int:
-        return 1  # its lock keeps the compile and the run apart: one at a time
-
     def compile_for(self, compile_for, fn, arrays, target: str):
         import jax
 

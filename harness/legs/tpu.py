@@ -296,14 +296,6 @@ class TpuLeg(Leg):
         return Environment(mode="native" if self.native else "emulated", device=device, versions=versions(),
                            settings=settings)
 
-    def cores_per_case(self) -> int:
-        """Two while emulating. The real-TPU compile runs in a thread beside the interpret-mode run (a kda
-        smoke case: run 4 s, compile 1-1.7 s, and XLA's own threads), so on 2 cores two workers ran each case
-        2x slower and the warm loop lost its worker start-up (reports/bench). The causality pass compiles
-        for no target, but its runs reuse the programs this process compiled for the leg's run (kept per
-        shape, :func:`_stages`), which a worker would compile again."""
-        return 1 if self.native else 2
-
     def preflight(self, op: OpDescriptor, case: Case, inputs: Inputs) -> tuple[str | None, dict]:
         """Emulated: compile the case natively for each target first (natively the run compiles)."""
         if self.native:
