@@ -151,17 +151,15 @@ def mapping_share() -> float:
         return 0.0
 
 
-def drop_compiles_if_crowded() -> bool:
+def drop_compiles_if_crowded() -> None:
     """Drop jax's compiled functions once this process holds half the memory mappings it may: every compiled CPU
     executable holds mappings of its own, and a process has at most ``vm.max_map_count`` (65530 by default; one
     process walking the 3600 case-draws of smoke and regressions, reports/calibration/fresh24, grew by 250 to 900
-    mappings a minute and was killed by LLVM's ``mmap error: 12`` after 1335 of them). Whether it dropped them."""
-    if mapping_share() <= 0.5:
-        return False
-    import jax  # the legs and the reference load it anyway; the runner itself needs it only here
+    mappings a minute and was killed by LLVM's ``mmap error: 12`` after 1335 of them)."""
+    if mapping_share() > 0.5:
+        import jax  # the legs and the reference load it anyway; the runner itself needs it only here
 
-    jax.clear_caches()
-    return True
+        jax.clear_caches()
 
 
 class Runner:
