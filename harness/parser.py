@@ -9,7 +9,8 @@ from pathlib import Path
 from harness.core.noise import LOOKS
 from harness.legs.registry import default_leg, legs
 from harness.legs.tpu import GRIDS
-from harness.app.workers import CANDIDATE_CASE_TIMEOUT, GIB_PER_JOB
+from harness.app.workers import CANDIDATE_CASE_TIMEOUT
+from harness.core.memory import GIB_PER_JOB
 
 DEFAULT_OUT = Path("reports") / "runs"
 DESCRIPTION = """parity: list cases, run legs, gate result files, or do it all.

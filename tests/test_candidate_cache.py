@@ -2,8 +2,10 @@
 while every source their binding imports from the repository is unchanged, so an edit to one op's kernels
 re-runs that op's cases alone, and a served case keeps the compile facts of its clean preflight."""
 
+import os
 import pathlib
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -156,7 +158,7 @@ def test_a_case_whose_compile_failed_is_never_stored(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.npz"))
 
 
-@pytest.mark.parametrize("resident, frees", [(0.5, True), (0.1, False)])
+@pytest.mark.parametrize("resident, frees", [(4.5, True), (3.5, False)])  # GiB, against a job's 4
 def test_the_tpu_leg_frees_compiled_programs_when_the_shapes_change_in_a_full_process(monkeypatch, resident, frees):
     """Each distinct shape's programs would otherwise stay for the life of the process (a 60-shape run ran out
     of memory); the draws of one case keep theirs, and below the memory limit every shape keeps its own (the
@@ -167,7 +169,7 @@ def test_the_tpu_leg_frees_compiled_programs_when_the_shapes_change_in_a_full_pr
 
     cleared = []
     monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
-    monkeypatch.setattr(tpu, "resident_fraction", lambda: resident)
+    monkeypatch.setattr(tpu, "resident_gib", lambda: resident)
     leg = make_leg("tpu")
     other = next(c for c in get_suite("smoke") if c.replace(seed=0).id != CASE.id)
     for case, clears in ((CASE, 0), (CASE.replace(seed=1), 0), (CASE.replace(seed=2), 0), (other, 1),
@@ -176,10 +178,15 @@ def test_the_tpu_leg_frees_compiled_programs_when_the_shapes_change_in_a_full_pr
         assert len(cleared) == (clears if frees else 0), case.id
 
 
-def test_the_resident_fraction_is_this_process_share_of_memory():
-    import harness.legs.tpu as tpu
+def test_the_resident_memory_is_this_process_own():
+    from harness.core.memory import resident_gib
 
-    assert 0.0 < tpu.resident_fraction() < 1.0
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    before = resident_gib()
+    block = np.ones(2**28 // 8)  # 256 MiB, every page written
+    assert 0.0 < before < physical
+    assert resident_gib() - before > 0.24
+    del block
 
 
 def test_the_runner_starts_a_case_before_its_preflight_thread_and_not_for_a_served_one(tmp_path, monkeypatch):

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
-from harness.app.workers import GIB_PER_JOB, default_jobs, parse_jobs
+from harness.app.workers import default_jobs, parse_jobs
+from harness.core.memory import GIB_PER_JOB
 from faults import FAULTY
 
 SIMPLE_GLA = ["--suite", "smoke", "--op", "simple_gla"]

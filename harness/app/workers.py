@@ -55,6 +55,7 @@ from harness.probes.causality import check_case, default_t0, refused_rows
 from harness.probes.compile_cases import case_rows, error_rows as compile_error_rows
 from harness.run.recipe import CANDIDATE_CASE_TIMEOUT, TASKS, LegRecipe  # noqa: F401  (the pool's vocabulary)
 from harness.run.runner import NotServed, Runner
+from harness.core.memory import GIB_PER_JOB
 from harness.core.status import Status
 
 STOP = threading.Event()
@@ -65,10 +66,6 @@ before its next case even when the handler's KeyboardInterrupt was swallowed whe
 def _stop_if_asked() -> None:
     if STOP.is_set():
         raise KeyboardInterrupt
-
-
-GIB_PER_JOB = 4
-"""Memory a job may want: the float64 reference at the stress shape peaks at 3.75 GiB (reports/bench)."""
 
 
 def default_jobs(environ, cpus: int | None = None, memory_gib: float | None = None) -> int:
