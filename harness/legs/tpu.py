@@ -30,7 +30,7 @@ import numpy as np
 from cases.case import Case
 from cases.inputs import Inputs
 from harness.ops.base import OpDescriptor, call_k_first, grad_name
-from harness.core.memory import GIB_PER_JOB, resident_gib
+from harness.core.memory import GIB_PER_JOB, available_gib, resident_fraction
 from harness.core.status import Status
 
 from .base import BackwardFailed, Environment, Leg, LegOutput, cotangent_pairs
@@ -74,6 +74,10 @@ sequential walk), 3-24x faster on long sequences. ``per-program``: jax's own TPU
 another. Both compile with :data:`INTERPRET_COMPILER_OPTIONS` (XLA:CPU's fusion emitters) and give the same rows
 bit for bit (benchmarks/pallas_grid_rows.py; reports/bench/2026-11-28-default-grid). The rows record which ran
 (settings ``pallas_grid``, and each kernel's plan in the row's details) and are cached apart."""
+
+
+CLEAR_ABOVE = 0.25
+"""The share of physical memory above which the TPU leg frees jax's compiled programs between cases."""
 
 
 def tpu_available() -> bool:
@@ -235,14 +239,16 @@ class TpuLeg(Leg):
 
     def start_case(self, case: Case) -> None:
         """Free jax's compiled programs when the case's shapes change (its id less the input draw) and the
-        process holds more than a job's memory (:data:`harness.core.memory.GIB_PER_JOB`: each worker of a
-        ``--jobs`` run is one job, the command's own process at ``--jobs 1`` too). Each distinct shape keeps its
+        process holds more than :data:`CLEAR_ABOVE` of this machine's memory, or the machine has less than a job's
+        memory left (:data:`harness.core.memory.GIB_PER_JOB`: several workers, each under its share, can fill it
+        together). Each distinct shape keeps its
         interpret-mode programs and real-TPU compiles for the life of the process: measured, 10 distinct
         user-like shapes took the leg's RSS from 0.64 to 1.28 GiB (0.66 to 0.89 GiB clearing between them),
         and a run over 60 of them exhausted 24 GiB. Below the limit they stay, because the causality runs
         reuse them (clearing at every change made smoke's TPU causality 13x slower)."""
         shape = case.replace(seed=0).id
-        if self._shape is not None and shape != self._shape and resident_gib() > GIB_PER_JOB:
+        crowded = resident_fraction() > CLEAR_ABOVE or available_gib() < GIB_PER_JOB
+        if self._shape is not None and shape != self._shape and crowded:
             import jax
 
             jax.clear_caches()
