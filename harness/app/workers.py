@@ -431,10 +431,11 @@ class Workers:
                 return None
 
         def step() -> None:
-            """Start what can start, hand on what is done; when nothing can start, wait for a worker."""
+            """Start what can start and hand on what is done; then, if a case is left, wait for a worker (one runs:
+            a case that waits does so because every worker is busy)."""
             dispatch()
             flush()
-            if waiting() and len(running()) >= at_once:
+            if queue:
                 self._pool.poll()
                 flush()
 
@@ -445,9 +446,6 @@ class Workers:
                 step()
         while queue:
             step()
-            if queue and not waiting():  # the rest is running: wait for the next to finish
-                self._pool.poll()
-                flush()
 
     def _collect(self, runner: Runner, job: _Walk, case: Case, future: concurrent.futures.Future) -> list[dict]:
         """A finished case's rows; a worker that ended without them, or failed, makes error rows that say so."""
