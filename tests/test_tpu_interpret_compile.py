@@ -20,13 +20,18 @@ SMALL = "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64/h0,dht"
 def test_products_and_sums_round_as_written():
     """a = b = 1 + 2^-12: a*b = 1 + 2^-11 + 2^-24 exactly. Rounded to float32 (ulp 2^-23 at 1) that is a tie,
     which goes to the even 1 + 2^-11, so a*b - (1 + 2^-11) is 0 with two roundings and 2^-24 fused.
-    Contraction depends on the host's vector unit; the leg's options must give the two-rounding answer."""
+    Contraction depends on the host's vector unit; the leg's programs (its options, and the fences that both grid
+    interpreters put on every product: harness.emulation.rounding) must give the two-rounding answer, in the calls
+    around the kernels as in the kernels (tests/test_rounding.py)."""
+    from harness.emulation.pallas_batched import batched_interpret, pinned_sums
+
     a = np.full(1024, 1 + 2.0 ** -12, dtype=np.float32)
     c = np.full(1024, -(1 + 2.0 ** -11), dtype=np.float32)
     assert float(a[0]) * float(a[0]) + float(c[0]) == 2.0 ** -24  # the exact (fused) value
     assert np.all(a * a + c == 0)  # numpy: two roundings
-    f = jax.jit(lambda a, b, c: a * b + c, compiler_options=dict(INTERPRET_COMPILER_OPTIONS))
-    assert np.all(np.asarray(f(a, a, c)) == 0)
+    for grid in (batched_interpret, pinned_sums):
+        f = jax.jit(grid(lambda a, b, c: a * b + c), compiler_options=dict(INTERPRET_COMPILER_OPTIONS))
+        assert np.all(np.asarray(f(a, a, c)) == 0), grid.__name__
 
 
 def test_leg_records_its_compile_options():

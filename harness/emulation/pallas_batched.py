@@ -84,6 +84,8 @@ from jax._src.pallas.mosaic.interpret import utils as tpu_interpret_utils
 from jax.experimental.pallas import tpu as pltpu
 from jax.extend import linear_util  # imported by name: `jax.extend` is not loaded by `import jax`
 
+from harness.emulation import rounding
+
 
 # ------------------------------------------------------------------ what it reads of jax
 _READS = {
@@ -301,33 +303,35 @@ def _kernel_refusal(jaxpr) -> str | None:
     return None
 
 
-def _rewrite(jaxpr: jax_core.Jaxpr, programs: bool = True) -> jax_core.Jaxpr:
-    """``jaxpr`` with every float reduce_sum (at any depth) as :data:`pinned_sum_p`, and (``programs``) every
-    dot_general / debug_callback as its per-program primitive."""
-    eqns = []
-    for eqn in jaxpr.eqns:
-        params = dict(eqn.params)
-        for key, value in eqn.params.items():
-            params[key] = _rewrite_param(value, programs)
-        prim = eqn.primitive
-        if _is_float_sum(eqn):
-            prim = pinned_sum_p
-        elif programs and prim is lax_internal.dot_general_p:
-            prim = program_dot_p
-        elif programs and prim is debugging.debug_callback_p:
-            prim = program_callback_p
-        eqns.append(eqn.replace(primitive=prim, params=params))
-    return jaxpr.replace(eqns=eqns)
+def _rewrite(jaxpr: jax_core.Jaxpr, programs: bool = True, kernel: bool = True) -> jax_core.Jaxpr:
+    """``jaxpr`` with every fenced float result (:func:`harness.emulation.rounding.rounds`, at any depth) rounded
+    as written; in a kernel (``kernel``) also every float reduce_sum as :data:`pinned_sum_p`, and (``programs``)
+    every dot_general / debug_callback as its per-program primitive."""
+    return jaxpr.replace(eqns=[_rewrite_eqn(eqn, programs, kernel) for eqn in jaxpr.eqns])
 
 
-def _rewrite_param(value, programs: bool):
+def _rewrite_eqn(eqn, programs: bool, kernel: bool):
+    params = {key: _rewrite_param(value, programs, kernel) for key, value in eqn.params.items()}
+    prim = eqn.primitive
+    if rounding.rounds(eqn):
+        prim = rounding.rounded(prim)
+    elif kernel and _is_float_sum(eqn):
+        prim = pinned_sum_p
+    elif kernel and programs and prim is lax_internal.dot_general_p:
+        prim = program_dot_p
+    elif kernel and programs and prim is debugging.debug_callback_p:
+        prim = program_callback_p
+    return eqn.replace(primitive=prim, params=params)
+
+
+def _rewrite_param(value, programs: bool, kernel: bool):
     if isinstance(value, jax_core.ClosedJaxpr):
-        return jax_core.ClosedJaxpr(_rewrite(value.jaxpr, programs), value.consts)
+        return jax_core.ClosedJaxpr(_rewrite(value.jaxpr, programs, kernel), value.consts)
     if isinstance(value, jax_core.Jaxpr):
-        return _rewrite(value, programs)
+        return _rewrite(value, programs, kernel)
     if isinstance(value, tuple) and value and all(isinstance(v, (jax_core.ClosedJaxpr, jax_core.Jaxpr))
                                                   for v in value):
-        return tuple(_rewrite_param(v, programs) for v in value)
+        return tuple(_rewrite_param(v, programs, kernel) for v in value)
     return value
 
 
@@ -855,8 +859,9 @@ def _eval(call, jaxpr, consts, *args):
         prim = eqn.primitive
         if prim is pallas_call_p and eqn.params.get("interpret"):
             return call(*invals, **eqn.params)
-        if not any(_has_interpreted_call(j) for j in _sub_jaxprs(eqn.params)):
-            return prim.bind(*invals, **prim.get_bind_params(eqn.params))
+        if not any(_has_interpreted_call(j) for j in _sub_jaxprs(eqn.params)):  # rounded as written, at any depth
+            eqn = _rewrite_eqn(eqn, programs=False, kernel=False)
+            return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
         if prim.name in _INLINE and _inner(eqn) is not None:
             inner, inner_consts = _inner(eqn)
             return _eval(call, inner, inner_consts, *invals)

@@ -48,16 +48,20 @@ class TpuContext:
     batched_grid: bool = False
 
 
-INTERPRET_COMPILER_OPTIONS = (("xla_backend_optimization_level", 0),)
-"""How XLA:CPU compiles an interpret-mode run (its forward program and its backward program).
+INTERPRET_COMPILER_OPTIONS = (("xla_backend_optimization_level", 3),)
+"""How XLA:CPU compiles an interpret-mode run (its forward program and its backward program): at its default
+level, stated, with every float product and transcendental fenced so that it rounds as written
+(:mod:`harness.emulation.rounding`: a TPU's vector unit has no fused multiply-add, and XLA:CPU's optimizer would
+contract ``a * b + c`` into one). Both grid interpreters apply the fences. The dots are unaffected: the MXU model
+(kernels_tpu.mxu) fixes their operand rounding and XLA:CPU calls the same matrix library at every level.
 
-At its default level XLA:CPU lets LLVM contract ``a * b + c`` into one fused multiply-add wherever it
-vectorizes, so an elementwise product-sum rounds once or twice depending on the host's vector unit and
-the fusion around it. At level 0 nothing is contracted: every operation rounds as written, as numpy
-rounds it (tests/test_tpu_interpret_compile.py), the same on every host. It also halves the compile
-time that interpret-mode runs are made of (kda at T = 64: XLA compile 8.5 s at the default, 3.8 s at 0).
-The dots are unaffected: the MXU model (kernels_tpu.mxu) fixes their operand rounding and XLA:CPU calls
-the same matrix library at both levels. Which a TPU's vector unit does is not modeled either way."""
+Until 2026-11-29 the leg compiled at level 0 instead, where nothing is contracted. Its code ran about 4x slower,
+and at level 0 ``tanh``, ``log1p``, ``expm1`` and ``rsqrt`` round differently fused behind another operation than
+alone: the rows it moved are listed in reports/bench/2026-11-29-rounding-fence."""
+
+LEVEL_0_OPTIONS = (("xla_backend_optimization_level", 0),)
+"""The options where this jax cannot run the grid interpreters that apply the fences
+(:func:`harness.emulation.pallas_batched.unavailable`): level 0, where LLVM contracts nothing."""
 
 # Not XLA:CPU's loop emitters (``xla_cpu_use_fusion_emitters=False``, which jax 0.10's XLA still
 # has and jax 0.12's refuses), though they compiled an interpret-mode run about 2x faster: under them the batched and
@@ -262,9 +266,12 @@ class TpuLeg(Leg):
             return NATIVE
         from jax.experimental.pallas import tpu as pltpu
 
+        from harness.emulation.pallas_batched import unavailable
+
         interpret = pltpu.InterpretParams(uninitialized_memory="nan")
         # one set of compiler options for both grids (the note under INTERPRET_COMPILER_OPTIONS)
-        return TpuContext(interpret=interpret, mxu_model=True, compiler_options=INTERPRET_COMPILER_OPTIONS,
+        options = INTERPRET_COMPILER_OPTIONS if unavailable() is None else LEVEL_0_OPTIONS
+        return TpuContext(interpret=interpret, mxu_model=True, compiler_options=options,
                           batched_grid=self.batched_grid)
 
     def environment(self) -> Environment:

@@ -1,6 +1,8 @@
-"""The kernels' tests run each call as the emulated TPU leg runs a case: one XLA:CPU program, compiled at the leg's
-optimization level (:data:`harness.legs.tpu.INTERPRET_COMPILER_OPTIONS`: level 0, so nothing is contracted and
-every operation rounds as written).
+"""The kernels' tests run each call as the emulated TPU leg runs a case: one XLA:CPU program in which every operation
+rounds as written. The leg gets that at XLA's full level by fencing every product
+(:data:`harness.legs.tpu.INTERPRET_COMPILER_OPTIONS`, :mod:`harness.emulation.rounding`); a test's program compiles
+at level 0 instead (:data:`harness.legs.tpu.LEVEL_0_OPTIONS`), where nothing is contracted either: a test's small
+shapes are compile time, which level 0 halves, not run time.
 
 Why: an interpret-mode run is nearly all XLA:CPU compile time, and the kernels called eagerly compile each of their
 programs at XLA's default level, 2 to 3 times slower (gdn with grouped value heads, forward and backward: 27.6 s
@@ -12,7 +14,7 @@ sequences run one at a time, which tests/kernels_tpu/test_head_dims_and_varlen.p
 fusion emitters it is (measured 2026-11-26; the mechanism, likely a transcendental rounded differently where the
 emitter vectorizes a different shape, is not yet located).
 
-- :func:`leg_jit`: ``jax.jit`` at the leg's level, for a test's own jitted program;
+- :func:`leg_jit`: ``jax.jit`` at level 0, for a test's own jitted program;
 - :func:`like_the_leg`: a kernel entry point called eagerly becomes one such program per call signature. Floating
   arrays are its traced arguments; everything else (ints, tuples, ``cu_seqlens`` as numpy integers, flags, block
   sizes) stays a Python value, as the kernel expects it. Called inside another trace (a test's ``jax.vjp`` or its
@@ -27,14 +29,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS
+from harness.legs.tpu import LEVEL_0_OPTIONS
 
 
 def leg_jit(fn=None, **kwargs):
-    """``jax.jit`` at the emulated TPU leg's XLA:CPU level (usable as ``@leg_jit`` or ``leg_jit(fn)``)."""
+    """``jax.jit`` at XLA:CPU level 0, where nothing is contracted (usable as ``@leg_jit`` or ``leg_jit(fn)``)."""
     if fn is None:
         return functools.partial(leg_jit, **kwargs)
-    return jax.jit(fn, compiler_options=dict(INTERPRET_COMPILER_OPTIONS), **kwargs)
+    return jax.jit(fn, compiler_options=dict(LEVEL_0_OPTIONS), **kwargs)
 
 
 def _traced(value) -> bool:
