@@ -16,7 +16,7 @@ from harness.emulation import rounding  # noqa: E402
 from harness.emulation.pallas_batched import batched_interpret  # noqa: E402
 from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS  # noqa: E402
 
-FULL = dict(INTERPRET_COMPILER_OPTIONS)  # XLA:CPU's full level, where LLVM contracts a * b + c
+FULL = dict(INTERPRET_COMPILER_OPTIONS)  # the leg's level, where LLVM contracts a * b + c unless fenced
 ROUNDED_MUL = rounding.rounded(lax_internal.mul_p)
 
 

@@ -37,7 +37,9 @@ only what it wrote (``jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py`
   (:data:`pinned_sum_p`), here and in the per-program run (:func:`pinned_sums`): XLA:CPU would pick each sum's order
   from its shape, which batching changes;
 - every ``jax.debug.callback`` of the kernel (``kernels_tpu.mxu.record_dot``'s MXU tally) runs once per
-  program, with that program's operands, as the per-program interpreter runs it.
+  program, with that program's operands, as the per-program interpreter runs it;
+- every float product and transcendental, in the kernels and in the calls around them, is fenced so that it rounds
+  as written (:mod:`harness.emulation.rounding`), here and in the per-program run alike.
 
 Where it does not batch, the call runs per program by jax's own interpreter (its float sums pinned, as below) and the reason is
 recorded (:class:`KernelPlan`): no parallel axis of more than one program, a mesh/core_map, dynamic grid

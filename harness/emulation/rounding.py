@@ -1,14 +1,14 @@
-"""Every float operation of an emulated TPU program rounds where the program writes it, at XLA:CPU's full
-optimization level.
+"""Every float operation of an emulated TPU program rounds where the program writes it, with XLA:CPU's optimizer on.
 
 Why. A TPU's vector unit has no fused multiply-add: v5e, v6e and v7x lower ``x * y + z`` (f32) to ``vmul.f32``
 and ``vadd.f32`` in Mosaic's LLO (docs/precision.md), so the product rounds, then the sum. XLA:CPU lets LLVM
 contract a product into the add that takes it (one rounding) wherever its optimizer runs, and no XLA option
 turns that off: ``optimization_barrier`` and ``reduce_precision`` between the two do not survive XLA's passes
-(``x * y + z`` still fused on 15297 of 65536 values; reports/bench/2026-11-29-rounding-fence). Level 0 stops it,
-and the leg compiled at level 0 until 2026-11-29, but its code runs about 4x slower and is not "as written"
-either: at level 0, ``tanh``, ``log1p``, ``expm1`` and ``rsqrt`` give other bits fused behind another
-operation than alone (10755, 224, 116 and 9152 of 65536 values), where at level 3 they give the same.
+(``x * y + z`` still fused on 15297 of 65536 values at levels 1 and 3, as is an xor with a constant 0;
+reports/bench/2026-11-29-rounding-fence). Level 0 stops it, and the leg compiled at level 0 until 2026-11-29, but
+its code runs 3-4x slower and is not "as written" either: at level 0, ``tanh``, ``log1p``, ``expm1`` and ``rsqrt``
+give other bits fused behind another operation than alone (10755, 224, 116 and 8951 of 65536 values), where at
+levels 1 and 3 they give the same.
 
 How. :func:`rounded` turns a primitive into one that computes the same value and then passes its bits through
 an xor with ``replica-id``. That is 0 in every program the leg runs (one device, one replica), but XLA cannot
@@ -16,7 +16,10 @@ fold it: it is computed at run time, outside the fusion, and the fusion receives
 sees an integer operation between the product and the add, and the product rounds on its own. The cost is one
 vector xor per result. :func:`rounds` says which results are fenced: the products and every operation XLA
 expands into several instructions (a transcendental's last step is a multiply that could fuse into the next
-add); adds, data movement, comparisons and exact operations are not.
+add); adds, data movement, comparisons and exact operations are not. A fence also keeps XLA's algebraic
+simplifier from rewriting through a product, which Mosaic, compiling a kernel for a TPU, does not do either:
+in simple_gla's kernels with a per-head ``g_gamma``, fencing only the chunk's ``b = g_gamma * position`` moved
+``dg_gamma`` at level 0 (the report lists the rows).
 
 :mod:`harness.emulation.pallas_batched` applies it to every equation of the programs it evaluates (the calls around
 the kernels and the kernels, under both grid interpreters). The dots are not fenced: the MXU model
