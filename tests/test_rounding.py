@@ -13,7 +13,7 @@ from jax import lax  # noqa: E402
 from jax._src.lax import lax as lax_internal  # noqa: E402
 
 from harness.emulation import rounding  # noqa: E402
-from harness.emulation.pallas_batched import batched_interpret  # noqa: E402
+from harness.emulation.pallas_batched import batched_interpret, unavailable  # noqa: E402
 from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS  # noqa: E402
 
 FULL = dict(INTERPRET_COMPILER_OPTIONS)  # the leg's level, where LLVM contracts a * b + c unless fenced
@@ -68,6 +68,7 @@ def test_a_fenced_result_is_vmapped_as_an_elementwise_op():
     assert np.array_equal(np.asarray(jax.vmap(exp.bind)(x)), np.asarray(jnp.exp(x)))
 
 
+@pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}: the leg runs at level 0, unfenced")
 def test_the_leg_rewrite_reaches_loops_and_conditionals():
     """The calls around the kernels are evaluated with every fenced result rounded, at any depth."""
     a = np.full(256, 1 + 2.0 ** -12, dtype=np.float32)

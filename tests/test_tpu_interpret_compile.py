@@ -11,7 +11,8 @@ jax = pytest.importorskip("jax")
 
 from cases.case import Case  # noqa: E402
 from cases.inputs import make_inputs  # noqa: E402
-from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS, TpuLeg  # noqa: E402
+from harness.emulation.pallas_batched import batched_interpret, pinned_sums, unavailable  # noqa: E402
+from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS, LEVEL_0_OPTIONS, TpuLeg  # noqa: E402
 from harness.ops import get_op  # noqa: E402
 
 SMALL = "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64/h0,dht"
@@ -23,22 +24,23 @@ def test_products_and_sums_round_as_written():
     Contraction depends on the host's vector unit; the leg's programs (its options, and the fences that both grid
     interpreters put on every product: harness.emulation.rounding) must give the two-rounding answer, in the calls
     around the kernels as in the kernels (tests/test_rounding.py)."""
-    from harness.emulation.pallas_batched import batched_interpret, pinned_sums
-
+    options = dict(TpuLeg(force_interpret=True, compile_targets=()).context().compiler_options)
     a = np.full(1024, 1 + 2.0 ** -12, dtype=np.float32)
     c = np.full(1024, -(1 + 2.0 ** -11), dtype=np.float32)
     assert float(a[0]) * float(a[0]) + float(c[0]) == 2.0 ** -24  # the exact (fused) value
     assert np.all(a * a + c == 0)  # numpy: two roundings
     for grid in (batched_interpret, pinned_sums):
-        f = jax.jit(grid(lambda a, b, c: a * b + c), compiler_options=dict(INTERPRET_COMPILER_OPTIONS))
+        f = jax.jit(grid(lambda a, b, c: a * b + c), compiler_options=options)
         assert np.all(np.asarray(f(a, a, c)) == 0), grid.__name__
 
 
 def test_leg_records_its_compile_options():
+    """Level 1 with the fences; level 0 where this jax cannot run the grid interpreters that apply them."""
     leg = TpuLeg(force_interpret=True, compile_targets=())
-    assert leg.context().compiler_options == INTERPRET_COMPILER_OPTIONS
+    want = INTERPRET_COMPILER_OPTIONS if unavailable() is None else LEVEL_0_OPTIONS
+    assert leg.context().compiler_options == want
     # in the settings, so in the rows and in the candidate cache's key
-    assert leg.environment().settings["xla_compiler_options"] == dict(INTERPRET_COMPILER_OPTIONS)
+    assert leg.environment().settings["xla_compiler_options"] == dict(want)
 
 
 def test_another_draw_of_a_case_compiles_nothing():
