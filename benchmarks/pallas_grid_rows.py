@@ -1,7 +1,7 @@
 """The batched grid interpreter against jax's per-program interpret mode, row by row, on whole suites.
 
 For every case of the selection that the leg takes, runs the leg twice in one process on the case's draw-0
-inputs, both under XLA:CPU's fusion emitters: with every interpret-mode pallas_call by
+inputs, both under the leg's compiler options: with every interpret-mode pallas_call by
 :mod:`harness.emulation.pallas_batched` (its context's ``batched_grid``), and by jax's own per-program TPU interpret mode. Writes one CSV row per case: the
 tensors compared, those that are not bit for bit equal (NaN positions and signs included) or whose MXU tally
 columns differ, how each kernel's grid ran, and both wall times (first run in the process: compiles included).
@@ -41,13 +41,13 @@ def _columns(out) -> dict:
 
 
 def with_grid(leg, batched: bool):
-    """The same leg object under the leg's compiler options (:data:`harness.legs.tpu.INTERPRET_COMPILER_OPTIONS`),
+    """The same leg object under the leg's compiler options (:func:`harness.legs.tpu.interpret_options`),
     its pallas_calls by the batched grid interpreter or by jax's per-program interpret mode."""
-    from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS
+    from harness.legs.tpu import interpret_options
 
     context = type(leg).context
     leg.context = lambda: dataclasses.replace(context(leg), batched_grid=batched,
-                                              compiler_options=INTERPRET_COMPILER_OPTIONS)
+                                              compiler_options=interpret_options())
     return leg
 
 

@@ -23,7 +23,7 @@ from harness.ops import get_op  # noqa: E402
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}: every call runs per program")
 
-OPTS = dict(tpu.INTERPRET_COMPILER_OPTIONS)  # the fusion emitters (see _leg)
+OPTS = dict(tpu.INTERPRET_COMPILER_OPTIONS)  # level 1, the loop emitters (see _leg)
 # jax's own per-program interpreter is compared as the leg runs it (pinned_sums): at the leg's level its products
 # round as written only with the fences that both grid interpreters put on them (harness.emulation.rounding)
 
@@ -35,8 +35,8 @@ def _bits(x):
 
 def _leg(batched: bool):
     """The TPU leg with its pallas_calls by the batched grid or by jax's per-program interpret mode, both under the
-    leg's compiler options (XLA:CPU's fusion emitters: under the loop emitters simple_gla's dq and dg moved in their
-    last bits batched, harness/legs/tpu.py)."""
+    leg's compiler options (level 1 with the fences, by the loop emitters: at level 0 without fences simple_gla's dq
+    and dg moved in their last bits batched under the loop emitters, harness/legs/tpu.py)."""
 
     class Leg(tpu.TpuLeg):
         def context(self):
@@ -71,8 +71,8 @@ def _assert_same_rows(case_id, every_kernel_batched=True):
     "gdn.chunk/B1-T64-H2-K64-V64/bf16/g=logsigmoid/16/C64/h0",
     "kda.chunk/B1-T64-H2-K64-V64/bf16/g=logsigmoid/16/C64/h0,dht",
     "gdn.chunk/B1-T128-H2-K64-V64/bf16/g=logsigmoid/16/C64/lens=37+70+21,h0,dht",  # varlen: scalar-prefetched walk
-    # under XLA:CPU's loop emitters these two differed in the last bit (dq, dg); under the fusion emitters, which the
-    # leg now uses, they do not (harness.legs.tpu.LOOP_EMITTERS)
+    # at level 0 by XLA:CPU's loop emitters, without fences, these two differed in the last bit (dq, dg); at the
+    # leg's options they do not (harness.legs.tpu.INTERPRET_COMPILER_OPTIONS)
     "simple_gla.chunk/B1-T64-H2-K64-V64/fp32/g=logsigmoid/16/C64/h0,dht",
     "simple_gla.chunk/B1-T128-H2-K64-V64/bf16/g=logsigmoid/16/C64/lens=37+70+21,h0,dht",
 ])

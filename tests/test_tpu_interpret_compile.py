@@ -12,7 +12,7 @@ jax = pytest.importorskip("jax")
 from cases.case import Case  # noqa: E402
 from cases.inputs import make_inputs  # noqa: E402
 from harness.emulation.pallas_batched import batched_interpret, pinned_sums, unavailable  # noqa: E402
-from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS, LEVEL_0_OPTIONS, TpuLeg  # noqa: E402
+from harness.legs.tpu import INTERPRET_COMPILER_OPTIONS, LEVEL_0_OPTIONS, TpuLeg, interpret_options  # noqa: E402
 from harness.ops import get_op  # noqa: E402
 
 SMALL = "simple_gla.chunk/B1-T64-H1-K64-V64/fp32/g=logsigmoid/16/C64/h0,dht"
@@ -35,9 +35,11 @@ def test_products_and_sums_round_as_written():
 
 
 def test_leg_records_its_compile_options():
-    """Level 1 with the fences; level 0 where this jax cannot run the grid interpreters that apply them."""
+    """Level 1 with the fences, by the loop emitters; level 0 where this jax cannot run the grid interpreters that
+    apply the fences (jax 0.9 and 0.12, whose XLA also has no loop emitters)."""
     leg = TpuLeg(force_interpret=True, compile_targets=())
     want = INTERPRET_COMPILER_OPTIONS if unavailable() is None else LEVEL_0_OPTIONS
+    assert interpret_options() == want
     assert leg.context().compiler_options == want
     # in the settings, so in the rows and in the candidate cache's key
     assert leg.environment().settings["xla_compiler_options"] == dict(want)
@@ -68,3 +70,16 @@ def test_another_draw_of_a_case_compiles_nothing():
             assert all(np.array_equal(runs[seed][t], v, equal_nan=True) for t, v in out.tensors.items())
         runs.setdefault(seed, out.tensors)
     assert not np.array_equal(runs[0]["o"], runs[1]["o"])  # the draws are different inputs
+
+
+def test_options_this_xla_refuses_give_level_0(monkeypatch):
+    """A jax whose XLA has no such option (jax 0.12 has no loop emitters) runs the leg at level 0, rather than
+    failing every case's compile."""
+    import harness.legs.tpu as tpu
+
+    monkeypatch.setattr(tpu, "INTERPRET_COMPILER_OPTIONS", (("xla_no_such_option_anywhere", True),))
+    tpu.interpret_options.cache_clear()
+    try:
+        assert tpu.interpret_options() == LEVEL_0_OPTIONS
+    finally:
+        tpu.interpret_options.cache_clear()

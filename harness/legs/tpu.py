@@ -48,28 +48,48 @@ class TpuContext:
     batched_grid: bool = False
 
 
-INTERPRET_COMPILER_OPTIONS = (("xla_backend_optimization_level", 1),)
+INTERPRET_COMPILER_OPTIONS = (("xla_backend_optimization_level", 1), ("xla_cpu_use_fusion_emitters", False))
 """How XLA:CPU compiles an interpret-mode run (its forward program and its backward program): at level 1, with
 every float product and transcendental fenced so that it rounds as written (:mod:`harness.emulation.rounding`: a
 TPU's vector unit has no fused multiply-add, and XLA:CPU's code generator would contract ``a * b + c`` into one
-at any level above 0). Both grid interpreters apply the fences. With them, levels 1, 2 and 3 give the same bits;
-1 compiles fastest and runs as fast (gdn B1-T2048-H4 warm: 0.72 s at 1, 0.65-0.75 s at 2 and 3, 2.1-2.9 s at 0).
-The dots are unaffected: the MXU model (kernels_tpu.mxu) fixes their operand rounding and XLA:CPU calls the same
-matrix library at every level.
+at any level above 0), by XLA:CPU's loop emitters. Both grid interpreters apply the fences, and under them both
+give the same rows at these options (smoke: 242 tensors, 0 differ).
 
-Until 2026-11-29 the leg compiled at level 0 instead, where nothing is contracted, but where ``tanh``, ``log1p``,
-``expm1`` and ``rsqrt`` round differently fused behind another operation than alone: the rows that moved are
-listed in reports/bench/2026-11-29-rounding-fence."""
+Why these two (reports/bench/2026-11-29-rounding-fence, gdn and kda B1-T2048-H4 on an idle 2-core machine):
+- level 1 runs 4x faster than level 0 (warm: 0.63 s against 2.45 s), and with the fences levels 1 to 3 give the
+  same bits;
+- the loop emitters compile faster than the fusion emitters (first run with the compile: 5.6-6.3 s against
+  7.8-8.3 s; 8.3 s at level 0 with the fusion emitters), and run about as fast (0.63 against 0.54 s warm). A
+  suite's small cases are compile time: at level 1 with the fusion emitters CI's tests of the leg took 22% more
+  CPU than at level 0.
+
+Until 2026-11-29 the leg compiled at level 0 with the fusion emitters, where nothing is contracted, but where
+``tanh``, ``log1p``, ``expm1`` and ``rsqrt`` round differently fused behind another operation than alone; and
+before 2026-11-28 with the loop emitters at level 0 and no fences, where the two grids differed in simple_gla's
+backward (``dq``, ``dg``) in the last bit. The rows that moved are listed in reports/bench/2026-11-29-rounding-fence.
+jax 0.12's XLA has no loop emitters, and refuses the option: see :func:`interpret_options`."""
 
 LEVEL_0_OPTIONS = (("xla_backend_optimization_level", 0),)
 """The options where this jax cannot run the grid interpreters that apply the fences
-(:func:`harness.emulation.pallas_batched.unavailable`): level 0, where LLVM contracts nothing."""
+(:func:`harness.emulation.pallas_batched.unavailable`), or where its XLA refuses :data:`INTERPRET_COMPILER_OPTIONS`:
+level 0 and XLA's default emitters, where LLVM contracts nothing."""
 
-# Not XLA:CPU's loop emitters (``xla_cpu_use_fusion_emitters=False``, which jax 0.10's XLA still
-# has and jax 0.12's refuses), though they compiled an interpret-mode run about 2x faster: under them the batched and
-# the per-program grid gave different last bits in simple_gla's backward (``dq``, ``dg``) at the same values, and
-# under the fusion emitters they do not (reports/bench/2026-11-28-default-grid; reports/interpret-emitters for
-# what the loop emitters did to the rows and verdicts when the leg used them).
+
+@functools.cache
+def interpret_options() -> tuple[tuple[str, Any], ...]:
+    """The compiler options of this process's interpret-mode runs: :data:`INTERPRET_COMPILER_OPTIONS` where the
+    fences apply and XLA:CPU takes the options (jax 0.10), else :data:`LEVEL_0_OPTIONS` (jax 0.9 and 0.12)."""
+    import jax
+
+    from harness.emulation.pallas_batched import unavailable
+
+    if unavailable() is not None:
+        return LEVEL_0_OPTIONS
+    try:  # an option XLA does not have fails the compile: ask once, on a one-operation program
+        jax.jit(lambda x: x + 1, compiler_options=dict(INTERPRET_COMPILER_OPTIONS)).lower(1.0).compile()
+    except Exception:  # jax raises XLA's INVALID_ARGUMENT ("No such compile option") as a JaxRuntimeError
+        return LEVEL_0_OPTIONS
+    return INTERPRET_COMPILER_OPTIONS
 
 
 GRIDS = ("batched", "per-program")
@@ -77,7 +97,7 @@ GRIDS = ("batched", "per-program")
 harness.app.settings.LegOptions). ``batched`` (the default): for this leg the batched grid interpreter
 (:mod:`harness.emulation.pallas_batched`: the parallel programs together, each kernel's carry-free part before the
 sequential walk), 3-24x faster on long sequences. ``per-program``: jax's own TPU interpret mode, one program after
-another. Both compile with :data:`INTERPRET_COMPILER_OPTIONS` (XLA:CPU's fusion emitters) and give the same rows
+another. Both compile with :data:`INTERPRET_COMPILER_OPTIONS` (XLA:CPU's loop emitters) and give the same rows
 bit for bit (benchmarks/pallas_grid_rows.py; reports/bench/2026-11-28-default-grid). The rows record which ran
 (settings ``pallas_grid``, and each kernel's plan in the row's details) and are cached apart."""
 
@@ -268,12 +288,9 @@ class TpuLeg(Leg):
             return NATIVE
         from jax.experimental.pallas import tpu as pltpu
 
-        from harness.emulation.pallas_batched import unavailable
-
         interpret = pltpu.InterpretParams(uninitialized_memory="nan")
         # one set of compiler options for both grids (the note under INTERPRET_COMPILER_OPTIONS)
-        options = INTERPRET_COMPILER_OPTIONS if unavailable() is None else LEVEL_0_OPTIONS
-        return TpuContext(interpret=interpret, mxu_model=True, compiler_options=options,
+        return TpuContext(interpret=interpret, mxu_model=True, compiler_options=interpret_options(),
                           batched_grid=self.batched_grid)
 
     def environment(self) -> Environment:

@@ -8,11 +8,11 @@ Why: an interpret-mode run is nearly all XLA:CPU compile time, and the kernels c
 programs at XLA's default level, 2 to 3 times slower (gdn with grouped value heads, forward and backward: 27.6 s
 eager, 10.3 s as one program with the leg's options, on this 2-core machine with other work beside it).
 
-Not XLA:CPU's loop emitters (``xla_cpu_use_fusion_emitters=False``, jax 0.10), which the leg used until 2026-11-28:
-under them, simple_gla's chunk kernel on packed sequences (bf16, lens 37+1+90) is not bit-equal to the same
-sequences run one at a time, which tests/kernels_tpu/test_head_dims_and_varlen.py asserts; at level 0 with the
-fusion emitters it is (measured 2026-11-26; the mechanism, likely a transcendental rounded differently where the
-emitter vectorizes a different shape, is not yet located).
+XLA's default emitters here, where the leg uses the loop emitters (``xla_cpu_use_fusion_emitters=False``, jax
+0.10). At level 0 without fences, as the leg ran until 2026-11-28, the loop emitters broke what
+tests/kernels_tpu/test_head_dims_and_varlen.py asserts: simple_gla's chunk kernel on packed sequences (bf16, lens
+37+1+90) bit-equal to the same sequences run one at a time. At the leg's options (level 1, fenced, by the batched
+grid) those tests pass too (checked 2026-11-29 by pointing :func:`leg_jit` at them: 5 passed).
 
 - :func:`leg_jit`: ``jax.jit`` at level 0, for a test's own jitted program;
 - :func:`like_the_leg`: a kernel entry point called eagerly becomes one such program per call signature. Floating
