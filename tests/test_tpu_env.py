@@ -17,6 +17,14 @@ def test_defaults_without_a_tpu_keep_what_the_user_set(tmp_path):
                    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1"}
 
 
+def test_an_empty_variable_is_not_a_value(tmp_path):
+    """``TPU_ACCELERATOR_TYPE=`` (set, empty) is no topology: the silent start's value is put in its place."""
+    env = {"TPU_ACCELERATOR_TYPE": "", "TPU_WORKER_HOSTNAMES": "hosta"}
+    prepare_environment(env, (str(tmp_path / "accel[0-9]*"),))
+    assert env["TPU_ACCELERATOR_TYPE"] == WITHOUT_A_TPU["TPU_ACCELERATOR_TYPE"]
+    assert env["TPU_WORKER_HOSTNAMES"] == "hosta"
+
+
 def test_a_machine_with_a_tpu_gets_no_topology(tmp_path):
     (tmp_path / "accel0").touch()
     chips = (str(tmp_path / "accel[0-9]*"),)

@@ -53,7 +53,8 @@ def prepare_environment(environ=os.environ, device_globs=TPU_DEVICE_GLOBS) -> No
     environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     if not tpu_attached(device_globs):
         for name, value in WITHOUT_A_TPU.items():
-            environ.setdefault(name, value)
+            if not environ.get(name):  # unset, or set empty (``TPU_ACCELERATOR_TYPE= parity ...``): no topology either
+                environ[name] = value
         dump_mosaic_passes(environ)
 
 
