@@ -1,5 +1,5 @@
 """First and warm run of the TPU leg on three smoke cases, the leg's compile options given as JSON (argv[1]); the tensors
-are pickled to argv[2] to compare levels: python levels.py '{"xla_backend_optimization_level": 1}' /tmp/l1.pkl"""
+are pickled to argv[2] to compare levels: python levels.py '{"xla_backend_optimization_level": 1}' /tmp/l1.pkl [case ids instead of the three]"""
 import os, sys, time, pickle, json
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-4"); os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
@@ -11,7 +11,7 @@ from harness.app.selection import case_from_id
 from harness.legs.registry import leg_spec
 from harness.ops import get_op
 leg = leg_spec("tpu").build(force_interpret=True, compile_targets=())
-ids = ["kda.chunk/B1-T128-H2-K128-V128/bf16/g=logsigmoid/16,lb-5/C64/h0,dht,use_beta_sigmoid_in_kernel=1,use_qk_l2norm_in_kernel=1",
+ids = sys.argv[3:] or ["kda.chunk/B1-T128-H2-K128-V128/bf16/g=logsigmoid/16,lb-5/C64/h0,dht,use_beta_sigmoid_in_kernel=1,use_qk_l2norm_in_kernel=1",
        "gdn.chunk/B1-T64-H2-K128-V128/bf16/g=logsigmoid/16/C64/h0,use_gate_in_kernel=1",
        "simple_gla.chunk/B1-T128-H2-K128-V128/bf16/g=logsigmoid/16/C64/h0,dht"]
 out = {}
