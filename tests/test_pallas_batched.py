@@ -23,7 +23,7 @@ from harness.ops import get_op  # noqa: E402
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}: every call runs per program")
 
-OPTS = dict(tpu.INTERPRET_COMPILER_OPTIONS)  # level 1, the loop emitters (see _leg)
+OPTS = dict(tpu.interpret_options())  # level 1, the loop emitters (see _leg)
 # jax's own per-program interpreter is compared as the leg runs it (pinned_sums): at the leg's level its products
 # round as written only with the fences that both grid interpreters put on them (harness.emulation.rounding)
 
@@ -41,7 +41,7 @@ def _leg(batched: bool):
     class Leg(tpu.TpuLeg):
         def context(self):
             return dataclasses.replace(super().context(), batched_grid=batched,
-                                       compiler_options=tpu.INTERPRET_COMPILER_OPTIONS)
+                                       compiler_options=tpu.interpret_options())
 
     return Leg(force_interpret=True, compile_targets=())
 
