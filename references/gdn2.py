@@ -22,9 +22,10 @@ within a chunk, with ``G`` the inclusive cumulative log decay from the chunk sta
 (the erase side reads the second key operand ``b * k`` where kda reads ``beta k``), and the output and the
 state pass are kda's: ``o = scale (q exp(G)) S_0 + scale tril(q-vs-k decayed scores) delta``,
 ``S_C = Diag(exp G_C) S_0 + (k exp(G_C - G))^T delta``. ``method="recurrent"`` runs the token update
-(:func:`token_update`) instead. Both share kda's core and driver (:class:`references.kda.DeltaRule`): chunks
-under ``jax.checkpoint``, padding and packed sequences with zero tokens (k = 0, g = 0: ``S -> S`` exactly
-whatever b and w), the backward by ``jax.vjp`` (the token loop's by :func:`token_adjoint`).
+instead, as a rank-one term (:func:`rank_one`). Both share kda's core and driver
+(:class:`references.kda.DeltaRule`): chunks under ``jax.checkpoint`` or the token recurrence of
+:mod:`references._rank_one`, padding and packed sequences with zero tokens (k = 0, g = 0: ``S -> S`` exactly
+whatever b and w), the backward by ``jax.vjp`` (the token recurrence's written by hand).
 
 Shapes (as fla-core 0.6.0, which asserts them): q, k, g, b [B,T,H,K]; v, w [B,T,H,V]; initial_state, ht
 [N,H,K,V]; o [B,T,H,V]. fla's gdn2 has no grouped value heads (v has q's H heads), and neither has the
@@ -59,18 +60,14 @@ the same maths in float32.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from op_contract import check_gdn2, gdn2_options
 
 from . import kda
 from .kda import METHODS, DeltaRule, backward, forward
 
-__all__ = ["chunk_gdn2", "chunk_gdn2_bwd", "preprocess", "wy_operands", "token_update", "token_adjoint", "METHODS",
+__all__ = ["chunk_gdn2", "chunk_gdn2_bwd", "preprocess", "wy_operands", "rank_one", "METHODS",
            "GDN2"]
-
-_HI = lax.Precision.HIGHEST
-
 
 def preprocess(q, k, g, b, w, A_log=None, dt_bias=None, *, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                safe_gate=False, lower_bound=None):
@@ -92,31 +89,14 @@ def wy_operands(k, v, G, strict_scores, b, w):
     return A, w * v, bk * jnp.exp(G)
 
 
-def token_update(S, k, v, b, w):
-    """gdn2's token update of the decayed state ``S = Diag(exp g_t) S_{t-1}``:
-    ``S + k_t (w_t * v_t - S^T (b_t * k_t))^T``."""
-    erase = jnp.einsum("bhk,bhkv->bhv", b * k, S, precision=_HI)
-    return S + k[..., :, None] * (w * v - erase)[..., None, :]
-
-
-def token_adjoint(S, k, v, b, w, dS_new):
-    """The adjoint of :func:`token_update` at the decayed state ``S``: the gradient ``dS_new`` w.r.t.
-    ``S_t = S + k r^T``, ``r = w * v - S^T (b * k)``, taken back to ``(dS, dk, dv, db, dw)``:
-
-    - ``dr = dS_new^T k`` [V], so ``dw = dr * v`` and ``dv = dr * w``;
-    - ``dk = dS_new r`` directly, and through the erase ``- S^T (b * k)``: ``d(b * k) = - S dr``, which gives
-      ``db = d(b * k) * k``, ``dk += d(b * k) * b`` and ``dS = dS_new - (b * k) dr^T``."""
-    bk = b * k
-    dr = jnp.einsum("bhk,bhkv->bhv", k, dS_new, precision=_HI)
-    r = w * v - jnp.einsum("bhk,bhkv->bhv", bk, S, precision=_HI)
-    dbk = -jnp.einsum("bhkv,bhv->bhk", S, dr, precision=_HI)
-    dk = jnp.einsum("bhkv,bhv->bhk", dS_new, r, precision=_HI) + dbk * b
-    dS = dS_new - bk[..., :, None] * dr[..., None, :]
-    return dS, dk, dr * w, dbk * k, dr * v
+def rank_one(k, v, b, w):
+    """gdn2's token update as the rank-one term of :mod:`references._rank_one`: ``(a, m, c) = (k, b * k, w * v)``,
+    so ``S_t = S'_t + k_t (w_t * v_t - S'_t^T (b_t * k_t))^T``."""
+    return k, b * k, w * v
 
 
 GDN2 = DeltaRule(check=check_gdn2, options=gdn2_options, preprocess=preprocess, gates=("b", "w"),
-                 wy_operands=wy_operands, token_update=token_update, token_adjoint=token_adjoint)
+                 wy_operands=wy_operands, rank_one=rank_one)
 
 
 def chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, *,

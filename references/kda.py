@@ -41,15 +41,15 @@ A gate of ``-inf`` (a hard state reset) is not special-cased by fla and is not s
 The driver (:func:`forward`, :func:`backward`: contract, in-kernel options, value heads, float64 core) is
 shared with :mod:`references.gdn`, whose scalar gate is broadcast over the key channels, and with
 :mod:`references.gdn2`, whose per-channel erase and write gates replace beta in the update
-(:class:`DeltaRule`: its ``gates``, ``wy_operands``, ``token_update`` and ``token_adjoint``).
+(:class:`DeltaRule`: its ``gates``, ``wy_operands`` and ``rank_one``).
 
 Two formulations check each other: ``method="recurrent"`` (token by token) and
 ``method="chunk"`` (WY form: per chunk ``Akk``, its unit-lower-triangular inverse, ``w``, ``u``,
 the delta-rule state pass and the output; the decayed key and query scores as matrix products,
-:func:`references._decay.decayed_scores`). Both run chunk by chunk under ``jax.checkpoint``,
-so the backward (``jax.vjp``) keeps only the ``NT`` chunk-start states. Within a chunk the token-by-token
-form's backward is written by hand (:func:`_token_loop_bwd`: the tokens in reverse, each op's
-``token_adjoint``, the states recomputed from one kept every 16 tokens), not autodiff of its scan, which cost
+:func:`references._decay.decayed_scores`), chunk by chunk under ``jax.checkpoint``, so that the backward
+(``jax.vjp``) keeps only the ``NT`` chunk-start states. The token-by-token form is the rule's rank-one update
+(``DeltaRule.rank_one``) run by :func:`references._rank_one.token_recurrence`, whose backward is written by hand
+(the tokens in reverse, the states recomputed from one kept every C tokens), not autodiff of its scan, which cost
 about 9x the forward (reports/bench/2026-11-28-reference-check).
 
 All work runs inside ``jax.enable_x64(True)`` on the CPU device with HIGHEST matmul precision;
@@ -73,6 +73,7 @@ from jax import lax
 from op_contract import check_kda, kda_options
 
 from ._decay import decayed_scores
+from ._rank_one import token_recurrence
 from ._varlen import num_states, offsets, over_sequences
 from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
@@ -81,7 +82,7 @@ METHODS = ("chunk", "recurrent")
 _HI = lax.Precision.HIGHEST
 
 __all__ = ["chunk_kda", "chunk_kda_bwd", "preprocess", "METHODS", "L2NORM_EPS", "DeltaRule", "forward", "backward",
-           "qk_beta_options", "kda_wy_operands", "kda_token_update", "kda_token_adjoint"]
+           "qk_beta_options", "kda_wy_operands", "kda_rank_one"]
 
 
 def _to_np(x, dtype: str) -> np.ndarray:
@@ -151,27 +152,10 @@ def kda_wy_operands(k, v, G, strict_scores, beta):
     return Akk, beta[..., None] * v, beta[..., None] * k * jnp.exp(G)
 
 
-def kda_token_update(S, k, v, beta):
-    """KDA's token update of the decayed state ``S = Diag(exp g_t) S_{t-1}``:
-    ``S + beta_t k_t (v_t - S^T k_t)^T``."""
-    kS = jnp.einsum("bhk,bhkv->bhv", k, S, precision=_HI)
-    return S + beta[..., None, None] * k[..., :, None] * (v - kS)[..., None, :]
-
-
-def kda_token_adjoint(S, k, v, beta, dS_new):
-    """The adjoint of :func:`kda_token_update` at the decayed state ``S``: the gradient ``dS_new`` w.r.t.
-    ``S_t = S + beta k u^T``, ``u = v - S^T k``, taken back to ``(dS, dk, dv, dbeta)``:
-
-    - ``a = dS_new^T k`` [V], so ``dbeta = a . u`` and ``du = beta a``;
-    - ``dv = du``; through ``u``'s ``- S^T k``: ``dk = beta dS_new u - S du`` and ``dS = dS_new - k du^T``."""
-    a = jnp.einsum("bhk,bhkv->bhv", k, dS_new, precision=_HI)
-    u = v - jnp.einsum("bhk,bhkv->bhv", k, S, precision=_HI)
-    du = beta[..., None] * a
-    dbeta = jnp.sum(a * u, axis=-1)
-    dk = (beta[..., None] * jnp.einsum("bhkv,bhv->bhk", dS_new, u, precision=_HI)
-          - jnp.einsum("bhkv,bhv->bhk", S, du, precision=_HI))
-    dS = dS_new - k[..., :, None] * du[..., None, :]
-    return dS, dk, du, dbeta
+def kda_rank_one(k, v, beta):
+    """KDA's token update as the rank-one term of :mod:`references._rank_one`: ``(a, m, c) = (beta k, k, v)``, so
+    ``S_t = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T``."""
+    return beta[..., None] * k, k, v
 
 
 def _chunk_step_wy(rule, scale, S, xs):
@@ -196,100 +180,6 @@ def _chunk_step_wy(rule, scale, S, xs):
     return S_new, o
 
 
-def _chunk_step_recurrent(rule, scale, S, xs):
-    """One chunk, token by token. S [B,H,K,V]; xs (q, k, v, g, *gates) each [B,H,C,...]; ``rule.token_update``
-    is the op's update of the decayed state. Its backward is the hand-written adjoint
-    (:func:`_token_loop_bwd`), not autodiff of the scan."""
-    S, o = _token_loop(rule, scale, S, tuple(jnp.moveaxis(x, 2, 0) for x in xs))  # tokens on axis 0: [C,B,H,...]
-    return S, jnp.moveaxis(o, 0, 2)
-
-
-def _token(rule, scale, S, x):
-    """One token: ``S_t = update(Diag(exp g_t) S_{t-1})``, ``o_t = scale S_t^T q_t``."""
-    q, k, v, g, *gates = x
-    S = S * jnp.exp(g)[..., :, None]
-    S = rule.token_update(S, k, v, *gates)
-    o = scale * jnp.einsum("bhk,bhkv->bhv", q, S, precision=_HI)
-    return S, o
-
-
-TOKEN_SEGMENT = 16
-"""Tokens per segment of the token loop's backward (:func:`_token_loop_bwd`): it keeps the state entering each
-segment and recomputes a segment's states when it reaches it, so it holds ``C / TOKEN_SEGMENT + TOKEN_SEGMENT``
-states, not ``C`` (a stack of 64 states of ``[B,H,K,V]`` float64 costs more to write than the tokens' work)."""
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _token_loop(rule, scale, S0, xs):
-    """The chunk's tokens in order from S0 [B,H,K,V], xs each [C,B,H,...]: ``(S_C, o [C,B,H,V])``."""
-    return lax.scan(functools.partial(_token, rule, scale), S0, xs)
-
-
-def _token_loop_fwd(rule, scale, S0, xs):
-    """The forward by segments of :func:`_segment_length` tokens (the same steps in the same order), keeping the
-    state entering each segment for the backward. Under the chunks' ``jax.checkpoint`` this runs when the
-    backward reaches the chunk, so one chunk's ``C / TOKEN_SEGMENT`` states at a time."""
-    C = xs[0].shape[0]
-    n = C // _segment_length(C)
-    step = functools.partial(_token, rule, scale)
-
-    def segment(S, x):
-        S_new, o = lax.scan(step, S, x)
-        return S_new, (o, S)
-
-    S_C, (o, S_enter) = lax.scan(segment, S0, tuple(x.reshape(n, C // n, *x.shape[1:]) for x in xs))
-    return (S_C, o.reshape(C, *o.shape[2:])), (S_enter, xs)
-
-
-def _segment_length(C: int) -> int:
-    """The longest segment of at most :data:`TOKEN_SEGMENT` tokens that divides the chunk."""
-    return max(d for d in range(1, min(TOKEN_SEGMENT, C) + 1) if C % d == 0)
-
-
-def _token_loop_bwd(rule, scale, res, cts):
-    """The adjoint of the token loop: the tokens in reverse, the carry ``dS`` the gradient w.r.t. ``S_t``
-    (from ``dS_C``, the chunk's outgoing state's). Per token, with ``S'_t = Diag(exp g_t) S_{t-1}``,
-    ``S_t = update(S'_t, k, v, gates)`` and ``o_t = scale S_t^T q_t``:
-
-    - ``o_t``: ``dq_t = scale S_t do_t`` and ``dS_t += scale q_t do_t^T``;
-    - the update: ``rule.token_adjoint`` gives ``dS'_t`` and the gradients of k, v and the gates;
-    - the decay: ``dS_{t-1} = Diag(exp g_t) dS'_t`` and ``dg_t[i] = exp(g_t[i]) sum_j S_{t-1}[i,j] dS'_t[i,j]
-      = sum_j S'_t[i,j] dS'_t[i,j]``, summed over the key channels when g is one decay per head ([...,1]).
-
-    The states ``S_{t-1}`` are recomputed by the forward's own token step (the same values), segment by segment
-    in reverse, each from the state entering it (kept by :func:`_token_loop_fwd`)."""
-    S_enter, xs = res
-    dS_C, do = cts
-    C = xs[0].shape[0]
-    n = C // _segment_length(C)
-    segments = lambda x: x.reshape(n, C // n, *x.shape[1:])
-    xs_seg, do_seg = tuple(map(segments, xs)), segments(do)
-    step = functools.partial(_token, rule, scale)
-
-    def token(dS, x):
-        S_prev, (q, k, v, g, *gates), do = x
-        Sd = S_prev * jnp.exp(g)[..., :, None]  # S'_t
-        S = rule.token_update(Sd, k, v, *gates)  # S_t
-        dq = scale * jnp.einsum("bhkv,bhv->bhk", S, do, precision=_HI)
-        dS = dS + scale * q[..., :, None] * do[..., None, :]
-        dSd, dk, dv, *dgates = rule.token_adjoint(Sd, k, v, *gates, dS)
-        dg = jnp.sum(Sd * dSd, axis=-1)  # [B,H,K]
-        if g.shape[-1] != dg.shape[-1]:  # one decay per head, broadcast over the key channels
-            dg = jnp.sum(dg, axis=-1, keepdims=True)
-        return dSd * jnp.exp(g)[..., :, None], (dq, dk, dv, dg, *dgates)
-
-    def segment(dS, x):
-        S_e, xs, do = x
-        _, S_prev = lax.scan(lambda S, x: (step(S, x)[0], S), S_e, xs)  # the segment's S_{t-1}
-        return lax.scan(token, dS, (S_prev, xs, do), reverse=True)
-
-    dS0, dxs = lax.scan(segment, dS_C, (S_enter, xs_seg, do_seg), reverse=True)
-    return dS0, tuple(d.reshape(C, *d.shape[2:]) for d in dxs)
-
-
-_token_loop.defvjp(_token_loop_fwd, _token_loop_bwd)
-
-
 def _core(rule, tokens, h0, scale, chunk_size, method, offs=None):
     """Core recurrence on float64 jax arrays, H heads each with its own q, k (the value heads: q and k are
     already repeated to them); ``tokens`` = (q, k, v, g, *gates) [B,T,H,*], ``rule`` the op's
@@ -302,18 +192,19 @@ def _core(rule, tokens, h0, scale, chunk_size, method, offs=None):
 def _core_one(rule, tokens, h0, scale, chunk_size, method):
     """The recurrence over tokens (q, k, v, g, *gates) [B,T,H,*] from h0 [B,H,K,V] (zeros when None):
     (o, ht)."""
-    q, v = tokens[0], tokens[2]
+    q, k, v, g, *gates = tokens
     B, T, H, K = q.shape
     V = v.shape[-1]
+    S0 = jnp.zeros((B, H, K, V), q.dtype) if h0 is None else h0
+    if method == "recurrent":
+        return token_recurrence(scale, S0, q, *rule.rank_one(k, v, *gates), g, every=chunk_size)
     C = chunk_size
     pad = (-T) % C
     if pad:  # zero tokens (k = 0, g = 0) leave the state unchanged and are sliced off
         padt = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
         tokens = tuple(map(padt, tokens))
-    S0 = jnp.zeros((B, H, K, V), q.dtype) if h0 is None else h0
-    step = _chunk_step_wy if method == "chunk" else _chunk_step_recurrent
     xs = tuple(_to_chunks(x, C) for x in tokens)
-    body = jax.checkpoint(lambda S, x: step(rule, scale, S, x))
+    body = jax.checkpoint(lambda S, x: _chunk_step_wy(rule, scale, S, x))
     ht, o = lax.scan(body, S0, xs)
     return _from_chunks(o)[:, :T], ht
 
@@ -331,19 +222,18 @@ class DeltaRule:
 
     ``gates``: the names of the op's per-token inputs after ``g`` (kda and gdn: ``beta``; gdn2: ``b``, ``w``),
     which name their gradients (``"d" + name``); ``wy_operands`` ``(k, v, G, strict_scores, *gates) -> (Akk, u_rhs,
-    w_rhs)`` and ``token_update`` ``(S, k, v, *gates) -> S_t`` are the op's update in the chunked WY form and
-    token by token (:func:`kda_wy_operands`, :func:`kda_token_update`: kda's, which gdn shares). A zero token
-    (k = 0, g = 0) must leave the state unchanged: packing and padding rely on it. ``token_adjoint``
-    ``(S, k, v, *gates, dS_t) -> (dS, dk, dv, *dgates)`` is the adjoint of ``token_update`` at ``S`` (the
-    recurrent form's hand-written backward, :func:`_token_loop_bwd`; :func:`kda_token_adjoint`)."""
+    w_rhs)`` and ``rank_one`` ``(k, v, *gates) -> (a, m, c)`` are the op's update in the chunked WY form and
+    token by token (:func:`kda_wy_operands`, :func:`kda_rank_one`: kda's, which gdn shares): the token update is
+    ``S_t = S'_t + a (c - S'_t^T m)^T`` (:mod:`references._rank_one`, which differentiates it by hand; the map
+    to ``(a, m, c)`` is differentiated by autodiff). A zero token (k = 0, g = 0) must give ``a = 0`` and so leave
+    the state unchanged: packing and padding rely on it."""
 
     check: Callable
     options: Callable
     preprocess: Callable
     gates: tuple[str, ...] = ("beta",)
     wy_operands: Callable = kda_wy_operands
-    token_update: Callable = kda_token_update
-    token_adjoint: Callable = kda_token_adjoint
+    rank_one: Callable = kda_rank_one
 
 
 def _setup(op: DeltaRule, q, k, v, g, gates, initial_state, A_log, dt_bias, scale, chunk_size, method, kw,

@@ -1,0 +1,164 @@
+"""The delta rules' token-by-token recurrence (the reference's check), forward and its backward by hand.
+
+Every delta rule here (kda, gdn, gdn2) changes its state by one rank-one term per token. Per head, with S [K, V],
+``e_t = exp(g_t)`` on the key rows ([K], or one value per head) and the rule's three vectors ``a_t``, ``m_t`` [K]
+and ``c_t`` [V] (``DeltaRule.rank_one``)::
+
+    y_t = (Diag(e_t) S_{t-1})^T m_t               what the decayed state recalls for the erase key m_t
+    S_t = Diag(e_t) S_{t-1} + a_t (c_t - y_t)^T   the recalled value replaced by c_t, along a_t
+    o_t = scale S_t^T q_t
+
+kda and gdn: ``a = beta k, m = k, c = v``; gdn2: ``a = k, m = b * k, c = w * v``. The rule's map from its inputs
+to ``(a, m, c)`` is elementwise and runs outside this loop, so autodiff takes its gradients there.
+
+**Cost.** The loop is memory-bound: each token reads and writes every state once. So the decay is folded into the
+recall (``y = S^T (e * m)``) and the update (``e * S + a r^T``, one elementwise pass), and the backward reads
+``S_{t-1}`` and the carried gradient a few times per token, never forming ``Diag(e) S`` or ``S_t``
+(reports/bench/2026-11-29-reference-check: gdn's check at B1-T2048-H4 from 184 to ... us per token-head).
+
+**Backward** (:func:`_token_adjoint`), the tokens in reverse with the carry ``dS`` the gradient w.r.t. ``S_t``.
+With ``r = c - y`` and ``dS' = dS + scale q do^T`` (the output's share)::
+
+    dr  = dS'^T a   = dS^T a + scale (q . a) do        dc = dr
+    da  = dS' r     = dS r + scale q (do . r)
+    dm  = -Diag(e) S_{t-1} dr                          (y's gradient is -dr)
+    dq  = scale S_t do = scale (e * (S_{t-1} do) + a (r . do))
+    dg  = e * rowsum(S_{t-1} * (dS' - m dr^T))         summed over K for one decay per head
+        = e * (rowsum(S_{t-1} * dS) + scale q * (S_{t-1} do) - m * (S_{t-1} dr))
+    dS_{t-1} = e * (dS + scale q do^T - m dr^T)
+
+**Memory.** The tokens run chunk by chunk (``every`` tokens: the case's chunk size) under ``jax.checkpoint``, so the
+backward keeps the state entering each chunk, as many as the chunk form keeps. It recomputes a chunk's tokens when
+it reaches it, keeping the state entering each segment of :data:`SEGMENT` tokens, then each segment's states, by the
+forward's own step (the same values), and walks them back. So it holds ``T / every + every / SEGMENT + SEGMENT``
+states, never ``T``, and no case is refused for its size.
+
+T is padded to whole segments with zero tokens (a = m = c = 0, g = 0: ``S -> S`` exactly, as packing relies on too);
+their outputs are sliced off.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+_HI = lax.Precision.HIGHEST
+
+__all__ = ["token_recurrence"]
+
+
+def _recall(S, x):
+    """``x^T S`` over the key rows: [B,H,K] x [B,H,K,V] -> [B,H,V]."""
+    return jnp.einsum("bhk,bhkv->bhv", x, S, precision=_HI)
+
+
+def _apply(S, x):
+    """``S x`` over the value columns: [B,H,K,V] x [B,H,V] -> [B,H,K]."""
+    return jnp.einsum("bhkv,bhv->bhk", S, x, precision=_HI)
+
+
+def _token(scale, S, x):
+    """One token (module doc): ``(S_t, o_t)`` from ``S_{t-1}``; x = (q, a, m, c, g) each [B,H,*]."""
+    q, a, m, c, g = x
+    e = jnp.exp(g)
+    r = c - _recall(S, e * m)
+    S = e[..., :, None] * S + a[..., :, None] * r[..., None, :]
+    return S, scale * _recall(S, q)
+
+
+def _token_adjoint(scale, dS, x):
+    """One token back (module doc): from the carry ``dS`` (w.r.t. ``S_t``) and ``x = (S_{t-1}, (q, a, m, c, g),
+    do)`` to ``dS_{t-1}`` and the token's ``(dq, da, dm, dc)``; ``dg`` is taken per segment (:func:`_decay_grads`)."""
+    S, (q, a, m, c, g), do = x
+    e = jnp.exp(g)
+    r = c - _recall(S, e * m)
+    dr = _recall(dS, a) + scale * jnp.sum(q * a, axis=-1, keepdims=True) * do
+    dq = scale * (e * _apply(S, do) + a * jnp.sum(r * do, axis=-1, keepdims=True))
+    da = _apply(dS, r) + scale * q * jnp.sum(do * r, axis=-1, keepdims=True)
+    dm = -e * _apply(S, dr)
+    dS = e[..., :, None] * (dS + scale * q[..., :, None] * do[..., None, :] - m[..., :, None] * dr[..., None, :])
+    return dS, (dq, da, dm, dr)
+
+
+def _decay_grads(S_end, dS_end, xs, grads):
+    """The log decays' gradients over a segment, from a symmetry of the recurrence instead of a row sum per token.
+
+    Scaling the key rows of every state from ``S_t`` to the segment's last, ``S_end``, by ``Diag(lambda)`` leaves
+    every output of the segment unchanged when ``e_t``, ``a_s`` take the factor ``lambda`` and ``m_s``, ``q_s``
+    (s >= t) its inverse; only ``S_end`` as the later tokens read it changes. Differentiating in ``log lambda``::
+
+        dg_t = rowsum(S_end * dS_end) + sum_{s=t..end} (q_s dq_s + m_s dm_s - a_s da_s)
+
+    with ``dS_end`` the gradient w.r.t. ``S_end`` from the tokens after it. One row sum of two states per segment
+    (XLA:CPU sums a row serially: about 90 us for [4,128,128] here, more than a token's other work) and a sum of
+    at most :data:`SEGMENT` vectors per token."""
+    q, a, m, _, g = xs
+    dq, da, dm, _ = grads
+    dg = jnp.sum(S_end * dS_end, axis=-1) + lax.cumsum(q * dq + m * dm - a * da, axis=0, reverse=True)
+    if g.shape[-1] != dg.shape[-1]:  # one decay per head, broadcast over the key rows
+        dg = jnp.sum(dg, axis=-1, keepdims=True)
+    return dg
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _segments(scale, every, S0, xs):
+    """The tokens in order from S0 [B,H,K,V], xs = (q, a, m, c, g) each [T,B,H,*] (T a multiple of ``every``):
+    ``(S_T, o [T,B,H,V])``."""
+    return lax.scan(functools.partial(_token, scale), S0, xs)
+
+
+def _segments_fwd(scale, every, S0, xs):
+    """The same steps in the same order, segment by segment, keeping the state entering each."""
+    T = xs[0].shape[0]
+    step = functools.partial(_token, scale)
+
+    def segment(S, seg):
+        S_new, o = lax.scan(step, S, seg)
+        return S_new, (o, S)
+
+    S_T, (o, S_enter) = lax.scan(segment, S0, tuple(x.reshape(T // every, every, *x.shape[1:]) for x in xs))
+    return (S_T, o.reshape(T, *o.shape[2:])), (S_enter, xs)
+
+
+def _segments_bwd(scale, every, res, cts):
+    """The segments in reverse: each one's states ``S_{t-1}`` recomputed from the state entering it, then its
+    tokens walked back by :func:`_token_adjoint` from the carry (``dS_T`` = ht's cotangent)."""
+    S_enter, xs = res
+    dS_T, do = cts
+    T = xs[0].shape[0]
+    by_segment = lambda x: x.reshape(T // every, every, *x.shape[1:])  # noqa: E731
+    step = functools.partial(_token, scale)
+
+    def segment(dS, seg):
+        S_e, xs, do = seg
+        S_end, S_prev = lax.scan(lambda S, x: (step(S, x)[0], S), S_e, xs)
+        dS_e, grads = lax.scan(functools.partial(_token_adjoint, scale), dS, (S_prev, xs, do), reverse=True)
+        return dS_e, (*grads, _decay_grads(S_end, dS, xs, grads))
+
+    dS0, dxs = lax.scan(segment, dS_T, (S_enter, tuple(map(by_segment, xs)), by_segment(do)), reverse=True)
+    return dS0, tuple(d.reshape(T, *d.shape[2:]) for d in dxs)
+
+
+_segments.defvjp(_segments_fwd, _segments_bwd)
+
+
+SEGMENT = 16
+"""Tokens per segment of the backward's recompute within a chunk: it holds ``C / SEGMENT + SEGMENT`` states of a
+chunk at a time (a stack of C states of [B,H,K,V] float64 costs more to write and read than the tokens' work, and
+at the stress shapes more memory than the chunk states themselves)."""
+
+
+def token_recurrence(scale: float, S0, q, a, m, c, g, every: int):
+    """``(o [B,T,H,V], S_T [B,H,K,V])`` of the recurrence (module doc) from S0 [B,H,K,V]; q, a, m [B,T,H,K],
+    c [B,T,H,V], g [B,T,H,K] or [B,T,H,1]. The backward keeps a state per ``every`` tokens."""
+    T = q.shape[1]
+    every = max(1, min(every, T))
+    n, pad = -(-T // every), (-T) % every
+    segment = max(d for d in range(1, min(SEGMENT, every) + 1) if every % d == 0)
+    chunks = tuple(jnp.moveaxis(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)), 1, 0)
+                   .reshape(n, every, *x.shape[:1], *x.shape[2:]) for x in (q, a, m, c, g))
+    S_T, o = lax.scan(jax.checkpoint(lambda S, xs: _segments(scale, segment, S, xs)), S0, chunks)
+    return jnp.moveaxis(o.reshape(n * every, *o.shape[2:]), 0, 1)[:, :T], S_T
