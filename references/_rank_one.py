@@ -11,27 +11,34 @@ and ``c_t`` [V] (``DeltaRule.rank_one``)::
 kda and gdn: ``a = beta k, m = k, c = v``; gdn2: ``a = k, m = b * k, c = w * v``. The rule's map from its inputs
 to ``(a, m, c)`` is elementwise and runs outside this loop, so autodiff takes its gradients there.
 
-**Cost.** The loop is memory-bound: each token reads and writes every state once. So the decay is folded into the
-recall (``y = S^T (e * m)``) and the update (``e * S + a r^T``, one elementwise pass), and the backward reads
-``S_{t-1}`` and the carried gradient a few times per token, never forming ``Diag(e) S`` or ``S_t``
-(reports/bench/2026-11-29-reference-check: gdn's check at B1-T2048-H4 from 184 to ... us per token-head).
-
-**Backward** (:func:`_token_adjoint`), the tokens in reverse with the carry ``dS`` the gradient w.r.t. ``S_t``.
-With ``r = c - y`` and ``dS' = dS + scale q do^T`` (the output's share)::
+**Backward**, the tokens in reverse with the carry ``dS`` the gradient w.r.t. ``S_t``. With ``r = c - y`` and
+``dS' = dS + scale q do^T`` (the output's share)::
 
     dr  = dS'^T a   = dS^T a + scale (q . a) do        dc = dr
     da  = dS' r     = dS r + scale q (do . r)
     dm  = -Diag(e) S_{t-1} dr                          (y's gradient is -dr)
     dq  = scale S_t do = scale (e * (S_{t-1} do) + a (r . do))
     dg  = e * rowsum(S_{t-1} * (dS' - m dr^T))         summed over K for one decay per head
-        = e * (rowsum(S_{t-1} * dS) + scale q * (S_{t-1} do) - m * (S_{t-1} dr))
     dS_{t-1} = e * (dS + scale q do^T - m dr^T)
+
+**Cost.** The loop is memory-bound: a token reads and writes whole states, and XLA:CPU does the rest of its work in
+less time. So each pass over a state is one the maths needs:
+
+- the decay is folded into the recall (``y = S^T (e * m)``) and the update (``e * S + a r^T``, one pass);
+- the walk back (:func:`_token_adjoint`) reads and writes only the carried gradient. The products of ``S_{t-1}``
+  that dq and dm need are taken per segment from the state entering it and the segment's rank-one terms
+  (:func:`_states_times`), not from the segment's states written to a stack and read back (XLA:CPU copies each
+  one out and in: most of the backward's time);
+- ``dg`` is taken per segment from a symmetry of the recurrence (:func:`_decay_grads`), not from a row sum per
+  token (XLA:CPU sums a row serially: slower than the rest of the token).
+
+Measured in reports/bench/2026-11-29-reference-check-rank-one.
 
 **Memory.** The tokens run chunk by chunk (``every`` tokens: the case's chunk size) under ``jax.checkpoint``, so the
 backward keeps the state entering each chunk, as many as the chunk form keeps. It recomputes a chunk's tokens when
-it reaches it, keeping the state entering each segment of :data:`SEGMENT` tokens, then each segment's states, by the
-forward's own step (the same values), and walks them back. So it holds ``T / every + every / SEGMENT + SEGMENT``
-states, never ``T``, and no case is refused for its size.
+it reaches it, keeping the state entering each segment of :data:`SEGMENT` tokens and each token's ``r`` ([V]), then
+walks each segment back. So it holds ``T / every + every / SEGMENT`` states, never ``T``, and no case is refused for
+its size.
 
 T is padded to whole segments with zero tokens (a = m = c = 0, g = 0: ``S -> S`` exactly, as packing relies on too);
 their outputs are sliced off.
@@ -60,27 +67,56 @@ def _apply(S, x):
     return jnp.einsum("bhkv,bhv->bhk", S, x, precision=_HI)
 
 
-def _token(scale, S, x):
-    """One token (module doc): ``(S_t, o_t)`` from ``S_{t-1}``; x = (q, a, m, c, g) each [B,H,*]."""
-    q, a, m, c, g = x
+def _update(S, a, m, c, g):
+    """The state update (module doc): ``(S_t, r_t)`` from ``S_{t-1}``, ``r_t = c_t - y_t`` the value written."""
     e = jnp.exp(g)
     r = c - _recall(S, e * m)
-    S = e[..., :, None] * S + a[..., :, None] * r[..., None, :]
+    return e[..., :, None] * S + a[..., :, None] * r[..., None, :], r
+
+
+def _token(scale, S, x):
+    """One token (module doc): ``(S_t, o_t)`` from ``S_{t-1}``; x = (q, a, m, c, g) each [B,H,*]."""
+    q, *update = x
+    S, _ = _update(S, *update)
     return S, scale * _recall(S, q)
 
 
 def _token_adjoint(scale, dS, x):
-    """One token back (module doc): from the carry ``dS`` (w.r.t. ``S_t``) and ``x = (S_{t-1}, (q, a, m, c, g),
-    do)`` to ``dS_{t-1}`` and the token's ``(dq, da, dm, dc)``; ``dg`` is taken per segment (:func:`_decay_grads`)."""
-    S, (q, a, m, c, g), do = x
-    e = jnp.exp(g)
-    r = c - _recall(S, e * m)
+    """One token back (module doc), the part that needs no state but the carry: from ``dS`` (w.r.t. ``S_t``) and
+    ``x = (q, a, m, g, r, do)`` to ``dS_{t-1}`` and the token's ``(da, dr)`` (``dc = dr``). The products of
+    ``S_{t-1}`` that dq and dm need are taken afterwards for the whole segment (:func:`_states_times`)."""
+    q, a, m, g, r, do = x
     dr = _recall(dS, a) + scale * jnp.sum(q * a, axis=-1, keepdims=True) * do
-    dq = scale * (e * _apply(S, do) + a * jnp.sum(r * do, axis=-1, keepdims=True))
     da = _apply(dS, r) + scale * q * jnp.sum(do * r, axis=-1, keepdims=True)
-    dm = -e * _apply(S, dr)
+    e = jnp.exp(g)
     dS = e[..., :, None] * (dS + scale * q[..., :, None] * do[..., None, :] - m[..., :, None] * dr[..., None, :])
-    return dS, (dq, da, dm, dr)
+    return dS, (da, dr)
+
+
+def _states_times(S_e, a, r, g, xs):
+    """``S_{t-1} x_t`` for every token t of a segment and each x of ``xs`` ([L,B,H,V]), from the state entering the
+    segment ``S_e`` and the segment's rank-one terms, without the states: the recurrence unrolled,
+
+        S_{t-1} = Diag(exp G_{t-1}) S_e + sum_{s<t} Diag(exp(G_{t-1} - G_s)) a_s r_s^T
+
+    with ``G`` the log decays summed from the segment's start (``G_{-1} = 0``; every exponent <= 0). A segment's
+    states written to a stack and read back cost more than the tokens' work (XLA:CPU copies each one in and
+    out), so the walk back carries only the gradient and these products are a few small matrix products per
+    segment. a, g [L,B,H,K] (g [L,B,H,1]: one decay per head); r [L,B,H,V]."""
+    L = a.shape[0]
+    G = jnp.cumsum(g, axis=0)
+    G_prev = jnp.concatenate([jnp.zeros_like(G[:1]), G[:-1]])  # G_{t-1}
+    before = jnp.arange(L)[:, None] > jnp.arange(L)[None, :]  # [t, s]: s < t
+    diff = G_prev[:, None] - G[None, :]  # [t, s, B, H, K or 1]
+    decay = jnp.where(before[:, :, None, None, None], jnp.exp(jnp.where(before[:, :, None, None, None], diff, 0.0)),
+                      0.0)
+    out = []
+    for x in xs:
+        entering = jnp.exp(G_prev) * jnp.einsum("bhkv,tbhv->tbhk", S_e, x, precision=_HI)
+        scores = jnp.einsum("tbhv,sbhv->tsbh", x, r, precision=_HI)  # r_s . x_t
+        out.append(entering + jnp.einsum("tsbh,sbhk,tsbhk->tbhk", scores, a, jnp.broadcast_to(decay, (
+            L, L, *a.shape[1:])), precision=_HI))
+    return out
 
 
 def _decay_grads(S_end, dS_end, xs, grads):
@@ -124,8 +160,10 @@ def _segments_fwd(scale, every, S0, xs):
 
 
 def _segments_bwd(scale, every, res, cts):
-    """The segments in reverse: each one's states ``S_{t-1}`` recomputed from the state entering it, then its
-    tokens walked back by :func:`_token_adjoint` from the carry (``dS_T`` = ht's cotangent)."""
+    """The segments in reverse, each one: its tokens' ``r`` and its last state recomputed from the state entering
+    it (the forward's own update: the same values), its tokens walked back by :func:`_token_adjoint` from the carry
+    (``dS_T`` = ht's cotangent), then dq, dm (:func:`_states_times`) and dg (:func:`_decay_grads`) for the whole
+    segment."""
     S_enter, xs = res
     dS_T, do = cts
     T = xs[0].shape[0]
@@ -134,8 +172,14 @@ def _segments_bwd(scale, every, res, cts):
 
     def segment(dS, seg):
         S_e, xs, do = seg
-        S_end, S_prev = lax.scan(lambda S, x: (step(S, x)[0], S), S_e, xs)
-        dS_e, grads = lax.scan(functools.partial(_token_adjoint, scale), dS, (S_prev, xs, do), reverse=True)
+        q, a, m, c, g = xs
+        S_end, r = lax.scan(lambda S, x: _update(S, *x), S_e, (a, m, c, g))
+        dS_e, (da, dr) = lax.scan(functools.partial(_token_adjoint, scale), dS, (q, a, m, g, r, do), reverse=True)
+        S_do, S_dr = _states_times(S_e, a, r, g, (do, dr))
+        e = jnp.exp(g)
+        dq = scale * (e * S_do + a * jnp.sum(r * do, axis=-1, keepdims=True))
+        dm = -e * S_dr
+        grads = (dq, da, dm, dr)
         return dS_e, (*grads, _decay_grads(S_end, dS, xs, grads))
 
     dS0, dxs = lax.scan(segment, dS_T, (S_enter, tuple(map(by_segment, xs)), by_segment(do)), reverse=True)
@@ -146,9 +190,10 @@ _segments.defvjp(_segments_fwd, _segments_bwd)
 
 
 SEGMENT = 16
-"""Tokens per segment of the backward's recompute within a chunk: it holds ``C / SEGMENT + SEGMENT`` states of a
-chunk at a time (a stack of C states of [B,H,K,V] float64 costs more to write and read than the tokens' work, and
-at the stress shapes more memory than the chunk states themselves)."""
+"""Tokens per segment of the backward within a chunk: :func:`_states_times` holds a ``[SEGMENT, SEGMENT, B, H, K]``
+tensor of decays per segment (one per chunk would be 16 times larger: 0.5 GB at the stress shapes), and
+:func:`_decay_grads` sums at most ``SEGMENT`` terms per token. Measured at B1-T2048-H4 (gdn's and kda's backward):
+segments of 16 were faster than 8, 32 or 64 tokens."""
 
 
 def token_recurrence(scale: float, S0, q, a, m, c, g, every: int):
