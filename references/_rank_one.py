@@ -139,41 +139,46 @@ def _decay_grads(S_end, dS_end, xs, grads):
     return dg
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _segments(scale, every, S0, xs):
-    """The tokens in order from S0 [B,H,K,V], xs = (q, a, m, c, g) each [T,B,H,*] (T a multiple of ``every``):
-    ``(S_T, o [T,B,H,V])``."""
+SEGMENT = 16
+"""Tokens per segment of the backward within a chunk: :func:`_states_times` holds a ``[SEGMENT, SEGMENT, B, H, K]``
+tensor of decays per segment (one per chunk would be 16 times larger: 0.5 GB at the stress shapes), and
+:func:`_decay_grads` sums at most ``SEGMENT`` terms per token. Measured at B1-T2048-H4 (gdn's and kda's backward):
+segments of 16 were faster than 8, 32 or 64 tokens."""
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _chunks(scale, every, segment, S0, xs):
+    """The tokens in order from S0 [B,H,K,V], xs = (q, a, m, c, g) each [T,B,H,*] (T a multiple of ``every``, a
+    multiple of ``segment``): ``(S_T, o [T,B,H,V])``."""
     return lax.scan(functools.partial(_token, scale), S0, xs)
 
 
-def _segments_fwd(scale, every, S0, xs):
-    """The same steps in the same order, segment by segment, keeping the state entering each."""
-    T = xs[0].shape[0]
-    step = functools.partial(_token, scale)
+def _by(n, x):
+    """[T, ...] -> [T / n, n, ...]."""
+    return x.reshape(x.shape[0] // n, n, *x.shape[1:])
 
-    def segment(S, seg):
-        S_new, o = lax.scan(step, S, seg)
+
+def _chunks_fwd(scale, every, segment, S0, xs):
+    """The same steps in the same order, chunk by chunk, keeping the state entering each."""
+    def chunk(S, xs):
+        S_new, o = lax.scan(functools.partial(_token, scale), S, xs)
         return S_new, (o, S)
 
-    S_T, (o, S_enter) = lax.scan(segment, S0, tuple(x.reshape(T // every, every, *x.shape[1:]) for x in xs))
-    return (S_T, o.reshape(T, *o.shape[2:])), (S_enter, xs)
+    S_T, (o, S_enter) = lax.scan(chunk, S0, tuple(_by(every, x) for x in xs))
+    return (S_T, o.reshape(-1, *o.shape[2:])), (S_enter, xs)
 
 
-def _segments_bwd(scale, every, res, cts):
-    """The segments in reverse, each one: its tokens' ``r`` and its last state recomputed from the state entering
-    it (the forward's own update: the same values), its tokens walked back by :func:`_token_adjoint` from the carry
-    (``dS_T`` = ht's cotangent), then dq, dm (:func:`_states_times`) and dg (:func:`_decay_grads`) for the whole
-    segment."""
+def _chunks_bwd(scale, every, segment, res, cts):
+    """The chunks in reverse, each one: its tokens' ``r`` and the states entering and leaving each segment
+    recomputed from the state entering the chunk (the forward's own update: the same values), then each segment
+    in reverse: its tokens walked back by :func:`_token_adjoint` from the carry (``dS_T`` = ht's cotangent), then
+    dq, dm (:func:`_states_times`) and dg (:func:`_decay_grads`) for the whole segment."""
     S_enter, xs = res
     dS_T, do = cts
-    T = xs[0].shape[0]
-    by_segment = lambda x: x.reshape(T // every, every, *x.shape[1:])  # noqa: E731
-    step = functools.partial(_token, scale)
 
-    def segment(dS, seg):
-        S_e, xs, do = seg
+    def segment_back(dS, seg):
+        S_e, S_end, xs, r, do = seg
         q, a, m, c, g = xs
-        S_end, r = lax.scan(lambda S, x: _update(S, *x), S_e, (a, m, c, g))
         dS_e, (da, dr) = lax.scan(functools.partial(_token_adjoint, scale), dS, (q, a, m, g, r, do), reverse=True)
         S_do, S_dr = _states_times(S_e, a, r, g, (do, dr))
         e = jnp.exp(g)
@@ -182,18 +187,24 @@ def _segments_bwd(scale, every, res, cts):
         grads = (dq, da, dm, dr)
         return dS_e, (*grads, _decay_grads(S_end, dS, xs, grads))
 
-    dS0, dxs = lax.scan(segment, dS_T, (S_enter, tuple(map(by_segment, xs)), by_segment(do)), reverse=True)
-    return dS0, tuple(d.reshape(T, *d.shape[2:]) for d in dxs)
+    def chunk_back(dS, ch):
+        S_c, xs, do = ch
+        segs = tuple(_by(segment, x) for x in xs)
+
+        def segment_fwd(S, seg):
+            S_new, r = lax.scan(lambda S, x: _update(S, *x), S, seg[1:])
+            return S_new, (S, r)
+
+        S_last, (S_e, r) = lax.scan(segment_fwd, S_c, segs)
+        S_end = jnp.concatenate([S_e[1:], S_last[None]])
+        dS_c, grads = lax.scan(segment_back, dS, (S_e, S_end, segs, r, _by(segment, do)), reverse=True)
+        return dS_c, tuple(d.reshape(-1, *d.shape[2:]) for d in grads)
+
+    dS0, dxs = lax.scan(chunk_back, dS_T, (S_enter, tuple(_by(every, x) for x in xs), _by(every, do)), reverse=True)
+    return dS0, tuple(d.reshape(-1, *d.shape[2:]) for d in dxs)
 
 
-_segments.defvjp(_segments_fwd, _segments_bwd)
-
-
-SEGMENT = 16
-"""Tokens per segment of the backward within a chunk: :func:`_states_times` holds a ``[SEGMENT, SEGMENT, B, H, K]``
-tensor of decays per segment (one per chunk would be 16 times larger: 0.5 GB at the stress shapes), and
-:func:`_decay_grads` sums at most ``SEGMENT`` terms per token. Measured at B1-T2048-H4 (gdn's and kda's backward):
-segments of 16 were faster than 8, 32 or 64 tokens."""
+_chunks.defvjp(_chunks_fwd, _chunks_bwd)
 
 
 def token_recurrence(scale: float, S0, q, a, m, c, g, every: int):
@@ -201,9 +212,9 @@ def token_recurrence(scale: float, S0, q, a, m, c, g, every: int):
     c [B,T,H,V], g [B,T,H,K] or [B,T,H,1]. The backward keeps a state per ``every`` tokens."""
     T = q.shape[1]
     every = max(1, min(every, T))
-    n, pad = -(-T // every), (-T) % every
+    pad = (-T) % every
     segment = max(d for d in range(1, min(SEGMENT, every) + 1) if every % d == 0)
-    chunks = tuple(jnp.moveaxis(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)), 1, 0)
-                   .reshape(n, every, *x.shape[:1], *x.shape[2:]) for x in (q, a, m, c, g))
-    S_T, o = lax.scan(jax.checkpoint(lambda S, xs: _segments(scale, segment, S, xs)), S0, chunks)
-    return jnp.moveaxis(o.reshape(n * every, *o.shape[2:]), 0, 1)[:, :T], S_T
+    tokens = tuple(jnp.moveaxis(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)), 1, 0)
+                   for x in (q, a, m, c, g))
+    S_T, o = _chunks(scale, every, segment, S0, tokens)
+    return jnp.moveaxis(o, 0, 1)[:, :T], S_T
