@@ -25,20 +25,19 @@ to ``(a, m, c)`` is elementwise and runs outside this loop, so autodiff takes it
 less time. So each pass over a state is one the maths needs:
 
 - the decay is folded into the recall (``y = S^T (e * m)``) and the update (``e * S + a r^T``, one pass);
-- the walk back (:func:`_token_adjoint`) reads and writes only the carried gradient. The products of ``S_{t-1}``
-  that dq and dm need are taken per segment from the state entering it and the segment's rank-one terms
-  (:func:`_states_times`), not from the segment's states written to a stack and read back (XLA:CPU copies each
-  one out and in: most of the backward's time);
+- the walk back (:func:`_token_adjoint`) reads the carried gradient once for ``dr`` and rewrites it once. The
+  products of ``S_{t-1}`` that dq and dm need, and of ``dS'_t`` that da needs, are taken per segment from the states
+  at its ends and its tokens (:func:`_segment_products`), not from the segment's states written to a stack and read
+  back (XLA:CPU copies each one out and in: most of the backward's time) nor from the carry read three times;
 - ``dg`` is taken per segment from a symmetry of the recurrence (:func:`_decay_grads`), not from a row sum per
   token (XLA:CPU sums a row serially: slower than the rest of the token).
 
 Measured in reports/bench/2026-11-29-reference-check-rank-one.
 
-**Memory.** The tokens run chunk by chunk (``every`` tokens: the case's chunk size) under ``jax.checkpoint``, so the
-backward keeps the state entering each chunk, as many as the chunk form keeps. It recomputes a chunk's tokens when
-it reaches it, keeping the state entering each segment of :data:`SEGMENT` tokens and each token's ``r`` ([V]), then
-walks each segment back. So it holds ``T / every + every / SEGMENT`` states, never ``T``, and no case is refused for
-its size.
+**Memory.** The forward keeps the state entering each chunk of ``every`` tokens (the case's chunk size: as many
+states as the chunk form keeps). The backward recomputes a chunk when it reaches it, keeping the states entering and
+leaving each segment of :data:`SEGMENT` tokens and each token's ``r`` ([V]), then walks the segments back. So it
+holds ``T / every + 2 every / SEGMENT`` states, never ``T``, and no case is refused for its size.
 
 T is padded to whole segments with zero tokens (a = m = c = 0, g = 0: ``S -> S`` exactly, as packing relies on too);
 their outputs are sliced off.
@@ -82,41 +81,53 @@ def _token(scale, S, x):
 
 
 def _token_adjoint(scale, dS, x):
-    """One token back (module doc), the part that needs no state but the carry: from ``dS`` (w.r.t. ``S_t``) and
-    ``x = (q, a, m, g, r, do)`` to ``dS_{t-1}`` and the token's ``(da, dr)`` (``dc = dr``). The products of
-    ``S_{t-1}`` that dq and dm need are taken afterwards for the whole segment (:func:`_states_times`)."""
-    q, a, m, g, r, do = x
+    """One token back (module doc), the part that needs the carry itself: from ``dS`` (w.r.t. ``S_t``) and
+    ``x = (q, a, m, g, do)`` to ``dS_{t-1}`` and the token's ``dr`` (``dc = dr``). One product of the carry and one
+    pass that rewrites it: the products of ``S_{t-1}`` (dq, dm) and of ``dS'_t`` (da) are taken afterwards for the
+    whole segment (:func:`_segment_products`)."""
+    q, a, m, g, do = x
     dr = _recall(dS, a) + scale * jnp.sum(q * a, axis=-1, keepdims=True) * do
-    da = _apply(dS, r) + scale * q * jnp.sum(do * r, axis=-1, keepdims=True)
     e = jnp.exp(g)
     dS = e[..., :, None] * (dS + scale * q[..., :, None] * do[..., None, :] - m[..., :, None] * dr[..., None, :])
-    return dS, (da, dr)
+    return dS, dr
 
 
-def _states_times(S_e, a, r, g, xs):
-    """``S_{t-1} x_t`` for every token t of a segment and each x of ``xs`` ([L,B,H,V]), from the state entering the
-    segment ``S_e`` and the segment's rank-one terms, without the states: the recurrence unrolled,
+def _decayed(scores, v, diff, where):
+    """``out[t] = sum_s scores[t, s] v_s exp(diff[t, s])`` over the (t, s) of ``where`` [L, L]: scores [L,L,B,H],
+    v [L,B,H,K], diff [L,L,B,H,K] (or [...,1]: one decay per head), every exponent that ``where`` keeps <= 0."""
+    keep = where[:, :, None, None, None]
+    w = jnp.where(keep, jnp.exp(jnp.where(keep, diff, 0.0)), 0.0)
+    return jnp.einsum("tsbh,sbhk,tsbhk->tbhk", scores, v, jnp.broadcast_to(w, (*diff.shape[:-1], v.shape[-1])),
+                      precision=_HI)
+
+
+def _segment_products(S_e, dS_end, q, a, m, g, r, do, dr, scale):
+    """The products the walk back leaves out, for every token t of a segment, without its states or gradients:
+    ``S_{t-1} do_t`` and ``S_{t-1} dr_t`` (for dq, dm) and ``da_t = dS'_t r_t``, from the state entering the
+    segment ``S_e``, the gradient w.r.t. its last state ``dS_end`` and the segment's tokens. The recurrences
+    unrolled, with ``G`` the log decays summed from the segment's start (``G_{-1} = 0``)::
 
         S_{t-1} = Diag(exp G_{t-1}) S_e + sum_{s<t} Diag(exp(G_{t-1} - G_s)) a_s r_s^T
+        dS_t    = Diag(exp(G_end - G_t)) dS_end + sum_{s>t} Diag(exp(G_s - G_t)) (scale q_s do_s^T - m_s dr_s^T)
 
-    with ``G`` the log decays summed from the segment's start (``G_{-1} = 0``; every exponent <= 0). A segment's
-    states written to a stack and read back cost more than the tokens' work (XLA:CPU copies each one in and
-    out), so the walk back carries only the gradient and these products are a few small matrix products per
-    segment. a, g [L,B,H,K] (g [L,B,H,1]: one decay per head); r [L,B,H,V]."""
+    every exponent <= 0. A segment's states written to a stack and read back, or the carried gradient read three
+    times a token, cost more than the tokens' work (XLA:CPU copies each state out and in); these are a few small
+    matrix products per segment. Tokens on axis 0: q, a, m, g [L,B,H,K] (g [L,B,H,1]), r, do, dr [L,B,H,V]."""
     L = a.shape[0]
     G = jnp.cumsum(g, axis=0)
     G_prev = jnp.concatenate([jnp.zeros_like(G[:1]), G[:-1]])  # G_{t-1}
-    before = jnp.arange(L)[:, None] > jnp.arange(L)[None, :]  # [t, s]: s < t
-    diff = G_prev[:, None] - G[None, :]  # [t, s, B, H, K or 1]
-    decay = jnp.where(before[:, :, None, None, None], jnp.exp(jnp.where(before[:, :, None, None, None], diff, 0.0)),
-                      0.0)
-    out = []
-    for x in xs:
+    t, s = jnp.arange(L)[:, None], jnp.arange(L)[None, :]
+    up_to = G_prev[:, None] - G[None, :]  # [t, s]: G_{t-1} - G_s
+    from_t = G[None, :] - G[:, None]  # [t, s]: G_s - G_t
+
+    def state_times(x):  # S_{t-1} x_t
         entering = jnp.exp(G_prev) * jnp.einsum("bhkv,tbhv->tbhk", S_e, x, precision=_HI)
-        scores = jnp.einsum("tbhv,sbhv->tsbh", x, r, precision=_HI)  # r_s . x_t
-        out.append(entering + jnp.einsum("tsbh,sbhk,tsbhk->tbhk", scores, a, jnp.broadcast_to(decay, (
-            L, L, *a.shape[1:])), precision=_HI))
-    return out
+        return entering + _decayed(jnp.einsum("tbhv,sbhv->tsbh", x, r, precision=_HI), a, up_to, s < t)
+
+    leaving = jnp.exp(G[-1] - G) * jnp.einsum("bhkv,tbhv->tbhk", dS_end, r, precision=_HI)
+    da = (leaving + scale * _decayed(jnp.einsum("sbhv,tbhv->tsbh", do, r, precision=_HI), q, from_t, s >= t)
+          - _decayed(jnp.einsum("sbhv,tbhv->tsbh", dr, r, precision=_HI), m, from_t, s > t))
+    return state_times(do), state_times(dr), da
 
 
 def _decay_grads(S_end, dS_end, xs, grads):
@@ -140,8 +151,8 @@ def _decay_grads(S_end, dS_end, xs, grads):
 
 
 SEGMENT = 16
-"""Tokens per segment of the backward within a chunk: :func:`_states_times` holds a ``[SEGMENT, SEGMENT, B, H, K]``
-tensor of decays per segment (one per chunk would be 16 times larger: 0.5 GB at the stress shapes), and
+"""Tokens per segment of the backward within a chunk: :func:`_segment_products` holds ``[SEGMENT, SEGMENT, B, H, K]``
+tensors of decays per segment (one per chunk would be 16 times larger: 0.5 GB at the stress shapes), and
 :func:`_decay_grads` sums at most ``SEGMENT`` terms per token. Measured at B1-T2048-H4 (gdn's and kda's backward):
 segments of 16 were faster than 8, 32 or 64 tokens."""
 
@@ -172,15 +183,15 @@ def _chunks_bwd(scale, every, segment, res, cts):
     """The chunks in reverse, each one: its tokens' ``r`` and the states entering and leaving each segment
     recomputed from the state entering the chunk (the forward's own update: the same values), then each segment
     in reverse: its tokens walked back by :func:`_token_adjoint` from the carry (``dS_T`` = ht's cotangent), then
-    dq, dm (:func:`_states_times`) and dg (:func:`_decay_grads`) for the whole segment."""
+    dq, dm, da (:func:`_segment_products`) and dg (:func:`_decay_grads`) for the whole segment."""
     S_enter, xs = res
     dS_T, do = cts
 
     def segment_back(dS, seg):
         S_e, S_end, xs, r, do = seg
         q, a, m, c, g = xs
-        dS_e, (da, dr) = lax.scan(functools.partial(_token_adjoint, scale), dS, (q, a, m, g, r, do), reverse=True)
-        S_do, S_dr = _states_times(S_e, a, r, g, (do, dr))
+        dS_e, dr = lax.scan(functools.partial(_token_adjoint, scale), dS, (q, a, m, g, do), reverse=True)
+        S_do, S_dr, da = _segment_products(S_e, dS, q, a, m, g, r, do, dr, scale)
         e = jnp.exp(g)
         dq = scale * (e * S_do + a * jnp.sum(r * do, axis=-1, keepdims=True))
         dm = -e * S_dr
