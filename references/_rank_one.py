@@ -150,6 +150,10 @@ def _decay_grads(S_end, dS_end, xs, grads):
     return dg
 
 
+CHECKPOINT_EVERY = 64
+"""Tokens per kept state for the recurrences that have no chunk size of their own (simple_gla's and gla's
+``fused_recurrent`` cases): fla's chunk size, so as many states as their chunk form keeps."""
+
 SEGMENT = 16
 """Tokens per segment of the backward within a chunk: :func:`_segment_products` holds ``[SEGMENT, SEGMENT, B, H, K]``
 tensors of decays per segment (one per chunk would be 16 times larger: 0.5 GB at the stress shapes), and

@@ -19,9 +19,9 @@ restart at each sequence start; ``initial_state``, ``ht``, ``dht`` and ``dh0`` a
 
 Two formulations check each other:
 
-- ``method="recurrent"``: token by token (``lax.scan`` over T), every head in one
-  step. Its backward (``jax.vjp`` of the scan) recomputes the states from one kept
-  every 64 tokens (:mod:`references._scan`), never T of them.
+- ``method="recurrent"``: token by token, every head in one step, as the delta rules'
+  rank-one update with nothing erased. Its backward is written by hand and recomputes
+  the states from one kept every 64 tokens (:mod:`references._rank_one`), never T of them.
 - ``method="chunk"`` (default): a ``lax.scan`` over chunks of ``chunk_size``
   tokens. Inside a chunk, with the inclusive in-chunk cumulative gate
   ``b_i = sum_{u<=i} gk_u``, every decay is written relative:
@@ -53,7 +53,7 @@ from jax import lax
 from op_contract import check_gla
 
 from ._decay import decayed_scores
-from ._scan import token_scan
+from ._rank_one import CHECKPOINT_EVERY, token_recurrence
 from ._varlen import num_states, offsets, over_sequences
 from ._x64 import COMPUTE_DTYPES, as_arrays, check_compute_dtype, float64_cpu
 
@@ -94,19 +94,12 @@ def _gate(g, g_gamma, shape):
 
 # ------------------------------------------------------------------ recurrent
 def _recurrent(q, k, v, gk, h0, scale):
+    """Token by token: the delta rules' rank-one recurrence with nothing erased (``a = k, m = 0, c = v``:
+    ``S_t = Diag(exp gk_t) S_{t-1} + k_t v_t^T``), whose backward is written by hand and keeps a state per
+    :data:`CHECKPOINT_EVERY` tokens (:mod:`references._rank_one`)."""
     B, T, H, K = q.shape
-    V = v.shape[-1]
-    S0 = jnp.zeros((B, H, K, V), q.dtype) if h0 is None else h0
-
-    def step(S, xs):
-        q_t, k_t, v_t, g_t = xs  # [B,H,K], [B,H,K], [B,H,V], [B,H,K]
-        S = jnp.exp(g_t)[..., None] * S + _ein("bhk,bhv->bhkv", k_t, v_t)
-        o_t = scale * _ein("bhk,bhkv->bhv", q_t, S)
-        return S, o_t
-
-    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, gk))
-    ST, o = token_scan(step, S0, xs)  # its backward keeps a state per 64 tokens (references._scan)
-    return jnp.moveaxis(o, 0, 1), ST
+    S0 = jnp.zeros((B, H, K, v.shape[-1]), q.dtype) if h0 is None else h0
+    return token_recurrence(scale, S0, q, k, jnp.zeros_like(k), v, gk, every=CHECKPOINT_EVERY)
 
 
 # ---------------------------------------------------------------------- chunk

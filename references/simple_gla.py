@@ -15,8 +15,9 @@ chunks restart at each sequence start; ``initial_state``, ``ht``, ``dht`` and ``
 
 Two formulations check each other (tests hold them to 1e-12 relative):
 
-- ``method="recurrent"``: the token-by-token scan above, every head in one step; its backward recomputes the
-  states from one kept every 64 tokens (:mod:`references._scan`).
+- ``method="recurrent"``: the token-by-token recurrence above, every head in one step, as the delta rules' rank-one
+  update with nothing erased; its backward is written by hand and recomputes the states from one kept every 64
+  tokens (:mod:`references._rank_one`).
 - ``method="chunk"`` (default): split T into NT chunks of C tokens. With
   ``b_i`` the inclusive cumulative log decay inside a chunk and ``S`` the state
   entering it,
@@ -47,7 +48,7 @@ import numpy as np
 
 from op_contract import check_simple_gla
 
-from ._scan import token_scan
+from ._rank_one import CHECKPOINT_EVERY, token_recurrence
 from ._varlen import num_states, offsets, over_sequences
 from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
 
@@ -67,15 +68,11 @@ def _log_decay(g, g_gamma, B, T, H, dtype):
 
 # ------------------------------------------------------------ formulations
 def _recurrent(q, k, v, gt, h0, scale):
-    """Token-by-token recurrence. q,k [B,T,H,K], v [B,T,H,V], gt [B,T,H], h0 [B,H,K,V]."""
-    def step(S, x):
-        q_t, k_t, v_t, g_t = x  # [B,H,K], [B,H,K], [B,H,V], [B,H]
-        S = jnp.exp(g_t)[..., None, None] * S + k_t[..., :, None] * v_t[..., None, :]
-        return S, scale * jnp.einsum("bhk,bhkv->bhv", q_t, S)
-
-    xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, gt))
-    ht, o = token_scan(step, h0, xs)  # its backward keeps a state per 64 tokens (references._scan)
-    return jnp.moveaxis(o, 0, 1), ht
+    """Token-by-token recurrence. q,k [B,T,H,K], v [B,T,H,V], gt [B,T,H], h0 [B,H,K,V]: the delta rules' rank-one
+    recurrence with nothing erased (``a = k, m = 0, c = v``: ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``), whose backward
+    is written by hand and keeps a state per :data:`~references._rank_one.CHECKPOINT_EVERY` tokens
+    (:mod:`references._rank_one`)."""
+    return token_recurrence(scale, h0, q, k, jnp.zeros_like(k), v, gt[..., None], every=CHECKPOINT_EVERY)
 
 
 def _chunked(q, k, v, gt, h0, scale, C):
