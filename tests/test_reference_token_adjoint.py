@@ -15,7 +15,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
-from references import _rank_one, kda  # noqa: E402
+import references._rank_one as rank_one  # noqa: E402
+from references import kda  # noqa: E402
 from references.gdn2 import GDN2  # noqa: E402
 from references._x64 import float64_cpu  # noqa: E402
 
@@ -32,7 +33,7 @@ def _tokens(rng, T, gate_width):
 def _plain(S0, q, a, m, c, g):
     """The recurrence as one lax.scan of the forward's own token step, differentiated by jax."""
     xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, a, m, c, g))
-    S_T, o = lax.scan(functools.partial(_rank_one._token, SCALE), S0, xs)
+    S_T, o = lax.scan(functools.partial(rank_one._token, SCALE), S0, xs)
     return jnp.moveaxis(o, 0, 1), S_T
 
 
@@ -44,7 +45,7 @@ def _both(T, gate_width, every, seed=7):
         S0 = jnp.asarray(rng.standard_normal((B, H, K, V)))
         cts = (jnp.asarray(rng.standard_normal((B, T, H, V))), jnp.asarray(rng.standard_normal((B, H, K, V))))
         out_ref, vjp_ref = jax.vjp(_plain, S0, *tokens)
-        hand = lambda S0, *xs: _rank_one.token_recurrence(SCALE, S0, *xs, every=every)  # noqa: E731
+        hand = lambda S0, *xs: rank_one.token_recurrence(SCALE, S0, *xs, every=every)  # noqa: E731
         out, vjp = jax.vjp(hand, S0, *tokens)
         return [[np.asarray(x) for x in jax.tree_util.tree_leaves(t)] for t in (out_ref, vjp_ref(cts), out, vjp(cts))]
 
@@ -81,8 +82,8 @@ def test_a_wrong_adjoint_is_caught(monkeypatch):
         q, a, m, g, do = x
         return dS_prev, dr - scale * jnp.sum(q * a, axis=-1, keepdims=True) * do
 
-    true_adjoint = _rank_one._token_adjoint
-    monkeypatch.setattr(_rank_one, "_token_adjoint", bad)
+    true_adjoint = rank_one._token_adjoint
+    monkeypatch.setattr(rank_one, "_token_adjoint", bad)
     _, grads_ref, _, grads = _both(5, K, 8)
     dc_ref, dc = grads_ref[4], grads[4]
     assert np.abs(dc - dc_ref).max() > 1e-3 * np.abs(dc_ref).max()

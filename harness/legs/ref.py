@@ -4,8 +4,8 @@ It runs the op's reference binding with ``method`` (default the token-by-token
 recurrence, so every run re-checks the chunked golden) at ``compute_dtype``
 (float64 by default; float32 gives an honest second result file with which to
 exercise the gate before hardware legs exist). It runs natively on the CPU. It takes
-every case: the recurrence's backward keeps a state per 64 tokens (simple_gla, gla:
-references._scan) or per chunk (kda, gdn, gdn2), never one per token.
+every case: the recurrence's backward (references._rank_one, every op's) keeps a state per chunk
+(per 64 tokens where a case has no chunk size), never one per token.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class RefLeg(Leg):
 
     def supports(self, op: OpDescriptor, case: Case) -> str | None:
         """Every case: the op's reference has no binding to refuse with, and its recurrence's backward keeps a
-        state per 64 tokens or per chunk, so no case is too large (until 2026-11-28 it refused above 2 GiB of
+        state per chunk (references._rank_one), so no case is too large (until 2026-11-28 it refused above 2 GiB of
         states)."""
         return None
 
