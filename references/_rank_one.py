@@ -61,11 +61,6 @@ def _recall(S, x):
     return jnp.einsum("bhk,bhkv->bhv", x, S, precision=_HI)
 
 
-def _apply(S, x):
-    """``S x`` over the value columns: [B,H,K,V] x [B,H,V] -> [B,H,K]."""
-    return jnp.einsum("bhkv,bhv->bhk", S, x, precision=_HI)
-
-
 def _update(S, a, m, c, g):
     """The state update (module doc): ``(S_t, r_t)`` from ``S_{t-1}``, ``r_t = c_t - y_t`` the value written."""
     e = jnp.exp(g)

@@ -54,7 +54,7 @@ def _both(T, gate_width, every, seed=7):
 @pytest.mark.parametrize("T,every", [(5, 8), (5, 2), (37, 16), (40, 40)],
                          ids=["one-chunk", "padded", "segments", "segments-of-10"])
 def test_hand_adjoint_is_the_vjp_of_the_scan(gate_width, T, every):
-    """Chunks of 8 (T=5 in one padded chunk), 2 (segments of one and two tokens), 16 (37 tokens: three chunks, the
+    """Chunks of 8 (T=5 in one padded chunk), 2 (three chunks of two tokens, the last padded), 16 (37 tokens: three chunks, the
     last padded, segments of 16) and 40 (segments of 10: the longest divisor of 40 up to SEGMENT)."""
     out_ref, grads_ref, out, grads = _both(T, gate_width, every)
     for a, b in zip(out_ref, out):
