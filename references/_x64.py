@@ -18,7 +18,8 @@ on entry, would not see: this module imports it first.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import functools
+from typing import Callable, Iterator
 
 import jax
 import numpy as np
@@ -66,3 +67,55 @@ def to_numpy(tree, dtype: str):
 def check_compute_dtype(compute_dtype: str) -> None:
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"{compute_dtype=} must be one of {COMPUTE_DTYPES}")
+
+
+# ------------------------------------------------------------------ how XLA:CPU compiles a reference's programs
+QUICK_COMPILE_OPTIONS = (("xla_cpu_use_fusion_emitters", False), ("xla_llvm_disable_expensive_passes", True))
+"""XLA:CPU's options for a small reference program: its loop emitters (not its fusion emitters), and LLVM without
+its expensive passes. Each compiles faster and neither changes a value: no option here lets LLVM reassociate or
+contract a float operation, so every operation rounds as it does at the defaults. Measured on smoke's 21 kda and
+gla cases (golden and check, one process, 2-core Xeon, 2026-11-30; reports/bench/2026-11-30-reference-compile):
+100 s at the defaults, 80 s with the loop emitters, 72 s with both, every one of 198 tensors bit for bit. Both
+cost run time on a long case (kda B1-T2048-H4: about 10-15% warm), so they are for programs that compile for
+longer than they run (:data:`QUICK_COMPILE_BELOW`)."""
+
+QUICK_COMPILE_BELOW = 1 << 21
+"""The inputs (elements, all arrays together) below which a reference program is compiled with
+:data:`QUICK_COMPILE_OPTIONS`: every case of smoke and regressions (at most about 0.4 M), none of the benchmark's
+(B1-T2048-H4 holds about 5 M), where a warm run is the measure."""
+
+
+@functools.cache
+def quick_compile_options() -> tuple[tuple[str, object], ...]:
+    """The options of :data:`QUICK_COMPILE_OPTIONS` that this process's XLA takes (jax 0.12's has no loop emitters,
+    and an option XLA lacks fails the compile): asked once each, on a one-operation program."""
+    taken = []
+    for option in QUICK_COMPILE_OPTIONS:
+        try:
+            jax.jit(lambda x: x + 1, compiler_options=dict([option])).lower(1.0).compile()
+        except Exception:  # XLA's INVALID_ARGUMENT ("No such compile option"), raised as a JaxRuntimeError
+            continue
+        taken.append(option)
+    return tuple(taken)
+
+
+def reference_jit(fn: Callable, **jit_options) -> Callable:
+    """``jax.jit(fn, **jit_options)``, compiled with :func:`quick_compile_options` when its array arguments hold
+    fewer than :data:`QUICK_COMPILE_BELOW` elements, at XLA's defaults otherwise: the same values either way, so a
+    case's size chooses only how long its programs take to compile and to run. Called inside another traced
+    program it is a plain ``jax.jit`` (jax takes compiler options only on the outermost): it compiles with that
+    program's options."""
+    default = jax.jit(fn, **jit_options)
+    quick = {}
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        size = sum(int(np.prod(x.shape)) for x in leaves if hasattr(x, "shape"))
+        if size >= QUICK_COMPILE_BELOW or any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return default(*args, **kwargs)  # inside another program (traced), which holds the options
+        if not quick:
+            quick[0] = jax.jit(fn, compiler_options=dict(quick_compile_options()), **jit_options)
+        return quick[0](*args, **kwargs)
+
+    return call

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._varlen import num_states, offsets
-from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
+from ._x64 import as_arrays, check_compute_dtype, float64_cpu, reference_jit, to_jax, to_numpy
 
 __all__ = ["causal_conv1d", "causal_conv1d_bwd", "ACTIVATIONS"]
 
@@ -78,6 +78,22 @@ def _forward(x, weight, bias, h0, activation, offs):
     return y, jnp.stack(hts)
 
 
+_forward_jit = reference_jit(_forward, static_argnums=(4, 5))
+
+
+def _gradients(primals, zero_h0, dy, dht, activation, offs):
+    """The vjp of ``(y, ht)`` w.r.t. ``primals`` (x, weight; bias and h0 where given; a zero state where not)
+    at ``(dy, dht)``."""
+    def fn(p):
+        return _forward(p["x"], p["weight"], p.get("bias"), p.get("h0", zero_h0), activation, offs)
+
+    _, vjp = jax.vjp(fn, primals)
+    return vjp((dy, dht))[0]
+
+
+_gradients_jit = reference_jit(_gradients, static_argnums=(4, 5))
+
+
 def _setup(x, weight, bias, initial_state, activation, cu_seqlens, compute_dtype):
     check_compute_dtype(compute_dtype)
     x, weight, bias, initial_state = as_arrays(x, weight, bias, initial_state)
@@ -96,7 +112,7 @@ def causal_conv1d(x, weight, bias=None, initial_state=None, output_final_state=F
         args = [to_jax(a, cd) for a in (x, weight, bias)]
         h0 = to_jax(h0, cd) if h0 is not None else jnp.zeros((num_states(x.shape[0], offs), x.shape[2],
                                                               weight.shape[1] - 1), cd)
-        y, ht = _forward(*args, h0, activation, offs)
+        y, ht = _forward_jit(*args, h0, activation, offs)
         return to_numpy(y, cd), (to_numpy(ht, cd) if output_final_state else None)
 
 
@@ -110,13 +126,8 @@ def causal_conv1d_bwd(x, weight, bias, dy, dht=None, initial_state=None, activat
         primals = {name: to_jax(a, cd) for name, a in (("x", x), ("weight", weight), ("bias", bias), ("h0", h0))
                    if a is not None}
         zero_h0 = jnp.zeros((num_states(x.shape[0], offs), x.shape[2], weight.shape[1] - 1), cd)
-
-        def fn(p):
-            return _forward(p["x"], p["weight"], p.get("bias"), p.get("h0", zero_h0), activation, offs)
-
-        (y, ht), vjp = jax.vjp(fn, primals)
-        cot_ht = jnp.zeros_like(ht) if dht is None else to_jax(np.asarray(dht), cd)
-        (grads,) = vjp((to_jax(np.asarray(dy), cd), cot_ht))
+        cot_ht = zero_h0 if dht is None else to_jax(np.asarray(dht), cd)
+        grads = _gradients_jit(primals, zero_h0, to_jax(np.asarray(dy), cd), cot_ht, activation, offs)
         return {"dx": to_numpy(grads["x"], cd), "dweight": to_numpy(grads["weight"], cd),
                 "dbias": to_numpy(grads["bias"], cd) if "bias" in grads else None,
                 "dh0": to_numpy(grads["h0"], cd) if "h0" in grads else None}

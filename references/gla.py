@@ -55,7 +55,7 @@ from op_contract import check_gla
 from ._decay import decayed_scores
 from ._rank_one import CHECKPOINT_EVERY, token_recurrence
 from ._varlen import num_states, offsets, over_sequences
-from ._x64 import COMPUTE_DTYPES, as_arrays, check_compute_dtype, float64_cpu
+from ._x64 import COMPUTE_DTYPES, as_arrays, check_compute_dtype, float64_cpu, reference_jit
 
 HIGHEST = lax.Precision.HIGHEST
 METHODS = ("chunk", "recurrent")
@@ -142,6 +142,21 @@ def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size, offs=None):
     return over_sequences(core, offs, (q, k, v, gk), h0)
 
 
+_forward_jit = reference_jit(_forward, static_argnums=(6, 7, 8, 9))
+
+
+def _gradients(primals, do, dht, scale, method, chunk_size, offs):
+    """The vjp of ``(o, ht)`` w.r.t. ``primals`` (a dict; None where an input is absent) at ``(do, dht)``."""
+    def f(p):
+        return _forward(p["q"], p["k"], p["v"], p["g"], p["g_gamma"], p["h0"], scale, method, chunk_size, offs)
+
+    _, vjp = jax.vjp(f, primals)
+    return vjp((do, dht))[0]
+
+
+_gradients_jit = reference_jit(_gradients, static_argnums=(3, 4, 5, 6))
+
+
 def _check(named, compute_dtype="float64"):
     """Assert every result really is compute_dtype (not by name), then return float64 arrays."""
     out = {}
@@ -166,8 +181,8 @@ def chunk_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, out
                             compute_dtype=compute_dtype, cu_seqlens=cu_seqlens)
     q, k, v, g, g_gamma, h0 = map(_f64, (q, k, v, g, g_gamma, initial_state))
     with float64_cpu(compute_dtype == "float64"):
-        o, ht = _forward(*map(lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype)),
-                              (q, k, v, g, g_gamma, h0)), scale, method, chunk_size, offs)
+        o, ht = _forward_jit(*map(lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype)),
+                                  (q, k, v, g, g_gamma, h0)), scale, method, chunk_size, offs)
         o, ht = np.asarray(o), np.asarray(ht)
     out = _check({"o": o, "ht": ht if output_final_state else None}, compute_dtype)
     return out["o"], out["ht"]
@@ -191,13 +206,8 @@ def chunk_gla_bwd(q, k, v, do, dht=None, g=None, g_gamma=None, scale=None, initi
     with float64_cpu(compute_dtype == "float64"):
         j = lambda x: None if x is None else jnp.asarray(x.astype(compute_dtype))
         primals = {"q": j(q), "k": j(k), "v": j(v), "g": j(g), "g_gamma": j(g_gamma), "h0": j(h0)}
-
-        def f(p):
-            return _forward(p["q"], p["k"], p["v"], p["g"], p["g_gamma"], p["h0"], scale, method, chunk_size, offs)
-
-        (o, ht), vjp = jax.vjp(f, primals)
         dht64 = j(np.zeros((N, H, K, V))) if dht is None else j(dht)
-        (grads,) = vjp((j(do), dht64))
+        grads = _gradients_jit(primals, j(do), dht64, scale, method, chunk_size, offs)
         out = {name: None if grads[src] is None else np.asarray(grads[src])
                for name, src in (("dq", "q"), ("dk", "k"), ("dv", "v"), ("dg", "g"),
                                  ("dg_gamma", "g_gamma"), ("dh0", "h0"))}

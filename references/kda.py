@@ -75,7 +75,7 @@ from op_contract import check_kda, kda_options
 from ._decay import decayed_scores
 from ._rank_one import token_recurrence
 from ._varlen import num_states, offsets, over_sequences
-from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
+from ._x64 import as_arrays, check_compute_dtype, float64_cpu, reference_jit, to_jax, to_numpy
 
 L2NORM_EPS = 1e-6
 METHODS = ("chunk", "recurrent")
@@ -291,7 +291,7 @@ def forward(op: DeltaRule, q, k, v, g, gates, scale, initial_state, output_final
     return o, ht
 
 
-_core_jit = jax.jit(_core, static_argnums=(0, 3, 4, 5, 6))
+_core_jit = reference_jit(_core, static_argnums=(0, 3, 4, 5, 6))
 
 
 def backward(op: DeltaRule, q, k, v, g, gates, do, dht, scale, initial_state, A_log, dt_bias, cu_seqlens, method,
@@ -329,7 +329,7 @@ def _grads(op: DeltaRule, opts: tuple, scale, chunk_size, method, offs, primals,
     return vjp((do, dht))[0]
 
 
-_grads_jit = jax.jit(_grads, static_argnums=(0, 1, 2, 3, 4, 5))  # compiled once per op, options and shapes
+_grads_jit = reference_jit(_grads, static_argnums=(0, 1, 2, 3, 4, 5))  # compiled once per op, options and shapes
 
 
 KDA = DeltaRule(check=check_kda, options=kda_options, preprocess=preprocess)

@@ -50,7 +50,7 @@ from op_contract import check_simple_gla
 
 from ._rank_one import CHECKPOINT_EVERY, token_recurrence
 from ._varlen import num_states, offsets, over_sequences
-from ._x64 import as_arrays, check_compute_dtype, float64_cpu, to_jax, to_numpy
+from ._x64 import as_arrays, check_compute_dtype, float64_cpu, reference_jit, to_jax, to_numpy
 
 __all__ = ["chunk_simple_gla", "chunk_simple_gla_bwd", "naive_recurrent_simple_gla"]
 
@@ -112,7 +112,7 @@ def _chunked(q, k, v, gt, h0, scale, C):
     return o, ht
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size", "offs"))
+@functools.partial(reference_jit, static_argnames=("scale", "method", "chunk_size", "offs"))
 def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size, offs=None):
     """(o, ht); with packed offsets ``offs`` every sequence runs alone from its own state (state reset)."""
     B, T, H, K = q.shape
@@ -131,7 +131,7 @@ def _forward(q, k, v, g, g_gamma, h0, scale, method, chunk_size, offs=None):
     return over_sequences(core, offs, (q, k, v, gt), h0)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size", "offs"))
+@functools.partial(reference_jit, static_argnames=("scale", "method", "chunk_size", "offs"))
 def _backward(primals, d_o, d_ht, scale, method, chunk_size, offs=None):
     """Gradients of sum(o*do) + sum(ht*dht) w.r.t. every array in ``primals``."""
     def f(p):
