@@ -72,17 +72,18 @@ def check_compute_dtype(compute_dtype: str) -> None:
 # ------------------------------------------------------------------ how XLA:CPU compiles a reference's programs
 QUICK_COMPILE_OPTIONS = (("xla_cpu_use_fusion_emitters", False), ("xla_llvm_disable_expensive_passes", True))
 """XLA:CPU's options for a small reference program: its loop emitters (not its fusion emitters), and LLVM without
-its expensive passes. Each compiles faster and neither changes a value: no option here lets LLVM reassociate or
-contract a float operation, so every operation rounds as it does at the defaults. Measured on smoke's 21 kda and
-gla cases (golden and check, one process, 2-core Xeon, 2026-11-30; reports/bench/2026-11-30-reference-compile):
+its expensive passes. Each compiles faster, and neither changed a value where measured (neither turns on a
+fast-math flag: an operation rounds as it does at the defaults; tests/test_reference_x64.py holds it on a sum that
+tells a fused multiply-add from two roundings). Measured on smoke's 21 kda and gla cases (golden and check, one process, 2-core Xeon, 2026-11-30; reports/bench/2026-11-30-reference-compile):
 100 s at the defaults, 80 s with the loop emitters, 72 s with both, every one of 198 tensors bit for bit. Both
 cost run time on a long case (kda B1-T2048-H4: about 10-15% warm), so they are for programs that compile for
 longer than they run (:data:`QUICK_COMPILE_BELOW`)."""
 
 QUICK_COMPILE_BELOW = 1 << 21
 """The inputs (elements, all arrays together) below which a reference program is compiled with
-:data:`QUICK_COMPILE_OPTIONS`: every case of smoke and regressions (at most about 0.4 M), none of the benchmark's
-(B1-T2048-H4 holds about 5 M), where a warm run is the measure."""
+:data:`QUICK_COMPILE_OPTIONS`: every case of smoke (its largest inputs hold 0.46 M elements), all but 3 of
+regressions' 154 (up to 2.6 M), none of the benchmark's (B1-T2048-H4 holds about 5 M), where a warm run is the
+measure."""
 
 
 @functools.cache
